@@ -1,0 +1,64 @@
+"""The cost model's free constants, read from data/constants.yaml with their provenance."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Constants:
+    version: str
+    gemm_max_efficiency: float
+    gemm_half_m: float
+    gemm_half_nk: float
+    grouped_gemm_max_efficiency: float
+    grouped_gemm_half_rows: float
+    attention_efficiency: float
+    linear_attention_efficiency: float
+    hbm_efficiency: float
+    elementwise_bytes_per_token_per_layer_h: float
+    permute_passes: float
+    collective_latency_s: float
+    nvlink_bus_efficiency: float
+    internode_bus_efficiency: float
+    deepep_traffic_dedup: float
+    routing_imbalance_natural: float
+    cp_exposed_fraction: float
+    dp_exposed_fraction: float
+    pcie_efficiency: float
+    cpu_adam_params_per_s_per_gpu: float
+    layer_launch_overhead_s: float
+    flex_overhead_factor: float
+    step_overhead_s: float
+    cuda_context_gib: float
+    nccl_buffers_gib_per_group: float
+    deepep_buffers_gib: float
+    fragmentation: float
+    usable_memory_fraction: float
+    host_base_gib_per_gpu: float
+
+    @classmethod
+    def from_mapping(cls, data: dict) -> "Constants":
+        values = {k: v["value"] if isinstance(v, dict) else v for k, v in data["constants"].items()}
+        names = {f.name for f in fields(cls)} - {"version"}
+        missing, unknown = names - set(values), set(values) - names
+        if missing or unknown:
+            raise ValueError(f"constants file: missing {sorted(missing)}, unknown {sorted(unknown)}")
+        return cls(version=str(data["version"]), **{k: float(v) for k, v in values.items()})
+
+
+@lru_cache(maxsize=1)
+def default_constants() -> Constants:
+    return Constants.from_mapping(yaml.safe_load(constants_text()))
+
+
+def constants_text() -> str:
+    return resources.files("cost_model").joinpath("data/constants.yaml").read_text()
+
+
+def constants_sources() -> dict[str, str]:
+    data = yaml.safe_load(constants_text())
+    return {k: v.get("source", "") for k, v in data["constants"].items() if isinstance(v, dict)}

@@ -1,0 +1,65 @@
+"""GPU catalog: peaks, memory, interconnect and price per GPU type, each with its source."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+
+import yaml
+
+
+class HardwareError(ValueError):
+    """Unknown GPU type or a malformed GPU entry."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str                      # catalog key: h100, h200, b200, gb200
+    display_name: str
+    variant: str
+    bf16_tflops: float             # dense peak
+    fp8_tflops: float
+    memory_gb: float               # marketed HBM size (recipes' gpu.memory_gb)
+    memory_gib: float              # usable HBM as torch reports it
+    hbm_tb_s: float
+    nvlink_domain: int             # GPUs in one NVLink domain
+    nvlink_gb_s: float             # per GPU, per direction
+    internode_gb_s: float          # per GPU, per direction, outside the NVLink domain
+    pcie_gb_s: float               # host <-> GPU, per direction
+    host_memory_gib_per_node: float
+    gpus_per_node: int
+    usd_per_gpu_hour: float
+    instance: str
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def peak_tflops(self, precision: str) -> float:
+        return self.fp8_tflops if precision == "fp8" else self.bf16_tflops
+
+    def with_price(self, usd_per_gpu_hour: float | None) -> "GpuSpec":
+        if usd_per_gpu_hour is None:
+            return self
+        if usd_per_gpu_hour <= 0:
+            raise HardwareError(f"--usd-per-gpu-hour must be positive, got {usd_per_gpu_hour}")
+        sources = dict(self.sources, usd_per_gpu_hour="given by the user")
+        return dataclasses.replace(self, usd_per_gpu_hour=usd_per_gpu_hour, sources=sources)
+
+
+def _catalog() -> dict:
+    text = resources.files("cost_model").joinpath("catalog/gpus.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def gpu_names() -> list[str]:
+    return sorted(_catalog())
+
+
+def load_gpu(name: str) -> GpuSpec:
+    entries = _catalog()
+    key = name.strip().lower()
+    if key not in entries:
+        raise HardwareError(f"unknown GPU '{name}'; known: {', '.join(sorted(entries))}")
+    return GpuSpec(name=key, **entries[key])
+
+
+def all_gpus() -> list[GpuSpec]:
+    return [load_gpu(n) for n in gpu_names()]

@@ -1,0 +1,651 @@
+"""Model architectures: the catalog and Hugging Face config.json loading.
+
+A `ModelSpec` is the normalised architecture the rest of attune-llm reads. It is
+built from a Hugging Face config.json (the catalog stores exactly such configs,
+plus an `_attune` block with the display name and sources), so a user's own
+config.json and the catalog take one code path.
+
+Parameter counts are derived from the architecture, per layer and by sharding
+class, because the memory model shards each class differently (Megatron's
+convention: TP-sharded, replicated, routed experts over EP x ETP).
+
+Counting conventions (what lands in which `LayerParams` field):
+
+- `attention`: the TP-sharded attention projections. Softmax attention: q/k/v/o (q doubled by the
+  Qwen3.5/Next output gate), their q/k/v biases, GPT-OSS sinks. MLA: q_b_proj (or q_proj without
+  q_lora), kv_b_proj, o_proj. For MTP layers it also holds the eh_proj / fc projection (2h -> h).
+- `linear_attention`: a whole Gated DeltaNet (HF Qwen3_5GatedDeltaNet: in_proj_qkv + in_proj_z +
+  in_proj_b + in_proj_a (Qwen3-Next fuses them as in_proj_qkvz + in_proj_ba; same count), conv1d
+  (no bias), dt_bias, A_log, gated RMSNorm over head_v_dim, out_proj). slime replicates it on every
+  TP rank.
+- `replicated`: RMSNorm weights (input/post-attention norms, q/k-norms, MLA q_a/kv_a layernorms),
+  the router (num_experts x hidden, plus its bias / e_score_correction_bias), MLA's down projections
+  q_a_proj and kv_a_proj_with_mqa (Megatron builds them as duplicated TELinear), o_proj's bias.
+- `shared_expert`: SwiGLU shared expert(s) (3 matrices) plus the 1 x hidden shared_expert_gate.
+- `routed_experts` / `active_routed`: all routed experts / the top-k of them (GPT-OSS: with biases).
+- embedding, LM head (0 when tied) and the final norm sit in `ParamCounts`; MTP layers go to
+  `ParamCounts.mtp` and are not part of `layers` or the totals (they share the embedding/head).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
+
+# Layer kinds used in `ModelSpec.layer_types`.
+FULL_ATTENTION = "full_attention"        # softmax attention (GQA/MHA), optional output gate
+SLIDING_ATTENTION = "sliding_attention"  # softmax attention over a window (GPT-OSS)
+LINEAR_ATTENTION = "linear_attention"    # Gated DeltaNet (Qwen3.5 / Qwen3-Next)
+MLA = "mla"                              # multi-head latent attention (DeepSeek-V3, Moonlight)
+
+# MLP kinds used in `ModelSpec.mlp_types`.
+DENSE = "dense"
+MOE = "moe"
+
+CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
+
+# HF model_type -> architecture family handled by `from_hf_config`.
+_FAMILIES = {
+    "qwen3_5_moe": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5",
+    "qwen3_next": "qwen3_5",      # same hybrid GDN + gated attention + shared-expert MoE layout
+    "qwen3_moe": "qwen3_moe",
+    "deepseek_v3": "deepseek",
+    "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
+    "gpt_oss": "gpt_oss",
+    "llama": "llama",
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
+
+
+class ModelError(ValueError):
+    """Unknown model, or a config.json that is malformed or of an unsupported architecture."""
+
+
+@dataclass(frozen=True)
+class LayerParams:
+    """Parameter counts of one decoder layer, split by how Megatron shards them."""
+
+    attention: int          # softmax/MLA projections (TP-sharded)
+    linear_attention: int   # Gated DeltaNet projections, conv, gates (slime does not shard them)
+    dense_mlp: int          # dense FFN (TP-sharded)
+    shared_expert: int      # shared expert(s) incl. its gate weight (TP-sharded)
+    routed_experts: int     # all routed experts of the layer (sharded over EP x ETP)
+    active_routed: int      # the top-k experts a token passes through
+    replicated: int         # norms, router, small gates: replicated on every rank
+
+    @property
+    def total(self) -> int:
+        return (self.attention + self.linear_attention + self.dense_mlp + self.shared_expert
+                + self.routed_experts + self.replicated)
+
+    @property
+    def active(self) -> int:
+        return self.total - self.routed_experts + self.active_routed
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    embedding: int                    # input embedding
+    lm_head: int                      # output layer (0 when tied)
+    final_norm: int
+    layers: tuple[LayerParams, ...]
+    mtp: tuple[LayerParams, ...] = ()  # multi-token-prediction layers (DeepSeek-V3), not trained by default
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.final_norm + sum(l.total for l in self.layers)
+
+    @property
+    def active(self) -> int:
+        return self.embedding + self.lm_head + self.final_norm + sum(l.active for l in self.layers)
+
+    @property
+    def active_non_embedding(self) -> int:
+        """Active parameters per token without the input embedding: the N of MFU = 6 N tokens/s / peak."""
+        return self.active - self.embedding
+
+    @property
+    def routed_experts(self) -> int:
+        """All routed-expert parameters (the part sharded over EP x ETP)."""
+        return sum(l.routed_experts for l in self.layers)
+
+    @property
+    def non_expert(self) -> int:
+        """Everything but the routed experts (embedding and head included)."""
+        return self.total - self.routed_experts
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, in Hugging Face config names where one exists."""
+
+    name: str                       # catalog key, e.g. "qwen3.6-35b-a3b"
+    display_name: str               # e.g. "Qwen3.6-35B-A3B"
+    model_type: str                 # HF model_type, e.g. "qwen3_5_moe"
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    layer_types: tuple[str, ...]    # one of the layer kinds above, per layer
+    mlp_types: tuple[str, ...]      # DENSE or MOE, per layer
+    intermediate_size: int = 0      # dense FFN width (dense layers)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0   # total width of the shared expert(s)
+    shared_expert_gate: bool = False
+    attn_output_gate: bool = False             # Qwen3.5/Next gated attention (q_proj also yields the gate)
+    attention_bias: bool = False
+    # Gated DeltaNet
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    # MLA
+    q_lora_rank: int = 0            # 0: no query compression (Moonlight)
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    sliding_window: int = 0
+    num_nextn_predict_layers: int = 0          # MTP layers in the checkpoint
+    hf_repo: str = ""
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+    # --- additions (all defaulted) ---
+    qk_norm: bool = False                      # per-head RMSNorm on q and k (Qwen3 family)
+    attention_sinks: bool = False              # learned per-head softmax sink (GPT-OSS)
+    mlp_bias: bool = False                     # biases on dense/shared MLP projections (Llama mlp_bias)
+    expert_bias: bool = False                  # biases on routed-expert projections (GPT-OSS)
+    router_bias: bool = False                  # router bias (GPT-OSS) / e_score_correction_bias (DeepSeek-V3)
+    num_shared_experts: int = 0                # DeepSeek n_shared_experts (1 for Qwen's single shared expert)
+    partial_rotary_factor: float = 1.0         # fraction of head_dim that is rotated (RoPE)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(1 for t in self.mlp_types if t == MOE)
+
+    def count(self, layer_type: str) -> int:
+        return sum(1 for t in self.layer_types if t == layer_type)
+
+    @property
+    def mtp_layer_type(self) -> str:
+        """Attention kind of the MTP layer(s): MLA for DeepSeek, else full softmax attention."""
+        return MLA if MLA in self.layer_types else FULL_ATTENTION
+
+    def stage_layers(self, pp: int, vpp: int = 1) -> tuple[tuple[int, ...], ...]:
+        """Layer indices held by each pipeline rank (Megatron's even split, interleaved with vpp).
+
+        Rank r holds, for v = 0 .. vpp-1, chunk v*pp + r of num_layers/(pp*vpp) consecutive layers.
+        """
+        return stage_layers(self.num_hidden_layers, pp, vpp)
+
+    @cached_property
+    def params(self) -> ParamCounts:
+        """Parameter counts derived from the architecture."""
+        h = self.hidden_size
+        memo: dict[tuple[str, str], LayerParams] = {}
+        for key in zip(self.layer_types, self.mlp_types):
+            if key not in memo:
+                memo[key] = self._layer_params(*key)
+        layers = tuple(memo[key] for key in zip(self.layer_types, self.mlp_types))
+        mtp: tuple[LayerParams, ...] = ()
+        if self.num_nextn_predict_layers:
+            base = self._layer_params(self.mtp_layer_type, MOE if self.is_moe else DENSE)
+            # eh_proj / fc (2h -> h, TP-sharded) and three extra norms (enorm, hnorm, final norm).
+            one = LayerParams(
+                attention=base.attention + 2 * h * h,
+                linear_attention=base.linear_attention,
+                dense_mlp=base.dense_mlp,
+                shared_expert=base.shared_expert,
+                routed_experts=base.routed_experts,
+                active_routed=base.active_routed,
+                replicated=base.replicated + 3 * h,
+            )
+            mtp = (one,) * self.num_nextn_predict_layers
+        return ParamCounts(
+            embedding=self.vocab_size * h,
+            lm_head=0 if self.tie_word_embeddings else self.vocab_size * h,
+            final_norm=h,
+            layers=layers,
+            mtp=mtp,
+        )
+
+    # ------------------------------------------------------------------ per-layer counts
+    def _layer_params(self, layer_type: str, mlp_type: str) -> LayerParams:
+        attn, gdn, attn_repl = self._attention(layer_type)
+        dense, shared, routed, active, mlp_repl = self._mlp(mlp_type)
+        norms = 2 * self.hidden_size  # input_layernorm + post_attention_layernorm
+        return LayerParams(
+            attention=attn,
+            linear_attention=gdn,
+            dense_mlp=dense,
+            shared_expert=shared,
+            routed_experts=routed,
+            active_routed=active,
+            replicated=attn_repl + mlp_repl + norms,
+        )
+
+    def _attention(self, layer_type: str) -> tuple[int, int, int]:
+        """(TP-sharded attention, GDN, replicated) parameters of the token mixer."""
+        h = self.hidden_size
+        if layer_type == LINEAR_ATTENTION:
+            kd = self.linear_num_key_heads * self.linear_key_head_dim
+            vd = self.linear_num_value_heads * self.linear_value_head_dim
+            nv = self.linear_num_value_heads
+            conv_dim = 2 * kd + vd
+            gdn = (h * conv_dim            # in_proj_qkv
+                   + h * vd                # in_proj_z
+                   + 2 * h * nv            # in_proj_b, in_proj_a
+                   + conv_dim * self.linear_conv_kernel_dim  # depthwise conv1d, no bias
+                   + 2 * nv                # dt_bias, A_log
+                   + self.linear_value_head_dim  # gated RMSNorm
+                   + vd * h)               # out_proj
+            return 0, gdn, 0
+        if layer_type == MLA:
+            n = self.num_attention_heads
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            sharded = 0
+            replicated = 0
+            if self.q_lora_rank:
+                replicated += h * self.q_lora_rank + self.q_lora_rank   # q_a_proj + q_a_layernorm
+                sharded += self.q_lora_rank * n * qk                    # q_b_proj
+            else:
+                sharded += h * n * qk                                   # q_proj
+            replicated += h * (self.kv_lora_rank + self.qk_rope_head_dim)  # kv_a_proj_with_mqa
+            replicated += self.kv_lora_rank                               # kv_a_layernorm
+            sharded += self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)  # kv_b_proj
+            sharded += n * self.v_head_dim * h                            # o_proj
+            if self.attention_bias:
+                replicated += h                                           # o_proj bias
+            return sharded, 0, replicated
+        if layer_type in (FULL_ATTENTION, SLIDING_ATTENTION):
+            q_out = self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+            kv_out = 2 * self.num_key_value_heads * self.head_dim
+            o_in = self.num_attention_heads * self.head_dim
+            sharded = h * q_out + h * kv_out + o_in * h
+            replicated = 0
+            if self.attention_bias:
+                sharded += q_out + kv_out
+                replicated += h                                           # o_proj bias
+            if self.attention_sinks:
+                sharded += self.num_attention_heads
+            if self.qk_norm:
+                replicated += 2 * self.head_dim
+            return sharded, 0, replicated
+        raise ModelError(f"{self.name or 'model'}: unknown layer type {layer_type!r}")
+
+    def _mlp(self, mlp_type: str) -> tuple[int, int, int, int, int]:
+        """(dense, shared, routed, active routed, replicated) parameters of the MLP."""
+        h = self.hidden_size
+        if mlp_type == DENSE:
+            i = self.intermediate_size
+            dense = 3 * h * i + ((2 * i + h) if self.mlp_bias else 0)
+            return dense, 0, 0, 0, 0
+        if mlp_type != MOE:
+            raise ModelError(f"{self.name or 'model'}: unknown MLP type {mlp_type!r}")
+        i = self.moe_intermediate_size
+        per_expert = 3 * h * i + ((2 * i + h) if self.expert_bias else 0)
+        routed = self.num_experts * per_expert
+        active = self.num_experts_per_tok * per_expert
+        shared = 0
+        if self.shared_expert_intermediate_size:
+            s = self.shared_expert_intermediate_size
+            shared = 3 * h * s + ((2 * s + h) if self.mlp_bias else 0)
+            if self.shared_expert_gate:
+                shared += h
+        router = self.num_experts * h + (self.num_experts if self.router_bias else 0)
+        return 0, shared, routed, active, router
+
+
+# ---------------------------------------------------------------------- pipeline stages
+@lru_cache(maxsize=1024)
+def stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[tuple[int, ...], ...]:
+    """Layer indices per pipeline rank for `num_layers` layers, `pp` ranks and `vpp` virtual stages.
+
+    Megatron's even split: rank r holds chunks [v*pp + r for v in range(vpp)], each of
+    num_layers/(pp*vpp) consecutive layers. Raises ModelError when that does not divide.
+    """
+    for label, value in (("pp", pp), ("vpp", vpp), ("num_layers", num_layers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"{label} must be a positive integer, got {value!r}")
+    chunks = pp * vpp
+    if num_layers % chunks:
+        raise ModelError(
+            f"{num_layers} layers do not split evenly over pp={pp} x vpp={vpp} ({chunks} chunks)")
+    size = num_layers // chunks
+    return tuple(
+        tuple(i for v in range(vpp) for i in range((v * pp + r) * size, (v * pp + r + 1) * size))
+        for r in range(pp)
+    )
+
+
+# ---------------------------------------------------------------------- config parsing
+_MISSING = object()
+
+
+class _Reader:
+    """Typed access to a config dict, raising one-line ModelErrors that name the field."""
+
+    def __init__(self, cfg: dict, origin: str, prefix: str = ""):
+        self.cfg = cfg
+        self.origin = origin
+        self.prefix = prefix
+
+    def _where(self, key: str) -> str:
+        return f"{self.origin}: field '{self.prefix}{key}'"
+
+    def has(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise ModelError(f"{self._where(key)} is missing")
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelError(f"{self._where(key)} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ModelError(f"{self._where(key)} must be >= {minimum}, got {value}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ModelError(f"{self._where(key)} must be true or false, got {value!r}")
+        return value
+
+    def float(self, key: str, default: float) -> float:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelError(f"{self._where(key)} must be a number, got {value!r}")
+        return float(value)
+
+    def str_list(self, key: str, n: int, allowed: tuple[str, ...]) -> list[str] | None:
+        value = self.cfg.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ModelError(f"{self._where(key)} must be a list of strings")
+        if len(value) != n:
+            raise ModelError(f"{self._where(key)} has {len(value)} entries, expected num_hidden_layers={n}")
+        bad = sorted({v for v in value if v not in allowed})
+        if bad:
+            raise ModelError(f"{self._where(key)} has unsupported entries {bad} (allowed: {list(allowed)})")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        value = self.cfg.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ModelError(f"{self._where(key)} must be a list of integers")
+        return value
+
+
+def _rope_factor(r: _Reader) -> float:
+    if r.has("partial_rotary_factor"):
+        return r.float("partial_rotary_factor", 1.0)
+    rope = r.cfg.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("partial_rotary_factor"), (int, float)):
+        return float(rope["partial_rotary_factor"])
+    return 1.0
+
+
+def _qwen_mlp_types(r: _Reader, n: int, num_experts: int) -> tuple[str, ...]:
+    """Qwen MoE rule: layer i is MoE unless in mlp_only_layers, and when (i+1) % decoder_sparse_step == 0."""
+    mlp_only = set(r.int_list("mlp_only_layers"))
+    step = r.int("decoder_sparse_step", 1)
+    return tuple(
+        MOE if (num_experts > 0 and i not in mlp_only and (i + 1) % step == 0) else DENSE
+        for i in range(n)
+    )
+
+
+def from_hf_config(config: dict, name: str = "", sources: dict | None = None, *,
+                   origin: str = "") -> ModelSpec:
+    """Build a ModelSpec from a parsed Hugging Face config.json (text_config is used for VLM wrappers).
+
+    An `_attune` block (display_name, hf_repo, sources), as the catalog files carry, is honoured.
+    `origin` names the file in error messages (defaults to `name`).
+    """
+    origin = origin or name or "config"
+    if not isinstance(config, dict):
+        raise ModelError(f"{origin}: expected a JSON object at the top level, got {type(config).__name__}")
+    attune = config.get("_attune") or {}
+    if not isinstance(attune, dict):
+        raise ModelError(f"{origin}: field '_attune' must be a mapping")
+
+    cfg = config
+    prefix = ""
+    text = config.get("text_config")
+    if text is not None:
+        if not isinstance(text, dict):
+            raise ModelError(f"{origin}: field 'text_config' must be an object")
+        # The text model's fields win; the wrapper supplies what the text config omits (tie_word_embeddings).
+        cfg = {**{k: v for k, v in config.items() if k not in ("text_config", "vision_config")}, **text}
+        if "model_type" not in text and isinstance(config.get("model_type"), str):
+            cfg["model_type"] = config["model_type"]
+        prefix = "text_config."
+    r = _Reader(cfg, origin, prefix)
+
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ModelError(f"{origin}: field '{prefix}model_type' is missing")
+    if not isinstance(model_type, str):
+        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {model_type!r}")
+    family = _FAMILIES.get(model_type)
+    if family is None and prefix and isinstance(config.get("model_type"), str):
+        family = _FAMILIES.get(config["model_type"])  # a text model_type we do not know, a wrapper we do
+    if family is None:
+        raise ModelError(f"{origin}: unsupported model_type '{model_type}' "
+                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+
+    h = r.int("hidden_size")
+    n = r.int("num_hidden_layers")
+    heads = r.int("num_attention_heads")
+    kv_heads = r.int("num_key_value_heads", heads)
+    vocab = r.int("vocab_size")
+    tie = r.bool("tie_word_embeddings", False)
+    head_dim = r.int("head_dim", 0, minimum=0) or (h // heads)
+
+    # The checkpoint's own model_type (the VLM wrapper's, e.g. qwen3_5_moe, when there is one).
+    top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
+    kw: dict[str, Any] = dict(
+        model_type=top_type, hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, tie_word_embeddings=tie,
+        attention_bias=r.bool("attention_bias", False), partial_rotary_factor=_rope_factor(r),
+    )
+
+    if family == "qwen3_5":
+        num_experts = r.int("num_experts", 0, minimum=0)
+        layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, LINEAR_ATTENTION))
+        if layer_types is None:
+            interval = r.int("full_attention_interval", 4)
+            layer_types = [LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(n)]
+        mlp_types = _qwen_mlp_types(r, n, num_experts)
+        has_gdn = LINEAR_ATTENTION in layer_types
+        kw.update(
+            layer_types=tuple(layer_types), mlp_types=mlp_types,
+            intermediate_size=r.int("intermediate_size", 0, minimum=0),
+            attn_output_gate=r.bool("attn_output_gate", True), qk_norm=True,
+            linear_num_key_heads=r.int("linear_num_key_heads") if has_gdn else 0,
+            linear_num_value_heads=r.int("linear_num_value_heads") if has_gdn else 0,
+            linear_key_head_dim=r.int("linear_key_head_dim") if has_gdn else 0,
+            linear_value_head_dim=r.int("linear_value_head_dim") if has_gdn else 0,
+            linear_conv_kernel_dim=r.int("linear_conv_kernel_dim") if has_gdn else 0,
+            num_nextn_predict_layers=r.int(
+                "mtp_num_hidden_layers", r.int("num_nextn_predict_layers", 0, minimum=0), minimum=0),
+        )
+        if num_experts:
+            shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+            kw.update(
+                num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+                moe_intermediate_size=r.int("moe_intermediate_size"),
+                shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+                num_shared_experts=1 if shared else 0,
+            )
+    elif family == "qwen3_moe":
+        num_experts = r.int("num_experts", 0, minimum=0)
+        kw.update(
+            layer_types=(FULL_ATTENTION,) * n, mlp_types=_qwen_mlp_types(r, n, num_experts),
+            intermediate_size=r.int("intermediate_size", 0, minimum=0), qk_norm=True,
+        )
+        if num_experts:
+            kw.update(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+                      moe_intermediate_size=r.int("moe_intermediate_size"))
+    elif family == "deepseek":
+        num_experts = r.int("n_routed_experts", 0, minimum=0)
+        first_dense = r.int("first_k_dense_replace", 0, minimum=0)
+        freq = r.int("moe_layer_freq", 1)
+        mlp_types = tuple(
+            MOE if (num_experts and i >= first_dense and i % freq == 0) else DENSE for i in range(n))
+        n_shared = r.int("n_shared_experts", 0, minimum=0)
+        kw.update(
+            layer_types=(MLA,) * n, mlp_types=mlp_types,
+            intermediate_size=r.int("intermediate_size", 0, minimum=0),
+            q_lora_rank=r.int("q_lora_rank", 0, minimum=0), kv_lora_rank=r.int("kv_lora_rank"),
+            qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
+            v_head_dim=r.int("v_head_dim"),
+            num_nextn_predict_layers=r.int("num_nextn_predict_layers", 0, minimum=0),
+        )
+        kw["head_dim"] = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+        if num_experts:
+            moe = r.int("moe_intermediate_size")
+            kw.update(
+                num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+                moe_intermediate_size=moe, shared_expert_intermediate_size=n_shared * moe,
+                num_shared_experts=n_shared, router_bias=True,  # e_score_correction_bias
+            )
+    elif family == "gpt_oss":
+        layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, SLIDING_ATTENTION))
+        if layer_types is None:
+            layer_types = [SLIDING_ATTENTION if (i + 1) % 2 else FULL_ATTENTION for i in range(n)]
+        num_experts = r.int("num_local_experts") if r.has("num_local_experts") else r.int("num_experts")
+        top_k = (r.int("num_experts_per_tok") if r.has("num_experts_per_tok")
+                 else r.int("experts_per_token"))
+        inter = r.int("intermediate_size")
+        kw.update(
+            layer_types=tuple(layer_types), mlp_types=(MOE,) * n,
+            num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=inter,
+            attention_bias=r.bool("attention_bias", True), attention_sinks=True,
+            expert_bias=True, router_bias=True,
+            sliding_window=r.int("sliding_window", 0, minimum=0) if SLIDING_ATTENTION in layer_types else 0,
+        )
+    elif family == "llama":
+        kw.update(
+            layer_types=(FULL_ATTENTION,) * n, mlp_types=(DENSE,) * n,
+            intermediate_size=r.int("intermediate_size"), mlp_bias=r.bool("mlp_bias", False),
+        )
+
+    if family != "deepseek" and heads % kv_heads:
+        raise ModelError(f"{origin}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    if DENSE in kw["mlp_types"] and not kw.get("intermediate_size"):
+        raise ModelError(f"{origin}: field '{prefix}intermediate_size' is missing (needed by its dense layers)")
+    if kw.get("num_experts") and kw["num_experts_per_tok"] > kw["num_experts"]:
+        raise ModelError(f"{origin}: num_experts_per_tok={kw['num_experts_per_tok']} exceeds "
+                         f"the {kw['num_experts']} experts")
+
+    display = attune.get("display_name") or name or model_type
+    hf_repo = attune.get("hf_repo") or ""
+    src = dict(attune.get("sources") or {})
+    if sources:
+        src.update(sources)
+    return ModelSpec(name=name, display_name=str(display), hf_repo=str(hf_repo), sources=src, **kw)
+
+
+# ---------------------------------------------------------------------- loading
+def catalog_names() -> list[str]:
+    """The catalog keys (file names under catalog/models without .yaml), sorted."""
+    if not CATALOG_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in CATALOG_DIR.glob("*.yaml"))
+
+
+@lru_cache(maxsize=1)
+def _catalog_keys() -> frozenset[str]:
+    """The catalog keys, read once on first use (the catalog ships with the package)."""
+    return frozenset(catalog_names())
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml  # local import: keep module import free of I/O and heavy deps
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ModelError(f"{path}: malformed YAML{where}: {problem}") from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ModelError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+
+
+@lru_cache(maxsize=64)
+def _load_catalog(key: str) -> ModelSpec:
+    path = CATALOG_DIR / f"{key}.yaml"
+    data = _read_yaml(path)
+    return from_hf_config(data, name=key, origin=str(path))
+
+
+@lru_cache(maxsize=64)
+def _load_path(path: Path, mtime_ns: int) -> ModelSpec:
+    data = _read_yaml(path) if path.suffix in (".yaml", ".yml") else _read_json(path)
+    stem = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return from_hf_config(data, name=stem, origin=str(path))
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
+    """A catalog name (see `catalog_names()`) or a path to a Hugging Face config.json."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise ModelError(f"model must be a catalog name or a path, got {type(name_or_path).__name__}")
+    text = os.fspath(name_or_path).strip()
+    if not text:
+        raise ModelError(f"empty model name; known: {', '.join(catalog_names())}")
+    key = text.lower()
+    if isinstance(name_or_path, str) and key in _catalog_keys():
+        return _load_catalog(key)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ModelError(f"{path.parent}: directory has no config.json")
+    if path.is_file():
+        resolved = path.resolve()
+        return _load_path(resolved, resolved.stat().st_mtime_ns)
+    if os.sep in text or "/" in text or path.suffix in (".json", ".yaml", ".yml"):
+        raise ModelError(f"{text}: no such file")
+    raise ModelError(f"unknown model '{text}'; known: {', '.join(catalog_names())} "
+                     f"(or pass a path to a config.json)")

@@ -1,0 +1,189 @@
+"""Step time of one pipeline rank, term by term.
+
+FLOPs follow Megatron's conventions (training = 3 x forward GEMM FLOPs); each class of work runs
+at an efficiency that depends on its shape; communication is latency plus bytes over bus
+bandwidth of the link the group spans. All times are seconds per micro-batch on one GPU.
+"""
+from __future__ import annotations
+
+from cost_model.constants import Constants
+from cost_model.hardware import GpuSpec
+from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.stages import RankLayers
+from search_space.layout import Layout
+
+BF16 = 2
+
+# Breakdown keys, in the order tables print them.
+TERMS = (
+    "compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "compute_logits",
+    "elementwise", "launch_overhead", "recompute", "tp_comm", "ep_comm", "cp_comm", "pp_p2p", "pp_bubble",
+    "dp_comm", "optimizer", "offload", "step_overhead",
+)
+
+
+def gemm_efficiency(m: float, n: float, k: float, c: Constants) -> float:
+    return (c.gemm_max_efficiency * m / (m + c.gemm_half_m)
+            * n / (n + c.gemm_half_nk) * k / (k + c.gemm_half_nk))
+
+
+def grouped_gemm_efficiency(rows_per_expert: float, c: Constants) -> float:
+    return c.grouped_gemm_max_efficiency * rows_per_expert / (rows_per_expert + c.grouped_gemm_half_rows)
+
+
+def group_bandwidth(span: int, gpu: GpuSpec, c: Constants) -> float:
+    """Bus bandwidth (bytes/s) of a collective over `span` consecutive ranks."""
+    if span <= gpu.nvlink_domain:
+        return gpu.nvlink_gb_s * 1e9 * c.nvlink_bus_efficiency
+    return gpu.internode_gb_s * 1e9 * c.internode_bus_efficiency
+
+
+def collective_time(nbytes: float, size: int, span: int, gpu: GpuSpec, c: Constants) -> float:
+    """Ring-style collective (all-gather, reduce-scatter, all-to-all) moving nbytes per rank."""
+    if size <= 1 or nbytes <= 0:
+        return 0.0
+    return c.collective_latency_s + nbytes * (size - 1) / size / group_bandwidth(span, gpu, c)
+
+
+def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layout: Layout, tokens: float,
+                          rows: float, seq_len: int, peak_flops: float, imbalance: float,
+                          c: Constants) -> dict[str, float]:
+    """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
+    h, tp, cp, ep, etp = model.hidden_size, layout.tp, layout.cp, layout.ep, layout.etp
+    hbm = gpu.hbm_tb_s * 1e12 * c.hbm_efficiency
+    mods = set(layout.selective_modules)
+    t = dict.fromkeys(("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts",
+                       "compute_logits", "elementwise", "launch_overhead", "recompute", "tp_comm",
+                       "ep_comm", "cp_comm"), 0.0)
+
+    # Fraction of each layer's forward that is run again in the backward pass.
+    full_fraction = 0.0
+    if layout.recompute_granularity == "full":
+        if layout.recompute_method == "uniform":
+            full_fraction = 1.0
+        else:
+            per_chunk = rank.num_layers // layout.vpp
+            full_fraction = min(layout.recompute_num_layers, per_chunk) / max(per_chunk, 1)
+
+    tp_span = tp
+    ep_span = ep * etp
+    cp_span = tp * cp
+    act_bytes = tokens * h * BF16  # one hidden state of the local micro-batch, before SP sharding
+    launch = c.layer_launch_overhead_s * (c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
+
+    for attn_kind, mlp_kind, count in rank.kinds:
+        att = lin = mlp = exp = elem = tpc = epc = cpc = 0.0
+        selective = 0.0  # forward seconds recomputed by selective recompute
+        # --- attention ---
+        if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
+            q = model.num_attention_heads * model.head_dim
+            kvw = 2 * model.num_key_value_heads * model.head_dim
+            gate = q if model.attn_output_gate else 0
+            proj_flops = 2 * h * (q + gate + kvw) + 2 * q * h
+            att += 3 * proj_flops * tokens / tp / (peak_flops * gemm_efficiency(tokens, (q + gate + kvw) / tp, h, c))
+            keys = seq_len / 2 if attn_kind == FULL_ATTENTION else min(seq_len / 2, model.sliding_window or seq_len)
+            core = 3 * 4 * keys * q * tokens / tp
+            core_t = core / (peak_flops * c.attention_efficiency)
+            att += core_t
+            if "core_attn" in mods:
+                selective += core_t / 3
+            if cp > 1:
+                kv_bytes = tokens * kvw * BF16 / tp
+                cpc += 3 * (cp - 1) * kv_bytes / group_bandwidth(cp_span, gpu, c) * c.cp_exposed_fraction
+            tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            elem_tokens = tokens / tp
+        elif attn_kind == LINEAR_ATTENTION:
+            qk = model.linear_num_key_heads * model.linear_key_head_dim
+            v = model.linear_num_value_heads * model.linear_value_head_dim
+            nv = model.linear_num_value_heads
+            dv = model.linear_value_head_dim
+            full_tokens = tokens * cp  # slime's GDN runs the whole row on every TP and CP rank
+            proj_flops = 2 * (h * (2 * qk + 2 * v + 2 * nv) + h * v)
+            lin += 3 * proj_flops * full_tokens / (peak_flops * gemm_efficiency(full_tokens, 2 * qk + 2 * v, h, c))
+            rec_flops = 2 * (model.linear_conv_kernel_dim * (2 * qk + v) + 4 * nv * dv * dv)
+            lin += 3 * rec_flops * full_tokens / (peak_flops * c.linear_attention_efficiency)
+            tpc += 2 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            if cp > 1:
+                cpc += 2 * collective_time(act_bytes * cp / tp, cp, cp_span, gpu, c)
+            elem_tokens = full_tokens
+        else:  # MLA
+            heads = model.num_attention_heads
+            qk_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+            ql = model.q_lora_rank
+            q_flops = 2 * (h * ql + ql * heads * qk_dim) if ql else 2 * h * heads * qk_dim
+            kv_flops = 2 * h * (model.kv_lora_rank + model.qk_rope_head_dim) + 2 * model.kv_lora_rank * heads * (
+                model.qk_nope_head_dim + model.v_head_dim)
+            proj_flops = q_flops + kv_flops + 2 * heads * model.v_head_dim * h
+            att += 3 * proj_flops * tokens / tp / (peak_flops * gemm_efficiency(tokens, heads * qk_dim / tp, h, c))
+            core = 3 * 2 * (seq_len / 2) * heads * (qk_dim + model.v_head_dim) * tokens / tp
+            core_t = core / (peak_flops * c.attention_efficiency)
+            att += core_t
+            if "core_attn" in mods:
+                selective += core_t / 3
+            if "mla_up_proj" in mods:
+                selective += 2 * model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim) * tokens / tp / (
+                    peak_flops * gemm_efficiency(tokens, heads * qk_dim / tp, model.kv_lora_rank, c))
+            if cp > 1:
+                kv_bytes = tokens * heads * (qk_dim + model.v_head_dim) * BF16 / tp
+                cpc += 3 * (cp - 1) * kv_bytes / group_bandwidth(cp_span, gpu, c) * c.cp_exposed_fraction
+            tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            elem_tokens = tokens / tp
+        elem += c.elementwise_bytes_per_token_per_layer_h * h * elem_tokens / hbm
+
+        # --- MLP ---
+        if mlp_kind == MOE:
+            k, fe, fs, e = model.num_experts_per_tok, model.moe_intermediate_size, \
+                model.shared_expert_intermediate_size, model.num_experts
+            local_tokens = tokens / tp * etp  # dispatch input per GPU (SP shard, gathered over ETP)
+            rows = local_tokens * k * imbalance
+            rows_per_expert = rows / (e / ep)
+            exp_flops = 3 * 2 * 3 * h * fe / etp * rows
+            exp += exp_flops / (peak_flops * grouped_gemm_efficiency(rows_per_expert, c))
+            if fs:
+                mlp += 3 * 2 * 3 * h * fs * tokens / tp / (peak_flops * gemm_efficiency(tokens, fs / tp, h, c))
+            mlp += 3 * 2 * h * e * tokens / tp / (peak_flops * gemm_efficiency(tokens / tp, e, h, c))  # router
+            if ep > 1:
+                copies = k if layout.dispatcher == "alltoall" else ep * (1 - (1 - 1 / ep) ** k) * c.deepep_traffic_dedup
+                a2a_bytes = local_tokens * copies * imbalance * h * BF16
+                epc += 4 * collective_time(a2a_bytes, ep, ep_span, gpu, c)
+            if fs or etp < tp:
+                tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            elem += c.permute_passes * rows * h * BF16 / hbm
+            if "moe_act" in mods:
+                selective += rows * fe / etp * BF16 * 3 / hbm
+            if "moe" in mods:
+                selective += exp / 3 + epc / 2
+            if "shared_experts" in mods and fs:
+                selective += 2 * 3 * h * fs * tokens / tp / (peak_flops * gemm_efficiency(tokens, fs / tp, h, c))
+        else:
+            f = model.intermediate_size
+            mlp += 3 * 2 * 3 * h * f * tokens / tp / (peak_flops * gemm_efficiency(tokens, f / tp, h, c))
+            tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            if "mlp" in mods:
+                selective += mlp / 3
+        elem += c.elementwise_bytes_per_token_per_layer_h * h * tokens / tp / hbm
+        if "layernorm" in mods:
+            selective += 2 * BF16 * h * tokens / tp * 2 / hbm
+
+        # Full recompute reruns the forward (a third of the GEMM work, half the comm: the fwd collectives).
+        recompute = full_fraction * ((att + lin + mlp + exp + elem) / 3 + (tpc + epc + cpc) / 2) + selective
+        passes = 2 + (1 if full_fraction > 0 else 0)
+        t["compute_attention"] += count * att
+        t["compute_linear_attention"] += count * lin
+        t["compute_mlp"] += count * mlp
+        t["compute_experts"] += count * exp
+        t["elementwise"] += count * elem
+        t["tp_comm"] += count * tpc
+        t["ep_comm"] += count * epc
+        t["cp_comm"] += count * cpc
+        t["recompute"] += count * recompute
+        # The host launches each layer pass eagerly; when the GPU work of a pass is shorter than the
+        # host's launch and synchronisation time, the difference is exposed.
+        gpu_pass = (att + lin + mlp + exp + elem + tpc + epc + cpc) / 3
+        t["launch_overhead"] += count * passes * max(0.0, launch - gpu_pass)
+
+    if rank.has_head:
+        v = model.vocab_size
+        t["compute_logits"] += 3 * 2 * h * v * tokens / tp / (peak_flops * gemm_efficiency(tokens, v / tp, h, c))
+        t["elementwise"] += 3 * 6 * tokens * v / tp / hbm  # fp32 softmax / cross-entropy passes
+    return t

@@ -1,0 +1,31 @@
+"""What is trained: row length, global batch, precision and routing."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRECISIONS = ("bf16", "fp8")
+ROUTINGS = ("natural", "balanced")
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Workload:
+    seq_len: int = 8192        # tokens per row (the recipes' row_tokens)
+    global_batch: int = 128    # rows per optimizer step
+    precision: str = "bf16"
+    routing: str = "natural"   # natural: real data, unbalanced experts; balanced: forced router balance
+
+    def __post_init__(self):
+        if self.seq_len <= 0 or self.global_batch <= 0:
+            raise WorkloadError(f"seq_len and global_batch must be positive, got {self.seq_len} and {self.global_batch}")
+        if self.precision not in PRECISIONS:
+            raise WorkloadError(f"precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
+        if self.routing not in ROUTINGS:
+            raise WorkloadError(f"routing must be one of {', '.join(ROUTINGS)}, got '{self.routing}'")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch

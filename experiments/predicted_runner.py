@@ -1,0 +1,26 @@
+"""The runner that needs no GPU: the cost model answers, and says so."""
+from __future__ import annotations
+
+from cost_model.constants import Constants
+from cost_model.predict import predict
+from experiments.runner import TrialResult, TrialRunner, TrialSpec
+
+
+class PredictedRunner(TrialRunner):
+    name = "predict"
+
+    def __init__(self, constants: Constants | None = None):
+        self.constants = constants
+
+    def run(self, spec: TrialSpec) -> TrialResult:
+        p = predict(spec.model, spec.gpu, spec.workload, spec.layout, self.constants)
+        if not p.fits:
+            return TrialResult(status="failed", kind="predicted", source=p.source, failure_class="cuda_oom"
+                               if p.memory.total > p.gpu_memory_gib else "host_oom",
+                               detail="; ".join(p.reasons), peak_memory_gib=p.peak_memory_gib)
+        return TrialResult(
+            status="ok", kind="predicted", source=p.source,
+            tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, step_time_s=p.step_time_s,
+            peak_memory_gib=p.peak_memory_gib, mfu=p.mfu, usd_per_million_tokens=p.usd_per_million_tokens,
+            breakdown=dict(p.breakdown),
+        )

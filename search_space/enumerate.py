@@ -1,0 +1,102 @@
+"""Every layout Megatron and slime accept for a model on N GPUs.
+
+The product of the dimensions is filtered by the Layout constructor and `rules.violations`, so the
+enumeration never holds a rule of its own: what it yields is exactly what `check` accepts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Iterator
+
+from cost_model.model_spec import MLA, ModelSpec
+from cost_model.workload import Workload
+from search_space.layout import InvalidLayout, Layout
+from search_space.rules import violations
+from search_space.stack import Stack
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """Which values of the non-parallel dimensions to try."""
+
+    rows_per_microbatch: tuple[int, ...] = (1, 2, 4)
+    full_recompute_layers: tuple[int, ...] = (1, 2, 4)
+    offload_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
+    max_tp: int = 8          # TP beyond one NVLink domain is never worth it
+    max_vpp: int = 4
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def selective_module_sets(model: ModelSpec) -> list[tuple[str, ...]]:
+    sets = [("core_attn",), ("layernorm",)]
+    if model.is_moe:
+        sets += [("moe_act",), ("moe_act", "layernorm"), ("core_attn", "moe_act", "layernorm")]
+        if model.shared_expert_intermediate_size:
+            sets.append(("moe_act", "layernorm", "shared_experts"))
+        sets.append(("moe",))
+    else:
+        sets += [("mlp",), ("core_attn", "layernorm", "mlp")]
+    if model.count(MLA):
+        sets.append(("mla_up_proj", "moe_act", "layernorm") if model.is_moe else ("mla_up_proj",))
+    return sets
+
+
+def recompute_choices(model: ModelSpec, options: SpaceOptions) -> list[dict]:
+    out: list[dict] = [dict(recompute_granularity=None)]
+    for mods in selective_module_sets(model):
+        out.append(dict(recompute_granularity="selective", recompute_modules=mods))
+    for method in ("uniform", "block"):
+        for k in options.full_recompute_layers:
+            out.append(dict(recompute_granularity="full", recompute_method=method, recompute_num_layers=k))
+    return out
+
+
+def offload_choices(options: SpaceOptions) -> list[dict]:
+    out = []
+    for f in options.offload_fractions:
+        if f == 0:
+            out.append(dict(optimizer_offload_fraction=0.0, overlap_d2h_h2d=False))
+        else:
+            out += [dict(optimizer_offload_fraction=f, overlap_d2h_h2d=o) for o in (True, False)]
+    return out
+
+
+def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                    options: SpaceOptions) -> Iterator[dict]:
+    """(tp, pp, vpp, cp, ep, etp) combinations that pass every rule, before the other dimensions."""
+    ds = divisors(world_size)
+    expert_sizes = [e for e in ds if model.num_experts % e == 0] if model.is_moe else [1]
+    for tp, pp, cp in product(ds, ds, ds):
+        if world_size % (tp * pp * cp) or tp > options.max_tp:
+            continue
+        vpps = [1] + [v for v in range(2, options.max_vpp + 1) if pp > 1]
+        etps = sorted({1, tp}) if model.is_moe else [tp]
+        for vpp, ep, etp in product(vpps, expert_sizes, etps):
+            try:
+                layout = Layout(world_size, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp,
+                                max_tokens_per_gpu=workload.seq_len // cp, rows_per_microbatch=1)
+            except InvalidLayout:
+                continue
+            if not violations(layout, model, workload, stack):
+                yield dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp)
+
+
+def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                      options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
+    recomputes = recompute_choices(model, options)
+    offloads = offload_choices(options)
+    for shape in parallel_shapes(model, world_size, workload, stack, options):
+        dispatchers = ["alltoall"] + (["flex"] if shape["ep"] * shape["etp"] > 1 and stack.deepep else [])
+        for rows, rc, off, disp in product(options.rows_per_microbatch, recomputes, offloads, dispatchers):
+            max_tokens = rows * workload.seq_len // shape["cp"]
+            try:
+                layout = Layout(world_size, **shape, max_tokens_per_gpu=max_tokens, rows_per_microbatch=rows,
+                                dispatcher=disp, **rc, **off)
+            except InvalidLayout:
+                continue
+            if not violations(layout, model, workload, stack):
+                yield layout

@@ -1,0 +1,179 @@
+"""A training layout: how one training job spreads over `world_size` GPUs.
+
+Field names are Megatron's and slime's (tp = --tensor-model-parallel-size, ...), so a layout
+maps one-to-one to a command line and to a recipe's `layout` block. Building a Layout checks
+the rules that need nothing but the layout itself; the rules that depend on the model, the
+workload and the software stack live in `search_space.rules`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+RECOMPUTE_GRANULARITIES = (None, "full", "selective")
+RECOMPUTE_METHODS = ("uniform", "block")
+# Megatron's --recompute-modules choices (training/arguments.py at the slime pin).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DISPATCHERS = ("alltoall", "flex")
+
+
+class InvalidLayout(ValueError):
+    """A layout Megatron or slime would reject. The message names the rule and the numbers."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    max_tokens_per_gpu: int = 8192
+    rows_per_microbatch: int = 1
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ()
+    optimizer_offload_fraction: float = 0.0
+    overlap_d2h_h2d: bool = False
+    dispatcher: str = "alltoall"
+
+    def __post_init__(self):
+        for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidLayout(f"{name} must be a positive integer, got {value!r}")
+        n, tp, pp, cp, ep, etp = self.world_size, self.tp, self.pp, self.cp, self.ep, self.etp
+        if n % (tp * pp * cp):
+            raise InvalidLayout(f"world size {n} is not divisible by TP x PP x CP = {tp} x {pp} x {cp} = {tp * pp * cp}")
+        if n % (etp * ep * pp):
+            raise InvalidLayout(
+                f"world size {n} is not divisible by ETP x EP x PP = {etp} x {ep} x {pp} = {etp * ep * pp} (expert grid)")
+        if self.vpp > 1 and pp == 1:
+            raise InvalidLayout(f"VPP {self.vpp} needs pipeline parallelism (PP > 1), got PP 1")
+        self._check_recompute()
+        if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
+            raise InvalidLayout(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
+        if self.overlap_d2h_h2d and self.optimizer_offload_fraction == 0:
+            raise InvalidLayout("overlap_d2h_h2d needs optimizer CPU offload (optimizer_offload_fraction > 0)")
+        if self.dispatcher not in DISPATCHERS:
+            raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got '{self.dispatcher}'")
+        if self.dispatcher == "flex" and ep * etp == 1:
+            raise InvalidLayout(f"the flex dispatcher needs EP x ETP > 1, got EP {ep} x ETP {etp}")
+
+    def _check_recompute(self):
+        g, m, k, mods = self.recompute_granularity, self.recompute_method, self.recompute_num_layers, self.recompute_modules
+        if g not in RECOMPUTE_GRANULARITIES:
+            raise InvalidLayout(f"recompute_granularity must be full, selective or none, got '{g}'")
+        if g == "full":
+            if m not in RECOMPUTE_METHODS:
+                raise InvalidLayout(f"full recompute needs recompute_method uniform or block, got {m!r}")
+            if not isinstance(k, int) or k < 1:
+                raise InvalidLayout(f"full recompute needs recompute_num_layers >= 1, got {k!r}")
+            if mods:
+                raise InvalidLayout(f"recompute_modules {list(mods)} apply to selective recompute only, not full")
+        elif g == "selective":
+            if m is not None or k is not None:
+                raise InvalidLayout(
+                    f"selective recompute takes no recompute_method or recompute_num_layers (got {m!r}, {k!r})")
+            unknown = [x for x in mods if x not in RECOMPUTE_MODULES]
+            if unknown:
+                raise InvalidLayout(f"unknown recompute_modules {unknown}; known: {', '.join(RECOMPUTE_MODULES)}")
+            if len(set(mods)) != len(mods):
+                raise InvalidLayout(f"recompute_modules {list(mods)} repeat a module")
+        elif m is not None or k is not None or mods:
+            raise InvalidLayout("recompute_method, recompute_num_layers and recompute_modules need a recompute_granularity")
+
+    # Derived sizes, as torchtitan's ParallelDims derives them.
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel size (MoE parallel folding)."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    @property
+    def sequence_parallel(self) -> bool:
+        # slime always passes --sequence-parallel when TP > 1; Megatron rejects it at TP 1.
+        return self.tp > 1
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules selective recompute covers (Megatron's default is core_attn)."""
+        if self.recompute_granularity != "selective":
+            return ()
+        return self.recompute_modules or ("core_attn",)
+
+    @property
+    def offloaded(self) -> bool:
+        return self.optimizer_offload_fraction > 0
+
+    @property
+    def label(self) -> str:
+        parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"VPP{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.etp > 1:
+            parts.append(f"ETP{self.etp}")
+        parts.append(f"DP{self.dp}")
+        return " ".join(parts)
+
+    @property
+    def recompute_label(self) -> str:
+        if self.recompute_granularity == "full":
+            return f"full {self.recompute_method} {self.recompute_num_layers}"
+        if self.recompute_granularity == "selective":
+            return "selective " + "+".join(self.selective_modules)
+        return "none"
+
+    @property
+    def long_label(self) -> str:
+        """Everything that distinguishes two layouts, in one line."""
+        offload = "off" if not self.offloaded else (
+            f"{self.optimizer_offload_fraction:g}" + (" overlap" if self.overlap_d2h_h2d else ""))
+        return (f"{self.label} | mt {self.max_tokens_per_gpu} | rc {self.recompute_label} | "
+                f"offload {offload} | {self.dispatcher}")
+
+    def key(self) -> str:
+        """A stable identity, used to never evaluate the same layout twice in a study."""
+        return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self))
+
+    def to_params(self) -> dict:
+        """Flat scalar parameters (Optuna trial params, CLI KEY=VALUE pairs)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = ",".join(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_params(cls, params: dict) -> "Layout":
+        params = dict(params)
+        mods = params.get("recompute_modules")
+        if isinstance(mods, str):
+            params["recompute_modules"] = tuple(m for m in mods.split(",") if m)
+        elif mods is not None:
+            params["recompute_modules"] = tuple(mods)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise InvalidLayout(f"unknown layout field(s) {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**params)
+
+    def replace(self, **changes) -> "Layout":
+        return replace(self, **changes)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

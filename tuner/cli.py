@@ -1,0 +1,400 @@
+"""The `tune` command line.
+
+    tune --model M --gpu G [--gpus N] [--trials K] [--study NAME] [--storage URL] [--backend predict]
+    tune show | export | predict | models | gpus
+
+Every error the user can cause ends in one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cost_model.hardware import GpuSpec, HardwareError, all_gpus, load_gpu
+from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
+from cost_model.predict import Prediction, predict
+from cost_model.workload import PRECISIONS, ROUTINGS, Workload, WorkloadError
+from search_space.enumerate import SpaceOptions, enumerate_layouts
+from search_space.layout import InvalidLayout, Layout
+from search_space.rules import check, expected_rows_per_microbatch
+from search_space.stack import STACK_FIXES, Stack
+
+SUBCOMMANDS = ("show", "export", "predict", "models", "gpus")
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
+    if command != "run":
+        argv = argv[1:]
+    parser = PARSERS[command]()
+    args = parser.parse_args(argv)
+    from recipes.recipe import RecipeError
+    from tuner.study import StudyError
+
+    try:
+        return COMMANDS[command](args)
+    except (ModelError, HardwareError, WorkloadError, InvalidLayout, CliError, StudyError, RecipeError,
+            OSError) as e:
+        print(f"tune: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("tune: interrupted; finished trials are kept in the study", file=sys.stderr)
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return " ".join(text.split())
+
+
+# ---------------------------------------------------------------- shared options
+
+def _add_target(p: argparse.ArgumentParser, required: bool = True):
+    p.add_argument("--model", required=required, help="catalog name (see `tune models`) or path to a config.json")
+    p.add_argument("--gpu", required=required, help="GPU type (see `tune gpus`)")
+    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (default: one node)")
+
+
+def _add_workload(p: argparse.ArgumentParser):
+    p.add_argument("--seq-len", type=int, default=8192, help="tokens per row (default 8192)")
+    p.add_argument("--global-batch", type=int, default=128, help="rows per optimizer step (default 128)")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    p.add_argument("--routing", choices=ROUTINGS, default="natural",
+                   help="natural: real data, unbalanced experts; balanced: forced router balance")
+    p.add_argument("--usd-per-gpu-hour", type=float, default=None, help="override the GPU's catalog price")
+    p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
+                   help="a fix your training image has (repeatable)")
+
+
+def _add_storage(p: argparse.ArgumentParser):
+    p.add_argument("--study", default=None, help="study name (default: <model>-<gpu>-x<gpus>)")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage URL or SQLite path (default: sqlite:///studies/attune.sqlite3)")
+
+
+def _target(args) -> tuple[ModelSpec, GpuSpec, int]:
+    model = load_model(args.model)
+    gpu = load_gpu(args.gpu).with_price(getattr(args, "usd_per_gpu_hour", None))
+    gpus = args.gpus if args.gpus is not None else gpu.gpus_per_node
+    if gpus < 1:
+        raise CliError(f"--gpus must be at least 1, got {gpus}")
+    return model, gpu, gpus
+
+
+def _workload(args) -> Workload:
+    return Workload(seq_len=args.seq_len, global_batch=args.global_batch, precision=args.precision,
+                    routing=args.routing)
+
+
+# ---------------------------------------------------------------- tune (the study loop)
+
+def _run_parser():
+    p = argparse.ArgumentParser(prog="tune", description="Find the fastest training layout for a model on a GPU "
+                                "cluster. Subcommands: " + ", ".join(SUBCOMMANDS) + ".")
+    _add_target(p)
+    _add_workload(p)
+    _add_storage(p)
+    p.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    p.add_argument("--backend", choices=("predict",), default="predict",
+                   help="predict: the cost model answers (no GPU; figures labelled predicted)")
+    p.add_argument("--proposer", choices=("agent", "tpe"), default="agent",
+                   help="agent: reads predictions and measurements; tpe: Optuna's TPE sampler")
+    p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
+    p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def cmd_run(args) -> int:
+    from experiments.predicted_runner import PredictedRunner
+    from tuner.proposer import AgentProposer, Candidate, SamplerProposer
+    from tuner.report import counts_line, format_table, ranked_rows
+    from tuner.space_params import layout_to_params
+    from tuner.study import (StudyConfig, default_study_name, load_or_create, open_storage, run_study,
+                             storage_url)
+
+    if args.trials < 1:
+        raise CliError(f"--trials must be at least 1, got {args.trials}")
+    model, gpu, gpus = _target(args)
+    config = StudyConfig(model, gpu, gpus, _workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions())
+    candidates = _score_space(config)
+    name = args.study or default_study_name(model, gpu, gpus)
+    url = storage_url(args.storage)
+    storage = open_storage(url, create_dirs=args.storage is None)
+    study = load_or_create(storage, name, config)
+    proposer = (AgentProposer([Candidate(l, p) for l, p in candidates], layout_to_params)
+                if args.proposer == "agent" else SamplerProposer())
+    print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
+          f"study '{name}' in {url}; backend {args.backend} (figures are predicted by the cost model)",
+          file=sys.stderr)
+    summary = run_study(study, config, PredictedRunner(), proposer, args.trials, progress=not args.no_progress)
+    if summary.exhausted:
+        print("every distinct fitting layout has been tried", file=sys.stderr)
+    rows = ranked_rows(study)
+    print(counts_line(study))
+    print(format_table(rows, limit=10))
+    if rows and args.top > 0:
+        paths = _export_rows(rows[:args.top], config, Path(args.out))
+        print("recipes (status predicted):")
+        for path in paths:
+            print(f"  {path}")
+    return 0
+
+
+def _score_space(config) -> list[tuple[Layout, Prediction]]:
+    scored = [(l, predict(config.model, config.gpu, config.workload, l))
+              for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
+                                         config.options)]
+    if not scored:
+        raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
+                       f"model's heads, experts and layers)")
+    fitting = [(l, p) for l, p in scored if p.fits]
+    if not fitting:
+        least = min(scored, key=lambda lp: lp[1].peak_memory_gib)
+        raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
+                       f"{config.gpu.display_name}: the smallest predicted peak is {least[1].peak_memory_gib:.1f} GiB "
+                       f"({least[0].long_label}), {least[1].reasons[0] if least[1].reasons else ''}")
+    return fitting
+
+
+def _export_rows(rows, config, out: Path) -> list[Path]:
+    from recipes.recipe import build_recipe, recipe_name, recipe_path, write_recipe
+
+    paths = []
+    for row in rows:
+        prediction = predict(config.model, config.gpu, config.workload, row.layout)
+        recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
+        path = recipe_path(out, config.model, config.gpu, recipe_name(row.layout))
+        write_recipe(recipe, path)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- show / export
+
+def _show_parser():
+    p = argparse.ArgumentParser(prog="tune show", description="Ranked table of a study's trials.")
+    _add_storage(p)
+    p.add_argument("--limit", type=int, default=None, help="rows to print (default all)")
+    return p
+
+
+def _open_existing(args):
+    from tuner.study import load_study, open_storage, storage_url
+
+    if not args.study:
+        raise CliError("--study NAME is required")
+    return load_study(open_storage(storage_url(args.storage)), args.study)
+
+
+def cmd_show(args) -> int:
+    from tuner.report import counts_line, format_table, ranked_rows
+
+    study = _open_existing(args)
+    print(counts_line(study))
+    print(format_table(ranked_rows(study), limit=args.limit))
+    return 0
+
+
+def _export_parser():
+    p = argparse.ArgumentParser(prog="tune export", description="Write recipe YAMLs for a study's best layouts.")
+    _add_storage(p)
+    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--out", required=True, help="folder; recipes go to OUT/<model>/<gpu>/<name>.yaml")
+    return p
+
+
+def cmd_export(args) -> int:
+    from tuner.report import ranked_rows
+    from tuner.study import StudyConfig
+
+    study = _open_existing(args)
+    identity = study.user_attrs.get("config")
+    if not identity:
+        raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
+    config = StudyConfig(load_model(identity["model"]), load_gpu(identity["gpu"]), identity["gpus"],
+                         Workload(**identity["workload"]), Stack(**identity["stack"]))
+    rows = ranked_rows(study)
+    if not rows:
+        raise CliError(f"study '{args.study}' has no completed trial to export")
+    for path in _export_rows(rows[:args.top], config, Path(args.out)):
+        print(path)
+    return 0
+
+
+# ---------------------------------------------------------------- predict
+
+LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch",
+               "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+               "optimizer_offload_fraction", "overlap_d2h_h2d", "dispatcher")
+
+
+def _predict_parser():
+    p = argparse.ArgumentParser(prog="tune predict", description="Predict memory, step time and throughput of "
+                                "one layout, from a recipe or from flags.")
+    p.add_argument("--recipe", help="a recipe YAML (its model, GPU, workload and layout)")
+    _add_target(p, required=False)
+    _add_workload(p)
+    p.add_argument("--layout", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="layout fields: " + ", ".join(LAYOUT_KEYS))
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--recipe-out", help="write the predicted recipe for this layout")
+    return p
+
+
+def parse_layout_pairs(pairs: list[str], world_size: int, seq_len: int) -> Layout:
+    values: dict = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep:
+            raise CliError(f"layout value '{pair}' is not KEY=VALUE")
+        if key not in LAYOUT_KEYS:
+            raise CliError(f"unknown layout key '{key}'; known: {', '.join(LAYOUT_KEYS)}")
+        values[key] = _layout_value(key, raw.strip())
+    if "max_tokens_per_gpu" not in values:
+        values["max_tokens_per_gpu"] = values.get("rows_per_microbatch", 1) * seq_len // values.get("cp", 1)
+    if "rows_per_microbatch" not in values:
+        values["rows_per_microbatch"] = max(1, values["max_tokens_per_gpu"] * values.get("cp", 1) // seq_len)
+    if values.get("recompute_granularity") in ("none", "null", ""):
+        values["recompute_granularity"] = None
+    return Layout.from_params({"world_size": world_size, **values})
+
+
+def _layout_value(key: str, raw: str):
+    try:
+        if key in ("recompute_granularity", "recompute_method", "dispatcher"):
+            return raw
+        if key == "recompute_modules":
+            return tuple(m for m in raw.replace("+", ",").split(",") if m)
+        if key == "optimizer_offload_fraction":
+            return float(raw)
+        if key == "overlap_d2h_h2d":
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return raw.lower() in ("true", "1", "yes")
+        return int(raw)
+    except ValueError:
+        raise CliError(f"layout value {key}={raw!r} has the wrong type") from None
+
+
+def cmd_predict(args) -> int:
+    if args.recipe:
+        from recipes.recipe import load_recipe
+
+        loaded = load_recipe(args.recipe)
+        model, gpu, workload, layout = loaded.model, loaded.gpu, loaded.workload, loaded.layout
+        if args.usd_per_gpu_hour is not None:
+            gpu = gpu.with_price(args.usd_per_gpu_hour)
+        stack = Stack.with_fixes(args.stack_fix or ["output-gate-tp"])  # recipes' stack carries the fix
+    else:
+        if not (args.model and args.gpu):
+            raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
+        model, gpu, gpus = _target(args)
+        workload = _workload(args)
+        layout = parse_layout_pairs(args.layout, gpus, workload.seq_len)
+        stack = Stack.with_fixes(args.stack_fix)
+    check(layout, model, workload, stack)
+    prediction = predict(model, gpu, workload, layout)
+    if args.recipe_out:
+        from recipes.recipe import build_recipe, write_recipe
+
+        write_recipe(build_recipe(model, gpu, workload, layout, prediction), Path(args.recipe_out))
+    if args.json:
+        out = prediction.to_dict()
+        out["layout"] = layout.to_params()
+        out["label"] = layout.long_label
+        print(json.dumps(out, indent=None))
+    else:
+        print(explain(model, gpu, workload, layout, prediction))
+    return 0
+
+
+def explain(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, p: Prediction) -> str:
+    lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
+             f"  all figures predicted ({p.source})",
+             f"  fits: {'yes' if p.fits else 'NO: ' + '; '.join(p.reasons)}",
+             f"  tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f}   step {p.step_time_s:.2f} s   MFU {p.mfu:.1%}   "
+             f"$/1M tokens {p.usd_per_million_tokens:.3f}",
+             f"  {p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
+             "  memory per GPU (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in p.memory.as_dict().items())
+             + f" of {p.gpu_memory_gib:.1f} usable",
+             f"  host memory per node: {p.host_memory_gib_per_node:.0f} of {p.host_memory_capacity_gib:.0f} GiB",
+             "  step time (s):"]
+    for k, v in sorted(p.breakdown.items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            lines.append(f"    {k:<26}{v:8.2f}  {v / p.step_time_s:6.1%}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- catalogs
+
+def _models_parser():
+    p = argparse.ArgumentParser(prog="tune models", description="The model catalog.")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def cmd_models(args) -> int:
+    rows = []
+    for name in catalog_names():
+        m = load_model(name)
+        pc = m.params
+        rows.append({"name": name, "display_name": m.display_name, "model_type": m.model_type,
+                     "layers": m.num_hidden_layers, "hidden": m.hidden_size, "experts": m.num_experts,
+                     "top_k": m.num_experts_per_tok, "total_params": pc.total, "active_params": pc.active,
+                     "active_non_embedding": pc.active_non_embedding, "hf_repo": m.hf_repo})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<20}{'model':<22}{'layers':>7}{'hidden':>8}{'experts':>9}{'top-k':>6}"
+          f"{'total':>10}{'active':>9}{'active-emb':>11}")
+    for r in rows:
+        print(f"{r['name']:<20}{r['display_name']:<22}{r['layers']:>7}{r['hidden']:>8}{r['experts']:>9}"
+              f"{r['top_k']:>6}{r['total_params'] / 1e9:>9.2f}B{r['active_params'] / 1e9:>8.2f}B"
+              f"{r['active_non_embedding'] / 1e9:>10.2f}B")
+    print("parameter counts derived from each architecture (catalog: cost_model/catalog/models)")
+    return 0
+
+
+def _gpus_parser():
+    p = argparse.ArgumentParser(prog="tune gpus", description="The GPU catalog, with the source of each figure.")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def cmd_gpus(args) -> int:
+    from dataclasses import asdict
+
+    gpus = all_gpus()
+    if args.json:
+        print(json.dumps([asdict(g) for g in gpus], indent=1))
+        return 0
+    print(f"{'name':<7}{'bf16 TF':>9}{'fp8 TF':>9}{'HBM GB':>8}{'TB/s':>6}{'NVL dom':>8}{'NVL GB/s':>9}"
+          f"{'net GB/s':>9}{'PCIe':>6}{'host GiB':>9}{'GPUs/node':>10}{'$/GPU-h':>8}  instance")
+    for g in gpus:
+        print(f"{g.name:<7}{g.bf16_tflops:>9,.0f}{g.fp8_tflops:>9,.0f}{g.memory_gb:>8,.0f}{g.hbm_tb_s:>6.2f}"
+              f"{g.nvlink_domain:>8}{g.nvlink_gb_s:>9,.0f}{g.internode_gb_s:>9,.0f}{g.pcie_gb_s:>6,.0f}"
+              f"{g.host_memory_gib_per_node:>9,.0f}{g.gpus_per_node:>10}{g.usd_per_gpu_hour:>8.2f}  {g.instance}")
+    print("catalog figures from datasheets and cloud price lists; `tune gpus --json` gives the source of each")
+    return 0
+
+
+PARSERS = {"run": _run_parser, "show": _show_parser, "export": _export_parser, "predict": _predict_parser,
+           "models": _models_parser, "gpus": _gpus_parser}
+COMMANDS = {"run": cmd_run, "show": cmd_show, "export": cmd_export, "predict": cmd_predict,
+            "models": cmd_models, "gpus": cmd_gpus}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Ranked tables of a study's trials."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from search_space.layout import Layout
+
+
+@dataclass(frozen=True)
+class Row:
+    number: int
+    layout: Layout
+    tokens_per_s_per_gpu: float
+    peak_memory_gib: float | None
+    mfu: float | None
+    usd_per_million_tokens: float | None
+    kind: str            # predicted or measured
+    source: str
+    predicted_tokens_per_s_per_gpu: float | None
+    rationale: str
+
+
+def ranked_rows(study: optuna.Study) -> list[Row]:
+    rows = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        result = t.user_attrs.get("result") or {}
+        prediction = t.user_attrs.get("prediction") or {}
+        rows.append(Row(
+            number=t.number, layout=Layout.from_params(t.user_attrs["layout"]),
+            tokens_per_s_per_gpu=t.value, peak_memory_gib=result.get("peak_memory_gib"),
+            mfu=result.get("mfu"), usd_per_million_tokens=result.get("usd_per_million_tokens"),
+            kind=result.get("kind", "predicted"), source=result.get("source", ""),
+            predicted_tokens_per_s_per_gpu=prediction.get("tokens_per_s_per_gpu"),
+            rationale=t.user_attrs.get("rationale", ""),
+        ))
+    # Measured rows first among equals: a measurement outranks a prediction of the same figure.
+    return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
+
+
+def format_table(rows: list[Row], limit: int | None = None) -> str:
+    header = ("#", "trial", "layout", "tokens/s/GPU", "peak GiB", "MFU", "$/1M tok", "figures")
+    lines = []
+    for i, r in enumerate(rows[:limit] if limit else rows, 1):
+        lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}",
+                      _fmt(r.peak_memory_gib, "{:.1f}"), _fmt(r.mfu, "{:.1%}"),
+                      _fmt(r.usd_per_million_tokens, "{:.3f}"), r.kind))
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
+    right = {0, 1, 3, 4, 5, 6}
+
+    def fmt_line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [fmt_line(header), fmt_line(["-" * w for w in widths])] + [fmt_line(l) for l in lines]
+    sources = sorted({r.source for r in rows[:limit] if r.source} if limit else {r.source for r in rows if r.source})
+    for s in sources:
+        out.append(f"figures from: {s}")
+    return "\n".join(out)
+
+
+def counts_line(study: optuna.Study) -> str:
+    trials = study.get_trials(deepcopy=False)
+    count = {s: sum(1 for t in trials if t.state == s) for s in (TrialState.COMPLETE, TrialState.PRUNED,
+                                                                   TrialState.FAIL)}
+    return (f"study '{study.study_name}': {len(trials)} trials ({count[TrialState.COMPLETE]} complete, "
+            f"{count[TrialState.PRUNED]} pruned, {count[TrialState.FAIL]} failed)")
+
+
+def _fmt(value, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)

@@ -1,0 +1,228 @@
+"""The tuning study: an Optuna study whose trials are layouts, resumable from its storage.
+
+Everything that could fail on the user's input (model, GPU, space, storage) is checked before
+the study is created or changed, so a bad command never touches what is already recorded.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from cost_model.hardware import GpuSpec
+from cost_model.model_spec import ModelSpec
+from cost_model.predict import predict
+from cost_model.workload import Workload
+from experiments.runner import TrialRunner, TrialSpec
+from search_space.enumerate import SpaceOptions
+from search_space.layout import InvalidLayout, Layout
+from search_space.rules import check
+from search_space.stack import Stack
+from tuner.proposer import History, Proposer, family
+from tuner.space_params import distributions, params_to_layout
+
+DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class StudyError(RuntimeError):
+    """A study that cannot be opened, created or resumed as asked."""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    model: ModelSpec
+    gpu: GpuSpec
+    world_size: int
+    workload: Workload
+    stack: Stack = Stack()
+    options: SpaceOptions = SpaceOptions()
+
+    def identity(self) -> dict:
+        """What a study is about; resuming with a different identity is refused."""
+        return {
+            "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
+            "workload": asdict(self.workload), "stack": asdict(self.stack),
+            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.options).items()},
+        }
+
+    def describe(self) -> str:
+        return f"{self.model.display_name} on {self.world_size} x {self.gpu.display_name}"
+
+
+def default_study_name(model: ModelSpec, gpu: GpuSpec, world_size: int) -> str:
+    return f"{model.name}-{gpu.name}-x{world_size}"
+
+
+def storage_url(value: str | None) -> str:
+    if not value:
+        return DEFAULT_STORAGE
+    return value if "://" in value else f"sqlite:///{value}"
+
+
+def open_storage(url: str, create_dirs: bool = False) -> optuna.storages.BaseStorage:
+    """Open a storage without writing to anything that is not already an Optuna storage."""
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        if path.exists():
+            if path.is_dir():
+                raise StudyError(f"study storage {url}: {path} is a directory, not an SQLite file")
+            with path.open("rb") as f:
+                head = f.read(len(SQLITE_MAGIC))
+            if head and head != SQLITE_MAGIC:
+                raise StudyError(f"study storage {url}: {path} is not an SQLite database (corrupt or another file)")
+        elif not path.parent.exists():
+            if create_dirs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            else:
+                raise StudyError(f"study storage {url}: folder {path.parent} does not exist")
+    try:
+        return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
+    except Exception as e:  # SQLAlchemy and Optuna raise many types; the user needs one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StudyError(f"cannot open study storage {url}: {first}") from None
+
+
+def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        known = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        raise StudyError(f"no study named '{name}' in this storage; studies there: {', '.join(known) or 'none'}") \
+            from None
+
+
+def load_or_create(storage: optuna.storages.BaseStorage, name: str, config: StudyConfig) -> optuna.Study:
+    identity = config.identity()
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        study.set_user_attr("config", identity)
+        return study
+    existing = study.user_attrs.get("config")
+    if existing != identity:
+        was = f"{existing['model']} on {existing['gpus']} x {existing['gpu']}" if existing else "something else"
+        raise StudyError(f"study '{name}' was created for {was} with other settings; "
+                         f"pass another --study to tune {config.describe()}")
+    return study
+
+
+def history_of(study: optuna.Study) -> History:
+    h = History()
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get("layout_key")
+        if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            h.tried.add(key)
+        result = t.user_attrs.get("result") or {}
+        if t.state == TrialState.COMPLETE and result.get("kind") == "measured":
+            layout = Layout.from_params(t.user_attrs["layout"])
+            predicted = (t.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+            h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
+    best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    h.best_value = max(best) if best else None
+    return h
+
+
+@dataclass
+class RunSummary:
+    completed: int = 0
+    pruned: int = 0
+    failed: int = 0
+    exhausted: bool = False
+
+
+def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, proposer: Proposer,
+              trials: int, progress: bool = True) -> RunSummary:
+    dists = distributions(config.model, config.world_size, config.options)
+    summary = RunSummary()
+    bar = _progress(trials, progress)
+    if proposer.sampler() is not None:
+        study.sampler = proposer.sampler()
+    try:
+        for _ in range(trials):
+            history = history_of(study)
+            proposal = proposer.propose(history)
+            if proposal is None:
+                summary.exhausted = True
+                break
+            if proposal.params is not None:
+                study.enqueue_trial(proposal.params)
+            trial = study.ask(dists)
+            trial.set_user_attr("proposer", proposer.name)
+            trial.set_user_attr("rationale", proposal.rationale)
+            try:
+                state = _evaluate(study, trial, config, runner, history)
+            except KeyboardInterrupt:
+                trial.set_user_attr("fail_reason", "interrupted by the user")
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            if state == TrialState.COMPLETE:
+                summary.completed += 1
+            elif state == TrialState.PRUNED:
+                summary.pruned += 1
+            else:
+                summary.failed += 1
+            bar.update(1)
+            best = history.best_value
+            latest = study.trials[-1].value if state == TrialState.COMPLETE else None
+            if latest is not None and (best is None or latest > best):
+                best = latest
+            if best is not None:
+                bar.set_postfix_str(f"best {best:,.0f} tokens/s/GPU")
+    finally:
+        bar.close()
+    return summary
+
+
+def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, runner: TrialRunner,
+              history: History) -> TrialState:
+    def prune(reason: str) -> TrialState:
+        trial.set_user_attr("prune_reason", reason)
+        study.tell(trial, state=TrialState.PRUNED)
+        return TrialState.PRUNED
+
+    try:
+        layout = params_to_layout(trial.params, config.world_size, config.workload)
+        check(layout, config.model, config.workload, config.stack)
+    except InvalidLayout as e:
+        return prune(str(e))
+    trial.set_user_attr("layout", layout.to_params())
+    trial.set_user_attr("layout_key", layout.key())
+    trial.set_user_attr("label", layout.long_label)
+    if layout.key() in history.tried:
+        return prune("already evaluated in this study")
+    prediction = predict(config.model, config.gpu, config.workload, layout)
+    trial.set_user_attr("prediction", _jsonable(prediction.to_dict()))
+    if not prediction.fits:
+        return prune("predicted not to fit: " + "; ".join(prediction.reasons))
+    result = runner.run(TrialSpec(config.model, config.gpu, config.workload, layout, config.stack))
+    trial.set_user_attr("result", _jsonable(asdict(result)))
+    if result.status == "ok":
+        study.tell(trial, result.tokens_per_s_per_gpu)
+        return TrialState.COMPLETE
+    trial.set_user_attr("fail_reason", f"{result.failure_class}: {result.detail}")
+    study.tell(trial, state=TrialState.FAIL)
+    return TrialState.FAIL
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+class _NoBar:
+    def update(self, n): pass
+    def set_postfix_str(self, s): pass
+    def close(self): pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm  # optuna depends on tqdm
+    # disable=None: a bar on a terminal, nothing when stderr is a pipe or a file.
+    return tqdm(total=total, desc="trials", unit="trial", file=sys.stderr, dynamic_ncols=True, disable=None)
