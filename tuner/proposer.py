@@ -119,7 +119,7 @@ class AgentProposer(Proposer):
         leader = max(self.candidates, key=adjusted)  # the best layout, tried or not
         self._proposed += 1
         hedge = self._proposed % self.hedge_every == 0
-        choice, why = leader, "exploit"
+        choice, why = ranked[0], "exploit"
         if hedge:
             tried_families = {fam for fam, _, _ in history.measured} | self._tried_families(history)
             for c in ranked:

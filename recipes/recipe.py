@@ -1,0 +1,525 @@
+"""Recipe files: export a predicted layout in the leaderboard's recipe format, and load one back.
+
+The format is the reference recipes' (`../shared/reference/recipe-format.md` and the two examples
+beside it): the same field groups, keys and nesting, in the same order. What a prediction does not
+know (the image's versions, the dataset, measured figures, correctness checks) is null, or a string
+saying "not measured (predicted)". The prediction itself is kept under `result.predicted`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from cost_model.hardware import GpuSpec, HardwareError, load_gpu
+from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
+from cost_model.predict import Prediction
+from cost_model.workload import Workload, WorkloadError
+from recipes.slime_command import actor_placement, slime_env, slime_run
+from search_space.layout import InvalidLayout, Layout
+from search_space.rules import STACK, violations
+from search_space.stack import Stack
+
+SCHEMA_VERSION = 1
+NOT_MEASURED = "not measured (predicted)"
+STEPS_PER_RUN = 20
+WINDOW = (5, 19)  # measured steps, inclusive
+
+
+class RecipeError(ValueError):
+    """A recipe file that cannot be read, or whose fields do not describe a valid run. One line."""
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    model: ModelSpec
+    gpu: GpuSpec
+    workload: Workload
+    layout: Layout
+    data: dict
+
+
+# ---------------------------------------------------------------------------- building
+def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, prediction: Prediction, *,
+                 status: str = "predicted", stack_note: str | None = None) -> dict:
+    """The recipe of a predicted layout, with every field group of the reference recipes."""
+    _, per_node = actor_placement(layout, gpu)
+    window_steps = WINDOW[1] - WINDOW[0] + 1
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": model.display_name,
+        "gpu": {
+            "type": gpu.display_name,
+            "memory_gb": _number(gpu.memory_gb),
+            "count": layout.world_size,
+            "per_node": per_node,
+            "instance": gpu.instance,
+        },
+        "author": {"name": "attune-llm", "url": None},
+        "status": status,
+        "stack": {
+            "framework": f"slime (Megatron backend); version {NOT_MEASURED}",
+            "megatron_lm": None,
+            "transformer_engine": None,
+            "pytorch": None,
+            "cuda": None,
+            "nccl": None,
+            "deepep": None,
+            "python": None,
+            "network": _network(gpu),
+            "source": stack_note or f"{NOT_MEASURED}: no training image was inspected",
+        },
+        "workload": _workload_block(workload),
+        "layout": layout_block(layout, workload),
+        "result": {
+            "tokens_per_s_per_gpu": round(prediction.tokens_per_s_per_gpu, 2),
+            "usd_per_million_tokens": round(prediction.usd_per_million_tokens, 2),
+            "step_time_cv_percent": None,
+            "mfu": round(prediction.mfu, 4),
+            "mfu_note": (f"predicted: 6 x active params x tokens/s per GPU / {_number(gpu.peak_tflops(workload.precision))}"
+                         f" TFLOP/s ({gpu.display_name} dense {workload.precision} peak)"),
+            "active_params": {
+                "count": model.params.active_non_embedding,
+                "source": f"https://huggingface.co/{model.hf_repo}" if model.hf_repo else None,
+                "revision": None,
+            },
+            "measured": None,
+            "steps_per_run": STEPS_PER_RUN,
+            "window": list(WINDOW),
+            "window_tokens": window_steps * workload.global_batch * workload.seq_len,
+            "runs": 0,
+            "profiler": None,
+            "gpu_hours": None,
+            "gpu_hours_note": NOT_MEASURED,
+            "predicted": _predicted_block(prediction, gpu),
+        },
+        "correctness": {
+            "result": "not run",
+            "summary": "not run: a predicted layout; no component tests or convergence check yet",
+            "reference": None,
+            "configuration": "not run",
+            "component_tests": [],
+            "convergence": {
+                "steps": None,
+                "result": None,
+                "correlation": None,
+                "final_loss_difference": None,
+                "pointwise_failures": None,
+                "note": "not run",
+            },
+            "rules": None,
+        },
+        "env": slime_env(layout, gpu),
+        "patches": [],
+        "run": slime_run(model, gpu, workload, layout, num_rollout=STEPS_PER_RUN),
+    }
+
+
+def layout_block(layout: Layout, workload: Workload) -> dict:
+    """The recipe's `layout` group."""
+    if layout.recompute_granularity is None:
+        recompute = None
+    else:
+        recompute = {"granularity": layout.recompute_granularity,
+                     "method": layout.recompute_method,
+                     "num_layers": layout.recompute_num_layers}
+        if layout.recompute_granularity == "selective":
+            # null: Megatron's default module list (core_attn); no --recompute-modules is passed.
+            recompute["modules"] = list(layout.recompute_modules) or None
+    offload = None
+    if layout.offloaded:
+        offload = {"optimizer_fraction": float(layout.optimizer_offload_fraction),
+                   "overlap_d2h_h2d": layout.overlap_d2h_h2d}
+    return {
+        "label": layout.label,
+        "summary": layout_summary(layout, workload),
+        "highlights": layout_highlights(layout),
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "vpp": layout.vpp,
+        "cp": layout.cp,
+        "ep": layout.ep,
+        "etp": layout.etp,
+        "dp": layout.dp,
+        "sequence_parallel": layout.sequence_parallel,
+        "layer_split": None,
+        "max_tokens_per_gpu": layout.max_tokens_per_gpu,
+        "rows_per_microbatch": layout.rows_per_microbatch,
+        "recompute": recompute,
+        "offload": offload,
+        "dispatcher": layout.dispatcher,
+    }
+
+
+_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+
+def layout_summary(layout: Layout, workload: Workload) -> str:
+    """One sentence, worded as the reference recipes' `layout.summary`."""
+    grid = [f"TP {layout.tp}", f"PP {layout.pp}"]
+    if layout.vpp > 1:
+        grid.append(f"VPP {layout.vpp}")
+    grid += [f"CP {layout.cp}", f"EP {layout.ep}", f"ETP {layout.etp}", f"DP {layout.dp}"]
+    n = layout.rows_per_microbatch
+    count = _NUMBER_WORDS[n] if n < len(_NUMBER_WORDS) else f"{n:,}"
+    rows = f"{count} {workload.seq_len:,}-token row{'s' if n != 1 else ''} per microbatch"
+    if layout.cp > 1:
+        rows += f", split over CP {layout.cp}"
+    if layout.recompute_granularity == "full":
+        k = layout.recompute_num_layers
+        recompute = f"full recompute ({layout.recompute_method}, {k} layer{'s' if k != 1 else ''})"
+    elif layout.recompute_granularity == "selective":
+        recompute = f"selective recompute ({', '.join(layout.selective_modules)})"
+    else:
+        recompute = "no recompute"
+    dispatcher = "flex dispatcher (DeepEP)" if layout.dispatcher == "flex" else f"{layout.dispatcher} dispatcher"
+    parts = [", ".join(grid), rows, recompute, dispatcher]
+    optimizer = "precision-aware distributed optimizer"
+    if layout.offloaded:
+        offload = "CPU optimizer offload"
+        if layout.optimizer_offload_fraction != 1.0:
+            offload += f" ({layout.optimizer_offload_fraction:.0%} of the states)"
+        if layout.overlap_d2h_h2d:
+            offload += " with D2H/H2D overlap"
+        parts += [offload, optimizer]
+    else:
+        parts += [optimizer, "no offload"]
+    return "; ".join(parts)
+
+
+def layout_highlights(layout: Layout) -> str:
+    """The short `layout.highlights` line (the references: "max 8,192 tokens/GPU, no offload")."""
+    items = [f"max {layout.max_tokens_per_gpu:,} tokens/GPU"]
+    if layout.dispatcher == "flex":
+        items.append("DeepEP flex dispatcher")
+    if layout.recompute_granularity == "selective":
+        items.append("selective recompute")
+    elif layout.recompute_granularity is None:
+        items.append("no recompute")
+    if not layout.offloaded:
+        items.append("no offload")
+    return ", ".join(items)
+
+
+def _workload_block(workload: Workload) -> dict:
+    block = {
+        "row_tokens": workload.seq_len,
+        "rows": f"fixed {workload.seq_len:,}-token SFT rows; dataset {NOT_MEASURED}",
+        "global_batch": workload.global_batch,
+        "precision": workload.precision,
+        "dataset": {
+            "name": None,
+            "source": None,
+            "revision": None,
+            "license": None,
+            "rows_sha256": None,
+            "build": {
+                "name": None,
+                "tokenizer": None,
+                "loss_mask": None,
+                "rows": None,
+                "row_tokens": workload.seq_len,
+                "padding_tokens": None,
+                "seed": None,
+                "packing": None,
+                "supervised_token_ratio": None,
+                "parquet_sha256": None,
+                "parquet_bytes": None,
+                "builder": None,
+            },
+        },
+    }
+    if workload.routing != "natural":
+        block["routing"] = workload.routing  # an extension: the format has no routing field
+    return block
+
+
+def _network(gpu: GpuSpec) -> str:
+    per_node_tbps = gpu.internode_gb_s * 8 * gpu.gpus_per_node / 1000
+    return (f"{gpu.gpus_per_node} GPUs per node, {per_node_tbps:g} Tb/s inter-node per node "
+            f"(cost-model catalog figure for {gpu.instance}; {NOT_MEASURED})")
+
+
+def _predicted_block(prediction: Prediction, gpu: GpuSpec) -> dict:
+    block = _rounded(prediction.to_dict())
+    block["usd_per_gpu_hour"] = _number(gpu.usd_per_gpu_hour)
+    return block
+
+
+def _rounded(value, digits: int = 6):
+    """Floats to `digits` significant digits, recursively (a readable YAML)."""
+    if isinstance(value, float):
+        if value == 0 or not math.isfinite(value):
+            return value
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v, digits) for v in value]
+    return value
+
+
+def _number(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# ---------------------------------------------------------------------------- naming and writing
+def recipe_name(layout: Layout) -> str:
+    """A file-name slug, unique per distinct layout, e.g. 'tp1-pp1-ep8-dp8-mt8192-full1'."""
+    parts = [f"tp{layout.tp}", f"pp{layout.pp}"]
+    if layout.vpp > 1:
+        parts.append(f"vpp{layout.vpp}")
+    if layout.cp > 1:
+        parts.append(f"cp{layout.cp}")
+    parts.append(f"ep{layout.ep}")
+    if layout.etp > 1:
+        parts.append(f"etp{layout.etp}")
+    parts += [f"dp{layout.dp}", f"mt{layout.max_tokens_per_gpu}"]
+    if layout.rows_per_microbatch != 1:
+        parts.append(f"r{layout.rows_per_microbatch}")
+    if layout.recompute_granularity == "full":
+        method = "" if layout.recompute_method == "uniform" else f"{layout.recompute_method}"
+        parts.append(f"full{method}{layout.recompute_num_layers}")
+    elif layout.recompute_granularity == "selective":
+        parts.append("-".join(("sel", *layout.recompute_modules)))
+    else:
+        parts.append("norc")
+    if layout.offloaded:
+        parts.append(f"off{layout.optimizer_offload_fraction:g}" + ("-ov" if layout.overlap_d2h_h2d else ""))
+    if layout.dispatcher != "alltoall":
+        parts.append(layout.dispatcher)
+    return "-".join(parts)
+
+
+def recipe_path(out_dir: str | os.PathLike, model: ModelSpec, gpu: GpuSpec, name: str) -> Path:
+    """out_dir/<model>/<gpu>/<name>.yaml, as the leaderboard lays recipes out."""
+    file = name if name.endswith(".yaml") else f"{name}.yaml"
+    return Path(out_dir) / model.name / gpu.name / file
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data):
+        return True
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str):
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def dump_recipe(recipe: dict) -> str:
+    """The recipe as YAML text: block style, keys in insertion order, multi-line strings as `|` blocks."""
+    return yaml.dump(recipe, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                     width=116)  # 116: the width that reproduces the reference recipes byte for byte
+
+
+def write_recipe(recipe: dict, path: str | os.PathLike) -> Path:
+    """Write the recipe atomically (a temporary file in the same directory, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = dump_recipe(recipe)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+# ---------------------------------------------------------------------------- loading
+@lru_cache(maxsize=1)
+def _catalog_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for name in catalog_names():
+        spec = load_model(name)
+        index.setdefault(spec.display_name.lower(), name)
+        index.setdefault(name.lower(), name)
+    return index
+
+
+class _Fields:
+    """Typed access to one mapping of a recipe, raising one-line RecipeErrors that name the file and field."""
+
+    def __init__(self, path: Path, data: dict, prefix: str = ""):
+        self.path, self.data, self.prefix = path, data, prefix
+
+    def fail(self, message: str):
+        raise RecipeError(_one_line(f"{self.path}: {message}"))
+
+    def where(self, key: str) -> str:
+        return f"field '{self.prefix}{key}'"
+
+    def get(self, key: str, required: bool = True):
+        if key not in self.data:
+            if required:
+                self.fail(f"{self.where(key)} is missing")
+            return None
+        return self.data[key]
+
+    def mapping(self, key: str, nullable: bool = False) -> "_Fields | None":
+        value = self.get(key)
+        if value is None and nullable:
+            return None
+        if not isinstance(value, dict):
+            self.fail(f"{self.where(key)} must be a mapping{' or null' if nullable else ''}, got {_kind(value)}")
+        return _Fields(self.path, value, f"{self.prefix}{key}.")
+
+    def str(self, key: str, nullable: bool = False, required: bool = True) -> str | None:
+        value = self.get(key, required)
+        if value is None and (nullable or not required):
+            return None
+        if not isinstance(value, str) or not value.strip():
+            self.fail(f"{self.where(key)} must be a non-empty string, got {_kind(value)}")
+        return value
+
+    def int(self, key: str, nullable: bool = False) -> int | None:
+        value = self.get(key)
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(f"{self.where(key)} must be an integer, got {_kind(value)}")
+        return value
+
+    def number(self, key: str) -> float:
+        value = self.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(f"{self.where(key)} must be a number, got {_kind(value)}")
+        return float(value)
+
+    def bool(self, key: str) -> bool:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            self.fail(f"{self.where(key)} must be true or false, got {_kind(value)}")
+        return value
+
+
+def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> LoadedRecipe:
+    """Read a recipe and map it back to the catalog model and GPU, the workload and the Layout.
+
+    The layout is checked with `search_space.rules`: Megatron's and slime's rules always; the rules
+    that depend on the training image (source `stack`) only when `stack` is given, since a recipe
+    was run on its own image. Every failure raises RecipeError with one line naming the file.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{path}: is a directory, not a recipe file") from None
+    except OSError as e:
+        raise RecipeError(_one_line(f"{path}: cannot read: {e.strerror or e}")) from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise RecipeError(_one_line(f"{path}: malformed YAML{where}: {problem}")) from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: expected a mapping of recipe fields at the top level, got {_kind(data)}")
+
+    top = _Fields(path, data)
+    model = _model(top)
+    gpu_fields = top.mapping("gpu")
+    gpu_type = gpu_fields.str("type")
+    try:
+        gpu = load_gpu(gpu_type)
+    except HardwareError as e:
+        top.fail(f"field 'gpu.type': {e}")
+    world_size = gpu_fields.int("count")
+
+    w = top.mapping("workload")
+    routing = w.str("routing", required=False) or "natural"
+    try:
+        workload = Workload(seq_len=w.int("row_tokens"), global_batch=w.int("global_batch"),
+                            precision=w.str("precision"), routing=routing)
+    except WorkloadError as e:
+        top.fail(f"field 'workload': {e}")
+
+    layout = _layout(top.mapping("layout"), world_size)
+    if stack is None:
+        found = [v for v in violations(layout, model, workload, Stack()) if v.source != STACK]
+    else:
+        found = violations(layout, model, workload, stack)
+    if found:
+        top.fail(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
+    return LoadedRecipe(model=model, gpu=gpu, workload=workload, layout=layout, data=data)
+
+
+def _model(top: _Fields) -> ModelSpec:
+    name = top.str("model")
+    key = _catalog_index().get(name.strip().lower())
+    if key is None:
+        top.fail(f"field 'model': unknown model '{name}'; known: "
+                 f"{', '.join(sorted({load_model(n).display_name for n in catalog_names()}))}")
+    try:
+        return load_model(key)
+    except ModelError as e:
+        top.fail(f"field 'model': {e}")
+
+
+def _layout(f: _Fields, world_size: int) -> Layout:
+    params = dict(world_size=world_size)
+    for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
+        params[key] = f.int(key)
+    rc = f.mapping("recompute", nullable=True)
+    if rc is not None:
+        params["recompute_granularity"] = rc.str("granularity")
+        params["recompute_method"] = rc.str("method", nullable=True)
+        params["recompute_num_layers"] = rc.int("num_layers", nullable=True)
+        if "modules" in rc.data and rc.data["modules"] is not None:
+            mods = rc.data["modules"]
+            if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+                f.fail(f"field 'layout.recompute.modules' must be a list of module names or null, got {_kind(mods)}")
+            params["recompute_modules"] = tuple(mods)
+    off = f.mapping("offload", nullable=True)
+    if off is not None:
+        params["optimizer_offload_fraction"] = off.number("optimizer_fraction")
+        params["overlap_d2h_h2d"] = off.bool("overlap_d2h_h2d")
+    params["dispatcher"] = f.str("dispatcher")
+    try:
+        layout = Layout(**params)
+    except InvalidLayout as e:
+        f.fail(f"invalid layout: {e}")
+    # The derived fields must agree with the layout they describe.
+    dp = f.get("dp", required=False)
+    if dp is not None and dp != layout.dp:
+        f.fail(f"field 'layout.dp' is {dp!r}, but GPUs {world_size} / (TP {layout.tp} x PP {layout.pp} x "
+               f"CP {layout.cp}) = {layout.dp}")
+    sp = f.get("sequence_parallel", required=False)
+    if sp is not None and sp != layout.sequence_parallel:
+        f.fail(f"field 'layout.sequence_parallel' is {sp!r}, but slime passes --sequence-parallel exactly "
+               f"when TP > 1 (TP {layout.tp})")
+    return layout
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {value!r}".lower()
+    if isinstance(value, (int, float, str)):
+        text = repr(value)
+        return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
+    return {"dict": "a mapping", "list": "a list"}.get(type(value).__name__, type(value).__name__)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

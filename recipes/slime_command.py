@@ -1,0 +1,175 @@
+"""The slime launch of a layout: the environment and the exact shell command of a recipe's `run`.
+
+The command follows the reference recipes (`../shared/reference/recipes/qwen3.6-35b-a3b/h200/`)
+line for line: the export lines, a blank line, then `python3 -m <entry> --async \\` with one flag
+(or one fixed group of flags) per line. The layout's flags come from `search_space.megatron_args`
+and sit where the reference puts them: parallel flags after `--debug-train-only`, then recompute,
+then batching; offload flags between `--use-distributed-optimizer` and
+`--use-precision-aware-optimizer`; the flex dispatcher flags after `--attention-backend flash`
+(argparse keeps the later value, so they override the alltoall in slime's MODEL_ARGS).
+
+The model's architecture flags are `${MODEL_ARGS[@]}`, as in the reference. The first line of the
+command is a comment naming the slime script that defines them (`slime_model_script`).
+"""
+from __future__ import annotations
+
+import re
+import shlex
+
+from cost_model.hardware import GpuSpec
+from cost_model.model_spec import ModelSpec
+from cost_model.workload import Workload
+from search_space.layout import Layout
+from search_space.megatron_args import batch_args, dispatcher_args, offload_args, parallel_args, recompute_args
+
+ENTRY_MODULE = "<slime entry module>"
+
+# `NCCL_NVLS_ENABLE` as slime's run scripts set it: 1 when `nvidia-smi topo -m` shows NVLink.
+NVLS_EXPR = '$([ "$NVLINK_COUNT" -gt 0 ] && echo 1 || echo 0)'
+
+# The rollout function of the reference runs: pre-tokenized fixed-length SFT rows.
+ROLLOUT_FUNCTION = "pretokenized_sft_rollout.generate_rollout"
+
+# slime's `scripts/models/*.sh` that define MODEL_ARGS, per catalog model (checked in THUDM/slime @624b824).
+# qwen3.5-397B-A17B.sh exists only on a PR branch (refs/pull/2051), not on main; Qwen3.6-35B-A3B has
+# the Qwen3.5-35B-A3B architecture, and slime's own qwen36 script just sources qwen3.5-35B-A3B.sh.
+# slime has no script for Llama 3 (other than llama3.1-8B-Instruct.sh) or GPT-OSS on main.
+_MODEL_SCRIPTS = {
+    "qwen3.6-35b-a3b": "scripts/models/qwen3.5-35B-A3B.sh",
+    "qwen3.5-35b-a3b": "scripts/models/qwen3.5-35B-A3B.sh",
+    "qwen3.5-397b-a17b": "scripts/models/qwen3.5-397B-A17B.sh",
+    "qwen3-30b-a3b": "scripts/models/qwen3-30B-A3B.sh",
+    "qwen3-235b-a22b": "scripts/models/qwen3-235B-A22B.sh",
+    "qwen3-next-80b-a3b": "scripts/models/qwen3-next-80B-A3B.sh",
+    "deepseek-v3": "scripts/models/deepseek-v3.sh",
+    "moonlight-16b-a3b": "scripts/models/moonlight.sh",
+}
+
+# Fixed groups of the reference command, each printed on one line.
+_OPTIMIZER_LINES = (
+    ("--optimizer", "adam", "--lr", "1e-5", "--lr-decay-style", "cosine", "--min-lr", "1e-6"),
+    ("--lr-warmup-fraction", "0.1", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.98"),
+)
+_MISC_LINES = (
+    ("--attention-dropout", "0.0", "--hidden-dropout", "0.0"),
+    ("--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"),
+    ("--attention-backend", "flash"),
+)
+
+
+class Raw(str):
+    """A shell word written as is (a "$VAR" placeholder, an array expansion), never quoted."""
+
+
+def slime_model_script(model: ModelSpec) -> str | None:
+    """slime's MODEL_ARGS script for the model, relative to the slime checkout
+    (e.g. 'scripts/models/qwen3.5-35B-A3B.sh'); None when slime has none for it."""
+    return _MODEL_SCRIPTS.get(model.name)
+
+
+def slime_loss_mask_type(model: ModelSpec) -> str:
+    """slime's `--loss-mask-type` (choices qwen, qwen3, qwen3_5, distill_qwen) for the model's chat template.
+
+    Models without a Qwen chat template get slime's default, `qwen`; the reference's pre-tokenized rows
+    carry their own loss mask.
+    """
+    if model.model_type.startswith("qwen3_5"):
+        return "qwen3_5"
+    if model.model_type in ("qwen3", "qwen3_moe", "qwen3_next"):
+        return "qwen3"
+    return "qwen"
+
+
+def actor_placement(layout: Layout, gpu: GpuSpec) -> tuple[int, int]:
+    """(--actor-num-nodes, --actor-num-gpus-per-node): ceil(world / GPUs per node) nodes, the same
+    number of GPUs on each. Raises ValueError when the world size does not split evenly over them."""
+    nodes = -(-layout.world_size // gpu.gpus_per_node)
+    if layout.world_size % nodes:
+        raise ValueError(f"world size {layout.world_size} does not split evenly over {nodes} nodes of "
+                         f"{gpu.gpus_per_node} {gpu.display_name} GPUs (slime's world = nodes x GPUs per node)")
+    return nodes, layout.world_size // nodes
+
+
+def slime_env(layout: Layout, gpu: GpuSpec) -> dict[str, str]:
+    """The run's environment variables, in the reference recipes' order. The flex dispatcher adds
+    NVSHMEM_DISABLE_NCCL=1, as slime's DeepEP run scripts (e.g. run-qwen3.5-35B-A3B-sft.sh) set it."""
+    env = {
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+        "NCCL_NVLS_ENABLE": NVLS_EXPR,
+    }
+    if layout.dispatcher == "flex":
+        env["NVSHMEM_DISABLE_NCCL"] = "1"
+    return env
+
+
+def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, *,
+              num_rollout: int = 20, entry_module: str = ENTRY_MODULE) -> str:
+    """The exact shell command of the recipe's `run` (ends with a newline)."""
+    nodes, per_node = actor_placement(layout, gpu)
+    lines: list[tuple[str, ...]] = [
+        ("--actor-num-nodes", str(nodes)),
+        ("--actor-num-gpus-per-node", str(per_node)),
+        (Raw("${MODEL_ARGS[@]}"),),
+        ("--hf-checkpoint", Raw('"$HF_CKPT"')),
+        ("--ref-load", Raw('"$TORCH_DIST"')),
+        ("--rollout-function-path", ROLLOUT_FUNCTION),
+        ("--prompt-data", Raw('"$SFT_DATA"')),
+        ("--input-key", "messages"),
+        ("--metadata-key", "metadata"),
+        ("--num-rollout", str(num_rollout)),
+        ("--rollout-batch-size", str(workload.global_batch)),
+        ("--global-batch-size", str(workload.global_batch)),
+        ("--loss-type", "sft_loss"),
+        ("--loss-mask-type", slime_loss_mask_type(model)),
+        ("--calculate-per-token-loss",),
+        ("--disable-compute-advantages-and-returns",),
+        ("--debug-train-only",),
+        *per_flag(parallel_args(layout)),
+        *per_flag(recompute_args(layout)),
+        *per_flag(batch_args(layout)),
+        *_OPTIMIZER_LINES,
+        ("--use-distributed-optimizer",),
+        *per_flag(offload_args(layout)),
+        ("--use-precision-aware-optimizer",),
+        *_MISC_LINES,
+        *per_flag(dispatcher_args(layout)),
+        ("--distributed-timeout-minutes", "30"),
+        ("--tensorboard-dir", Raw('"$PROFILE_DIR"')),
+    ]
+    script = slime_model_script(model)
+    if script:
+        comment = f"# MODEL_ARGS: source <slime>/{script}"
+    else:
+        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {model.display_name}; "
+                   f"define MODEL_ARGS (see search_space.megatron_args.model_args)")
+    out = [comment]
+    out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
+    out.append("")
+    entry = Raw(entry_module) if re.fullmatch(r"<[^<>]*>", entry_module) else entry_module
+    out.append(_words(("python3", "-m", entry, "--async")) + " \\")
+    body = [_words(line) for line in lines]
+    out += [f"  {text} \\" for text in body[:-1]]
+    out.append(f"  {body[-1]}")
+    return "\n".join(out) + "\n"
+
+
+def per_flag(args: list[str]) -> list[tuple[str, ...]]:
+    """Split a flat argument list into one tuple per flag (the flag and its values)."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return [tuple(g) for g in groups]
+
+
+def _words(words) -> str:
+    return " ".join(w if isinstance(w, Raw) else shlex.quote(str(w)) for w in words)
+
+
+def _env_value(value: str) -> str:
+    # A command substitution (NCCL_NVLS_ENABLE) is evaluated by the shell, as in the reference.
+    return value if value.startswith("$(") and value.endswith(")") else shlex.quote(value)

@@ -1,0 +1,371 @@
+"""Recipe export and loading, checked against the two reference recipes of the leaderboard."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cost_model.hardware import load_gpu
+from cost_model.model_spec import load_model
+from cost_model.predict import predict
+from cost_model.workload import Workload
+from recipes.recipe import (
+    LoadedRecipe,
+    RecipeError,
+    build_recipe,
+    dump_recipe,
+    load_recipe,
+    recipe_name,
+    recipe_path,
+    write_recipe,
+)
+from recipes.slime_command import slime_env, slime_model_script, slime_run
+from search_space.layout import Layout
+from search_space.stack import Stack
+
+REFERENCE_DIR = Path(os.environ.get(
+    "ATTUNE_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "shared" / "reference" / "recipes"))
+REFERENCE_FILES = ("attune-tp1-pp1-ep8.yaml", "attune-tp1-ep8-mt16k.yaml")
+LAYOUT_FIELDS = ("label", "tp", "pp", "vpp", "cp", "ep", "etp", "dp", "sequence_parallel", "layer_split",
+                 "max_tokens_per_gpu", "rows_per_microbatch", "recompute", "offload", "dispatcher")
+
+
+def reference(name: str) -> Path:
+    path = REFERENCE_DIR / "qwen3.6-35b-a3b" / "h200" / name
+    if not path.is_file():
+        pytest.skip(f"reference recipe {path} not available")
+    return path
+
+
+def export(loaded: LoadedRecipe, out_dir: Path) -> tuple[Path, dict]:
+    """load -> predict -> build -> write -> yaml.safe_load."""
+    prediction = predict(loaded.model, loaded.gpu, loaded.workload, loaded.layout)
+    recipe = build_recipe(loaded.model, loaded.gpu, loaded.workload, loaded.layout, prediction)
+    path = write_recipe(recipe, recipe_path(out_dir, loaded.model, loaded.gpu, recipe_name(loaded.layout)))
+    return path, yaml.safe_load(path.read_text())
+
+
+def slime_flags(run: str) -> dict[str, list[tuple[str, ...]]]:
+    """The python command's flags as {flag: [values of each occurrence]}, ignoring comments, the export lines
+    and the entry module; placeholder values ("$HF_CKPT") become '<placeholder>'; `${MODEL_ARGS[@]}` is a key."""
+    text = "\n".join(line for line in run.splitlines() if not line.lstrip().startswith("#"))
+    text = text.replace("\\\n", " ")
+    commands = [line for line in text.splitlines() if line.strip().startswith("python3 ")]
+    assert len(commands) == 1, run
+    words = shlex.split(commands[0], posix=False)
+    first = next(i for i, w in enumerate(words) if w.startswith("--"))
+    flags: dict[str, list[tuple[str, ...]]] = {}
+    current: list[str] | None = None
+    for word in words[first:]:
+        if word.startswith("${"):  # an array expansion (MODEL_ARGS) stands alone, as a flag of its own
+            current = []
+            flags.setdefault(word, []).append(current)
+        elif word.startswith("--"):
+            current = []
+            flags.setdefault(word, []).append(current)
+        elif word.startswith(("$", '"$')):
+            current.append("<placeholder>")
+        else:
+            current.append(word)
+    return {flag: [tuple(v) for v in values] for flag, values in flags.items()}
+
+
+def model_args_positions(run: str) -> int:
+    return sum("${MODEL_ARGS[@]}" in line for line in run.splitlines() if not line.lstrip().startswith("#"))
+
+
+# ------------------------------------------------------------------ (1) the two reference recipes
+@pytest.mark.parametrize("name", REFERENCE_FILES)
+def test_reference_round_trip(name, tmp_path):
+    ref_path = reference(name)
+    ref = yaml.safe_load(ref_path.read_text())
+    loaded = load_recipe(ref_path)
+    path, out = export(loaded, tmp_path)
+
+    assert slime_flags(out["run"]) == slime_flags(ref["run"])
+    assert model_args_positions(out["run"]) == model_args_positions(ref["run"]) == 1
+    for field in LAYOUT_FIELDS:
+        assert out["layout"][field] == ref["layout"][field], field
+    # Generated to the reference's wording, and the command text is the reference's apart from the comment line.
+    assert out["layout"]["summary"] == ref["layout"]["summary"]
+    assert out["layout"]["highlights"] == ref["layout"]["highlights"]
+    without_comments = "\n".join(line for line in out["run"].splitlines() if not line.startswith("#")) + "\n"
+    assert without_comments == ref["run"]
+    assert out["run"].splitlines()[0] == "# MODEL_ARGS: source <slime>/scripts/models/qwen3.5-35B-A3B.sh"
+    assert out["env"] == ref["env"]
+    for group in ("schema_version", "model", "patches"):
+        assert out[group] == ref[group]
+    assert {k: out["gpu"][k] for k in ("type", "memory_gb", "count", "per_node", "instance")} == ref["gpu"]
+    assert {k: out["workload"][k] for k in ("row_tokens", "global_batch", "precision")} == \
+        {k: ref["workload"][k] for k in ("row_tokens", "global_batch", "precision")}
+    assert out["result"]["window"] == ref["result"]["window"]
+    assert out["result"]["window_tokens"] == ref["result"]["window_tokens"] == 15_728_640
+    assert out["result"]["steps_per_run"] == ref["result"]["steps_per_run"]
+    assert path.parts[-3:] == ("qwen3.6-35b-a3b", "h200", f"{recipe_name(loaded.layout)}.yaml")
+    # The export loads back to the same run description.
+    again = load_recipe(path)
+    assert (again.model, again.gpu, again.workload, again.layout) == \
+        (loaded.model, loaded.gpu, loaded.workload, loaded.layout)
+
+
+def test_reference_loads_to_expected_layouts():
+    a = load_recipe(reference("attune-tp1-pp1-ep8.yaml"))
+    assert a.model.name == "qwen3.6-35b-a3b" and a.gpu.name == "h200"
+    assert a.workload == Workload(seq_len=8192, global_batch=128, precision="bf16")
+    assert a.layout == Layout(world_size=8, ep=8, recompute_granularity="full", recompute_method="uniform",
+                              recompute_num_layers=1)
+    b = load_recipe(reference("attune-tp1-ep8-mt16k.yaml"))
+    assert b.layout == a.layout.replace(max_tokens_per_gpu=16384, rows_per_microbatch=2,
+                                        optimizer_offload_fraction=1.0, overlap_d2h_h2d=True)
+    assert recipe_name(a.layout) == "tp1-pp1-ep8-dp8-mt8192-full1"
+    assert recipe_name(a.layout) != recipe_name(b.layout)
+
+
+@pytest.mark.parametrize("name", REFERENCE_FILES)
+def test_writer_reproduces_reference_text(name):
+    """The YAML writer's style (block style, key order, `|` run block, line width) is the reference's."""
+    text = reference(name).read_text()
+    assert dump_recipe(yaml.safe_load(text)) == text
+
+
+# ------------------------------------------------------------------ (2) every field group and sub-key
+def missing_keys(ref, out, prefix=""):
+    missing = []
+    for key, value in ref.items():
+        where = f"{prefix}{key}"
+        if key not in out:
+            missing.append(where)
+        elif isinstance(value, dict) and value:
+            if isinstance(out[key], dict):
+                missing += missing_keys(value, out[key], where + ".")
+            elif out[key] is not None or key not in ("recompute", "offload"):
+                missing.append(where + " (not a mapping)")
+    return missing
+
+
+@pytest.mark.parametrize("name", REFERENCE_FILES)
+def test_export_has_every_reference_field(name, tmp_path):
+    ref = yaml.safe_load(reference(name).read_text())
+    _, out = export(load_recipe(reference(name)), tmp_path)
+    assert list(out)[:len(ref)] == list(ref), "top-level field groups in the reference's order"
+    assert missing_keys(ref, out) == []
+    for group, value in ref.items():
+        if isinstance(value, dict):
+            assert [k for k in out[group] if k in value] == list(value), f"{group}: keys in the reference's order"
+    assert out["status"] == "predicted"
+    assert out["correctness"]["result"] == "not run"
+    assert out["correctness"]["convergence"]["correlation"] is None
+    result = out["result"]
+    assert result["measured"] is None and result["gpu_hours"] is None and result["step_time_cv_percent"] is None
+    assert result["predicted"]["kind"] == "predicted"
+    assert result["predicted"]["source"].startswith("attune cost model")
+    assert result["active_params"]["count"] == load_model("qwen3.6-35b-a3b").params.active_non_embedding
+    assert result["active_params"]["source"] == "https://huggingface.co/Qwen/Qwen3.6-35B-A3B"
+    assert isinstance(result["tokens_per_s_per_gpu"], float) and result["tokens_per_s_per_gpu"] > 0
+    assert result["tokens_per_s_per_gpu"] == round(result["tokens_per_s_per_gpu"], 2)
+    raw = Path(write_recipe(out, tmp_path / "again.yaml")).read_text()
+    assert "run: |\n" in raw
+
+
+# ------------------------------------------------------------------ (3) other layouts
+MODEL = "qwen3.6-35b-a3b"
+FULL = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+
+LAYOUTS = {
+    "flex": Layout(world_size=8, ep=8, dispatcher="flex", **FULL),
+    "tp2": Layout(world_size=8, tp=2, ep=8, **FULL),
+    "vpp": Layout(world_size=8, pp=2, vpp=2, ep=4, **FULL),
+    "cp": Layout(world_size=8, cp=2, ep=8, max_tokens_per_gpu=8192, rows_per_microbatch=2, **FULL),
+    "selective": Layout(world_size=8, ep=8, recompute_granularity="selective",
+                        recompute_modules=("core_attn", "moe_act")),
+    "selective-default": Layout(world_size=8, ep=8, recompute_granularity="selective"),
+    "no-recompute-partial-offload": Layout(world_size=8, ep=8, optimizer_offload_fraction=0.5),
+    "two-nodes": Layout(world_size=16, tp=2, pp=2, ep=8, **FULL),
+}
+EXPECTED = {
+    "flex": {"--moe-token-dispatcher-type": [("flex",)], "--moe-enable-deepep": [()]},
+    "tp2": {"--tensor-model-parallel-size": [("2",)], "--sequence-parallel": [()]},
+    "vpp": {"--pipeline-model-parallel-size": [("2",)], "--num-virtual-stages-per-pipeline-rank": [("2",)],
+            "--expert-model-parallel-size": [("4",)]},
+    "cp": {"--context-parallel-size": [("2",)], "--max-tokens-per-gpu": [("8192",)]},
+    "selective": {"--recompute-granularity": [("selective",)], "--recompute-modules": [("core_attn", "moe_act")]},
+    "selective-default": {"--recompute-granularity": [("selective",)]},
+    "no-recompute-partial-offload": {"--optimizer-cpu-offload": [()], "--optimizer-offload-fraction": [("0.5",)]},
+    "two-nodes": {"--actor-num-nodes": [("2",)], "--actor-num-gpus-per-node": [("8",)],
+                  "--sequence-parallel": [()], "--pipeline-model-parallel-size": [("2",)]},
+}
+ABSENT = {
+    "flex": ("--sequence-parallel",),
+    "tp2": ("--moe-token-dispatcher-type", "--num-virtual-stages-per-pipeline-rank"),
+    "vpp": ("--sequence-parallel",),
+    "cp": ("--sequence-parallel",),
+    "selective": ("--recompute-method", "--recompute-num-layers"),
+    "selective-default": ("--recompute-modules", "--recompute-method"),
+    "no-recompute-partial-offload": ("--recompute-granularity", "--overlap-cpu-optimizer-d2h-h2d"),
+    "two-nodes": (),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUTS))
+def test_layout_flags_and_round_trip(case, tmp_path):
+    model, gpu, workload, layout = load_model(MODEL), load_gpu("h200"), Workload(), LAYOUTS[case]
+    prediction = predict(model, gpu, workload, layout)
+    recipe = build_recipe(model, gpu, workload, layout, prediction)
+    path = write_recipe(recipe, recipe_path(tmp_path, model, gpu, recipe_name(layout)))
+    out = yaml.safe_load(path.read_text())
+    flags = slime_flags(out["run"])
+    for flag, values in EXPECTED[case].items():
+        assert flags.get(flag) == values, (flag, flags.get(flag))
+    for flag in ABSENT[case]:
+        assert flag not in flags, flag
+    assert all(len(v) == 1 for f, v in flags.items()), "no flag repeated"
+    assert flags["--global-batch-size"] == [("128",)] and flags["--rollout-batch-size"] == [("128",)]
+    assert flags["--loss-mask-type"] == [("qwen3_5",)]
+    assert out["layout"]["sequence_parallel"] is (layout.tp > 1)
+    assert out["layout"]["label"] == layout.label
+    assert out["gpu"]["count"] == layout.world_size
+    assert ("NVSHMEM_DISABLE_NCCL" in out["env"]) is (layout.dispatcher == "flex")
+    assert out["run"] == slime_run(model, gpu, workload, layout)
+    loaded = load_recipe(path)
+    assert loaded.layout == layout
+    assert loaded.model == model and loaded.gpu == gpu and loaded.workload == workload
+
+
+def test_flag_positions_follow_reference():
+    layout = Layout(world_size=8, tp=2, pp=2, vpp=2, ep=4, optimizer_offload_fraction=1.0, overlap_d2h_h2d=True,
+                    dispatcher="flex", **FULL)
+    run = slime_run(load_model(MODEL), load_gpu("h200"), Workload(), layout)
+    lines = [line.strip().rstrip(" \\") for line in run.splitlines()]
+    order = [lines.index(x) for x in (
+        "--debug-train-only", "--tensor-model-parallel-size 2", "--sequence-parallel",
+        "--pipeline-model-parallel-size 2", "--num-virtual-stages-per-pipeline-rank 2",
+        "--expert-tensor-parallel-size 1", "--recompute-granularity full", "--use-dynamic-batch-size",
+        "--use-distributed-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+        "--use-precision-aware-optimizer", "--attention-backend flash", "--moe-token-dispatcher-type flex",
+        "--moe-enable-deepep", "--distributed-timeout-minutes 30")]
+    assert order == sorted(order)
+    assert run.endswith('--tensorboard-dir "$PROFILE_DIR"\n')
+
+
+def test_recipe_names_are_unique():
+    layouts = list(LAYOUTS.values()) + [
+        LAYOUTS["flex"].replace(recompute_method="block"),
+        LAYOUTS["selective"].replace(recompute_modules=("moe_act", "core_attn")),
+        LAYOUTS["no-recompute-partial-offload"].replace(overlap_d2h_h2d=True),
+        LAYOUTS["no-recompute-partial-offload"].replace(optimizer_offload_fraction=1.0),
+    ]
+    names = [recipe_name(layout) for layout in layouts]
+    assert len(set(names)) == len(names)
+    assert all(n == n.strip() and "/" not in n and " " not in n for n in names)
+
+
+def test_model_scripts_and_env():
+    assert slime_model_script(load_model("qwen3.6-35b-a3b")) == "scripts/models/qwen3.5-35B-A3B.sh"
+    assert slime_model_script(load_model("qwen3.5-35b-a3b")) == "scripts/models/qwen3.5-35B-A3B.sh"
+    assert slime_model_script(load_model("qwen3-30b-a3b")) == "scripts/models/qwen3-30B-A3B.sh"
+    assert slime_model_script(load_model("deepseek-v3")) == "scripts/models/deepseek-v3.sh"
+    assert slime_model_script(load_model("moonlight-16b-a3b")) == "scripts/models/moonlight.sh"
+    assert slime_model_script(load_model("llama3-70b")) is None
+    llama = slime_run(load_model("llama3-70b"), load_gpu("h200"), Workload(),
+                      Layout(world_size=8, tp=8, etp=8, **FULL))
+    assert llama.startswith("# MODEL_ARGS: slime has no scripts/models script for Llama3-70B")
+    env = slime_env(LAYOUTS["tp2"], load_gpu("h200"))
+    assert list(env) == ["CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "TORCHINDUCTOR_COMPILE_THREADS",
+                         "NCCL_NVLS_ENABLE"]
+    run = slime_run(load_model(MODEL), load_gpu("h200"), Workload(), LAYOUTS["flex"], entry_module="train_async")
+    assert "python3 -m train_async --async \\\n" in run
+    assert "export NVSHMEM_DISABLE_NCCL=1\n" in run
+
+
+def test_uneven_nodes_rejected():
+    layout = Layout(world_size=9, tp=1, ep=1, **FULL)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        slime_run(load_model("llama3-8b"), load_gpu("h200"), Workload(), layout)
+
+
+# ------------------------------------------------------------------ (4) errors
+def assert_one_line_error(path: Path, match: str):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert str(path) in message
+    assert match in message, message
+
+
+@pytest.fixture
+def good_recipe(tmp_path) -> dict:
+    model, gpu, workload = load_model(MODEL), load_gpu("h200"), Workload()
+    layout = Layout(world_size=8, ep=8, **FULL)
+    return build_recipe(model, gpu, workload, layout, predict(model, gpu, workload, layout))
+
+
+def test_error_malformed_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: Qwen3.6-35B-A3B\nlayout: [1, 2\n")
+    assert_one_line_error(path, "malformed YAML")
+
+
+def test_error_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- a\n- b\n")
+    assert_one_line_error(path, "mapping")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert_one_line_error(empty, "got null")
+
+
+def test_error_missing_file(tmp_path):
+    assert_one_line_error(tmp_path / "nope.yaml", "no such file")
+
+
+def test_error_missing_layout(tmp_path, good_recipe):
+    del good_recipe["layout"]
+    path = write_recipe(good_recipe, tmp_path / "nolayout.yaml")
+    assert_one_line_error(path, "field 'layout' is missing")
+
+
+def test_error_missing_and_wrong_type_sub_field(tmp_path, good_recipe):
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"]))
+    del recipe["layout"]["ep"]
+    assert_one_line_error(write_recipe(recipe, tmp_path / "noep.yaml"), "field 'layout.ep' is missing")
+    recipe["layout"]["ep"] = "eight"
+    assert_one_line_error(write_recipe(recipe, tmp_path / "strep.yaml"), "field 'layout.ep' must be an integer")
+    recipe = dict(good_recipe, gpu=dict(good_recipe["gpu"], count=True))
+    assert_one_line_error(write_recipe(recipe, tmp_path / "boolcount.yaml"), "field 'gpu.count'")
+
+
+def test_error_unknown_model(tmp_path, good_recipe):
+    path = write_recipe(dict(good_recipe, model="Foo-1B-A1B"), tmp_path / "unknown.yaml")
+    assert_one_line_error(path, "unknown model 'Foo-1B-A1B'")
+
+
+def test_error_unknown_gpu(tmp_path, good_recipe):
+    path = write_recipe(dict(good_recipe, gpu=dict(good_recipe["gpu"], type="A100")), tmp_path / "gpu.yaml")
+    assert_one_line_error(path, "unknown GPU")
+
+
+def test_error_invalid_layout(tmp_path, good_recipe):
+    # EP 7 does not divide 8 GPUs (the Layout's own rule).
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"], ep=7))
+    assert_one_line_error(write_recipe(recipe, tmp_path / "ep7.yaml"), "invalid layout")
+    # More recomputed layers than the model has: a Megatron rule of rules.check.
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"],
+                                           recompute=dict(good_recipe["layout"]["recompute"], num_layers=41)))
+    assert_one_line_error(write_recipe(recipe, tmp_path / "rc41.yaml"), "recompute_num_layers 41")
+    # TP 4 with 2 query groups and the output gate: a stack rule, checked only when a stack is given.
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"], tp=4, dp=2, sequence_parallel=True))
+    path = write_recipe(recipe, tmp_path / "tp4.yaml")
+    assert load_recipe(path).layout.tp == 4
+    with pytest.raises(RecipeError, match="output gate"):
+        load_recipe(path, stack=Stack())
+    assert load_recipe(path, stack=Stack.with_fixes(["output-gate-tp"])).layout.tp == 4
+    # rows_per_microbatch that slime's batching would not produce (a slime rule).
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"], rows_per_microbatch=2))
+    assert_one_line_error(write_recipe(recipe, tmp_path / "rows.yaml"), "rows_per_microbatch")
+    # A dp that disagrees with the grid.
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"], dp=4))
+    assert_one_line_error(write_recipe(recipe, tmp_path / "dp.yaml"), "layout.dp")
