@@ -1,0 +1,171 @@
+"""The `tune` command end to end on the predicted backend, and its answers to bad input."""
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from tuner.cli import main
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "recipes" / "qwen3.6-35b-a3b" / "h200"
+BASE = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--no-progress"]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load(storage: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{storage}")
+
+
+def test_tune_ranks_exports_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(BASE + ["--trials", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "6 trials (6 complete" in out
+    assert "predicted" in out and "tokens/s/GPU" in out
+    recipes = sorted((tmp_path / "studies" / "recipes" / "qwen3.6-35b-a3b" / "h200").glob("*.yaml"))
+    assert len(recipes) == 3
+    for path in recipes:
+        data = yaml.safe_load(path.read_text())
+        assert data["status"] == "predicted" and data["layout"]["label"]
+
+    storage = tmp_path / "studies" / "attune.sqlite3"
+    first = load(storage, "qwen3.6-35b-a3b-h200-x8")
+    first_values = {t.number: (t.value, t.user_attrs["layout_key"]) for t in first.trials}
+
+    assert main(BASE + ["--trials", "4"]) == 0
+    assert "10 trials (10 complete" in capsys.readouterr().out
+    study = load(storage, "qwen3.6-35b-a3b-h200-x8")
+    keys = [t.user_attrs["layout_key"] for t in study.trials]
+    assert len(keys) == len(set(keys)) == 10, "a finished layout was evaluated again"
+    for t in study.trials[:6]:
+        assert (t.value, t.user_attrs["layout_key"]) == first_values[t.number]
+    for t in study.trials:
+        assert t.user_attrs["rationale"]
+        assert t.user_attrs["result"]["kind"] == "predicted"
+        assert t.user_attrs["prediction"]["breakdown"]
+
+
+def test_show_and_export(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(BASE + ["--trials", "3", "--study", "s1", "--top", "0"]) == 0
+    capsys.readouterr()
+    assert main(["show", "--study", "s1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("predicted") >= 3 and "figures from: attune cost model" in out
+    assert main(["export", "--study", "s1", "--top", "2", "--out", str(tmp_path / "r")]) == 0
+    paths = capsys.readouterr().out.split()
+    assert len(paths) == 2 and all(Path(p).exists() for p in paths)
+
+
+def test_sampler_proposer_prunes_what_cannot_be_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(BASE + ["--trials", "25", "--proposer", "tpe", "--study", "tpe", "--top", "0"]) == 0
+    study = load(tmp_path / "studies" / "attune.sqlite3", "tpe")
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    assert pruned, "TPE over the raw parameters proposes invalid or unfitting layouts"
+    for t in pruned:
+        reason = t.user_attrs["prune_reason"]
+        assert reason.startswith(("invalid layout", "world size", "predicted not to fit", "already evaluated",
+                                  "VPP", "the flex dispatcher", "overlap_d2h_h2d"))
+
+
+def test_predict_json_for_a_layout(capsys):
+    assert main(["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "8", "--layout", "ep=8",
+                 "recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "host_memory_gib_per_node", "fits", "mfu",
+                "usd_per_million_tokens", "breakdown"):
+        assert key in out
+    assert out["kind"] == "predicted" and out["fits"] is True
+
+
+def test_predict_explain_table(capsys):
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--layout", "ep=8"]) == 0
+    out = capsys.readouterr().out
+    assert "all figures predicted" in out and "step time (s):" in out
+
+
+@pytest.mark.skipif(not REFERENCE.exists(), reason="needs ../shared/reference (the workplace's shared folder)")
+def test_predict_recipe_writes_recipe(tmp_path, capsys):
+    out = tmp_path / "x.yaml"
+    assert main(["predict", "--recipe", str(REFERENCE / "attune-tp1-pp1-ep8.yaml"), "--recipe-out", str(out)]) == 0
+    ref = yaml.safe_load((REFERENCE / "attune-tp1-pp1-ep8.yaml").read_text())
+    got = yaml.safe_load(out.read_text())
+    for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp", "max_tokens_per_gpu", "recompute", "offload", "dispatcher"):
+        assert got["layout"][key] == ref["layout"][key]
+
+
+def run_tune(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"})
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_bad_input_gives_one_line_and_exit_2(tmp_path):
+    bad_json = tmp_path / "config.json"
+    bad_json.write_text('{"model_type": "qwen3_moe", "hidden_size": ')
+    bad_recipe = tmp_path / "recipe.yaml"
+    bad_recipe.write_text("model: [unclosed\n")
+    cases = [
+        (["--model", "qwen9-1t", "--gpu", "h200"], "unknown model"),
+        (["--model", "qwen3.6-35b-a3b", "--gpu", "a100"], "unknown GPU 'a100'"),
+        (["--model", str(bad_json), "--gpu", "h200"], "config.json"),
+        (["--model", "qwen3.5-397b-a17b", "--gpu", "h100", "--gpus", "1"], "fits on 1 x H100"),
+        (["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "3"], "3 x H200"),
+        (["predict", "--recipe", str(bad_recipe)], "recipe.yaml"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "tp=3"], "TP x PP x CP"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=7"], "EP"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "bogus=1"], "unknown layout key"),
+        (["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", "postgresql://nobody@127.0.0.1:1/x"],
+         "cannot open study storage"),
+        (["show", "--study", "nope", "--storage", str(tmp_path / "empty.db")], "no study named 'nope'"),
+    ]
+    for args, needle in cases:
+        assert_one_line_error(run_tune(*args, cwd=tmp_path), needle)
+
+
+def test_corrupt_or_foreign_study_is_left_untouched(tmp_path):
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_bytes(b"this is not sqlite" * 100)
+    before = digest(corrupt)
+    assert_one_line_error(run_tune("--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", str(corrupt),
+                                   cwd=tmp_path), "not an SQLite database")
+    assert digest(corrupt) == before
+
+    good = tmp_path / "good.db"
+    assert run_tune("--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", str(good), "--study", "mine",
+                    "--trials", "2", "--top", "0", cwd=tmp_path).returncode == 0
+    snapshot = tmp_path / "snapshot.db"
+    shutil.copy(good, snapshot)
+    before = [(t.number, t.value, t.state) for t in load(good, "mine").trials]
+    # The same study name for another model is refused before anything is written.
+    assert_one_line_error(run_tune("--model", "qwen3-30b-a3b", "--gpu", "h200", "--storage", str(good), "--study",
+                                   "mine", cwd=tmp_path), "was created for qwen3.6-35b-a3b")
+    assert [(t.number, t.value, t.state) for t in load(good, "mine").trials] == before
+
+
+def test_catalog_commands(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3.6-35b-a3b" in out and "deepseek-v3" in out and "llama3.1-405b" in out
+    assert main(["gpus", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    assert {g["name"] for g in gpus} == {"h100", "h200", "b200", "gb200"}
+    for g in gpus:
+        assert set(g["sources"]) >= {"bf16_tflops", "hbm_tb_s", "nvlink_gb_s", "usd_per_gpu_hour"}
