@@ -1,0 +1,156 @@
+"""A layout as Megatron/slime command-line arguments (one flag per layout field), and a catalog
+model as Megatron's model arguments (slime's MODEL_ARGS).
+
+Grouped the way the reference recipes' slime command orders them, so the recipe writer and the
+Megatron cross-check use the same mapping. Every flag name is one megatron-core 0.19.2's
+`megatron/training/arguments.py` parser accepts, except `--use-dynamic-batch-size` and
+`--max-tokens-per-gpu`, which are slime's own.
+"""
+from __future__ import annotations
+
+from cost_model.model_spec import MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from search_space.layout import Layout
+
+
+def parallel_args(layout: Layout) -> list[str]:
+    args = ["--tensor-model-parallel-size", str(layout.tp)]
+    if layout.sequence_parallel:
+        args.append("--sequence-parallel")
+    args += ["--pipeline-model-parallel-size", str(layout.pp)]
+    if layout.vpp > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+    args += ["--context-parallel-size", str(layout.cp),
+             "--expert-model-parallel-size", str(layout.ep),
+             "--expert-tensor-parallel-size", str(layout.etp)]
+    return args
+
+
+def recompute_args(layout: Layout) -> list[str]:
+    # One flag per field that is set (a valid Layout sets exactly the ones its granularity takes),
+    # so the Megatron cross-check also sees the combinations Layout rejects.
+    args = []
+    if layout.recompute_granularity is not None:
+        args += ["--recompute-granularity", layout.recompute_granularity]
+    if layout.recompute_method is not None:
+        args += ["--recompute-method", layout.recompute_method]
+    if layout.recompute_num_layers is not None:
+        args += ["--recompute-num-layers", str(layout.recompute_num_layers)]
+    if layout.recompute_modules:
+        args += ["--recompute-modules", *layout.recompute_modules]
+    return args
+
+
+def batch_args(layout: Layout) -> list[str]:
+    # slime's dynamic batching packs rows into bins of max_tokens_per_gpu x CP tokens.
+    return ["--use-dynamic-batch-size", "--max-tokens-per-gpu", str(layout.max_tokens_per_gpu)]
+
+
+def offload_args(layout: Layout) -> list[str]:
+    args = []
+    if layout.offloaded:
+        args.append("--optimizer-cpu-offload")
+        if layout.optimizer_offload_fraction != 1.0:
+            args += ["--optimizer-offload-fraction", f"{layout.optimizer_offload_fraction:g}"]
+    if layout.overlap_d2h_h2d:  # a valid Layout sets it only with offload
+        args.append("--overlap-cpu-optimizer-d2h-h2d")
+    return args
+
+
+def dispatcher_args(layout: Layout) -> list[str]:
+    # alltoall is already in the model's MODEL_ARGS; flex overrides it (argparse keeps the later value).
+    if layout.dispatcher == "flex":
+        return ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]
+    return []
+
+
+def model_args(model: ModelSpec) -> list[str]:
+    """Megatron's model arguments for a catalog model: the equivalent of slime's MODEL_ARGS
+    (`THUDM/slime:scripts/models/*.sh`), built from the architecture alone.
+
+    Only what ModelSpec knows is emitted: sizes, attention kind (GQA/MHA, MLA, output gate,
+    sliding window, sinks), MoE shape and layer pattern, biases, norm and activation. RoPE base and
+    scaling, norm epsilon, router score function and load balancing, MTP and slime's `--spec` (the
+    Qwen3.5/Next linear-attention plugin) are not part of ModelSpec and are left to the recipe.
+    The MoE dispatcher is alltoall, as in slime's scripts; `dispatcher_args` overrides it.
+    """
+    mla = model.count(MLA) > 0
+    args = ["--num-layers", str(model.num_hidden_layers),
+            "--hidden-size", str(model.hidden_size),
+            # All-MoE models (Qwen3.5) have no dense FFN; slime then passes the expert width.
+            "--ffn-hidden-size", str(model.intermediate_size or model.moe_intermediate_size),
+            "--num-attention-heads", str(model.num_attention_heads)]
+    if mla:
+        args += ["--multi-latent-attention"]
+        if model.q_lora_rank:
+            args += ["--q-lora-rank", str(model.q_lora_rank)]
+        args += ["--kv-lora-rank", str(model.kv_lora_rank),
+                 "--qk-head-dim", str(model.qk_nope_head_dim),
+                 "--qk-pos-emb-head-dim", str(model.qk_rope_head_dim),
+                 "--v-head-dim", str(model.v_head_dim),
+                 # slime's deepseek-v3.sh / moonlight.sh: kv-channels = v_head_dim, and no RoPE
+                 # fusion (Megatron's MLA RoPE fusion needs YaRN, transformer_config.py).
+                 "--kv-channels", str(model.v_head_dim),
+                 "--no-rope-fusion"]
+    else:
+        if model.num_key_value_heads != model.num_attention_heads:
+            args += ["--group-query-attention", "--num-query-groups", str(model.num_key_value_heads)]
+        args += ["--kv-channels", str(model.head_dim)]
+    if model.qk_norm or mla:
+        args.append("--qk-layernorm")  # Qwen3 q/k norm; MLA's latent norms (slime passes it for MLA)
+    if model.attn_output_gate:
+        args.append("--attention-output-gate")
+    if model.attention_sinks:
+        args += ["--softmax-type", "learnable"]
+    if model.sliding_window:
+        args += ["--window-size", f"{model.sliding_window},0",
+                 # 1 marks a sliding-window layer (megatron/core/transformer/utils.py:is_layer_window_attention)
+                 "--window-attn-skip-freq", _pattern(1 if t == SLIDING_ATTENTION else 0 for t in model.layer_types)]
+    args += ["--position-embedding-type", "rope"]
+    if model.partial_rotary_factor != 1.0:
+        args += ["--rotary-percent", f"{model.partial_rotary_factor:g}"]
+    args += ["--normalization", "RMSNorm"]
+    if model.model_type == "gpt_oss":
+        # GPT-OSS: clamped SwiGLU with a +1 linear offset (Megatron-Bridge's gpt_oss provider).
+        args += ["--quick-geglu", "--glu-linear-offset", "1.0", "--activation-func-clamp-value", "7.0"]
+    else:
+        args.append("--swiglu")
+    if not (model.mlp_bias or model.expert_bias):
+        args.append("--disable-bias-linear")
+        if model.attention_bias:
+            args.append("--add-qkv-bias")
+    args += ["--vocab-size", str(model.vocab_size)]
+    if not model.tie_word_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if model.is_moe:
+        args += ["--num-experts", str(model.num_experts),
+                 "--moe-router-topk", str(model.num_experts_per_tok),
+                 "--moe-ffn-hidden-size", str(model.moe_intermediate_size)]
+        if model.shared_expert_intermediate_size:
+            args += ["--moe-shared-expert-intermediate-size", str(model.shared_expert_intermediate_size)]
+            if model.shared_expert_gate:
+                args.append("--moe-shared-expert-gate")
+        args += ["--moe-layer-freq", _pattern(1 if t == MOE else 0 for t in model.mlp_types),
+                 "--moe-grouped-gemm",
+                 "--moe-token-dispatcher-type", "alltoall"]
+    return args
+
+
+def _pattern(flags) -> str:
+    """A per-layer 0/1 list as Megatron's compact list expression (`moe_freq_type` evaluates it),
+    e.g. "[0]*3+[1]*58", or "([1]+[0])*12" for an alternating pattern."""
+    flags = list(flags)
+    n = len(flags)
+    for period in range(1, n // 2 + 1):
+        if n % period == 0 and flags == flags[:period] * (n // period):
+            return _runs(flags) if period == 1 else f"({_runs(flags[:period])})*{n // period}"
+    return _runs(flags)
+
+
+def _runs(flags: list[int]) -> str:
+    runs: list[list[int]] = []
+    for flag in flags:
+        if runs and runs[-1][0] == flag:
+            runs[-1][1] += 1
+        else:
+            runs.append([flag, 1])
+    return "+".join(f"[{flag}]*{count}" if count > 1 else f"[{flag}]" for flag, count in runs)

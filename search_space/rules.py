@@ -1,0 +1,141 @@
+"""Validity rules that depend on the model, the workload and the software stack.
+
+Each rule reports which source enforces it: `megatron` (Megatron-LM's argument validation or
+model construction), `slime` (slime's own launcher and data path), `stack` (a property of the
+user's training image, e.g. whether DeepEP is installed), or `canonical` (attune-llm's own: Megatron
+accepts the setting, but it is a no-op or equals another layout, e.g. recompute_num_layers above a
+stage's layer count, so the search skips it). The Megatron cross-check test
+(tests/test_megatron_crosscheck.py) compares the `megatron` rules with megatron-core's own checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_model.model_spec import MLA, ModelSpec
+from cost_model.workload import Workload
+from search_space.layout import InvalidLayout, Layout
+from search_space.stack import Stack
+
+MEGATRON, SLIME, STACK, CANONICAL = "megatron", "slime", "stack", "canonical"
+
+# slime forces Megatron's --seq-length to a 4096 placeholder; Megatron then needs seq_length % (2 CP) == 0.
+SLIME_PLACEHOLDER_SEQ_LENGTH = 4096
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    source: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.source}: {self.rule}]"
+
+
+def violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
+    """Every rule the layout breaks for this model, workload and stack (empty: valid)."""
+    out: list[Violation] = []
+
+    def bad(rule: str, source: str, message: str):
+        out.append(Violation(rule, source, message))
+
+    tp, pp, vpp, cp, ep, etp = layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep, layout.etp
+    heads, groups = model.num_attention_heads, model.num_key_value_heads
+
+    if heads % tp:
+        bad("heads_divisible_by_tp", MEGATRON, f"{heads} attention heads are not divisible by TP {tp}")
+    if model.count(MLA) == 0 and groups % tp and tp % groups:
+        bad("query_groups_vs_tp", MEGATRON,
+            f"{groups} query groups must be a multiple or a divisor of TP {tp}")
+    if model.attn_output_gate and groups % tp and not stack.output_gate_tp_fix:
+        bad("output_gate_tp", STACK,
+            f"the attention output gate needs TP {tp} to divide the {groups} query groups on a Megatron without "
+            f"the output-gate fix (pass --stack-fix output-gate-tp if your image has it)")
+
+    if ep > 1 and not model.is_moe:
+        bad("ep_needs_experts", MEGATRON, f"EP {ep} needs a mixture-of-experts model; {model.display_name} is dense")
+    if model.is_moe and model.num_experts % ep:
+        bad("experts_divisible_by_ep", MEGATRON, f"{model.num_experts} experts are not divisible by EP {ep}")
+    if not model.is_moe and etp != tp:
+        # Megatron ignores ETP without experts (beyond the expert-grid divisibility Layout checks).
+        bad("etp_dense", CANONICAL, f"ETP {etp} must equal TP {tp} for a dense model (no expert grid)")
+    if model.is_moe and (model.mlp_bias or model.expert_bias) and etp != 1:
+        # Megatron's --disable-bias-linear is global: biased MLPs mean biased experts
+        # (megatron/core/transformer/transformer_config.py: "Bias in Moe is only supported when ETP==1").
+        bad("moe_bias_needs_etp1", MEGATRON,
+            f"{model.display_name}'s biased expert projections need ETP 1, got ETP {etp}")
+
+    layers = model.num_hidden_layers
+    if layers % pp:
+        bad("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp}")
+    elif vpp > 1 and (layers // pp) % vpp:
+        bad("stage_layers_divisible_by_vpp", MEGATRON,
+            f"{layers // pp} layers per pipeline stage are not divisible by VPP {vpp}")
+
+    if SLIME_PLACEHOLDER_SEQ_LENGTH % (2 * cp):
+        bad("cp_divides_2048", SLIME,
+            f"CP {cp} must divide 2048: slime sets --seq-length {SLIME_PLACEHOLDER_SEQ_LENGTH}, "
+            f"and Megatron needs it divisible by 2 x CP = {2 * cp}")
+
+    if layout.recompute_granularity == "full":
+        stage_layers = layers // pp // vpp if layers % pp == 0 else layers // pp
+        if layout.recompute_num_layers > max(stage_layers, 1):
+            # Megatron clamps the count to the stage (megatron/core/recompute.py), so a larger one
+            # is the same layout as recompute_num_layers = the stage's layer count.
+            bad("recompute_num_layers", CANONICAL,
+                f"recompute_num_layers {layout.recompute_num_layers} exceeds the {stage_layers} layers "
+                f"of a (virtual) pipeline stage")
+    mods = layout.selective_modules
+    if "mla_up_proj" in mods and model.count(MLA) == 0:
+        bad("mla_up_proj_needs_mla", MEGATRON, "recompute module mla_up_proj needs an MLA model")
+    if "moe_act" in mods and not model.is_moe:
+        # Megatron: "moe_act in recompute_modules is only supported with moe_grouped_gemm".
+        bad("moe_recompute_needs_moe", MEGATRON,
+            f"recompute module moe_act needs a MoE model (--moe-grouped-gemm); {model.display_name} is dense")
+    if "moe" in mods and not model.is_moe:
+        bad("moe_layer_recompute_needs_moe", CANONICAL,
+            f"recompute module moe needs a MoE model; {model.display_name} is dense (it would be a no-op)")
+    if "shared_experts" in mods and model.shared_expert_intermediate_size == 0:
+        bad("shared_experts_recompute", CANONICAL,
+            f"recompute module shared_experts needs shared experts; {model.display_name} has none")
+
+    if layout.dispatcher == "flex" and not model.is_moe:
+        # Megatron builds no token dispatcher without experts.
+        bad("flex_needs_moe", CANONICAL,
+            f"the flex dispatcher needs a MoE model; {model.display_name} is dense (it would be a no-op)")
+    if layout.dispatcher == "flex" and not stack.deepep:
+        bad("flex_needs_deepep", STACK, "the flex dispatcher needs DeepEP in the training image")
+
+    if layout.offloaded and not stack.precision_aware_optimizer:
+        bad("offload_needs_precision_aware", MEGATRON,
+            "optimizer CPU offload needs --use-precision-aware-optimizer")
+
+    # slime's dynamic batching: bins of max_tokens_per_gpu x CP tokens; a row never splits across bins.
+    rows = expected_rows_per_microbatch(layout, workload)
+    if layout.rows_per_microbatch != rows:
+        bad("rows_per_microbatch", SLIME,
+            f"rows_per_microbatch {layout.rows_per_microbatch} does not match max_tokens_per_gpu "
+            f"{layout.max_tokens_per_gpu} x CP {cp} / {workload.seq_len}-token rows = {rows}")
+    if workload.seq_len % (2 * cp):
+        bad("row_divisible_by_2cp", SLIME,
+            f"{workload.seq_len}-token rows are not divisible by 2 x CP = {2 * cp} (zigzag CP split)")
+    if workload.global_batch < layout.dp:
+        bad("global_batch_vs_dp", SLIME,
+            f"global batch {workload.global_batch} rows is smaller than DP {layout.dp}: every DP rank needs a row")
+    elif workload.global_batch % layout.dp:
+        # slime passes --global-batch-size and --micro-batch-size 1 to Megatron, whose microbatch
+        # calculator (built at start-up by slime) asserts GBS % (MBS x DP) == 0.
+        bad("global_batch_divisible_by_dp", MEGATRON,
+            f"global batch {workload.global_batch} rows is not divisible by DP {layout.dp}")
+    return out
+
+
+def expected_rows_per_microbatch(layout: Layout, workload: Workload) -> int:
+    return max(1, layout.max_tokens_per_gpu * layout.cp // workload.seq_len)
+
+
+def check(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> None:
+    """Raise InvalidLayout naming every broken rule."""
+    found = violations(layout, model, workload, stack)
+    if found:
+        raise InvalidLayout(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))

@@ -1,0 +1,108 @@
+import pytest
+
+from cost_model.model_spec import load_model
+from cost_model.workload import Workload
+from search_space.enumerate import enumerate_layouts
+from search_space.layout import InvalidLayout, Layout
+from search_space.rules import check, violations
+from search_space.stack import Stack
+
+FULL1 = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+
+
+def test_derived_sizes_follow_megatron_folding():
+    layout = Layout(16, tp=2, pp=2, cp=2, ep=8, etp=1)
+    assert layout.dp == 2 and layout.edp == 1
+    assert layout.sequence_parallel
+    assert layout.label == "TP2 PP2 CP2 EP8 DP2"
+    assert not Layout(8, ep=8).sequence_parallel
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(world_size=8, tp=4, pp=4), "TP x PP x CP = 4 x 4 x 1 = 16"),
+    (dict(world_size=8, ep=16), "ETP x EP x PP = 1 x 16 x 1 = 16"),
+    (dict(world_size=8, vpp=2), "VPP 2 needs pipeline parallelism"),
+    (dict(world_size=8, ep=1, dispatcher="flex"), "EP 1 x ETP 1"),
+    (dict(world_size=8, recompute_granularity="full"), "recompute_method uniform or block"),
+    (dict(world_size=8, recompute_granularity="selective", recompute_method="uniform"), "selective recompute takes no"),
+    (dict(world_size=8, recompute_granularity="selective", recompute_modules=("bogus",)), "unknown recompute_modules"),
+    (dict(world_size=8, recompute_method="block"), "need a recompute_granularity"),
+    (dict(world_size=8, optimizer_offload_fraction=1.5), "[0, 1]"),
+    (dict(world_size=8, overlap_d2h_h2d=True), "needs optimizer CPU offload"),
+    (dict(world_size=0), "world_size must be a positive integer"),
+])
+def test_layout_rejects_with_the_failing_numbers(kwargs, needle):
+    with pytest.raises(InvalidLayout) as e:
+        Layout(**kwargs)
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_key_and_params_round_trip():
+    layout = Layout(8, tp=2, ep=4, etp=1, recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"),
+                    optimizer_offload_fraction=0.5, overlap_d2h_h2d=True, dispatcher="flex")
+    again = Layout.from_params(layout.to_params())
+    assert again == layout and again.key() == layout.key()
+    with pytest.raises(InvalidLayout, match="unknown layout field"):
+        Layout.from_params({"world_size": 8, "bogus": 1})
+
+
+def rules_of(layout, model, workload=Workload(), stack=Stack()):
+    return {v.rule for v in violations(layout, model, workload, stack)}
+
+
+def test_qwen35_output_gate_limits_tp_unless_the_stack_has_the_fix(qwen36):
+    assert rules_of(Layout(8, tp=4, ep=2, etp=1, max_tokens_per_gpu=8192), qwen36) == {"output_gate_tp"}
+    assert not rules_of(Layout(8, tp=4, ep=2, etp=1), qwen36, stack=Stack(output_gate_tp_fix=True))
+    assert not rules_of(Layout(8, tp=2, ep=8), qwen36)
+
+
+def test_model_rules_name_the_numbers(qwen36):
+    found = violations(Layout(36, pp=3, ep=3, tp=1), qwen36, Workload(), Stack())
+    text = " ".join(str(v) for v in found)
+    assert "256 experts are not divisible by EP 3" in text
+    assert "40 layers are not divisible by PP 3" in text
+
+
+def test_slime_rules(qwen36):
+    assert "cp_divides_2048" in rules_of(Layout(24, cp=3, ep=8, max_tokens_per_gpu=2730), qwen36,
+                                         Workload(seq_len=8190))
+    assert "rows_per_microbatch" in rules_of(Layout(8, ep=8, max_tokens_per_gpu=16384, rows_per_microbatch=1), qwen36)
+    assert "global_batch_vs_dp" in rules_of(Layout(8, ep=8), qwen36, Workload(global_batch=4))
+    assert "flex_needs_deepep" in rules_of(Layout(8, ep=8, dispatcher="flex"), qwen36,
+                                           stack=Stack(deepep=False))
+
+
+def test_dense_model_rules():
+    llama = load_model("llama3-8b")
+    assert "ep_needs_experts" in rules_of(Layout(8, ep=2), llama)
+    assert "moe_recompute_needs_moe" in rules_of(Layout(8, recompute_granularity="selective",
+                                                        recompute_modules=("moe_act",)), llama)
+
+
+def test_check_raises_one_line_with_every_rule(qwen36):
+    with pytest.raises(InvalidLayout) as e:
+        check(Layout(36, pp=3, ep=3), qwen36, Workload(), Stack())
+    msg = str(e.value)
+    assert msg.startswith("invalid layout TP1 PP3 EP3 DP12") and "\n" not in msg
+
+
+def test_enumeration_yields_only_valid_layouts_and_contains_the_reference(qwen36, workload, stack):
+    layouts = list(enumerate_layouts(qwen36, 8, workload, stack))
+    assert len(layouts) > 1000
+    assert len({l.key() for l in layouts}) == len(layouts)
+    for layout in layouts[::97]:
+        check(layout, qwen36, workload, stack)
+    reference = Layout(8, ep=8, **FULL1)
+    assert reference in layouts
+    assert {l.tp for l in layouts} == {1, 2}  # the output gate: TP must divide the 2 query groups
+    with_fix = {l.tp for l in enumerate_layouts(qwen36, 8, workload, Stack(output_gate_tp_fix=True))}
+    assert with_fix == {1, 2, 4, 8}
+
+
+def test_enumeration_across_models_and_sizes(workload, stack):
+    for name, n in (("qwen3-30b-a3b", 16), ("deepseek-v3", 64), ("llama3-8b", 4)):
+        model = load_model(name)
+        layouts = list(enumerate_layouts(model, n, workload, stack))
+        assert layouts, name
+        assert all(not violations(l, model, workload, stack) for l in layouts[::211])

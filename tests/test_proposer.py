@@ -1,0 +1,53 @@
+import pytest
+
+from cost_model.predict import predict
+from search_space.enumerate import enumerate_layouts
+from tuner.proposer import AgentProposer, Candidate, History, family
+from tuner.space_params import layout_to_params, params_to_layout
+
+
+@pytest.fixture(scope="module")
+def scored(qwen36, h200, workload, stack):
+    out = []
+    for layout in enumerate_layouts(qwen36, 8, workload, stack):
+        p = predict(qwen36, h200, workload, layout)
+        if p.fits:
+            out.append(Candidate(layout, p))
+    return out
+
+
+def test_agent_exploits_then_hedges_and_never_repeats(scored, workload):
+    agent = AgentProposer(scored, layout_to_params)
+    history = History()
+    families = []
+    for _ in range(6):
+        proposal = agent.propose(history)
+        layout = params_to_layout(proposal.params, 8, workload)
+        assert layout.key() not in history.tried
+        history.tried.add(layout.key())
+        families.append(family(layout))
+        assert "predicted" in proposal.rationale and "GiB" in proposal.rationale
+    assert len(set(families)) >= 3, "hedging must spread trials over layout families"
+    first = agent.candidates[0]
+    assert params_to_layout(layout_to_params(first.layout), 8, workload) == first.layout
+
+
+def test_measurements_reorder_the_families(scored, workload):
+    agent = AgentProposer(scored, layout_to_params, hedge_every=10 ** 9)
+    best = agent.candidates[0]
+    history = History()
+    history.tried.add(best.layout.key())
+    # The leader's family measured at a third of its prediction: the agent must move to another family.
+    history.measured.append((family(best.layout), best.prediction.tokens_per_s_per_gpu / 3,
+                             best.prediction.tokens_per_s_per_gpu))
+    proposal = agent.propose(history)
+    layout = params_to_layout(proposal.params, 8, workload)
+    assert family(layout) != family(best.layout)
+    assert "scaled by" in proposal.rationale
+
+
+def test_agent_returns_none_when_everything_was_tried(scored):
+    cands = scored[:5]
+    agent = AgentProposer(cands, layout_to_params)
+    history = History(tried={c.layout.key() for c in cands})
+    assert agent.propose(history) is None
