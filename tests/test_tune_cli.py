@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from tuner.cli import main
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "recipes" / "qwen3.6-35b-a3b" / "h200"
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference_recipes"
 BASE = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--no-progress"]
 
 
@@ -94,7 +94,6 @@ def test_predict_explain_table(capsys):
     assert "all figures predicted" in out and "step time (s):" in out
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="needs ../shared/reference (the workplace's shared folder)")
 def test_predict_recipe_writes_recipe(tmp_path, capsys):
     out = tmp_path / "x.yaml"
     assert main(["predict", "--recipe", str(REFERENCE / "attune-tp1-pp1-ep8.yaml"), "--recipe-out", str(out)]) == 0
