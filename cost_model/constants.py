@@ -30,6 +30,7 @@ class Constants:
     dp_exposed_fraction: float
     pcie_efficiency: float
     cpu_adam_params_per_s_per_gpu: float
+    cpu_adam_share_of_profile: float
     layer_launch_overhead_s: float
     flex_overhead_factor: float
     step_overhead_s: float

@@ -13,8 +13,10 @@ from cost_model.memory import (BACKUP_BYTES_PER_PARAM, GIB, HOST_BYTES_PER_OFFLO
                                activation_bytes_per_microbatch, buffer_bytes, in_flight_microbatches,
                                local_params, logits_bytes, static_memory)
 from cost_model.model_spec import ModelSpec
+from cost_model.profile import HardwareProfile, shipped_profile
+from cost_model.rates import rates_for
 from cost_model.stages import rank_layers
-from cost_model.step_time import TERMS, collective_time, group_bandwidth, rank_microbatch_terms
+from cost_model.step_time import TERMS, rank_microbatch_terms
 from cost_model.workload import Workload
 from search_space.layout import Layout
 from search_space.rules import expected_rows_per_microbatch
@@ -66,8 +68,10 @@ class Prediction:
 
 
 def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
-            constants: Constants | None = None) -> Prediction:
+            constants: Constants | None = None, profile: HardwareProfile | None = None) -> Prediction:
+    """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply."""
     c = constants or default_constants()
+    rates = rates_for(gpu, c, workload.precision, profile or shipped_profile(gpu.name))
     tp, pp, vpp, cp, dp = layout.tp, layout.pp, layout.vpp, layout.cp, layout.dp
     peak_flops = gpu.peak_tflops(workload.precision) * 1e12
 
@@ -84,8 +88,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp
 
     ranks = rank_layers(model, pp, vpp)
-    per_rank_terms = [rank_microbatch_terms(r, model, gpu, layout, tokens, rows, workload.seq_len, peak_flops,
-                                            imbalance, c) for r in ranks]
+    per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, workload.seq_len, imbalance, c)
+                      for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(pp), key=per_rank_mb.__getitem__)
 
@@ -94,8 +98,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     breakdown["pp_p2p"] = 0.0
     if pp > 1:
         p2p_bytes = tokens * model.hidden_size * 2 / tp
-        breakdown["pp_p2p"] = n_mb * 2 * vpp * (c.collective_latency_s + p2p_bytes / group_bandwidth(
-            layout.world_size, gpu, c))
+        breakdown["pp_p2p"] = n_mb * 2 * vpp * rates.collective("p2p", p2p_bytes, 2, layout.world_size)
 
     # Static memory and the optimizer step, on the rank holding the most parameters.
     dense_max = expert_max = 0.0
@@ -106,18 +109,18 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     dp_span = layout.world_size // pp
     dense_bytes, expert_bytes = dense_max, expert_max  # parameter counts, scaled below
     breakdown["dp_comm"] = c.dp_exposed_fraction * (
-        collective_time(dense_bytes * 4, dp * cp, dp_span, gpu, c)      # fp32 grad reduce-scatter
-        + collective_time(dense_bytes * 2, dp * cp, dp_span, gpu, c)    # bf16 param all-gather
-        + collective_time(expert_bytes * 4, layout.edp, dp_span, gpu, c)
-        + collective_time(expert_bytes * 2, layout.edp, dp_span, gpu, c))
+        rates.collective("reduce_scatter", dense_bytes * 4, dp * cp, dp_span)      # fp32 grads
+        + rates.collective("all_gather", dense_bytes * 2, dp * cp, dp_span)        # bf16 params
+        + rates.collective("reduce_scatter", expert_bytes * 4, layout.edp, dp_span)
+        + rates.collective("all_gather", expert_bytes * 2, layout.edp, dp_span))
     sharded = dense_max / (dp * cp) + expert_max / layout.edp
-    hbm = gpu.hbm_tb_s * 1e12 * c.hbm_efficiency
+    hbm = rates.hbm
     f = layout.optimizer_offload_fraction
     breakdown["optimizer"] = (sharded * (1 - f) * ADAM_BYTES_PER_PARAM + (dense_max + expert_max) * 4) / hbm
     offload = 0.0
-    pcie = gpu.pcie_gb_s * 1e9 * c.pcie_efficiency
+    pcie = rates.pcie
     if f > 0:
-        cpu = f * sharded / c.cpu_adam_params_per_s_per_gpu
+        cpu = f * sharded / rates.cpu_adam
         transfer = f * sharded * 8 / pcie  # fp32 grads down, fp32 params up
         offload = max(cpu, transfer) if layout.overlap_d2h_h2d else cpu + transfer
     breakdown["offload"] = offload
@@ -165,5 +168,5 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,
         step_time_s=step_time, breakdown=breakdown, tokens_per_s_per_gpu=tokens_per_s_per_gpu, mfu=mfu,
         usd_per_million_tokens=usd, num_microbatches=n_mb, tokens_per_microbatch=tokens,
-        source=f"attune cost model {c.version}, {gpu.display_name} catalog figures",
+        source=f"attune cost model {c.version}, {gpu.display_name} {rates.source}",
     )

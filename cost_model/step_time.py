@@ -7,8 +7,8 @@ bandwidth of the link the group spans. All times are seconds per micro-batch on 
 from __future__ import annotations
 
 from cost_model.constants import Constants
-from cost_model.hardware import GpuSpec
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.rates import Rates
 from cost_model.stages import RankLayers
 from search_space.layout import Layout
 
@@ -22,35 +22,12 @@ TERMS = (
 )
 
 
-def gemm_efficiency(m: float, n: float, k: float, c: Constants) -> float:
-    return (c.gemm_max_efficiency * m / (m + c.gemm_half_m)
-            * n / (n + c.gemm_half_nk) * k / (k + c.gemm_half_nk))
-
-
-def grouped_gemm_efficiency(rows_per_expert: float, c: Constants) -> float:
-    return c.grouped_gemm_max_efficiency * rows_per_expert / (rows_per_expert + c.grouped_gemm_half_rows)
-
-
-def group_bandwidth(span: int, gpu: GpuSpec, c: Constants) -> float:
-    """Bus bandwidth (bytes/s) of a collective over `span` consecutive ranks."""
-    if span <= gpu.nvlink_domain:
-        return gpu.nvlink_gb_s * 1e9 * c.nvlink_bus_efficiency
-    return gpu.internode_gb_s * 1e9 * c.internode_bus_efficiency
-
-
-def collective_time(nbytes: float, size: int, span: int, gpu: GpuSpec, c: Constants) -> float:
-    """Ring-style collective (all-gather, reduce-scatter, all-to-all) moving nbytes per rank."""
-    if size <= 1 or nbytes <= 0:
-        return 0.0
-    return c.collective_latency_s + nbytes * (size - 1) / size / group_bandwidth(span, gpu, c)
-
-
-def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layout: Layout, tokens: float,
-                          rows: float, seq_len: int, peak_flops: float, imbalance: float,
-                          c: Constants) -> dict[str, float]:
+def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
+                          seq_len: int, imbalance: float, c: Constants) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
     h, tp, cp, ep, etp = model.hidden_size, layout.tp, layout.cp, layout.ep, layout.etp
-    hbm = gpu.hbm_tb_s * 1e12 * c.hbm_efficiency
+    hbm = rates.hbm
+    r = rates
     mods = set(layout.selective_modules)
     t = dict.fromkeys(("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts",
                        "compute_logits", "elementwise", "launch_overhead", "recompute", "tp_comm",
@@ -80,17 +57,17 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layo
             kvw = 2 * model.num_key_value_heads * model.head_dim
             gate = q if model.attn_output_gate else 0
             proj_flops = 2 * h * (q + gate + kvw) + 2 * q * h
-            att += 3 * proj_flops * tokens / tp / (peak_flops * gemm_efficiency(tokens, (q + gate + kvw) / tp, h, c))
+            att += 3 * proj_flops * tokens / tp / r.gemm(tokens, (q + gate + kvw) / tp, h)
             keys = seq_len / 2 if attn_kind == FULL_ATTENTION else min(seq_len / 2, model.sliding_window or seq_len)
             core = 3 * 4 * keys * q * tokens / tp
-            core_t = core / (peak_flops * c.attention_efficiency)
+            core_t = core / r.attention(seq_len, model.head_dim)
             att += core_t
             if "core_attn" in mods:
                 selective += core_t / 3
             if cp > 1:
                 kv_bytes = tokens * kvw * BF16 / tp
-                cpc += 3 * (cp - 1) * kv_bytes / group_bandwidth(cp_span, gpu, c) * c.cp_exposed_fraction
-            tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+                cpc += 3 * (cp - 1) * r.collective("p2p", kv_bytes, cp, cp_span) * c.cp_exposed_fraction
+            tpc += 4 * r.collective("all_gather", act_bytes, tp, tp_span)
             elem_tokens = tokens / tp
         elif attn_kind == LINEAR_ATTENTION:
             qk = model.linear_num_key_heads * model.linear_key_head_dim
@@ -99,12 +76,12 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layo
             dv = model.linear_value_head_dim
             full_tokens = tokens * cp  # slime's GDN runs the whole row on every TP and CP rank
             proj_flops = 2 * (h * (2 * qk + 2 * v + 2 * nv) + h * v)
-            lin += 3 * proj_flops * full_tokens / (peak_flops * gemm_efficiency(full_tokens, 2 * qk + 2 * v, h, c))
+            lin += 3 * proj_flops * full_tokens / r.gemm(full_tokens, 2 * qk + 2 * v, h)
             rec_flops = 2 * (model.linear_conv_kernel_dim * (2 * qk + v) + 4 * nv * dv * dv)
-            lin += 3 * rec_flops * full_tokens / (peak_flops * c.linear_attention_efficiency)
-            tpc += 2 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            lin += 3 * rec_flops * full_tokens / r.linear_attention()
+            tpc += 2 * r.collective("all_gather", act_bytes, tp, tp_span)
             if cp > 1:
-                cpc += 2 * collective_time(act_bytes * cp / tp, cp, cp_span, gpu, c)
+                cpc += 2 * r.collective("all_gather", act_bytes * cp / tp, cp, cp_span)
             elem_tokens = full_tokens
         else:  # MLA
             heads = model.num_attention_heads
@@ -114,19 +91,19 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layo
             kv_flops = 2 * h * (model.kv_lora_rank + model.qk_rope_head_dim) + 2 * model.kv_lora_rank * heads * (
                 model.qk_nope_head_dim + model.v_head_dim)
             proj_flops = q_flops + kv_flops + 2 * heads * model.v_head_dim * h
-            att += 3 * proj_flops * tokens / tp / (peak_flops * gemm_efficiency(tokens, heads * qk_dim / tp, h, c))
+            att += 3 * proj_flops * tokens / tp / r.gemm(tokens, heads * qk_dim / tp, h)
             core = 3 * 2 * (seq_len / 2) * heads * (qk_dim + model.v_head_dim) * tokens / tp
-            core_t = core / (peak_flops * c.attention_efficiency)
+            core_t = core / r.attention(seq_len, qk_dim)
             att += core_t
             if "core_attn" in mods:
                 selective += core_t / 3
             if "mla_up_proj" in mods:
                 selective += 2 * model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim) * tokens / tp / (
-                    peak_flops * gemm_efficiency(tokens, heads * qk_dim / tp, model.kv_lora_rank, c))
+                    r.gemm(tokens, heads * qk_dim / tp, model.kv_lora_rank))
             if cp > 1:
                 kv_bytes = tokens * heads * (qk_dim + model.v_head_dim) * BF16 / tp
-                cpc += 3 * (cp - 1) * kv_bytes / group_bandwidth(cp_span, gpu, c) * c.cp_exposed_fraction
-            tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+                cpc += 3 * (cp - 1) * r.collective("p2p", kv_bytes, cp, cp_span) * c.cp_exposed_fraction
+            tpc += 4 * r.collective("all_gather", act_bytes, tp, tp_span)
             elem_tokens = tokens / tp
         elem += c.elementwise_bytes_per_token_per_layer_h * h * elem_tokens / hbm
 
@@ -138,27 +115,27 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layo
             rows = local_tokens * k * imbalance
             rows_per_expert = rows / (e / ep)
             exp_flops = 3 * 2 * 3 * h * fe / etp * rows
-            exp += exp_flops / (peak_flops * grouped_gemm_efficiency(rows_per_expert, c))
+            exp += exp_flops / r.grouped(rows_per_expert, h, 2 * fe / etp)
             if fs:
-                mlp += 3 * 2 * 3 * h * fs * tokens / tp / (peak_flops * gemm_efficiency(tokens, fs / tp, h, c))
-            mlp += 3 * 2 * h * e * tokens / tp / (peak_flops * gemm_efficiency(tokens / tp, e, h, c))  # router
+                mlp += 3 * 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
+            mlp += 3 * 2 * h * e * tokens / tp / r.gemm(tokens / tp, e, h)  # router
             if ep > 1:
                 copies = k if layout.dispatcher == "alltoall" else ep * (1 - (1 - 1 / ep) ** k) * c.deepep_traffic_dedup
                 a2a_bytes = local_tokens * copies * imbalance * h * BF16
-                epc += 4 * collective_time(a2a_bytes, ep, ep_span, gpu, c)
+                epc += 4 * r.collective("all_to_all", a2a_bytes, ep, ep_span)
             if fs or etp < tp:
-                tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+                tpc += 4 * r.collective("all_gather", act_bytes, tp, tp_span)
             elem += c.permute_passes * rows * h * BF16 / hbm
             if "moe_act" in mods:
                 selective += rows * fe / etp * BF16 * 3 / hbm
             if "moe" in mods:
                 selective += exp / 3 + epc / 2
             if "shared_experts" in mods and fs:
-                selective += 2 * 3 * h * fs * tokens / tp / (peak_flops * gemm_efficiency(tokens, fs / tp, h, c))
+                selective += 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
         else:
             f = model.intermediate_size
-            mlp += 3 * 2 * 3 * h * f * tokens / tp / (peak_flops * gemm_efficiency(tokens, f / tp, h, c))
-            tpc += 4 * collective_time(act_bytes, tp, tp_span, gpu, c)
+            mlp += 3 * 2 * 3 * h * f * tokens / tp / r.gemm(tokens, f / tp, h)
+            tpc += 4 * r.collective("all_gather", act_bytes, tp, tp_span)
             if "mlp" in mods:
                 selective += mlp / 3
         elem += c.elementwise_bytes_per_token_per_layer_h * h * tokens / tp / hbm
@@ -177,13 +154,14 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, gpu: GpuSpec, layo
         t["ep_comm"] += count * epc
         t["cp_comm"] += count * cpc
         t["recompute"] += count * recompute
-        # The host launches each layer pass eagerly; when the GPU work of a pass is shorter than the
-        # host's launch and synchronisation time, the difference is exposed.
-        gpu_pass = (att + lin + mlp + exp + elem + tpc + epc + cpc) / 3
+        # The host launches each layer pass eagerly; when the GPU compute of a pass is shorter than the
+        # host's launch time, the difference is exposed. Communication does not hide it: the alltoall
+        # dispatcher's host sync on split sizes stops the host from running ahead of the collectives.
+        gpu_pass = (att + lin + mlp + exp + elem) / 3
         t["launch_overhead"] += count * passes * max(0.0, launch - gpu_pass)
 
     if rank.has_head:
         v = model.vocab_size
-        t["compute_logits"] += 3 * 2 * h * v * tokens / tp / (peak_flops * gemm_efficiency(tokens, v / tp, h, c))
+        t["compute_logits"] += 3 * 2 * h * v * tokens / tp / r.gemm(tokens, v / tp, h)
         t["elementwise"] += 3 * 6 * tokens * v / tp / hbm  # fp32 softmax / cross-entropy passes
     return t

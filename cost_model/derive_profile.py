@@ -1,0 +1,57 @@
+"""A profile for a GPU nobody measured here, scaled from a measured one by datasheet ratios.
+
+Compute rates scale by dense peak, HBM by memory bandwidth, NVLink collectives by NVLink bandwidth,
+host transfers by the host link; the shape of every curve (how efficiency grows with size) is the
+measured GPU's. Every section says so, so no derived figure passes for a measurement.
+"""
+from __future__ import annotations
+
+import copy
+
+from cost_model.hardware import GpuSpec
+
+
+def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
+    if measured.get("provenance") != "measured":
+        raise ValueError("derive a profile from a measured one, not from another derived profile")
+    bf16 = target.bf16_tflops / source.bf16_tflops
+    fp8 = target.fp8_tflops / source.fp8_tflops
+    hbm = target.hbm_tb_s / source.hbm_tb_s
+    nvlink = target.nvlink_gb_s / source.nvlink_gb_s
+    host = target.pcie_gb_s / source.pcie_gb_s
+    basis = (f"derived from the measured {source.display_name} profile ({measured.get('date')}, "
+             f"{measured.get('device')}) by datasheet ratios of {target.display_name} to {source.display_name}")
+    out = copy.deepcopy(measured)
+    out.update(gpu_type=target.name, provenance="derived", device=f"{target.display_name} (derived)",
+               source=basis, driver=None, wall_time_s=None)
+    for p in out["gemm_bf16"]:
+        p["tflops"] = round(p["tflops"] * bf16, 1)
+    for p in out.get("gemm_fp8") or []:
+        p["tflops"] = round(p["tflops"] * fp8, 1)
+    for p in out["grouped_gemm_bf16"]:
+        p["fwd_tflops"] = round(p["fwd_tflops"] * bf16, 1)
+        p["fwd_bwd_tflops"] = round(p["fwd_bwd_tflops"] * bf16, 1)
+    for p in out["attention_bf16"]:
+        p["fwd_tflops"] = round(p["fwd_tflops"] * bf16, 1)
+        p["fwd_bwd_tflops"] = round(p["fwd_bwd_tflops"] * bf16, 1)
+    mem = out["memory"]
+    mem["hbm_copy_tb_s"] = round(mem["hbm_copy_tb_s"] * hbm, 3)
+    for key in ("h2d_gb_s", "d2h_gb_s", "h2d_256mib_gb_s", "d2h_256mib_gb_s"):
+        if mem.get(key) is not None:
+            mem[key] = round(mem[key] * host, 2)
+    for c in out.get("collectives") or []:
+        c["busbw_gb_s"] = round(c["busbw_gb_s"] * nvlink, 2)
+        c["algbw_gb_s"] = round(c.get("algbw_gb_s", 0) * nvlink, 2)
+        c["time_us"] = round(c["time_us"] / nvlink, 2)
+    out["derivation"] = {
+        "compute": f"x {bf16:.3f} (dense bf16 {target.bf16_tflops:g} / {source.bf16_tflops:g} TFLOP/s); fp8 x {fp8:.3f}",
+        "hbm": f"x {hbm:.3f} ({target.hbm_tb_s:g} / {source.hbm_tb_s:g} TB/s)",
+        "collectives": f"x {nvlink:.3f} (NVLink {target.nvlink_gb_s:g} / {source.nvlink_gb_s:g} GB/s per direction)",
+        "host_transfers": f"x {host:.3f} (host link {target.pcie_gb_s:g} / {source.pcie_gb_s:g} GB/s)",
+        "cpu_adam": "unchanged (the host CPU is not modelled per GPU type)",
+        "sources": "GPU catalog (cost_model/catalog/gpus.yaml), each figure with its datasheet source",
+    }
+    notes = list(out.get("notes") or [])
+    notes.append(basis + "; not measured")
+    out["notes"] = notes
+    return out

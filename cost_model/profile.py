@@ -1,0 +1,224 @@
+"""Hardware profiles: rates measured on real GPUs (or derived from a measured one), by shape and size.
+
+A profile is the YAML `tune profile` writes (experiments/hardware_profile.py). This module reads it
+and interpolates: GEMM TFLOP/s multilinearly in log2(m, n, k) on the measured grid, grouped GEMM and
+attention by rows per expert and sequence length, collective bus bandwidth by message size.
+Pure functions of the profile data; reading files happens in `load_profile`.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
+
+
+class ProfileError(ValueError):
+    """A profile file that is missing, malformed or of an unknown schema."""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """y(x) interpolated linearly in log2(x), clamped at the ends."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, x)
+        x0, x1 = math.log2(xs[i - 1]), math.log2(xs[i])
+        t = (math.log2(x) - x0) / (x1 - x0)
+        return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+    def scaled(self, factor: float) -> "Curve":
+        return Curve(self.xs, tuple(y * factor for y in self.ys))
+
+
+@dataclass(frozen=True)
+class GemmGrid:
+    """TFLOP/s on a full m x n x k grid, interpolated multilinearly in log2 space."""
+
+    ms: tuple[int, ...]
+    ns: tuple[int, ...]
+    ks: tuple[int, ...]
+    tflops: tuple[float, ...]  # flattened [m][n][k]
+
+    def __call__(self, m: float, n: float, k: float) -> float:
+        (i0, i1, ti), (j0, j1, tj), (l0, l1, tl) = _bracket(self.ms, m), _bracket(self.ns, n), _bracket(self.ks, k)
+        nn, nk = len(self.ns), len(self.ks)
+        t = self.tflops
+
+        def at(i, j, l):
+            return t[(i * nn + j) * nk + l]
+
+        c00 = at(i0, j0, l0) * (1 - tl) + at(i0, j0, l1) * tl
+        c01 = at(i0, j1, l0) * (1 - tl) + at(i0, j1, l1) * tl
+        c10 = at(i1, j0, l0) * (1 - tl) + at(i1, j0, l1) * tl
+        c11 = at(i1, j1, l0) * (1 - tl) + at(i1, j1, l1) * tl
+        return (c00 * (1 - tj) + c01 * tj) * (1 - ti) + (c10 * (1 - tj) + c11 * tj) * ti
+
+
+def _bracket(grid: tuple[int, ...], x: float) -> tuple[int, int, float]:
+    if x <= grid[0]:
+        return 0, 0, 0.0
+    if x >= grid[-1]:
+        last = len(grid) - 1
+        return last, last, 0.0
+    i = bisect.bisect_right(grid, x)
+    lo, hi = math.log2(grid[i - 1]), math.log2(grid[i])
+    return i - 1, i, (math.log2(x) - lo) / (hi - lo)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    gpu_type: str
+    provenance: str                   # measured or derived
+    source: str
+    date: str
+    device: str
+    count: int
+    gemm_bf16: GemmGrid
+    fp8_speedup: float                # fp8 over bf16 TFLOP/s on large GEMMs
+    grouped: dict                     # (k, n) -> Curve of fwd+bwd TFLOP/s over rows per expert
+    attention: dict                   # head_dim -> Curve of fwd+bwd TFLOP/s over sequence length
+    linear_attention_efficiency: float
+    hbm_copy_tb_s: float
+    h2d_gb_s: float
+    d2h_gb_s: float
+    cpu_adam_params_per_s: float
+    cpu_adam_threads: int
+    collectives: dict                 # op -> Curve of bus bandwidth (GB/s) over message bytes
+    collective_gpus: int              # GPUs the collective curves were measured on
+    raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def gemm_tflops(self, m: float, n: float, k: float, precision: str = "bf16") -> float:
+        tf = self.gemm_bf16(m, n, k)
+        return tf * self.fp8_speedup if precision == "fp8" else tf
+
+    def grouped_tflops(self, rows_per_expert: float, k: float, n: float) -> float:
+        key = min(self.grouped, key=lambda kn: abs(math.log2(kn[0] / k)) + abs(math.log2(kn[1] / n)))
+        return self.grouped[key](rows_per_expert)
+
+    def attention_tflops(self, seq: float, head_dim: float) -> float:
+        key = min(self.attention, key=lambda d: abs(math.log2(d / head_dim)))
+        return self.attention[key](seq)
+
+    def busbw_gb_s(self, op: str, nbytes: float) -> float:
+        curve = self.collectives.get(op) or self.collectives.get("all_gather")
+        return curve(nbytes)
+
+    def summary(self) -> dict:
+        """The headline figures `tune gpus --json` shows."""
+        big = self.gemm_bf16(self.gemm_bf16.ms[-1], self.gemm_bf16.ns[-1], self.gemm_bf16.ks[-1])
+        out = {"provenance": self.provenance, "source": self.source, "date": self.date, "device": self.device,
+               "gpus": self.count, "gemm_bf16_large_tflops": round(big, 1),
+               "gemm_bf16_8192_tflops": round(self.gemm_bf16(8192, 8192, 8192), 1),
+               "hbm_copy_tb_s": self.hbm_copy_tb_s, "h2d_gb_s": self.h2d_gb_s}
+        for op in ("all_reduce", "all_to_all"):
+            if op in self.collectives:
+                out[f"{op}_busbw_gb_s_at_256MB"] = round(self.collectives[op](256 * 2 ** 20), 1)
+        return out
+
+
+def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
+    try:
+        if data.get("schema_version") != 1:
+            raise ProfileError(f"{origin}: unknown schema_version {data.get('schema_version')!r} (expected 1)")
+        grid = _grid(data["gemm_bf16"], origin)
+        fp8 = _fp8_speedup(data, grid)
+        grouped: dict = {}
+        for p in data["grouped_gemm_bf16"]:
+            if p.get("fwd_bwd_tflops") is None:
+                continue
+            grouped.setdefault((int(p["k"]), int(p["n"])), []).append((float(p["rows_per_expert"]),
+                                                                        float(p["fwd_bwd_tflops"])))
+        attention: dict = {}
+        for p in data["attention_bf16"]:
+            if p.get("fwd_bwd_tflops") is None:
+                continue
+            attention.setdefault(int(p["head_dim"]), []).append((float(p["seq"]), float(p["fwd_bwd_tflops"])))
+        collectives: dict = {}
+        gpus = max([int(c["gpus"]) for c in data.get("collectives", [])], default=1)
+        for c in data.get("collectives", []):
+            if int(c["gpus"]) == gpus:
+                collectives.setdefault(c["op"], []).append((float(c["bytes"]), float(c["busbw_gb_s"])))
+        linear = data.get("linear_attention") or {}
+        mem, adam = data["memory"], data["cpu_adam"]
+        return HardwareProfile(
+            gpu_type=str(data["gpu_type"]), provenance=str(data["provenance"]), source=str(data.get("source", "")),
+            date=str(data.get("date", "")), device=str(data.get("device", "")), count=int(data.get("count", 1)),
+            gemm_bf16=grid, fp8_speedup=fp8,
+            grouped={k: _curve(v) for k, v in grouped.items()},
+            attention={k: _curve(v) for k, v in attention.items()},
+            linear_attention_efficiency=float(linear.get("efficiency", 0.15)),
+            hbm_copy_tb_s=float(mem["hbm_copy_tb_s"]), h2d_gb_s=float(mem["h2d_gb_s"]),
+            d2h_gb_s=float(mem["d2h_gb_s"]), cpu_adam_params_per_s=float(adam["params_per_s"]),
+            cpu_adam_threads=int(adam.get("threads", 0)),
+            collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus, raw=data)
+    except ProfileError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProfileError(f"{origin}: malformed profile ({type(e).__name__}: {e})") from None
+
+
+def _curve(points: list[tuple[float, float]]) -> Curve:
+    points = sorted(points)
+    return Curve(tuple(p[0] for p in points), tuple(p[1] for p in points))
+
+
+def _grid(points: list[dict], origin: str) -> GemmGrid:
+    # Rows with a label are the model's own shapes, measured beside the grid; the grid is the rest.
+    table = {(int(p["m"]), int(p["n"]), int(p["k"])): float(p["tflops"]) for p in points if not p.get("label")}
+    ms = sorted({m for m, _, _ in table})
+    ns = sorted({n for _, n, _ in table})
+    ks = sorted({k for _, _, k in table})
+    try:
+        flat = tuple(table[(m, n, k)] for m in ms for n in ns for k in ks)
+    except KeyError as e:
+        raise ProfileError(f"{origin}: gemm_bf16 is not a full m x n x k grid (missing {e.args[0]})") from None
+    return GemmGrid(tuple(ms), tuple(ns), tuple(ks), flat)
+
+
+def _fp8_speedup(data: dict, grid: GemmGrid) -> float:
+    ratios = [float(p["tflops"]) / grid(p["m"], p["n"], p["k"]) for p in data.get("gemm_fp8") or []
+              if float(p.get("tflops") or 0) > 0]
+    return max(ratios) if ratios else float(data.get("fp8_speedup", 1.0))
+
+
+def parse_profile(text: str, origin: str) -> HardwareProfile:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{origin}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{origin}: a profile must be a YAML mapping")
+    return profile_from_dict(data, origin)
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ProfileError(f"cannot read profile {path}: {e.strerror or e}") from None
+    return parse_profile(text, str(path))
+
+
+@lru_cache(maxsize=16)
+def shipped_profile(gpu_type: str) -> HardwareProfile | None:
+    """The profile shipped for a GPU type (cost_model/data/profiles/<gpu>.yaml), or None."""
+    res = resources.files("cost_model").joinpath(f"data/profiles/{gpu_type}.yaml")
+    if not res.is_file():
+        return None
+    return parse_profile(res.read_text(), f"cost_model/data/profiles/{gpu_type}.yaml")

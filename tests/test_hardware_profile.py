@@ -1,0 +1,221 @@
+"""The hardware profiler: shape grids, bus factors, the no-GPU exit, YAML output, and a CPU run of
+every measurement path (gloo for the collectives) so the GPU run only has CUDA specifics left."""
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cost_model.model_spec import load_model
+from experiments import hardware_profile as hp
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(**extra):
+    return dict(os.environ, PYTHONPATH=str(REPO), **extra)
+
+
+def test_gemm_grid_is_full_without_model():
+    shapes = hp.profile_shapes(None)
+    grid = [p for p in shapes["gemm"] if "label" not in p]
+    assert len(grid) == 343 == len(shapes["gemm"])
+    assert {(p["m"], p["n"], p["k"]) for p in grid} == set(itertools.product(hp.GEMM_M, hp.GEMM_NK, hp.GEMM_NK))
+    assert hp.GEMM_M == (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    assert hp.GEMM_NK == (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def test_model_shapes_are_extra_points(qwen36):
+    shapes = hp.profile_shapes(qwen36)
+    gemm = shapes["gemm"]
+    assert gemm[:343] == hp.profile_shapes(None)["gemm"]          # the grid first, unchanged
+    extras = {(p["m"], p["n"], p["k"]): p["label"] for p in gemm[343:]}
+    assert len(extras) == len(gemm) - 343                            # no duplicates
+    grid = set(itertools.product(hp.GEMM_M, hp.GEMM_NK, hp.GEMM_NK))
+    assert not grid & set(extras)
+    for tokens in (4096, 8192, 16384):
+        # gated q (16x256x2) + k, v (2 x 2x256) from hidden 2048
+        assert extras[(tokens, 16 * 256 * 2 + 2 * 2 * 256, 2048)] == "attn_qkv"
+        assert extras[(tokens, 248320 // 8, 2048)] == "lm_head_slice"
+        assert extras[(tokens, 2 * 16 * 128 + 2 * 32 * 128, 2048)] == "gdn_in"
+    labels = {label for label, _, _ in hp._model_gemms(qwen36)}
+    # the out projection (2048 x 4096), shared expert and router are measured too (they lie on the grid)
+    assert {"attn_out", "shared_up", "shared_down", "router", "gdn_out"} <= labels
+
+
+def test_grouped_gemm_points(qwen36):
+    for model, (h, f) in ((None, (2048, 512)), (qwen36, (2048, 512))):
+        pts = hp.profile_shapes(model)["grouped_gemm"]
+        combos = [(e, r) for e in (8, 32, 128, 256) for r in (16, 64, 256, 1024, 4096) if e * r <= 262_144]
+        assert len(combos) == 18 and len(pts) == 36
+        assert {(p["k"], p["n"]) for p in pts} == {(h, 2 * f), (f, h)}
+        assert all(p["experts"] * p["rows_per_expert"] <= 262_144 for p in pts)
+        assert (256, 1024) in {(p["experts"], p["rows_per_expert"]) for p in pts}
+        assert (128, 4096) not in {(p["experts"], p["rows_per_expert"]) for p in pts}
+    deepseek = hp.profile_shapes(load_model("deepseek-v3"))["grouped_gemm"]
+    assert {(p["k"], p["n"]) for p in deepseek} == {(7168, 4096), (2048, 7168)}
+
+
+def test_attention_and_collective_points(qwen36):
+    plain = hp.profile_shapes(None)
+    assert {(p["heads"], p["head_dim"]) for p in plain["attention"]} == {(32, 128), (16, 256)}
+    assert {p["seq"] for p in plain["attention"]} == {2048, 4096, 8192, 16384, 32768}
+    assert len(plain["attention"]) == 10
+    model = hp.profile_shapes(qwen36)
+    assert (16, 256) in {(p["heads"], p["head_dim"]) for p in model["attention"]}
+    assert len(model["attention"]) == 10                              # qwen3.6's pair is a default one
+    llama = hp.profile_shapes(load_model("llama3-8b"))
+    assert len(llama["attention"]) == 10 and (32, 128) in {(p["heads"], p["head_dim"]) for p in llama["attention"]}
+    assert model["linear_attention"] == dict(heads=32, key_head_dim=128, value_head_dim=128, seq=8192)
+    coll = plain["collectives"]
+    assert coll["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
+    assert coll["bytes"] == [64 * 2 ** 10, 256 * 2 ** 10, 2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20,
+                             64 * 2 ** 20, 256 * 2 ** 20, 2 ** 30]
+
+
+def test_quick_shapes_shrink():
+    full = hp.profile_shapes(load_model("qwen3.6-35b-a3b"))
+    quick = hp.quick_shapes(full)
+    assert 8 <= len(quick["gemm"]) < 20
+    assert len(quick["grouped_gemm"]) == 8 and len(quick["attention"]) == 4
+    assert 256 * 2 ** 20 in quick["collectives"]["bytes"]
+
+
+@pytest.mark.parametrize("op,n,factor", [
+    ("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75), ("all_reduce", 4, 1.5),
+    ("all_gather", 2, 0.5), ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75),
+    ("all_to_all", 8, 0.875), ("p2p", 2, 1.0), ("p2p", 8, 1.0),
+])
+def test_bus_factor(op, n, factor):
+    assert hp.bus_factor(op, n) == pytest.approx(factor)
+
+
+def test_bus_factor_unknown_op():
+    with pytest.raises(ValueError):
+        hp.bus_factor("broadcast", 2)
+
+
+@pytest.mark.parametrize("name,key", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA B200", "b200"),
+    ("NVIDIA GB200", "gb200"), ("NVIDIA H200 NVL", "h200"), ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"),
+    ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada-generation"),
+])
+def test_gpu_type_from_name(name, key):
+    assert hp.gpu_type_from_name(name) == key
+
+
+def test_no_gpu_exits_2_with_one_line():
+    proc = subprocess.run([sys.executable, "-m", "experiments.hardware_profile"], cwd=REPO,
+                          env=_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no CUDA GPU" in lines[0], proc.stderr
+    assert proc.stdout == ""
+
+
+def test_run_profile_raises_without_gpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    with pytest.raises(hp.NoGpuError, match="no CUDA GPU"):
+        hp.run_profile()
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"                     # forced, not setdefault
+
+
+def test_imports_without_optuna_pandas_ray():
+    code = ("import sys\nfor m in ('optuna', 'pandas', 'ray'): sys.modules[m] = None\n"
+            "import experiments.hardware_profile as hp\n"
+            "print(hp.profile_shapes(None)['gemm'][0])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _sample_profile():
+    return dict(
+        schema_version=1, gpu_type="h200", provenance="measured", device="NVIDIA H200", count=2,
+        driver="580.159.04", cuda="13.0", torch="2.11.0", nccl="2.28.9", date="2026-11-29",
+        wall_time_s=171.3, model="qwen3.6-35b-a3b", source="tune profile (experiments/hardware_profile.py) on x",
+        gemm_bf16=[dict(m=8192, n=8192, k=8192, tflops=757.1)], gemm_fp8=[],
+        grouped_gemm_bf16=[dict(experts=256, rows_per_expert=256, k=2048, n=1024, fwd_tflops=581.0,
+                                fwd_bwd_tflops=None)],
+        attention_bf16=[dict(seq=8192, heads=16, head_dim=256, fwd_tflops=500.0, fwd_bwd_tflops=445.0)],
+        linear_attention=dict(kind="estimate", efficiency=0.15, note="fla not importable"),
+        memory=dict(hbm_copy_tb_s=4.19, h2d_gb_s=54.6, d2h_gb_s=55.0, h2d_256mib_gb_s=50.1, d2h_256mib_gb_s=51.0),
+        cpu_adam=dict(params_per_s=1.2e9, threads=16),
+        collectives=[dict(op="all_to_all", gpus=2, bytes=2 ** 30, time_us=3450.0, algbw_gb_s=311.2,
+                          busbw_gb_s=155.6)],
+        notes=["fp8_note: skipped"],
+    )
+
+
+def test_write_profile_round_trips(tmp_path):
+    profile = _sample_profile()
+    path = tmp_path / "sub" / "h200.yaml"
+    hp.write_profile(profile, path)
+    hp.write_profile(profile, path)                                  # replaces in place
+    loaded = yaml.safe_load(path.read_text())
+    assert loaded == profile
+    assert list(loaded) == list(profile)                            # key order kept (sort_keys=False)
+    assert [p.name for p in path.parent.iterdir()] == ["h200.yaml"]  # no temp file left
+    assert hp.summary(loaded)[-1] == "wall time: 171.3 s"
+
+
+def test_collapse_notes():
+    notes = ["gemm_bf16: convention", "gemm_bf16 1x2x3: RuntimeError: boom", "gemm_bf16 4x5x6: RuntimeError: boom",
+             "attention_bf16 seq=1: RuntimeError: boom"]
+    out = hp._collapse_notes(notes)
+    assert out == ["gemm_bf16: convention",
+                   "gemm_bf16 1x2x3: RuntimeError: boom (and 1 more points with the same error)",
+                   "attention_bf16 seq=1: RuntimeError: boom"]
+
+
+def test_fail_note_is_one_line():
+    notes = []
+    hp._fail(notes, "collectives failed", RuntimeError(
+        "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
+        "  File x\nRuntimeError: NCCL error: unhandled system error\n"))
+    hp._fail(notes, "gemm_bf16 1x2x3", RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore"))
+    assert notes == ["collectives failed: RuntimeError: RuntimeError: NCCL error: unhandled system error",
+                     "gemm_bf16 1x2x3: RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"]
+
+
+def test_cpu_run_of_every_measurement():
+    """_profile on the CPU (perf_counter timing, gloo collectives over 2 ranks): schema and plumbing."""
+    torch = pytest.importorskip("torch")
+    tiny = dict(gemm=[dict(m=64, n=32, k=48), dict(m=16, n=16, k=16, label="x")],
+                gemm_fp8=[dict(m=32, n=32, k=32)],
+                grouped_gemm=[dict(experts=4, rows_per_expert=16, k=32, n=48)],
+                attention=[dict(seq=64, heads=2, head_dim=32)],
+                linear_attention=dict(hp.LINEAR_ATTENTION_DEFAULT, seq=128),
+                collectives=dict(ops=list(hp.COLLECTIVE_OPS), bytes=[65536, 2 ** 20]))
+    prof = hp._profile(torch.device("cpu"), tiny, 2, 2, backend="gloo", memory_bytes=(2 ** 22, 2 ** 20),
+                       adam_numel=2 ** 16, fp8=True, model_name="m")
+    assert list(prof) == ["schema_version", "gpu_type", "provenance", "device", "count", "driver", "cuda",
+                          "torch", "nccl", "date", "wall_time_s", "model", "source", "gemm_bf16", "gemm_fp8",
+                          "grouped_gemm_bf16", "attention_bf16", "linear_attention", "memory", "cpu_adam",
+                          "collectives", "notes"]
+    assert prof["schema_version"] == 1 and prof["provenance"] == "measured" and prof["count"] == 2
+    failures = [n for n in prof["notes"] if "Error" in n or "failed" in n]
+    assert not failures, failures
+    assert [(r["m"], r["n"], r["k"]) for r in prof["gemm_bf16"]] == [(64, 32, 48), (16, 16, 16)]
+    assert "label" not in prof["gemm_bf16"][0] and prof["gemm_bf16"][1]["label"] == "x"
+    assert all(r["tflops"] > 0 for r in prof["gemm_bf16"] + prof["gemm_fp8"])
+    g = prof["grouped_gemm_bf16"][0]
+    assert g["fwd_tflops"] > 0 and g["fwd_bwd_tflops"] > 0
+    a = prof["attention_bf16"][0]
+    assert a["fwd_tflops"] > 0 and a["fwd_bwd_tflops"] > 0
+    if prof["linear_attention"]["kind"] == "estimate":
+        assert prof["linear_attention"]["efficiency"] == 0.15
+    assert set(prof["memory"]) == {"hbm_copy_tb_s", "h2d_gb_s", "d2h_gb_s", "h2d_256mib_gb_s", "d2h_256mib_gb_s"}
+    assert prof["cpu_adam"]["params_per_s"] > 0 and prof["cpu_adam"]["threads"] >= 1
+    coll = prof["collectives"]
+    assert [(c["op"], c["bytes"]) for c in coll] == [(op, b) for op in hp.COLLECTIVE_OPS for b in (65536, 2 ** 20)]
+    for c in coll:
+        assert c["gpus"] == 2 and c["time_us"] > 0
+        assert c["algbw_gb_s"] == pytest.approx(c["bytes"] / (c["time_us"] * 1e-6) / 1e9, rel=2e-3)
+        assert c["busbw_gb_s"] == pytest.approx(c["algbw_gb_s"] * hp.bus_factor(c["op"], 2), rel=2e-3)
+    assert yaml.safe_load(yaml.safe_dump(prof, sort_keys=False)) == prof
