@@ -272,17 +272,38 @@ def _median_time(fn, device, repeats: int, warmup: int = 3, target_s: float = 1e
     return statistics.median(_seconds(s, e) for s, e in marks) / inner
 
 
-def _call_times(fn, device, warmup: int, iters: int) -> list[float]:
-    """Seconds of each of `iters` calls after `warmup` calls (a fixed count: collectives must match)."""
+def _batch_times(fn, device, warmup: int, iters: int, samples: int) -> list[float]:
+    """Seconds per call, one figure per sample of `iters` back-to-back calls (as nccl-tests times them).
+
+    Timing calls in batches keeps the host's launch gaps out of the figure; every rank makes the
+    same fixed number of calls, as collectives require.
+    """
     for _ in range(warmup):
         fn()
     marks = []
-    for _ in range(iters):
+    for _ in range(samples):
         start = _mark(device)
-        fn()
+        for _ in range(iters):
+            fn()
         marks.append((start, _mark(device)))
     _sync(device)
-    return [_seconds(s, e) for s, e in marks]
+    return [_seconds(s, e) / iters for s, e in marks]
+
+
+def _synced_times(fn, device, samples: int) -> list[float]:
+    """Wall-clock seconds of single calls, each between two device synchronisations.
+
+    Not what training sees (it launches back to back) but what a simple probe measures; kept
+    beside the batched figure so the two can be compared.
+    """
+    out = []
+    for _ in range(samples):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
 
 
 def _collapse_notes(notes: list[str]) -> list[str]:
@@ -588,20 +609,22 @@ def _collective_worker(rank: int, world: int, port: int, plan: dict, result_path
                             timeout=datetime.timedelta(seconds=plan["timeout_s"]), **kw)
     try:
         dtype = getattr(torch, plan["dtype"])
-        sizes, medians = [], []
+        sizes, medians, synced = [], [], []
         for op in plan["ops"]:
             for nbytes in plan["bytes"]:
                 fn, actual = _collective_fn(op, nbytes, rank, world, device, dtype)
                 dist.barrier()
                 warmup = plan["warmup"] if nbytes < 2 ** 28 else 2
-                medians.append(statistics.median(_call_times(fn, device, warmup, plan["iters"])))
+                iters = 20 if nbytes <= 2 ** 24 else 5
+                medians.append(statistics.median(_batch_times(fn, device, warmup, iters, plan["iters"])))
+                synced.append(statistics.median(_synced_times(fn, device, plan["iters"])))
                 sizes.append(actual)
                 fn = None
-        worst = torch.tensor(medians, dtype=torch.float64, device=device)
+        worst = torch.tensor([medians, synced], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
         if rank == 0:
             with open(result_path, "w") as fh:
-                json.dump(dict(bytes=sizes, seconds=worst.tolist()), fh)
+                json.dump(dict(bytes=sizes, seconds=worst[0].tolist(), synced_seconds=worst[1].tolist()), fh)
     finally:
         dist.destroy_process_group()
 
@@ -634,10 +657,11 @@ def measure_collectives(ops: list[str], sizes: list[int], world: int, repeats: i
             result = json.load(fh)
     rows = []
     points = [(op, n) for op in ops for n in sizes]
-    for (op, _), nbytes, t in zip(points, result["bytes"], result["seconds"]):
+    for (op, _), nbytes, t, ts in zip(points, result["bytes"], result["seconds"], result["synced_seconds"]):
         algbw = nbytes / t / 1e9
         rows.append(dict(op=op, gpus=world, bytes=nbytes, time_us=_sig(t * 1e6),
-                         algbw_gb_s=_sig(algbw), busbw_gb_s=_sig(algbw * bus_factor(op, world))))
+                         algbw_gb_s=_sig(algbw), busbw_gb_s=_sig(algbw * bus_factor(op, world)),
+                         synced_busbw_gb_s=_sig(nbytes / ts / 1e9 * bus_factor(op, world))))
     return rows
 
 
@@ -693,7 +717,9 @@ def _conventions() -> list[str]:
         "execute ~3.5 x forward)",
         "memory: GB/s = 1e9 B/s, pinned host buffers, 2 GiB (and 256 MiB) copies; hbm_copy_tb_s counts read + "
         "write of a 2 GiB device-to-device copy",
-        "collectives: bf16 buffers, bytes = full buffer (all_gather output, reduce_scatter input); "
+        "collectives: busbw_gb_s from batches of back-to-back calls between CUDA events (as nccl-tests); "
+        "synced_busbw_gb_s from single calls timed by wall clock between device synchronisations; "
+        "bf16 buffers, bytes = full buffer (all_gather output, reduce_scatter input); "
         "time = max over ranks of the per-rank median; algbw = bytes/time; busbw = algbw x factor "
         "(all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, p2p 1; p2p = rank 2i -> 2i+1); "
         "NCCL_NVLS_ENABLE=0",
@@ -854,7 +880,8 @@ def summary(profile: dict) -> list[str]:
     for op in ("all_reduce", "all_to_all"):
         row = find(profile["collectives"], op=op, bytes=256 * 2 ** 20)
         if row:
-            lines.append(f"{op} busbw at 256 MiB: {row['busbw_gb_s']} GB/s")
+            lines.append(f"{op} busbw at 256 MiB: {row['busbw_gb_s']} GB/s batched "
+                         f"({row.get('synced_busbw_gb_s')} GB/s single synchronised calls)")
     mem = profile["memory"]
     if mem:
         lines.append(f"H2D {mem.get('h2d_gb_s')} GB/s, D2H {mem.get('d2h_gb_s')} GB/s, "

@@ -3,17 +3,19 @@ from __future__ import annotations
 
 from cost_model.constants import Constants
 from cost_model.predict import predict
+from cost_model.profile import HardwareProfile
 from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
 
 class PredictedRunner(TrialRunner):
     name = "predict"
 
-    def __init__(self, constants: Constants | None = None):
+    def __init__(self, constants: Constants | None = None, profile: HardwareProfile | None = None):
         self.constants = constants
+        self.profile = profile
 
     def run(self, spec: TrialSpec) -> TrialResult:
-        p = predict(spec.model, spec.gpu, spec.workload, spec.layout, self.constants)
+        p = predict(spec.model, spec.gpu, spec.workload, spec.layout, self.constants, self.profile)
         if not p.fits:
             return TrialResult(status="failed", kind="predicted", source=p.source, failure_class="cuda_oom"
                                if p.memory.total > p.gpu_memory_gib else "host_oom",

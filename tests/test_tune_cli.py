@@ -134,6 +134,11 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         (["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", "postgresql://nobody@127.0.0.1:1/x"],
          "cannot open study storage"),
         (["show", "--study", "nope", "--storage", str(tmp_path / "empty.db")], "no study named 'nope'"),
+        (["profile"], "no CUDA GPU found"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
+          str(bad_recipe)], "not valid YAML"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
+          str(tmp_path / "missing.yaml")], "cannot read profile"),
     ]
     for args, needle in cases:
         assert_one_line_error(run_tune(*args, cwd=tmp_path), needle)
@@ -168,3 +173,27 @@ def test_catalog_commands(capsys):
     assert {g["name"] for g in gpus} == {"h100", "h200", "b200", "gb200"}
     for g in gpus:
         assert set(g["sources"]) >= {"bf16_tflops", "hbm_tb_s", "nvlink_gb_s", "usd_per_gpu_hour"}
+        profile = g["profile"]
+        assert profile["provenance"] == ("measured" if g["name"] == "h200" else "derived")
+        for key in ("gemm_bf16_large_tflops", "hbm_copy_tb_s", "all_reduce_busbw_gb_s_at_256MB",
+                    "all_to_all_busbw_gb_s_at_256MB", "h2d_gb_s", "date"):
+            assert profile[key], key
+
+
+def test_profile_flag_changes_predictions(tmp_path, capsys):
+    from cost_model.derive_profile import derive_profile
+    from cost_model.hardware import load_gpu
+    from cost_model.profile import shipped_profile
+    from experiments.hardware_profile import write_profile
+
+    # An "H200" whose collectives run at B200 NVLink speed: the EP all-to-all must get cheaper.
+    faster = derive_profile(shipped_profile("h200").raw, load_gpu("h200"), load_gpu("b200"))
+    path = tmp_path / "p.yaml"
+    write_profile(faster, path)
+    args = ["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--json"]
+    assert main(args) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    assert main(args + ["--profile", str(path)]) == 0
+    custom = json.loads(capsys.readouterr().out)
+    assert custom["breakdown"]["ep_comm"] == pytest.approx(shipped["breakdown"]["ep_comm"] / 2, rel=1e-6)
+    assert "derived profile" in custom["source"] and "measured profile" in shipped["source"]

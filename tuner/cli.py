@@ -21,7 +21,7 @@ from search_space.layout import InvalidLayout, Layout
 from search_space.rules import check, expected_rows_per_microbatch
 from search_space.stack import STACK_FIXES, Stack
 
-SUBCOMMANDS = ("show", "export", "predict", "models", "gpus")
+SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile")
 EXIT_USAGE = 2
 
 
@@ -30,22 +30,24 @@ class CliError(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     if command != "run":
         argv = argv[1:]
     parser = PARSERS[command]()
     args = parser.parse_args(argv)
+    if command in ("run", "show", "export"):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from cost_model.profile import ProfileError
     from recipes.recipe import RecipeError
     from tuner.study import StudyError
 
     try:
         return COMMANDS[command](args)
     except (ModelError, HardwareError, WorkloadError, InvalidLayout, CliError, StudyError, RecipeError,
-            OSError) as e:
+            ProfileError, OSError) as e:
         print(f"tune: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -75,6 +77,14 @@ def _add_workload(p: argparse.ArgumentParser):
     p.add_argument("--usd-per-gpu-hour", type=float, default=None, help="override the GPU's catalog price")
     p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
                    help="a fix your training image has (repeatable)")
+    p.add_argument("--profile", default=None,
+                   help="hardware profile YAML (from `tune profile`) to use instead of the one shipped for the GPU")
+
+
+def _profile(args):
+    from cost_model.profile import load_profile
+
+    return load_profile(args.profile) if getattr(args, "profile", None) else None
 
 
 def _add_storage(p: argparse.ArgumentParser):
@@ -127,7 +137,8 @@ def cmd_run(args) -> int:
     if args.trials < 1:
         raise CliError(f"--trials must be at least 1, got {args.trials}")
     model, gpu, gpus = _target(args)
-    config = StudyConfig(model, gpu, gpus, _workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions())
+    config = StudyConfig(model, gpu, gpus, _workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions(),
+                         _profile(args))
     candidates = _score_space(config)
     name = args.study or default_study_name(model, gpu, gpus)
     url = storage_url(args.storage)
@@ -138,7 +149,7 @@ def cmd_run(args) -> int:
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
           f"study '{name}' in {url}; backend {args.backend} (figures are predicted by the cost model)",
           file=sys.stderr)
-    summary = run_study(study, config, PredictedRunner(), proposer, args.trials, progress=not args.no_progress)
+    summary = run_study(study, config, PredictedRunner(profile=config.profile), proposer, args.trials, progress=not args.no_progress)
     if summary.exhausted:
         print("every distinct fitting layout has been tried", file=sys.stderr)
     rows = ranked_rows(study)
@@ -153,7 +164,7 @@ def cmd_run(args) -> int:
 
 
 def _score_space(config) -> list[tuple[Layout, Prediction]]:
-    scored = [(l, predict(config.model, config.gpu, config.workload, l))
+    scored = [(l, predict(config.model, config.gpu, config.workload, l, profile=config.profile))
               for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
                                          config.options)]
     if not scored:
@@ -173,7 +184,7 @@ def _export_rows(rows, config, out: Path) -> list[Path]:
 
     paths = []
     for row in rows:
-        prediction = predict(config.model, config.gpu, config.workload, row.layout)
+        prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
         recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
         path = recipe_path(out, config.model, config.gpu, recipe_name(row.layout))
         write_recipe(recipe, path)
@@ -306,7 +317,7 @@ def cmd_predict(args) -> int:
         layout = parse_layout_pairs(args.layout, gpus, workload.seq_len)
         stack = Stack.with_fixes(args.stack_fix)
     check(layout, model, workload, stack)
-    prediction = predict(model, gpu, workload, layout)
+    prediction = predict(model, gpu, workload, layout, profile=_profile(args))
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
@@ -377,9 +388,16 @@ def _gpus_parser():
 def cmd_gpus(args) -> int:
     from dataclasses import asdict
 
+    from cost_model.profile import shipped_profile
+
     gpus = all_gpus()
     if args.json:
-        print(json.dumps([asdict(g) for g in gpus], indent=1))
+        rows = []
+        for g in gpus:
+            profile = shipped_profile(g.name)
+            rows.append(asdict(g) | {"profile": profile.summary() if profile else None,
+                                     "rates": "profile" if profile else "datasheet x constants.yaml efficiencies"})
+        print(json.dumps(rows, indent=1))
         return 0
     print(f"{'name':<7}{'bf16 TF':>9}{'fp8 TF':>9}{'HBM GB':>8}{'TB/s':>6}{'NVL dom':>8}{'NVL GB/s':>9}"
           f"{'net GB/s':>9}{'PCIe':>6}{'host GiB':>9}{'GPUs/node':>10}{'$/GPU-h':>8}  instance")
@@ -387,14 +405,68 @@ def cmd_gpus(args) -> int:
         print(f"{g.name:<7}{g.bf16_tflops:>9,.0f}{g.fp8_tflops:>9,.0f}{g.memory_gb:>8,.0f}{g.hbm_tb_s:>6.2f}"
               f"{g.nvlink_domain:>8}{g.nvlink_gb_s:>9,.0f}{g.internode_gb_s:>9,.0f}{g.pcie_gb_s:>6,.0f}"
               f"{g.host_memory_gib_per_node:>9,.0f}{g.gpus_per_node:>10}{g.usd_per_gpu_hour:>8.2f}  {g.instance}")
+    for g in gpus:
+        profile = shipped_profile(g.name)
+        if profile:
+            f = profile.summary()
+            print(f"{g.name}: {f['provenance']} profile ({f['device']}, {f['date']}): bf16 GEMM 8192^3 "
+                  f"{f['gemm_bf16_8192_tflops']:,.0f} TFLOP/s, HBM copy {f['hbm_copy_tb_s']} TB/s, "
+                  f"all-to-all {f.get('all_to_all_busbw_gb_s_at_256MB', '-')} GB/s at 256 MiB, H2D {f['h2d_gb_s']} GB/s")
+        else:
+            print(f"{g.name}: no profile; datasheet peaks x the efficiency curves of constants.yaml")
     print("catalog figures from datasheets and cloud price lists; `tune gpus --json` gives the source of each")
     return 0
 
 
+# ---------------------------------------------------------------- profile
+
+def _profile_parser():
+    p = argparse.ArgumentParser(prog="tune profile", description="Measure this machine's GPUs (GEMM, grouped GEMM, "
+                                "attention, NCCL collectives, host transfers, CPU Adam) into a profile YAML, or "
+                                "derive a profile for another GPU type from a measured one.")
+    p.add_argument("--model", default=None, help="also measure this model's own GEMM and attention shapes")
+    p.add_argument("--out", default=None, help="output YAML (default profile-<gpu>.yaml)")
+    p.add_argument("--quick", action="store_true", help="small grids, for a smoke run")
+    p.add_argument("--derive", metavar="GPU", help="write a profile for GPU derived from a measured one")
+    p.add_argument("--from", dest="source", default="h200", help="the measured profile's GPU type (with --derive)")
+    return p
+
+
+def cmd_profile(args) -> int:
+    from experiments.hardware_profile import write_profile
+
+    if args.derive:
+        from cost_model.derive_profile import derive_profile
+        from cost_model.profile import ProfileError, shipped_profile
+
+        source, target = load_gpu(args.source), load_gpu(args.derive)
+        measured = shipped_profile(source.name)
+        if measured is None:
+            raise ProfileError(f"no shipped profile for {source.name} to derive from")
+        derived = derive_profile(measured.raw, source, target)
+        out = Path(args.out or f"profile-{target.name}.yaml")
+        write_profile(derived, out)
+        print(f"derived profile for {target.display_name} written to {out}")
+        return 0
+    from experiments.hardware_profile import NoGpuError, run_profile, summary
+
+    model = load_model(args.model) if args.model else None
+    try:
+        profile = run_profile(model, quick=args.quick)
+    except NoGpuError as e:
+        raise CliError(str(e)) from None
+    out = Path(args.out or f"profile-{profile['gpu_type']}.yaml")
+    write_profile(profile, out)
+    for line in summary(profile):
+        print(line)
+    print(f"profile written to {out}")
+    return 0
+
+
 PARSERS = {"run": _run_parser, "show": _show_parser, "export": _export_parser, "predict": _predict_parser,
-           "models": _models_parser, "gpus": _gpus_parser}
+           "models": _models_parser, "gpus": _gpus_parser, "profile": _profile_parser}
 COMMANDS = {"run": cmd_run, "show": cmd_show, "export": cmd_export, "predict": cmd_predict,
-            "models": cmd_models, "gpus": cmd_gpus}
+            "models": cmd_models, "gpus": cmd_gpus, "profile": cmd_profile}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
 from cost_model.predict import predict
+from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
 from experiments.runner import TrialRunner, TrialSpec
 from search_space.enumerate import SpaceOptions
@@ -41,6 +42,7 @@ class StudyConfig:
     workload: Workload
     stack: Stack = Stack()
     options: SpaceOptions = SpaceOptions()
+    profile: HardwareProfile | None = None   # None: the profile shipped for the GPU type
 
     def identity(self) -> dict:
         """What a study is about; resuming with a different identity is refused."""
@@ -196,7 +198,7 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     trial.set_user_attr("label", layout.long_label)
     if layout.key() in history.tried:
         return prune("already evaluated in this study")
-    prediction = predict(config.model, config.gpu, config.workload, layout)
+    prediction = predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
     trial.set_user_attr("prediction", _jsonable(prediction.to_dict()))
     if not prediction.fits:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
