@@ -92,15 +92,24 @@ class ProfileRates(Rates):
         # The profile's CPU Adam ran alone on the host; in training each GPU's rank shares it.
         self.cpu_adam = profile.cpu_adam_params_per_s * c.cpu_adam_share_of_profile
         self._fp8 = profile.fp8_speedup if precision == "fp8" else 1.0
+        # Scoring a search space asks for the same shapes over and over: remember the answers.
+        self._memo: dict = {}
+
+    def _remember(self, key, compute):
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = compute()
+        return value
 
     def gemm(self, m, n, k):
-        return self.profile.gemm_bf16(m, n, k) * self._fp8 * 1e12
+        return self._remember(("g", m, n, k), lambda: self.profile.gemm_bf16(m, n, k) * self._fp8 * 1e12)
 
     def grouped(self, rows_per_expert, k, n):
-        return self.profile.grouped_tflops(rows_per_expert, k, n) * self._fp8 * 1e12
+        return self._remember(("e", rows_per_expert, k, n),
+                              lambda: self.profile.grouped_tflops(rows_per_expert, k, n) * self._fp8 * 1e12)
 
     def attention(self, seq, head_dim):
-        return self.profile.attention_tflops(seq, head_dim) * 1e12
+        return self._remember(("a", seq, head_dim), lambda: self.profile.attention_tflops(seq, head_dim) * 1e12)
 
     def linear_attention(self):
         return self.peak * self.profile.linear_attention_efficiency
@@ -108,8 +117,21 @@ class ProfileRates(Rates):
     def _nvlink_time(self, op, nbytes, size):
         # Bus bandwidth as NCCL tests define it already folds in latency at small messages.
         factor = 1.0 if op == "p2p" else (size - 1) / size
-        return nbytes * factor / (self.profile.busbw_gb_s(op, nbytes) * 1e9)
+        return nbytes * factor / self._remember(("c", op, nbytes), lambda: self.profile.busbw_gb_s(op, nbytes) * 1e9)
+
+
+# Rates objects are pure functions of their inputs; keeping the last few lets their memos serve a
+# whole search space. Keyed by identity (profiles hold dicts); the entry keeps its inputs alive.
+_RECENT: dict = {}
 
 
 def rates_for(gpu: GpuSpec, c: Constants, precision: str, profile: HardwareProfile | None) -> Rates:
-    return ProfileRates(gpu, c, precision, profile) if profile is not None else ConstantRates(gpu, c, precision)
+    key = (id(gpu), id(c), precision, id(profile))
+    hit = _RECENT.get(key)
+    if hit is not None and hit[0] is gpu and hit[1] is c and hit[2] is profile:
+        return hit[3]
+    rates = ProfileRates(gpu, c, precision, profile) if profile is not None else ConstantRates(gpu, c, precision)
+    if len(_RECENT) >= 8:
+        _RECENT.clear()
+    _RECENT[key] = (gpu, c, profile, rates)
+    return rates
