@@ -34,6 +34,8 @@ class Constants:
     layer_launch_overhead_s: float
     flex_overhead_factor: float
     step_overhead_s: float
+    megatron_layer_launch_overhead_s: float
+    megatron_step_overhead_s: float
     cuda_context_gib: float
     nccl_buffers_gib_per_group: float
     deepep_buffers_gib: float

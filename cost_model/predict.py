@@ -88,8 +88,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp
 
     ranks = rank_layers(model, pp, vpp)
-    per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, workload.seq_len, imbalance, c)
-                      for r in ranks]
+    per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, workload.seq_len, imbalance, c,
+                                            workload.framework) for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(pp), key=per_rank_mb.__getitem__)
 
@@ -124,8 +124,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         transfer = f * sharded * 8 / pcie  # fp32 grads down, fp32 params up
         offload = max(cpu, transfer) if layout.overlap_d2h_h2d else cpu + transfer
     breakdown["offload"] = offload
-    backup = (dense_max + expert_max) * BACKUP_BYTES_PER_PARAM / pcie
-    breakdown["step_overhead"] = c.step_overhead_s + backup
+    if workload.framework == "slime":
+        # slime backs up the bf16 weights to host memory after every train call.
+        backup = (dense_max + expert_max) * BACKUP_BYTES_PER_PARAM / pcie
+        breakdown["step_overhead"] = c.step_overhead_s + backup
+    else:
+        breakdown["step_overhead"] = c.megatron_step_overhead_s
     breakdown = {k: breakdown.get(k, 0.0) for k in TERMS}
     step_time = sum(breakdown.values())
 
@@ -147,8 +151,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             best = mem
 
     gpus_on_node = min(layout.world_size, gpu.gpus_per_node)
-    host_per_gpu = (c.host_base_gib_per_gpu * GIB + (dense_max + expert_max) * BACKUP_BYTES_PER_PARAM
-                    + f * sharded * HOST_BYTES_PER_OFFLOADED_PARAM)
+    backup_bytes = (dense_max + expert_max) * BACKUP_BYTES_PER_PARAM if workload.framework == "slime" else 0.0
+    host_per_gpu = c.host_base_gib_per_gpu * GIB + backup_bytes + f * sharded * HOST_BYTES_PER_OFFLOADED_PARAM
     host = gpus_on_node * host_per_gpu / GIB
 
     capacity = gpu.memory_gib * c.usable_memory_fraction

@@ -23,7 +23,7 @@ TERMS = (
 
 
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
-                          seq_len: int, imbalance: float, c: Constants) -> dict[str, float]:
+                          seq_len: int, imbalance: float, c: Constants, framework: str = "slime") -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
     h, tp, cp, ep, etp = model.hidden_size, layout.tp, layout.cp, layout.ep, layout.etp
     hbm = rates.hbm
@@ -46,7 +46,8 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     ep_span = ep * etp
     cp_span = tp * cp
     act_bytes = tokens * h * BF16  # one hidden state of the local micro-batch, before SP sharding
-    launch = c.layer_launch_overhead_s * (c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
+    launch = (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
+        c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
 
     for attn_kind, mlp_kind, count in rank.kinds:
         att = lin = mlp = exp = elem = tpc = epc = cpc = 0.0
