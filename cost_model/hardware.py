@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 
 import yaml
@@ -44,6 +45,7 @@ class GpuSpec:
         return dataclasses.replace(self, usd_per_gpu_hour=usd_per_gpu_hour, sources=sources)
 
 
+@lru_cache(maxsize=1)
 def _catalog() -> dict:
     text = resources.files("cost_model").joinpath("catalog/gpus.yaml").read_text()
     return yaml.safe_load(text)
@@ -58,7 +60,8 @@ def load_gpu(name: str) -> GpuSpec:
     key = name.strip().lower()
     if key not in entries:
         raise HardwareError(f"unknown GPU '{name}'; known: {', '.join(sorted(entries))}")
-    return GpuSpec(name=key, **entries[key])
+    entry = dict(entries[key], sources=dict(entries[key].get("sources", {})))  # callers must not share the cache
+    return GpuSpec(name=key, **entry)
 
 
 def all_gpus() -> list[GpuSpec]:

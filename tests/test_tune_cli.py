@@ -91,7 +91,7 @@ def test_predict_json_for_a_layout(capsys):
 def test_predict_explain_table(capsys):
     assert main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--layout", "ep=8"]) == 0
     out = capsys.readouterr().out
-    assert "all figures predicted" in out and "step time (s):" in out
+    assert "predicted" in out and "tokens/s/GPU" in out
 
 
 def test_predict_recipe_writes_recipe(tmp_path, capsys):
@@ -197,3 +197,42 @@ def test_profile_flag_changes_predictions(tmp_path, capsys):
     custom = json.loads(capsys.readouterr().out)
     assert custom["breakdown"]["ep_comm"] == pytest.approx(shipped["breakdown"]["ep_comm"] / 2, rel=1e-6)
     assert "derived profile" in custom["source"] and "measured profile" in shipped["source"]
+
+
+def test_predict_batch_answers_each_line_in_order(tmp_path, capsys):
+    requests = [
+        {"model": "qwen3.6-35b-a3b", "gpu": "h200", "gpus": 8, "layout": {"ep": 8, "recompute_granularity": "full",
+                                                                          "recompute_method": "uniform",
+                                                                          "recompute_num_layers": 1}},
+        {"model": "qwen3.6-35b-a3b", "gpu": "h200", "layout": {"tp": 3}},
+        "not json",
+        {"recipe": str(REFERENCE / "attune-tp1-ep8-mt16k.yaml")},
+        {"model": "qwen3-30b-a3b", "gpu": "h100", "gpus": 16, "precision": "fp8", "routing": "balanced",
+         "framework": "megatron", "layout": {"ep": 16}},
+        {"model": "qwen3.6-35b-a3b", "gpu": "h200", "bogus": 1},
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in requests) + "\n")
+    assert main(["predict", "--batch", str(path)]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert len(lines) == len(requests)
+    assert lines[0]["fits"] and lines[0]["label"].startswith("TP1 PP1 EP8 DP8")
+    assert "error" in lines[1] and "line 2" in lines[1]["error"] and "TP x PP x CP" in lines[1]["error"]
+    assert "error" in lines[2] and "not JSON" in lines[2]["error"]
+    assert lines[3]["layout"]["max_tokens_per_gpu"] == 16384 and lines[3]["kind"] == "predicted"
+    assert lines[4]["gpus"] == 16 and lines[4]["tokens_per_s_per_gpu"] > 0
+    assert "unknown request key" in lines[5]["error"]
+    # The same request through flags gives the same answer as through the batch.
+    assert main(["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "8", "--layout", "ep=8",
+                 "recompute_granularity=full", "recompute_method=uniform", "recompute_num_layers=1", "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert single["tokens_per_s_per_gpu"] == lines[0]["tokens_per_s_per_gpu"]
+
+
+def test_predict_explain_prints_time_and_memory_tables(capsys):
+    assert main(["predict", "--recipe", str(REFERENCE / "attune-tp1-pp1-ep8.yaml"), "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "every figure is predicted" in out
+    for needle in ("step time", "launch_overhead", "ep_comm", "memory per GPU", "optimizer", "activations",
+                   "host memory per node"):
+        assert needle in out

@@ -15,11 +15,12 @@ from pathlib import Path
 from cost_model.hardware import GpuSpec, HardwareError, all_gpus, load_gpu
 from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
 from cost_model.predict import Prediction, predict
-from cost_model.workload import PRECISIONS, ROUTINGS, Workload, WorkloadError
+from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload, WorkloadError
 from search_space.enumerate import SpaceOptions, enumerate_layouts
 from search_space.layout import InvalidLayout, Layout
-from search_space.rules import check, expected_rows_per_microbatch
 from search_space.stack import STACK_FIXES, Stack
+from tuner.predict_request import (ANSWERABLE_ERRORS, LAYOUT_KEYS, REQUEST_KEYS, RequestError, answer,
+                                   pairs_to_layout_values, resolve, result_dict)
 
 SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile")
 EXIT_USAGE = 2
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[command](args)
     except (ModelError, HardwareError, WorkloadError, InvalidLayout, CliError, StudyError, RecipeError,
-            ProfileError, OSError) as e:
+            ProfileError, RequestError, OSError) as e:
         print(f"tune: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -74,6 +75,8 @@ def _add_workload(p: argparse.ArgumentParser):
     p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--routing", choices=ROUTINGS, default="natural",
                    help="natural: real data, unbalanced experts; balanced: forced router balance")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="slime",
+                   help="slime: slime's eager Megatron step (default); megatron: a tuned Megatron-LM/Bridge step")
     p.add_argument("--usd-per-gpu-hour", type=float, default=None, help="override the GPU's catalog price")
     p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
                    help="a fix your training image has (repeatable)")
@@ -104,7 +107,7 @@ def _target(args) -> tuple[ModelSpec, GpuSpec, int]:
 
 def _workload(args) -> Workload:
     return Workload(seq_len=args.seq_len, global_batch=args.global_batch, precision=args.precision,
-                    routing=args.routing)
+                    routing=args.routing, framework=args.framework)
 
 
 # ---------------------------------------------------------------- tune (the study loop)
@@ -246,106 +249,104 @@ def cmd_export(args) -> int:
 
 # ---------------------------------------------------------------- predict
 
-LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch",
-               "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-               "optimizer_offload_fraction", "overlap_d2h_h2d", "dispatcher")
-
-
 def _predict_parser():
     p = argparse.ArgumentParser(prog="tune predict", description="Predict memory, step time and throughput of "
-                                "one layout, from a recipe or from flags.")
+                                "one layout, from a recipe or from flags; or of many, one JSON request a line.")
     p.add_argument("--recipe", help="a recipe YAML (its model, GPU, workload and layout)")
     _add_target(p, required=False)
     _add_workload(p)
     p.add_argument("--layout", nargs="*", default=[], metavar="KEY=VALUE",
                    help="layout fields: " + ", ".join(LAYOUT_KEYS))
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--explain", action="store_true", help="print where the time and the memory go")
     p.add_argument("--recipe-out", help="write the predicted recipe for this layout")
+    p.add_argument("--batch", metavar="REQUESTS.jsonl",
+                   help="one JSON request a line (keys: " + ", ".join(REQUEST_KEYS) + "); '-' reads stdin; "
+                        "prints one JSON result a line, in order; an invalid request gets an error field")
     return p
 
 
-def parse_layout_pairs(pairs: list[str], world_size: int, seq_len: int) -> Layout:
-    values: dict = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep:
-            raise CliError(f"layout value '{pair}' is not KEY=VALUE")
-        if key not in LAYOUT_KEYS:
-            raise CliError(f"unknown layout key '{key}'; known: {', '.join(LAYOUT_KEYS)}")
-        values[key] = _layout_value(key, raw.strip())
-    if "max_tokens_per_gpu" not in values:
-        values["max_tokens_per_gpu"] = values.get("rows_per_microbatch", 1) * seq_len // values.get("cp", 1)
-    if "rows_per_microbatch" not in values:
-        values["rows_per_microbatch"] = max(1, values["max_tokens_per_gpu"] * values.get("cp", 1) // seq_len)
-    if values.get("recompute_granularity") in ("none", "null", ""):
-        values["recompute_granularity"] = None
-    return Layout.from_params({"world_size": world_size, **values})
-
-
-def _layout_value(key: str, raw: str):
-    try:
-        if key in ("recompute_granularity", "recompute_method", "dispatcher"):
-            return raw
-        if key == "recompute_modules":
-            return tuple(m for m in raw.replace("+", ",").split(",") if m)
-        if key == "optimizer_offload_fraction":
-            return float(raw)
-        if key == "overlap_d2h_h2d":
-            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return raw.lower() in ("true", "1", "yes")
-        return int(raw)
-    except ValueError:
-        raise CliError(f"layout value {key}={raw!r} has the wrong type") from None
+def _request_from_args(args) -> dict:
+    if args.recipe:
+        return {"recipe": args.recipe, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix}
+    if not (args.model and args.gpu):
+        raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
+    return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "seq_len": args.seq_len,
+            "global_batch": args.global_batch, "precision": args.precision, "routing": args.routing,
+            "framework": args.framework, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
+            "layout": pairs_to_layout_values(args.layout)}
 
 
 def cmd_predict(args) -> int:
-    if args.recipe:
-        from recipes.recipe import load_recipe
-
-        loaded = load_recipe(args.recipe)
-        model, gpu, workload, layout = loaded.model, loaded.gpu, loaded.workload, loaded.layout
-        if args.usd_per_gpu_hour is not None:
-            gpu = gpu.with_price(args.usd_per_gpu_hour)
-        stack = Stack.with_fixes(args.stack_fix or ["output-gate-tp"])  # recipes' stack carries the fix
-    else:
-        if not (args.model and args.gpu):
-            raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
-        model, gpu, gpus = _target(args)
-        workload = _workload(args)
-        layout = parse_layout_pairs(args.layout, gpus, workload.seq_len)
-        stack = Stack.with_fixes(args.stack_fix)
-    check(layout, model, workload, stack)
-    prediction = predict(model, gpu, workload, layout, profile=_profile(args))
+    profile = _profile(args)
+    if args.batch:
+        return _predict_batch(args.batch, profile)
+    resolved = resolve(_request_from_args(args))
+    prediction = answer(resolved, profile)
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
-        write_recipe(build_recipe(model, gpu, workload, layout, prediction), Path(args.recipe_out))
+        write_recipe(build_recipe(resolved.model, resolved.gpu, resolved.workload, resolved.layout, prediction),
+                     Path(args.recipe_out))
     if args.json:
-        out = prediction.to_dict()
-        out["layout"] = layout.to_params()
-        out["label"] = layout.long_label
-        print(json.dumps(out, indent=None))
+        print(json.dumps(result_dict(resolved, prediction)))
+    elif args.explain:
+        print(explain(resolved.model, resolved.gpu, resolved.layout, prediction))
     else:
-        print(explain(model, gpu, workload, layout, prediction))
+        print(summary_line(resolved.model, resolved.gpu, resolved.layout, prediction))
     return 0
 
 
-def explain(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, p: Prediction) -> str:
+def _predict_batch(path: str, profile) -> int:
+    from cost_model.profile import ProfileError
+    from recipes.recipe import RecipeError
+
+    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")
+    answerable = ANSWERABLE_ERRORS + (ModelError, HardwareError, WorkloadError, RecipeError, ProfileError)
+    with stream:
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                resolved = resolve(request)
+                out = result_dict(resolved, answer(resolved, profile))
+            except json.JSONDecodeError as e:
+                out = {"error": f"line {number}: not JSON ({e.msg} at column {e.colno})"}
+            except answerable as e:
+                out = {"error": f"line {number}: {_one_line(e)}"}
+            print(json.dumps(out))
+    return 0
+
+
+def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> str:
+    fits = "fits" if p.fits else "DOES NOT FIT: " + "; ".join(p.reasons)
+    return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
+            f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}, "
+            f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}; --explain for the breakdown)")
+
+
+def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> str:
+    """Where the time and the memory go, as two tables."""
     lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
-             f"  all figures predicted ({p.source})",
-             f"  fits: {'yes' if p.fits else 'NO: ' + '; '.join(p.reasons)}",
-             f"  tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f}   step {p.step_time_s:.2f} s   MFU {p.mfu:.1%}   "
+             f"every figure is predicted ({p.source})",
+             f"fits: {'yes' if p.fits else 'NO: ' + '; '.join(p.reasons)}",
+             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f}   step {p.step_time_s:.2f} s   MFU {p.mfu:.1%}   "
              f"$/1M tokens {p.usd_per_million_tokens:.3f}",
-             f"  {p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
-             "  memory per GPU (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in p.memory.as_dict().items())
-             + f" of {p.gpu_memory_gib:.1f} usable",
-             f"  host memory per node: {p.host_memory_gib_per_node:.0f} of {p.host_memory_capacity_gib:.0f} GiB",
-             "  step time (s):"]
+             f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
+             "",
+             f"{'step time':<28}{'seconds':>9}{'share':>8}"]
     for k, v in sorted(p.breakdown.items(), key=lambda kv: -kv[1]):
         if v > 0:
-            lines.append(f"    {k:<26}{v:8.2f}  {v / p.step_time_s:6.1%}")
+            lines.append(f"  {k:<26}{v:9.2f}{v / p.step_time_s:8.1%}")
+    lines.append(f"  {'total':<26}{p.step_time_s:9.2f}{1:8.1%}")
+    lines += ["", f"{'memory per GPU':<28}{'GiB':>9}{'share':>8}"]
+    mem = p.memory.as_dict()
+    for k in ("weights", "grads", "optimizer", "activations", "buffers"):
+        lines.append(f"  {k:<26}{mem[k]:9.1f}{mem[k] / mem['total']:8.1%}")
+    lines.append(f"  {'total (most-loaded GPU)':<26}{mem['total']:9.1f}   of {p.gpu_memory_gib:.1f} usable")
+    lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "
+                 f"{p.host_memory_capacity_gib:.0f}")
     return "\n".join(lines)
 
 
