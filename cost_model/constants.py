@@ -28,6 +28,7 @@ class Constants:
     routing_imbalance_natural: float
     cp_exposed_fraction: float
     dp_exposed_fraction: float
+    megatron_dp_exposed_fraction: float
     pcie_efficiency: float
     cpu_adam_params_per_s_per_gpu: float
     cpu_adam_share_of_profile: float
@@ -40,6 +41,7 @@ class Constants:
     nccl_buffers_gib_per_group: float
     deepep_buffers_gib: float
     fragmentation: float
+    fp8_activation_factor: float
     usable_memory_fraction: float
     host_base_gib_per_gpu: float
 

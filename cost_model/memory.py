@@ -18,7 +18,7 @@ from search_space.layout import Layout
 
 GIB = 1024 ** 3
 BF16, FP32 = 2, 4
-OPTIMIZER_BYTES_PER_SHARDED_PARAM = 2 + 4 + 4   # master remainder + fp32 exp_avg + fp32 exp_avg_sq
+MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 HOST_BYTES_PER_OFFLOADED_PARAM = 16             # fp32 param + fp32 grad + two fp32 moments
 BACKUP_BYTES_PER_PARAM = 2                      # slime's bf16 weight backup in pinned host memory
 
@@ -58,7 +58,9 @@ def static_memory(rank: RankLayers, layout: Layout) -> tuple[float, float, float
     params = dense + expert
     # The distributed optimizer shards dense parameters over DP x CP, experts over expert-DP.
     sharded = dense / (layout.dp * layout.cp) + expert / layout.edp
-    optimizer = sharded * OPTIMIZER_BYTES_PER_SHARDED_PARAM * (1.0 - layout.optimizer_offload_fraction)
+    # Precision-aware optimizer: a 16-bit master remainder beside the bf16 parameter, plus two moments.
+    per_param = 2 + 2 * MOMENT_BYTES[layout.exp_avg_dtype]
+    optimizer = sharded * per_param * (1.0 - layout.optimizer_offload_fraction)
     return params * BF16, params * FP32, optimizer
 
 

@@ -108,7 +108,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             dense_max, expert_max = d, e
     dp_span = layout.world_size // pp
     dense_bytes, expert_bytes = dense_max, expert_max  # parameter counts, scaled below
-    breakdown["dp_comm"] = c.dp_exposed_fraction * (
+    dp_exposed = c.dp_exposed_fraction if workload.framework == "slime" else c.megatron_dp_exposed_fraction
+    breakdown["dp_comm"] = dp_exposed * (
         rates.collective("reduce_scatter", dense_bytes * 4, dp * cp, dp_span)      # fp32 grads
         + rates.collective("all_gather", dense_bytes * 2, dp * cp, dp_span)        # bf16 params
         + rates.collective("reduce_scatter", expert_bytes * 4, layout.edp, dp_span)
@@ -145,6 +146,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         acts = saved * in_flight_rank + working
         if r.has_head:
             acts += logits_bytes(model, layout, tokens)
+        if workload.precision == "fp8":
+            acts *= c.fp8_activation_factor
         acts *= c.fragmentation
         mem = MemoryBreakdown(weights / GIB, grads / GIB, optimizer / GIB, acts / GIB, buffers / GIB)
         if best is None or mem.total > best.total:

@@ -22,6 +22,38 @@ TERMS = (
 )
 
 
+# Share of a layer's kernels each selective-recompute module launches again in the backward pass.
+SELECTIVE_LAUNCH_SHARE = {"core_attn": 0.1, "mla_up_proj": 0.1, "layernorm": 0.1, "moe_act": 0.05, "mlp": 0.3,
+                          "moe": 0.5, "shared_experts": 0.15}
+
+
+def expert_dispatch_time(token_bytes: float, k: int, ep: int, span: int, dispatcher: str, r: Rates,
+                         c: Constants) -> float:
+    """Seconds of one token dispatch (or combine) over the EP group; token_bytes = local tokens x hidden bytes.
+
+    alltoall sends one copy per (token, expert); flex (DeepEP) one per destination rank inside a node
+    and one per destination node across nodes. Across nodes, the NVLink and network parts run
+    concurrently and the slower one sets the time.
+    """
+    domain = r.gpu.nvlink_domain
+    if span <= domain:
+        copies = k if dispatcher == "alltoall" else ep * (1 - (1 - 1 / ep) ** k) * c.deepep_traffic_dedup
+        return r.collective("all_to_all", token_bytes * copies, ep, span)
+    nodes = span // domain
+    local = max(1, ep // nodes)
+    if dispatcher == "alltoall":
+        remote_copies = k * (ep - local) / ep
+        local_copies = k * local / ep
+    else:
+        remote_copies = (nodes - 1) * (1 - (1 - 1 / nodes) ** k) * c.deepep_traffic_dedup
+        local_copies = local * (1 - (1 - 1 / ep) ** k) * c.deepep_traffic_dedup
+    # The local part is an all-to-all among the node's ranks of the group; the remote part goes out
+    # over the node's network links.
+    t_local = r.collective("all_to_all", token_bytes * local_copies, local, min(span, domain)) if local > 1 else 0.0
+    t_remote = c.collective_latency_s + token_bytes * remote_copies / r.internode
+    return max(t_local, t_remote)
+
+
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                           seq_len: int, imbalance: float, c: Constants, framework: str = "slime") -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
@@ -121,9 +153,8 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
                 mlp += 3 * 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
             mlp += 3 * 2 * h * e * tokens / tp / r.gemm(tokens / tp, e, h)  # router
             if ep > 1:
-                copies = k if layout.dispatcher == "alltoall" else ep * (1 - (1 - 1 / ep) ** k) * c.deepep_traffic_dedup
-                a2a_bytes = local_tokens * copies * imbalance * h * BF16
-                epc += 4 * r.collective("all_to_all", a2a_bytes, ep, ep_span)
+                epc += 4 * expert_dispatch_time(local_tokens * imbalance * h * BF16, k, ep, ep_span,
+                                                layout.dispatcher, r, c)
             if fs or etp < tp:
                 tpc += 4 * r.collective("all_gather", act_bytes, tp, tp_span)
             elem += c.permute_passes * rows * h * BF16 / hbm
@@ -145,7 +176,8 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
 
         # Full recompute reruns the forward (a third of the GEMM work, half the comm: the fwd collectives).
         recompute = full_fraction * ((att + lin + mlp + exp + elem) / 3 + (tpc + epc + cpc) / 2) + selective
-        passes = 2 + (1 if full_fraction > 0 else 0)
+        # Recomputed kernels are launched again: a full pass for full recompute, a share for selective.
+        passes = 2 + full_fraction + sum(SELECTIVE_LAUNCH_SHARE.get(m, 0.0) for m in mods)
         t["compute_attention"] += count * att
         t["compute_linear_attention"] += count * lin
         t["compute_mlp"] += count * mlp

@@ -153,6 +153,8 @@ def layout_block(layout: Layout, workload: Workload) -> dict:
         "recompute": recompute,
         "offload": offload,
         "dispatcher": layout.dispatcher,
+        # Only when not Megatron's default, so recipes of fp32 moments keep the leaderboard's exact block.
+        **({"exp_avg_dtype": layout.exp_avg_dtype} if layout.exp_avg_dtype != "fp32" else {}),
     }
 
 
@@ -179,7 +181,8 @@ def layout_summary(layout: Layout, workload: Workload) -> str:
         recompute = "no recompute"
     dispatcher = "flex dispatcher (DeepEP)" if layout.dispatcher == "flex" else f"{layout.dispatcher} dispatcher"
     parts = [", ".join(grid), rows, recompute, dispatcher]
-    optimizer = "precision-aware distributed optimizer"
+    optimizer = "precision-aware distributed optimizer" + (
+        f" with {layout.exp_avg_dtype} Adam moments" if layout.exp_avg_dtype != "fp32" else "")
     if layout.offloaded:
         offload = "CPU optimizer offload"
         if layout.optimizer_offload_fraction != 1.0:
@@ -293,6 +296,8 @@ def recipe_name(layout: Layout) -> str:
         parts.append(f"off{layout.optimizer_offload_fraction:g}" + ("-ov" if layout.overlap_d2h_h2d else ""))
     if layout.dispatcher != "alltoall":
         parts.append(layout.dispatcher)
+    if layout.exp_avg_dtype != "fp32":
+        parts.append(f"adam{layout.exp_avg_dtype}")
     return "-".join(parts)
 
 
@@ -494,6 +499,8 @@ def _layout(f: _Fields, world_size: int) -> Layout:
         params["optimizer_offload_fraction"] = off.number("optimizer_fraction")
         params["overlap_d2h_h2d"] = off.bool("overlap_d2h_h2d")
     params["dispatcher"] = f.str("dispatcher")
+    if "exp_avg_dtype" in f.data:
+        params["exp_avg_dtype"] = f.str("exp_avg_dtype")
     try:
         layout = Layout(**params)
     except InvalidLayout as e:

@@ -20,7 +20,8 @@ from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
 from cost_model.workload import Workload
 from search_space.layout import Layout
-from search_space.megatron_args import batch_args, dispatcher_args, offload_args, parallel_args, recompute_args
+from search_space.megatron_args import (batch_args, dispatcher_args, moment_args, offload_args, parallel_args,
+                                        recompute_args)
 
 ENTRY_MODULE = "<slime entry module>"
 
@@ -133,6 +134,7 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
         ("--use-distributed-optimizer",),
         *per_flag(offload_args(layout)),
         ("--use-precision-aware-optimizer",),
+        *per_flag(moment_args(layout)),
         *_MISC_LINES,
         *per_flag(dispatcher_args(layout)),
         ("--distributed-timeout-minutes", "30"),

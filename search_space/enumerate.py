@@ -59,7 +59,8 @@ def offload_choices(options: SpaceOptions) -> list[dict]:
     out = []
     for f in options.offload_fractions:
         if f == 0:
-            out.append(dict(optimizer_offload_fraction=0.0, overlap_d2h_h2d=False))
+            out += [dict(optimizer_offload_fraction=0.0, overlap_d2h_h2d=False, exp_avg_dtype=d)
+                    for d in ("fp32", "bf16")]
         else:
             out += [dict(optimizer_offload_fraction=f, overlap_d2h_h2d=o) for o in (True, False)]
     return out

@@ -14,6 +14,8 @@ RECOMPUTE_METHODS = ("uniform", "block")
 # Megatron's --recompute-modules choices (training/arguments.py at the slime pin).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DISPATCHERS = ("alltoall", "flex")
+# Megatron's --exp-avg-dtype / --exp-avg-sq-dtype for the precision-aware optimizer (both moments alike).
+MOMENT_DTYPES = ("fp32", "bf16")
 
 
 class InvalidLayout(ValueError):
@@ -38,6 +40,7 @@ class Layout:
     optimizer_offload_fraction: float = 0.0
     overlap_d2h_h2d: bool = False
     dispatcher: str = "alltoall"
+    exp_avg_dtype: str = "fp32"
 
     def __post_init__(self):
         for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
@@ -57,6 +60,10 @@ class Layout:
             raise InvalidLayout(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
         if self.overlap_d2h_h2d and self.optimizer_offload_fraction == 0:
             raise InvalidLayout("overlap_d2h_h2d needs optimizer CPU offload (optimizer_offload_fraction > 0)")
+        if self.exp_avg_dtype not in MOMENT_DTYPES:
+            raise InvalidLayout(f"exp_avg_dtype must be one of {', '.join(MOMENT_DTYPES)}, got '{self.exp_avg_dtype}'")
+        if self.exp_avg_dtype != "fp32" and self.offloaded:
+            raise InvalidLayout("bf16 Adam moments apply to the GPU-resident optimizer; CPU offload keeps fp32 moments")
         if self.dispatcher not in DISPATCHERS:
             raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got '{self.dispatcher}'")
         if self.dispatcher == "flex" and ep * etp == 1:
@@ -138,8 +145,9 @@ class Layout:
         """Everything that distinguishes two layouts, in one line."""
         offload = "off" if not self.offloaded else (
             f"{self.optimizer_offload_fraction:g}" + (" overlap" if self.overlap_d2h_h2d else ""))
+        adam = "" if self.exp_avg_dtype == "fp32" else f" | adam {self.exp_avg_dtype}"
         return (f"{self.label} | mt {self.max_tokens_per_gpu} | rc {self.recompute_label} | "
-                f"offload {offload} | {self.dispatcher}")
+                f"offload {offload} | {self.dispatcher}{adam}")
 
     def key(self) -> str:
         """A stable identity, used to never evaluate the same layout twice in a study."""

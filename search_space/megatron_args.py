@@ -154,3 +154,9 @@ def _runs(flags: list[int]) -> str:
         else:
             runs.append([flag, 1])
     return "+".join(f"[{flag}]*{count}" if count > 1 else f"[{flag}]" for flag, count in runs)
+
+
+def moment_args(layout: Layout) -> list[str]:
+    if layout.exp_avg_dtype == "fp32":
+        return []
+    return ["--exp-avg-dtype", layout.exp_avg_dtype, "--exp-avg-sq-dtype", layout.exp_avg_dtype]

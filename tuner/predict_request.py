@@ -19,7 +19,7 @@ from search_space.stack import Stack
 
 LAYOUT_KEYS = ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch",
                "recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-               "optimizer_offload_fraction", "overlap_d2h_h2d", "dispatcher")
+               "optimizer_offload_fraction", "overlap_d2h_h2d", "dispatcher", "exp_avg_dtype")
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework",
                 "usd_per_gpu_hour", "stack_fix", "layout", "recipe")
 
@@ -46,7 +46,7 @@ def layout_value(key: str, raw):
     try:
         if key == "recompute_granularity":
             return None if raw in (None, "", "none", "null") else str(raw)
-        if key in ("recompute_method", "dispatcher"):
+        if key in ("recompute_method", "dispatcher", "exp_avg_dtype"):
             return None if raw is None else str(raw)
         if key == "recompute_modules":
             items = raw.replace("+", ",").split(",") if isinstance(raw, str) else list(raw)

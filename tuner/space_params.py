@@ -34,13 +34,17 @@ def decode_recompute(value: str) -> dict:
     return dict(recompute_granularity="selective", recompute_modules=tuple(rest.split("+")))
 
 
-def encode_offload(fraction: float, overlap: bool) -> str:
-    return "0" if fraction == 0 else f"{fraction:g}" + (":overlap" if overlap else "")
+def encode_offload(fraction: float, overlap: bool, moments: str = "fp32") -> str:
+    """The optimizer's placement: '0' (on the GPU), '0:bf16' (bf16 moments), '0.5:overlap', '1'..."""
+    if fraction == 0:
+        return "0" if moments == "fp32" else f"0:{moments}"
+    return f"{fraction:g}" + (":overlap" if overlap else "")
 
 
 def decode_offload(value: str) -> dict:
-    fraction, _, overlap = value.partition(":")
-    return dict(optimizer_offload_fraction=float(fraction), overlap_d2h_h2d=overlap == "overlap")
+    fraction, _, rest = value.partition(":")
+    return dict(optimizer_offload_fraction=float(fraction), overlap_d2h_h2d=rest == "overlap",
+                exp_avg_dtype=rest if rest in ("bf16",) else "fp32")
 
 
 def layout_to_params(layout: Layout) -> dict:
@@ -48,7 +52,7 @@ def layout_to_params(layout: Layout) -> dict:
         "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
         "rows_per_microbatch": layout.rows_per_microbatch,
         "recompute": encode_recompute(layout.to_params() | {"recompute_modules": layout.selective_modules}),
-        "offload": encode_offload(layout.optimizer_offload_fraction, layout.overlap_d2h_h2d),
+        "offload": encode_offload(layout.optimizer_offload_fraction, layout.overlap_d2h_h2d, layout.exp_avg_dtype),
         "dispatcher": layout.dispatcher,
     }
 
@@ -80,7 +84,8 @@ def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> d
         "etp": CategoricalDistribution([d for d in ds if d <= options.max_tp]),
         "rows_per_microbatch": CategoricalDistribution(list(options.rows_per_microbatch)),
         "recompute": CategoricalDistribution(recomputes),
-        "offload": CategoricalDistribution([encode_offload(o["optimizer_offload_fraction"], o["overlap_d2h_h2d"])
+        "offload": CategoricalDistribution([encode_offload(o["optimizer_offload_fraction"], o["overlap_d2h_h2d"],
+                                                           o.get("exp_avg_dtype", "fp32"))
                                             for o in offload_choices(options)]),
         "dispatcher": CategoricalDistribution(["alltoall", "flex"]),
     }

@@ -1,0 +1,337 @@
+"""Published training-throughput rows (benchmarks/data/public-throughput.csv) as cost-model cases.
+
+Each usable row becomes a `Case`: the catalog model, the GPU, the Workload and the Layout the run
+used, with the published tokens/s per GPU. Rows the cost model cannot represent (FSDP runs, LoRA,
+models outside the catalog, layouts Megatron's rules reject, missing fields) come back with a
+one-line reason instead.
+
+Mapping conventions (see `load_cases`): every public row is a Megatron-LM / Megatron-Bridge / NeMo
+run, so framework='megatron'; the dispatcher is 'flex' when the notes name DeepEP or HybridEP; the
+routing is 'balanced' when the notes say the router was force-balanced and 'natural' otherwise.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+
+from cost_model.hardware import GpuSpec, HardwareError, load_gpu
+from cost_model.model_spec import ModelSpec, catalog_names, load_model
+from cost_model.workload import Workload, WorkloadError
+from search_space.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
+from search_space.rules import expected_rows_per_microbatch, violations
+from search_space.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "benchmarks" / "data" / "public-throughput.csv"
+REFERENCES = ROOT / "tests" / "fixtures" / "reference_recipes"
+REFERENCE_GROUP = "reference qwen3.6 h200"
+
+# The image the public runs used: DeepEP/HybridEP present, the Qwen3.5 output-gate fix upstream.
+STACK = Stack(output_gate_tp_fix=True)
+# Rules that describe slime's data path, not a Megatron run: the public rows set MBS and GBS
+# directly (rows_per_microbatch is derived from MBS; Megatron's own GBS % (MBS x DP) check held
+# for every published run), and slime's --seq-length 4096 placeholder does not exist there.
+IGNORED_RULES = frozenset({"rows_per_microbatch", "global_batch_vs_dp", "global_batch_divisible_by_dp",
+                           "cp_divides_2048"})
+
+# Same architecture under another name.
+MODEL_ALIASES = {"llama3.1-8b": "llama3-8b", "llama3.1-70b": "llama3-70b"}
+# Names the sources use for Megatron's --recompute-modules.
+MODULE_ALIASES = {"shared_expert": "shared_experts", "shared_experts": "shared_experts", "mla_up": "mla_up_proj",
+                  "layer_norm": "layernorm", "attn": "core_attn"}
+# Modules Megatron-Bridge recomputes that the cost model has no term for: dropped with a note.
+DROPPED_MODULES = ("gdn output-norm", "gdn output norm", "gdn")
+
+LAYOUT_FIELD_NAMES = frozenset(f.name for f in fields(Layout))
+LAYOUT_FIELDS = {"TP": "tp", "PP": "pp", "CP": "cp", "EP": "ep", "ETP": "etp", "VP": "vp", "VPP": "vp",
+                 "MBS": "mbs", "GBS": "gbs"}
+
+
+@dataclass
+class Case:
+    name: str                      # short unique label, e.g. r025-moonlight-16b-a3b-h100x16
+    source: str
+    model: ModelSpec
+    gpu: GpuSpec
+    workload: Workload
+    layout: Layout
+    measured_tokens_per_s_per_gpu: float
+    group: str                     # rows of one group differ only in layout
+    row: dict                      # the raw CSV row (or the recipe's data for reference cases)
+    vlm: bool = False              # a VLM run: the vision encoder is not modelled
+    notes: tuple[str, ...] = ()    # what the mapping assumed or dropped
+    index: int | None = None       # row index in the CSV (0-based, header excluded)
+
+    @property
+    def precision(self) -> str:
+        return self.workload.precision
+
+
+class Unusable(ValueError):
+    """A row the cost model cannot represent; the message is the one-line reason."""
+
+
+# ------------------------------------------------------------------------------------------ mapping
+@lru_cache(maxsize=1)
+def _model_index() -> dict[str, str]:
+    index = {}
+    for key in catalog_names():
+        index[key.lower()] = key
+        index[load_model(key).display_name.lower()] = key
+    for alias, key in MODEL_ALIASES.items():
+        index.setdefault(alias, key)
+    return index
+
+
+def map_model(name: str) -> ModelSpec:
+    key = _model_index().get(name.strip().lower())
+    if key is None:
+        raise Unusable(f"model {name} is not in the catalog")
+    return load_model(key)
+
+
+def map_precision(text: str) -> str:
+    t = text.strip()
+    if t.upper() == "BF16":
+        return "bf16"
+    if t.upper().startswith("FP8"):
+        return "fp8"
+    raise Unusable(f"precision '{t}' is neither BF16 nor FP8")
+
+
+def map_recompute(text: str) -> tuple[dict, list[str]]:
+    """Layout keyword arguments for the recompute column, and notes on what was assumed."""
+    t = text.strip()
+    low = t.lower()
+    notes: list[str] = []
+    if low in ("", "none"):
+        return {}, notes
+    if low.startswith("full"):
+        m = re.search(r"\b(uniform|block)\b", low)
+        k = re.search(r"(\d+)\s*layers?", low)
+        method = m.group(1) if m else "uniform"
+        num = int(k.group(1)) if k else 1
+        if not m or not k:
+            notes.append(f"recompute '{t}' read as full {method} {num}")
+        return dict(recompute_granularity="full", recompute_method=method, recompute_num_layers=num), notes
+    if low.startswith("selective"):
+        rest = t[len("selective"):].strip()
+        if not rest:
+            return dict(recompute_granularity="selective"), notes
+        if not rest.startswith(":"):
+            raise Unusable(f"recompute '{t}' is not a Megatron recompute setting")
+        rest = rest[1:].strip()
+        if rest.startswith("[]"):
+            # Megatron-Bridge's control: selective granularity with no module recomputes nothing.
+            notes.append("selective recompute with no modules (empty control) = no recompute")
+            return {}, notes
+        mods: list[str] = []
+        for raw in rest.split(","):
+            name = raw.strip()
+            key = name.lower()
+            if not key:
+                continue
+            if key in DROPPED_MODULES:
+                notes.append(f"recompute module '{name}' has no cost-model term; dropped")
+                continue
+            key = MODULE_ALIASES.get(key, key)
+            if key not in RECOMPUTE_MODULES:
+                raise Unusable(f"recompute module '{name}' is not one of Megatron's ({', '.join(RECOMPUTE_MODULES)})")
+            if key not in mods:
+                mods.append(key)
+        if not mods:
+            notes.append(f"recompute '{t}': no modelled module left; read as no recompute")
+            return {}, notes
+        return dict(recompute_granularity="selective", recompute_modules=tuple(mods)), notes
+    raise Unusable(f"recompute '{t}' is not a Megatron recompute setting")
+
+
+_NATURAL = re.compile(r"\bnatural\b", re.I)
+_BALANCED = re.compile(r"forc(?:e|ed)[\s-]+(?:(?:router|expert|load)\s+)?balanc|fake balanced gate", re.I)
+_FLEX = re.compile(r"deepep|hybridep", re.I)
+_ALLTOALL = re.compile(r"\balltoall\b|dispatcher\s+a2a\b|\ba2a\s+dispatcher", re.I)
+
+
+def map_routing(notes: str) -> str:
+    if _NATURAL.search(notes):
+        return "natural"
+    return "balanced" if _BALANCED.search(notes) else "natural"
+
+
+def map_dispatcher(notes: str) -> str:
+    """flex when the notes name DeepEP or HybridEP, unless they name the alltoall dispatcher."""
+    if _ALLTOALL.search(notes):
+        return "alltoall"
+    return "flex" if _FLEX.search(notes) else "alltoall"
+
+
+def run_kind(notes: str) -> str:
+    low = notes.lower()
+    if "lora" in low or "peft" in low:
+        kind = "peft"
+    elif "sft" in low:
+        kind = "sft-long-context" if "long-context" in low or "long context" in low else "sft"
+    else:
+        kind = "pretrain-long-context" if "long-context" in low or "long context" in low else "pretrain"
+    return kind + ("-vlm" if is_vlm(notes) else "")
+
+
+def is_vlm(notes: str) -> bool:
+    return bool(re.search(r"\bVLM\b|\bimage", notes, re.I))
+
+
+def _fsdp_reason(row: dict) -> str | None:
+    source, notes, fsdp = row["source"], row["notes"], row["fsdp"].strip()
+    if "torchtitan" in source.lower() or "torchtitan" in notes.lower():
+        return "FSDP not modelled (torchtitan FSDP2 run)"
+    if "automodel" in source.lower() or "fsdp2" in notes.lower():
+        return "FSDP not modelled (NeMo Automodel FSDP2 run)"
+    if fsdp not in ("", "0"):
+        return f"FSDP not modelled (FSDP {fsdp})"
+    return None
+
+
+def _unstated_fields(notes: str) -> set[str]:
+    """Layout fields the notes say the source does not state ('PP/EP not stated')."""
+    out = set()
+    for m in re.finditer(r"((?:[A-Z]{2,3}/)*[A-Z]{2,3})\s+not\s+(?:stated|restated|given)", notes):
+        for name in m.group(1).split("/"):
+            if name in LAYOUT_FIELDS:
+                out.add(LAYOUT_FIELDS[name])
+    if re.search(r"layout\s+not\s+captured", notes, re.I):
+        out.update({"tp", "pp", "ep"})
+    return out
+
+
+def _int(row: dict, key: str, default: int | None = None) -> int | None:
+    text = row[key].strip()
+    if text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise Unusable(f"column {key} is not a number: '{text}'") from None
+    if value != int(value) or value < 0:
+        raise Unusable(f"column {key} is not a non-negative integer: '{text}'")
+    return int(value)
+
+
+def row_to_case(row: dict, index: int) -> Case:
+    """The Case of one CSV row; raises Unusable with a one-line reason."""
+    tps_text = row["tokens_per_s_per_gpu"].strip()
+    if not tps_text:
+        raise Unusable("no tokens/s per GPU published" + (" (TFLOP/s only)" if row["tflops_per_gpu"].strip() else ""))
+    measured = float(tps_text)
+    model = map_model(row["model"])
+    precision = map_precision(row["precision"])
+    reason = _fsdp_reason(row)
+    if reason:
+        raise Unusable(reason)
+    notes_text = row["notes"]
+    if re.search(r"\blora\b|\bpeft\b", notes_text, re.I):
+        raise Unusable("LoRA/PEFT run (frozen base: different FLOPs)")
+    try:
+        gpu = load_gpu(row["gpu"])
+    except HardwareError as e:
+        raise Unusable(str(e)) from None
+
+    seq_len = _int(row, "seq_len")
+    if not seq_len:
+        raise Unusable("seq_len not stated")
+    gbs = _int(row, "gbs")
+    if not gbs:
+        raise Unusable("global batch (gbs) not stated")
+    world = _int(row, "num_gpus")
+    if not world:
+        raise Unusable("num_gpus not stated")
+    unstated = sorted(k for k in _unstated_fields(notes_text) if not row[k].strip())
+    if unstated:
+        raise Unusable(f"layout field(s) {', '.join(unstated)} not stated by the source")
+    if all(not row[k].strip() for k in ("tp", "pp", "ep")):
+        raise Unusable("parallel layout not stated")
+
+    mapping_notes: list[str] = []
+    tp = _int(row, "tp", 1)
+    pp = _int(row, "pp", 1)
+    cp = _int(row, "cp", 1)
+    vp = _int(row, "vp", 1) or 1
+    mbs = _int(row, "mbs", 1) or 1
+    if model.is_moe:
+        ep = _int(row, "ep", 1)
+        etp = _int(row, "etp", 1)
+    else:
+        ep, etp = 1, tp
+    recompute, rc_notes = map_recompute(row["recompute"])
+    mapping_notes += rc_notes
+    dispatcher = map_dispatcher(notes_text) if model.is_moe and ep * etp > 1 else "alltoall"
+    routing = map_routing(notes_text)
+    if re.search(r"\bSP off\b", notes_text):
+        mapping_notes.append("SP off in the run; the cost model always uses SP at TP > 1")
+    optimizer: dict = {}
+    if re.search(r"BF16 optimizer states|reduced-precision optimizer moments", notes_text, re.I):
+        if "exp_avg_dtype" in LAYOUT_FIELD_NAMES:
+            optimizer["exp_avg_dtype"] = "bf16"
+        else:
+            mapping_notes.append("BF16 Adam moments in the run; the layout has no field for them")
+    vlm = is_vlm(notes_text)
+    if vlm:
+        # The catalog model is the language model; a VLM step also runs the vision encoder on images.
+        raise Unusable("VLM run: the vision encoder and image tokens are not modelled")
+
+    try:
+        workload = Workload(seq_len=seq_len, global_batch=gbs, precision=precision, routing=routing,
+                            framework="megatron")
+        layout = Layout(world_size=world, tp=tp, pp=pp, vpp=vp, cp=cp, ep=ep, etp=etp,
+                        max_tokens_per_gpu=max(1, mbs * seq_len // cp), rows_per_microbatch=mbs,
+                        dispatcher=dispatcher, **recompute, **optimizer)
+        # The rows_per_microbatch rule is slime's binning; take the value it gives for this MBS.
+        layout = layout.replace(rows_per_microbatch=expected_rows_per_microbatch(layout, workload))
+    except (InvalidLayout, WorkloadError) as e:
+        raise Unusable(f"invalid layout: {e}") from None
+    if layout.rows_per_microbatch != mbs:
+        mapping_notes.append(f"MBS {mbs} read as {layout.rows_per_microbatch} rows per microbatch")
+    found = [v for v in violations(layout, model, workload, STACK) if v.rule not in IGNORED_RULES]
+    if found:
+        raise Unusable(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
+
+    group = " | ".join((row["source"], model.display_name, gpu.display_name, f"seq {seq_len}", f"gbs {gbs}",
+                        row["precision"].strip(), routing, workload.framework, run_kind(notes_text)))
+    name = f"r{index:03d}-{model.name}-{gpu.name}x{world}"
+    return Case(name=name, source=row["source"], model=model, gpu=gpu, workload=workload, layout=layout,
+                measured_tokens_per_s_per_gpu=measured, group=group, row=dict(row), vlm=vlm,
+                notes=tuple(mapping_notes), index=index)
+
+
+def read_rows(csv_path: str | Path = DEFAULT) -> list[dict]:
+    with open(csv_path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def load_cases(csv_path: str | Path = DEFAULT) -> tuple[list[Case], list[tuple[dict, str]]]:
+    """The usable cases of the CSV, and each unusable row with a one-line reason."""
+    cases: list[Case] = []
+    unusable: list[tuple[dict, str]] = []
+    for i, row in enumerate(read_rows(csv_path)):
+        row = {k: (v or "") for k, v in row.items()}
+        try:
+            cases.append(row_to_case(row, i))
+        except Unusable as e:
+            unusable.append((row, str(e)))
+    return cases, unusable
+
+
+def reference_cases() -> list[Case]:
+    """The two measured reference recipes (slime on 8 x H200) as cases."""
+    from recipes.recipe import load_recipe
+
+    out = []
+    for path in sorted(REFERENCES.glob("*.yaml")):
+        r = load_recipe(path)
+        out.append(Case(name=f"ref-{path.stem}", source=str(path.relative_to(ROOT)), model=r.model, gpu=r.gpu,
+                        workload=r.workload, layout=r.layout,
+                        measured_tokens_per_s_per_gpu=float(r.data["result"]["tokens_per_s_per_gpu"]),
+                        group=REFERENCE_GROUP, row=r.data))
+    return out

@@ -1,0 +1,204 @@
+"""Published throughput rows as cost-model cases (benchmarks/public_data.py) and their scoring."""
+import math
+
+import pytest
+
+from benchmarks.cost_model_accuracy import evaluate, ordered_pairs, report, stated_memory
+from benchmarks.public_data import (DEFAULT, REFERENCE_GROUP, STACK, Unusable, load_cases, map_dispatcher,
+                                    map_precision, map_recompute, map_routing, reference_cases)
+from search_space.rules import MEGATRON, expected_rows_per_microbatch, violations
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_cases()
+
+
+@pytest.fixture(scope="module")
+def cases(loaded):
+    return loaded[0]
+
+
+@pytest.fixture(scope="module")
+def unusable(loaded):
+    return loaded[1]
+
+
+def _case(cases, index):
+    found = [c for c in cases if c.index == index]
+    assert found, f"row {index} is not usable"
+    return found[0]
+
+
+def _reason(unusable, predicate):
+    found = [why for row, why in unusable if predicate(row)]
+    assert found, "no such unusable row"
+    return found
+
+
+def test_enough_usable_rows_and_every_row_accounted_for(loaded):
+    cases, unusable = loaded
+    assert len(cases) >= 20  # 24 on the vendored CSV: Megatron-style rows with tokens/s, VLM runs excluded
+    assert len(cases) + len(unusable) == 127
+    assert len({c.name for c in cases}) == len(cases)
+    assert all(why and "\n" not in why for _, why in unusable)
+
+
+def test_every_case_passes_the_megatron_rules(cases):
+    for c in cases:
+        assert c.workload.framework == "megatron"
+        assert c.workload.precision in ("bf16", "fp8")
+        assert c.layout.rows_per_microbatch == expected_rows_per_microbatch(c.layout, c.workload)
+        broken = [v for v in violations(c.layout, c.model, c.workload, STACK) if v.source == MEGATRON
+                  and v.rule != "global_batch_divisible_by_dp"]
+        assert not broken, (c.name, broken)
+        assert c.measured_tokens_per_s_per_gpu > 0
+        if not c.model.is_moe:
+            assert c.layout.ep == 1 and c.layout.etp == c.layout.tp and c.layout.dispatcher == "alltoall"
+
+
+def test_cases_of_one_group_differ_only_in_layout(cases):
+    by_group = {}
+    for c in cases:
+        by_group.setdefault(c.group, []).append(c)
+    for group in by_group.values():
+        first = group[0]
+        for c in group[1:]:
+            assert (c.model, c.gpu, c.workload, c.source) == (first.model, first.gpu, first.workload, first.source)
+
+
+def test_moonlight_recompute_study_maps_to_selective_modules(cases):
+    study = {c.index: c for c in cases if "recompute" in c.source and c.model.name == "moonlight-16b-a3b"}
+    assert len(study) == 6
+    assert study[29].layout.recompute_granularity is None  # 'selective: [] (empty control)'
+    assert study[30].layout.recompute_modules == ("core_attn",)
+    assert study[31].layout.recompute_modules == ("mla_up_proj",)
+    assert study[32].layout.recompute_modules == ("mla_up_proj", "mlp")
+    assert study[33].layout.recompute_modules == ("moe_act",)
+    assert study[34].layout.recompute_modules == ("layernorm", "moe_act")
+    assert {c.layout.recompute_granularity for i, c in study.items() if i != 29} == {"selective"}
+    assert len({c.group for c in study.values()}) == 1
+    first = study[29]
+    assert (first.layout.tp, first.layout.ep, first.layout.world_size, first.workload.global_batch) == (2, 8, 8, 4)
+
+
+def test_vlm_rows_are_unusable(unusable):
+    reasons = [reason for row, reason in unusable if "VLM" in row.get("notes", "")]
+    assert reasons and all("vision encoder" in r for r in reasons)
+
+
+def test_known_rows_map(cases):
+    qwen = _case(cases, 0)  # Qwen3-30B-A3B Bridge perf recipe: forced balance, HybridEP
+    assert qwen.model.name == "qwen3-30b-a3b" and qwen.gpu.name == "h100"
+    assert (qwen.workload.routing, qwen.layout.dispatcher) == ("balanced", "flex")
+    assert (qwen.layout.ep, qwen.layout.etp) == (16, 1)
+    assert qwen.workload.seq_len == 4096 and qwen.workload.global_batch == 1024
+    natural = _case(cases, 2)  # 'NATURAL routing, not forced-balanced'
+    assert natural.workload.routing == "natural" and natural.group != qwen.group
+    gb200 = _case(cases, 1)  # etp empty -> 1, MBS 4, FP8-MX
+    assert (gb200.layout.etp, gb200.layout.rows_per_microbatch, gb200.workload.precision) == (1, 4, "fp8")
+    assert gb200.layout.max_tokens_per_gpu == 4 * 4096
+    gpt = _case(cases, 10)  # 'alltoall dispatcher' stated
+    assert gpt.layout.dispatcher == "alltoall" and (gpt.layout.tp, gpt.layout.pp) == (2, 4)
+    assert not _case(cases, 22).vlm and _case(cases, 22).layout.recompute_label == "full uniform 1"
+    nxt = _case(cases, 77)
+    assert nxt.layout.recompute_modules == ("layernorm", "moe_act", "shared_experts")
+    assert (nxt.layout.pp, nxt.layout.vpp) == (4, 3)
+    llama = _case(cases, 90)  # dense: etp = tp, ep = 1; 'FP8 (hybrid format)'
+    assert llama.model.name == "llama3-70b" and llama.workload.precision == "fp8"
+    assert (llama.layout.tp, llama.layout.pp, llama.layout.vpp, llama.layout.etp, llama.layout.ep) == (4, 8, 5, 4, 1)
+    cp = _case(cases, 22)  # CP2, MBS 2: max tokens per GPU = MBS x seq / CP
+    assert (cp.layout.cp, cp.layout.rows_per_microbatch, cp.layout.max_tokens_per_gpu) == (2, 2, 8192)
+
+
+def test_unusable_rows_say_why(unusable):
+    assert all("FSDP" in why for why in _reason(unusable, lambda r: "torchtitan" in r["source"]))
+    assert all("FSDP" in why for why in _reason(unusable, lambda r: "Automodel" in r["source"]
+                                                and r["model"] != "Kimi-K2" and "Nemotron" not in r["model"]))
+    assert _reason(unusable, lambda r: r["model"] == "Kimi-K2")
+    assert _reason(unusable, lambda r: r["model"] == "DeepSeek-V4-Flash")
+    assert all(r["model"] not in ("Kimi-K2", "DeepSeek-V4-Flash") and not r["model"].startswith("Nemotron")
+               for r in [c.row for c in load_cases()[0]])
+    assert all("LoRA" in why for why in _reason(unusable, lambda r: "LoRA" in r["notes"]))
+    assert any("not stated" in why for why in _reason(unusable, lambda r: r["model"] == "GPT-OSS-120B"
+                                                       and r["num_gpus"] == "32"))
+    assert any("precision" in why for why in _reason(unusable, lambda r: r["precision"].startswith("BF16 +")))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("BF16", "bf16"), ("FP8-MX", "fp8"), ("FP8-CS", "fp8"), ("FP8-blockwise", "fp8"), ("FP8 (hybrid format)", "fp8"),
+    ("FP8 (torchao float8 linears)", "fp8"), ("FP8", "fp8")])
+def test_precision_mapping(text, expected):
+    assert map_precision(text) == expected
+
+
+def test_precision_mapping_rejects_mixed():
+    with pytest.raises(Unusable):
+        map_precision("BF16 + MXFP8 routed-expert GEMMs")
+
+
+def test_recompute_mapping():
+    assert map_recompute("none") == ({}, [])
+    assert map_recompute("")[0] == {}
+    full = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    assert map_recompute("full")[0] == full
+    assert map_recompute("full (uniform, 1 layer)")[0] == full
+    kw, notes = map_recompute("selective: layernorm, moe_act, shared_expert")
+    assert kw["recompute_modules"] == ("layernorm", "moe_act", "shared_experts") and not notes
+    kw, notes = map_recompute("selective: core_attn, GDN output-norm, moe_act")
+    assert kw["recompute_modules"] == ("core_attn", "moe_act") and notes
+    with pytest.raises(Unusable):
+        map_recompute("selective (SAC)")
+    with pytest.raises(Unusable):
+        map_recompute("selective: attention_sink")
+
+
+def test_routing_and_dispatcher_from_notes():
+    assert map_routing("mock data; forced router balance; HybridEP") == "balanced"
+    assert map_routing("forced balance") == "balanced"
+    assert map_routing("pretrain (NATURAL routing, not forced-balanced)") == "natural"
+    assert map_routing("SFT (Tulu3)") == "natural"
+    assert map_dispatcher("HybridEP flex dispatcher 32 SMs") == "flex"
+    assert map_dispatcher("dispatcher DeepEP") == "flex"
+    assert map_dispatcher("dispatcher A2A; DP=4") == "alltoall"
+    assert map_dispatcher("SP on, alltoall dispatcher") == "alltoall"
+    assert map_dispatcher("SFT long-context 8K, SP on") == "alltoall"
+
+
+def test_reference_cases():
+    refs = reference_cases()
+    assert len(refs) == 2
+    for c in refs:
+        assert c.group == REFERENCE_GROUP and c.workload.framework == "slime"
+        assert c.model.name == "qwen3.6-35b-a3b" and c.gpu.name == "h200"
+        assert c.measured_tokens_per_s_per_gpu > 0
+
+
+def test_evaluate(cases):
+    result = evaluate(cases)
+    assert math.isfinite(result["median_ape"]) and result["median_ape"] >= 0
+    assert result["pairs_total"] > 0
+    assert 0 <= result["pairs_ordered"] <= result["pairs_total"]
+    assert len(result["per_case"]) == len(cases)
+    for r in result["per_case"]:
+        assert r["predicted"] > 0 and math.isfinite(r["ape"])
+    assert ordered_pairs(result["per_case"])[:2] == (result["pairs_ordered"], result["pairs_total"])
+    assert math.isnan(evaluate([])["median_ape"])
+
+
+def test_stated_memory():
+    assert stated_memory("step 20147.29 ms; peak alloc <65 GiB")[:2] == ("below", 65.0)
+    kind, gib, _ = stated_memory("mean step 45.65 s; 61.351 GB peak; other")
+    assert kind == "about" and gib == pytest.approx(61.351e9 / 2 ** 30)
+    assert stated_memory("ran OOM at step 3")[0] == "oom"
+    assert stated_memory("no memory here") is None
+
+
+def test_report_runs():
+    import io
+
+    out = io.StringIO()
+    result = report(DEFAULT, verbose=True, out=out)
+    text = out.getvalue()
+    assert "median APE" in text and "correctly ordered pairs" in text and "Unusable rows" in text
+    assert result["pairs_total"] > 0
