@@ -126,6 +126,8 @@ def _run_parser():
     p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
     p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--on-interrupted", choices=("retry", "skip"), default="retry",
+                   help="trials a killed tuner left running are marked failed; retry their layouts or skip them")
     return p
 
 
@@ -134,8 +136,8 @@ def cmd_run(args) -> int:
     from tuner.proposer import AgentProposer, Candidate, SamplerProposer
     from tuner.report import counts_line, format_table, ranked_rows
     from tuner.space_params import layout_to_params
-    from tuner.study import (StudyConfig, default_study_name, load_or_create, open_storage, run_study,
-                             storage_url)
+    from tuner.study import (StudyConfig, default_study_name, load_or_create, open_storage, recover_interrupted,
+                             run_study, storage_url)
 
     if args.trials < 1:
         raise CliError(f"--trials must be at least 1, got {args.trials}")
@@ -152,7 +154,13 @@ def cmd_run(args) -> int:
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
           f"study '{name}' in {url}; backend {args.backend} (figures are predicted by the cost model)",
           file=sys.stderr)
-    summary = run_study(study, config, PredictedRunner(profile=config.profile), proposer, args.trials, progress=not args.no_progress)
+    interrupted = recover_interrupted(study)
+    if interrupted:
+        what = "skipped" if args.on_interrupted == "skip" else "retried when proposed again"
+        print(f"trials {', '.join(map(str, interrupted))} were interrupted (the tuner stopped while they ran): "
+              f"marked failed, their layouts {what}", file=sys.stderr)
+    summary = run_study(study, config, PredictedRunner(profile=config.profile), proposer, args.trials,
+                        progress=not args.no_progress, skip_interrupted=args.on_interrupted == "skip")
     if summary.exhausted:
         print("every distinct fitting layout has been tried", file=sys.stderr)
     rows = ranked_rows(study)

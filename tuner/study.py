@@ -6,6 +6,8 @@ the study is created or changed, so a bad command never touches what is already 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -114,11 +116,19 @@ def load_or_create(storage: optuna.storages.BaseStorage, name: str, config: Stud
     return study
 
 
-def history_of(study: optuna.Study) -> History:
+INTERRUPTED = "interrupted: the tuner stopped while this trial ran"
+
+
+def history_of(study: optuna.Study, skip_interrupted: bool = False) -> History:
+    """What the study has tried. Failed trials may be proposed again, except interrupted ones when
+    `skip_interrupted` (the user's --on-interrupted skip)."""
     h = History()
     for t in study.get_trials(deepcopy=False):
         key = t.user_attrs.get("layout_key")
         if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            h.tried.add(key)
+        if key and skip_interrupted and t.state == TrialState.FAIL and \
+                str(t.user_attrs.get("fail_reason", "")).startswith("interrupted"):
             h.tried.add(key)
         result = t.user_attrs.get("result") or {}
         if t.state == TrialState.COMPLETE and result.get("kind") == "measured":
@@ -138,8 +148,39 @@ class RunSummary:
     exhausted: bool = False
 
 
+def _owner() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Mark FAILED the trials left RUNNING by a tuner of this host that no longer runs (killed).
+
+    Trials owned by a live process, or by another host, are left alone: another tuner may be
+    running them. Returns the numbers of the trials marked.
+    """
+    marked = []
+    here = socket.gethostname()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get("owner") or {}
+        if owner.get("host") == here and not _alive(int(owner.get("pid", -1))):
+            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", INTERRUPTED)
+            study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+            marked.append(t.number)
+    return marked
+
+
 def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, proposer: Proposer,
-              trials: int, progress: bool = True) -> RunSummary:
+              trials: int, progress: bool = True, skip_interrupted: bool = False) -> RunSummary:
     dists = distributions(config.model, config.world_size, config.options)
     summary = RunSummary()
     bar = _progress(trials, progress)
@@ -147,7 +188,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
         study.sampler = proposer.sampler()
     try:
         for _ in range(trials):
-            history = history_of(study)
+            history = history_of(study, skip_interrupted)
             proposal = proposer.propose(history)
             if proposal is None:
                 summary.exhausted = True
@@ -155,6 +196,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
             if proposal.params is not None:
                 study.enqueue_trial(proposal.params)
             trial = study.ask(dists)
+            trial.set_user_attr("owner", _owner())
             trial.set_user_attr("proposer", proposer.name)
             trial.set_user_attr("rationale", proposal.rationale)
             try:

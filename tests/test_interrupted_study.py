@@ -1,0 +1,79 @@
+"""A tuner killed in the middle of a trial: the study resumes, the trial is marked failed with its reason."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A tuner whose runner blocks forever on the third trial, started as its own process so it can be killed.
+SLOW_TUNER = textwrap.dedent("""
+    import sys, time
+    import experiments.predicted_runner as pr
+    calls = {"n": 0}
+    real = pr.PredictedRunner.run
+    def run(self, spec):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            print("BLOCKING", flush=True)
+            time.sleep(600)
+        return real(self, spec)
+    pr.PredictedRunner.run = run
+    from tuner.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def start_and_kill(tmp_path: Path, storage: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_TUNER, "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", str(storage),
+         "--study", "s", "--trials", "5", "--top", "0", "--no-progress"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if "BLOCKING" in line:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_killed_tuner_resumes_with_the_interrupted_trial_failed(tmp_path, capsys):
+    storage = tmp_path / "s.db"
+    start_and_kill(tmp_path, storage)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}")
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
+    interrupted_key = study.trials[2].user_attrs["layout_key"]
+
+    assert main(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", str(storage), "--study", "s",
+                 "--trials", "2", "--top", "0", "--no-progress", "--on-interrupted", "retry"]) == 0
+    assert "trials 2 were interrupted" in capsys.readouterr().err
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}")
+    third = study.trials[2]
+    assert third.state == TrialState.FAIL and third.user_attrs["fail_reason"].startswith("interrupted")
+    # retry: the agent proposes the interrupted layout again (it was its best untried choice)
+    assert study.trials[3].user_attrs["layout_key"] == interrupted_key
+    assert study.trials[3].state == TrialState.COMPLETE
+    assert [t.state for t in study.trials[:2]] == [TrialState.COMPLETE, TrialState.COMPLETE]
+
+
+def test_skip_keeps_the_interrupted_layout_out(tmp_path, capsys):
+    storage = tmp_path / "s.db"
+    start_and_kill(tmp_path, storage)
+    interrupted_key = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}").trials[2].user_attrs[
+        "layout_key"]
+    assert main(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", str(storage), "--study", "s",
+                 "--trials", "3", "--top", "0", "--no-progress", "--on-interrupted", "skip"]) == 0
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}")
+    assert study.trials[2].state == TrialState.FAIL
+    assert interrupted_key not in [t.user_attrs.get("layout_key") for t in study.trials[3:]]
