@@ -77,9 +77,8 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
     gate = q if model.attn_output_gate else 0
     mods = set(layout.selective_modules)
 
-    saved = 0.0
-    largest = 0.0
-    for attn_kind, mlp_kind, count in rank.kinds:
+    def layer_bytes(attn_kind: str, mlp_kind: str, mods: set) -> float:
+        """Saved bytes of one layer for the micro-batch, with the given selective modules recomputed."""
         # Attention part, bytes per token of the local shard.
         if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
             a = BF16 * (2 * h + 3 * q + gate + kv) / tp
@@ -124,9 +123,14 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
             mlp = BF16 * (2 * h + 3 * f) / tp
             if "mlp" in mods:
                 mlp = BF16 * h / tp
-        per_layer = a * attn_tokens + mlp * tokens
-        largest = max(largest, per_layer)
-        saved += per_layer * count
+        return a * attn_tokens + mlp * tokens
+
+    saved = 0.0
+    largest = 0.0
+    for attn_kind, mlp_kind, count in rank.kinds:
+        saved += layer_bytes(attn_kind, mlp_kind, mods) * count
+        # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
+        largest = max(largest, layer_bytes(attn_kind, mlp_kind, set()))
 
     if layout.recompute_granularity == "full":
         # Recomputed layers keep only their input (one hidden state per chunk of layers).
@@ -141,7 +145,6 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
             recomputed = min(k, per_chunk) * layout.vpp
             avg = saved / max(n, 1)
             saved = avg * (n - recomputed) + layer_input * recomputed
-            largest = largest * 1
     if rank.has_embedding:
         saved += BF16 * h / tp * tokens
     return saved, largest

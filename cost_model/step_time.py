@@ -27,6 +27,13 @@ SELECTIVE_LAUNCH_SHARE = {"core_attn": 0.1, "mla_up_proj": 0.1, "layernorm": 0.1
                           "moe": 0.5, "shared_experts": 0.15}
 
 
+def selective_launch_share(mods: set, attn_kind: str, mlp_kind: str) -> float:
+    applies = {"core_attn": attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION, MLA), "mla_up_proj": attn_kind == MLA,
+               "layernorm": True, "moe_act": mlp_kind == MOE and "moe" not in mods, "moe": mlp_kind == MOE,
+               "shared_experts": mlp_kind == MOE and "moe" not in mods, "mlp": mlp_kind != MOE}
+    return min(1.0, sum(SELECTIVE_LAUNCH_SHARE[m] for m in mods if applies.get(m)))
+
+
 def expert_dispatch_time(token_bytes: float, k: int, ep: int, span: int, dispatcher: str, r: Rates,
                          c: Constants) -> float:
     """Seconds of one token dispatch (or combine) over the EP group; token_bytes = local tokens x hidden bytes.
@@ -158,12 +165,13 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
             if fs or etp < tp:
                 tpc += 4 * r.collective("all_gather", act_bytes, tp, tp_span)
             elem += c.permute_passes * rows * h * BF16 / hbm
-            if "moe_act" in mods:
-                selective += rows * fe / etp * BF16 * 3 / hbm
-            if "moe" in mods:
-                selective += exp / 3 + epc / 2
-            if "shared_experts" in mods and fs:
-                selective += 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
+            if "moe" in mods:  # the whole MoE layer, shared experts and activation included
+                selective += exp / 3 + epc / 2 + (mlp / 3 if fs else 0.0)
+            else:
+                if "moe_act" in mods:
+                    selective += rows * fe / etp * BF16 * 3 / hbm
+                if "shared_experts" in mods and fs:
+                    selective += 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
         else:
             f = model.intermediate_size
             mlp += 3 * 2 * 3 * h * f * tokens / tp / r.gemm(tokens, f / tp, h)
@@ -176,8 +184,9 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
 
         # Full recompute reruns the forward (a third of the GEMM work, half the comm: the fwd collectives).
         recompute = full_fraction * ((att + lin + mlp + exp + elem) / 3 + (tpc + epc + cpc) / 2) + selective
-        # Recomputed kernels are launched again: a full pass for full recompute, a share for selective.
-        passes = 2 + full_fraction + sum(SELECTIVE_LAUNCH_SHARE.get(m, 0.0) for m in mods)
+        # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
+        # (only the modules this layer has, and never more than the whole layer).
+        passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
         t["compute_attention"] += count * att
         t["compute_linear_attention"] += count * lin
         t["compute_mlp"] += count * mlp
