@@ -46,6 +46,10 @@ class TrialResult:
     failure_class: str | None = None
     detail: str = ""
     breakdown: dict = field(default_factory=dict)
+    # Added for measured runs (optional; predicted results leave them empty):
+    peak_memory_gib_per_rank: tuple[float, ...] = ()   # max_memory_allocated per rank, by rank
+    runner: str = ""                                    # the TrialRunner.name that produced the result
+    details: dict = field(default_factory=dict)         # runner-specific facts (job id, exit code, log path...)
 
     def __post_init__(self):
         if self.status not in ("ok", "failed"):

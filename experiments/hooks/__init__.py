@@ -1,0 +1,1 @@
+"""Hooks that slime loads into its Megatron actors (each module is self-contained: stdlib and torch only)."""

@@ -1,0 +1,381 @@
+"""SlimeRunner: the command it submits, and end to end on a real local Ray cluster (CPU only) with the slime
+stand-in (tests/slime_standin.py, a test double of slime's train entry) in place of slime.
+
+The Ray cluster is started once for the module (`ray start --head --block` in its own process group, every
+port chosen free, a private temp dir, dashboard on 127.0.0.1) and stopped by signalling that process group.
+If Ray or its Jobs API cannot start, these tests fail (they are never skipped).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from cost_model.workload import Workload
+from experiments.runner import FAILURE_CLASSES, TrialSpec
+from experiments.sft_rows import build_rows, write_rows
+from experiments.slime_log import SlimeLog
+from experiments.slime_runner import HOOK_PATH, MODEL_ARGS_MARK, RunnerError, SlimeRunner, summarize
+from recipes.slime_command import slime_run
+from search_space.layout import Layout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STANDIN = os.path.join(HERE, "slime_standin.py")
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+REFERENCE_LAYOUT = Layout(world_size=8, tp=1, pp=1, cp=1, ep=8, etp=1, max_tokens_per_gpu=8192,
+                          recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+SMALL = Workload(seq_len=64, global_batch=4)
+STEPS, WINDOW = 8, (2, 6)
+
+
+# --- the command ------------------------------------------------------------------------------------------
+
+
+class _NoClient:
+    def list_jobs(self):
+        return []
+
+
+def _runner(tmp_path, **kw):
+    paths = dict(hf_ckpt="/ckpt/hf", torch_dist="/ckpt/dist", sft_data="/data/rows.jsonl", profile_dir="/prof")
+    paths.update(kw)
+    return SlimeRunner("127.0.0.1:1", str(tmp_path), client=_NoClient(), **paths)
+
+
+def _reference_words(run_text: str, runner: SlimeRunner) -> list[str]:
+    """The recipe's command words, with the $VARS replaced by the runner's paths (test-side only)."""
+    body = run_text.split("\n\n", 1)[1].replace("\\\n", " ")
+    words = shlex.split(body)
+    subst = {"$HF_CKPT": runner.paths["HF_CKPT"], "$TORCH_DIST": runner.paths["TORCH_DIST"],
+             "$SFT_DATA": runner.paths["SFT_DATA"], "$PROFILE_DIR": runner.paths["PROFILE_DIR"],
+             "python3": runner.python, "<slime": None, "entry": None, "module>": None}
+    out = []
+    for w in words:
+        if w in subst:
+            if subst[w] is not None:
+                out.append(subst[w])
+        else:
+            out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("layout", [
+    REFERENCE_LAYOUT,
+    Layout(world_size=16, tp=2, pp=2, vpp=2, cp=2, ep=8, etp=1, max_tokens_per_gpu=16384,
+           recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"),
+           optimizer_offload_fraction=1.0, overlap_d2h_h2d=True, dispatcher="flex"),
+])
+def test_command_is_the_recipes_run_line_for_line(tmp_path, qwen36, h200, workload, layout):
+    runner = _runner(tmp_path)
+    spec = TrialSpec(qwen36, h200, workload, layout)
+    cmd = runner.command(spec)
+    expected = _reference_words(slime_run(qwen36, h200, workload, layout, num_rollout=20), runner)
+    expected = [w for w in expected if w]
+    got = [w for w in cmd.argv]
+    assert got[-2:] == ["--custom-megatron-before-train-step-hook-path", HOOK_PATH]
+    assert got[:2] == ["python3", "-m"] and got[2] == "train"
+    assert expected[:2] == ["python3", "-m"]
+    assert got[3:-2] == expected[2:]          # the recipe's entry module is a placeholder; ours is "train"
+    assert cmd.model_script == os.path.join(str(tmp_path), "scripts/models/qwen3.5-35B-A3B.sh")
+
+
+def test_entrypoint_is_shlex_joined_and_splices_model_args(tmp_path, qwen36, h200, workload):
+    runner = _runner(tmp_path, sft_data="/data/it's; rm -rf ~.jsonl")
+    cmd = runner.command(TrialSpec(qwen36, h200, workload, REFERENCE_LAYOUT))
+    words = shlex.split(cmd.entrypoint)
+    assert words[:2] == ["bash", "-c"] and words[4] == str(tmp_path)
+    assert words[words.index(MODEL_ARGS_MARK) - 1] == "8"           # after --actor-num-gpus-per-node 8
+    assert "/data/it's; rm -rf ~.jsonl" in words                      # one word, never shell text
+    assert cmd.env["NCCL_NVLS_ENABLE"] == "1" and cmd.env["RAY_DEDUP_LOGS"] == "0"
+    assert all("$(" not in v for v in cmd.env.values())
+
+
+def test_recorded_env_hides_credentials():
+    from experiments.slime_runner import _redacted
+    env = {"HF_TOKEN": "hf_x", "WANDB_API_KEY": "k", "NCCL_NVLS_ENABLE": "1"}
+    assert _redacted(env) == {"HF_TOKEN": "<redacted>", "WANDB_API_KEY": "<redacted>", "NCCL_NVLS_ENABLE": "1"}
+
+
+def test_command_checks_paths_and_window(tmp_path, qwen36, h200, workload):
+    with pytest.raises(RunnerError, match="SFT_DATA"):
+        _runner(tmp_path, sft_data=None).command(TrialSpec(qwen36, h200, workload, REFERENCE_LAYOUT))
+    with pytest.raises(RunnerError, match="window"):
+        _runner(tmp_path).command(TrialSpec(qwen36, h200, workload, REFERENCE_LAYOUT, steps=5, window=(5, 19)))
+
+
+def test_unreachable_address_is_a_runner_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RunnerError, match=rf"^cannot reach the Ray cluster at http://127.0.0.1:{port}: "):
+        SlimeRunner(f"127.0.0.1:{port}", str(tmp_path))
+
+
+def test_summarize_reports_the_window(qwen36, h200):
+    spec = TrialSpec(qwen36, h200, SMALL, REFERENCE_LAYOUT, steps=STEPS, window=WINDOW)
+    lines = []
+    for k in range(STEPS):
+        lines.append(f"[2026-10-13 08:00:{10 + 2 * k:02d}] model.py:918 - step {k}: {{'train/loss': {3 - 0.1 * k}, "
+                     f"'train/grad_norm': 0.5, 'train/step': {k}}}")
+        lines.append(f"[2026-10-13 08:00:{10 + 2 * k:02d}] train_metric_utils.py:401 - perf {k}: "
+                     f"{{'perf/train_wait_time': 0.5, 'perf/train_time': {1.5 + 0.1 * (k % 2)}, 'perf/step_time': "
+                     f"{2.0 + 0.1 * (k % 2)}}}")
+        lines += [f"attune-peak-memory rank={r} rollout={k} step_id=0 step={k} allocated_bytes={(r + 1) * 2 ** 30} "
+                  f"reserved_bytes={(r + 2) * 2 ** 30} device={r}" for r in range(8)]
+    text = "\n".join(lines) + "\n"
+    result = summarize(spec, SlimeLog.from_text(text), text, window=WINDOW, steps=STEPS, exit_code=0,
+                       succeeded=True, stopped=None, wall_s=3600.0, source="test")
+    times = [2.0 + 0.1 * (k % 2) for k in range(2, 7)]
+    assert result.status == "ok" and result.kind == "measured"
+    assert result.tokens_per_s_per_gpu == pytest.approx(5 * 4 * 64 / sum(times) / 8)
+    assert result.step_times_s == pytest.approx(times)
+    assert result.peak_memory_gib == 8.0 and result.peak_memory_gib_per_rank == tuple(float(r + 1) for r in range(8))
+    assert result.gpu_hours == pytest.approx(8.0) and len(result.losses) == STEPS
+    failed = summarize(spec, SlimeLog.from_text(text), text, window=(2, 9), steps=10, exit_code=0, succeeded=True,
+                       stopped=None, wall_s=1.0, source="test")
+    assert failed.status == "failed" and failed.failure_class == "crash" and "8..9" in failed.detail
+
+
+# --- end to end on a local Ray cluster ------------------------------------------------------------------
+
+
+def _free_ports(n):
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray head with the Jobs API (dashboard on 127.0.0.1, token authentication with a token made
+    here); yields the dashboard address and a client."""
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError as e:
+        pytest.fail(f"the Ray end-to-end tests need ray[default] in the test environment: {e}")
+    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    (gcs, dash, agent_listen, agent_grpc, env_agent, client_port, metrics, node_mgr, obj_mgr) = _free_ports(9)
+    cmd = [RAY, "start", "--head", "--block", "--num-cpus", "2", "--num-gpus", "0", "--port", str(gcs),
+           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
+           "--dashboard-agent-listen-port", str(agent_listen), "--dashboard-agent-grpc-port", str(agent_grpc),
+           "--runtime-env-agent-port", str(env_agent), "--ray-client-server-port", str(client_port),
+           "--metrics-export-port", str(metrics), "--node-manager-port", str(node_mgr),
+           "--object-manager-port", str(obj_mgr), "--object-store-memory", str(200 * 2 ** 20),
+           "--temp-dir", temp_dir, "--disable-usage-stats"]
+    log_path = os.path.join(temp_dir, "ray-start.log")
+    log_file = open(log_path, "w")
+    # Token authentication with a token of our own: Ray 2.60 turns token auth on by itself whenever
+    # ~/.ray/auth_token exists (other sessions may create it), and the client must then send the token.
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+    from ray._private.authentication_test_utils import reset_auth_token_state
+    token = generate_new_authentication_token()
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    saved = {k: os.environ.get(k) for k in (*auth, "RAY_AUTH_TOKEN_PATH")}
+    os.environ.update(auth)
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    reset_auth_token_state()
+    env = dict(os.environ, RAY_DEDUP_LOGS="0")
+    env.pop("RAY_ADDRESS", None)
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        client, last_error = None, None
+        while time.monotonic() - start < 60:
+            if proc.poll() is not None:
+                break
+            try:
+                client = JobSubmissionClient(address)
+                client.list_jobs()
+                break
+            except Exception as e:  # not up yet
+                client, last_error = None, e
+                time.sleep(0.5)
+        if client is None:
+            with open(log_path) as f:
+                tail = f.read()[-3000:]
+            pytest.fail(f"the Ray head's Jobs API did not come up at {address} within 60 s "
+                        f"(ray start exit {proc.poll()}, last error {last_error}):\n{tail}")
+        print(f"\nray head up in {time.monotonic() - start:.1f} s at {address}")
+        yield SimpleNamespace(address=address, client=client, started_s=time.monotonic() - start)
+    finally:
+        t = time.monotonic()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)         # ray start --block stops the processes it started
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        try:                                         # stragglers of our own process group, if any
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        log_file.close()
+        print(f"ray head stopped in {time.monotonic() - t:.1f} s")
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        reset_auth_token_state()
+
+
+class ToyTokenizer:
+    """Character tokenizer with a tiny chat template (tests only)."""
+
+    eos_token_id = 0
+
+    def encode(self, text):
+        return [1 + (ord(c) % 250) for c in text]
+
+    def chat_segments(self, messages):
+        out = []
+        for m in messages:
+            out.append((f"<{m['role']}>", False))
+            out.append((m["content"] + "|", m["role"] == "assistant"))
+        return out
+
+
+@pytest.fixture(scope="module")
+def fake_slime(tmp_path_factory):
+    """A fake slime checkout (scripts/models/*.sh defining MODEL_ARGS) and pre-tokenized rows."""
+    root = tmp_path_factory.mktemp("slime")
+    script = root / "scripts" / "models" / "qwen3.5-35B-A3B.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text('NLAYERS=40\nMODEL_ARGS=(\n   --num-layers "$NLAYERS"\n   --hidden-size 2048\n)\n')
+    conversations = [[{"role": "user", "content": f"question {i} " * (1 + i % 5)},
+                      {"role": "assistant", "content": f"answer {i} " * (1 + i % 7)}] for i in range(200)]
+    result = build_rows(conversations, ToyTokenizer(), row_tokens=SMALL.seq_len, seed=7, max_rows=40)
+    rows = str(root / "rows.jsonl")
+    write_rows(result, rows)
+    return SimpleNamespace(slime_dir=str(root), rows=rows, n_rows=len(result.rows))
+
+
+def _run(ray_cluster, fake_slime, spec, fail=None, **kw):
+    env = {"ATTUNE_STANDIN_STEP_S": "0.05"}
+    if fail:
+        env["ATTUNE_STANDIN_FAIL"] = fail
+    env.update(kw.pop("env", {}))
+    runner = SlimeRunner(ray_cluster.address, fake_slime.slime_dir, entry_module=STANDIN, python=sys.executable,
+                         env=env, hf_ckpt="/nonexistent/hf", torch_dist="/nonexistent/dist", sft_data=fake_slime.rows,
+                         profile_dir="/nonexistent/prof", poll_interval_s=0.25,
+                         log_dir=os.environ.get("ATTUNE_TEST_LOG_DIR"),     # keep the job logs when set
+                         **dict(dict(hang_timeout_s=30, timeout_s=60), **kw))
+    t = time.monotonic()
+    result = runner.run(spec)
+    return result, time.monotonic() - t
+
+
+@pytest.fixture(scope="module")
+def small_spec(qwen36, h200):
+    return TrialSpec(qwen36, h200, SMALL, REFERENCE_LAYOUT, steps=STEPS, window=WINDOW)
+
+
+def test_successful_trial_end_to_end(ray_cluster, fake_slime, small_spec):
+    result, took = _run(ray_cluster, fake_slime, small_spec)
+    print(f"success trial: {took:.1f} s")
+    assert result.status == "ok", (result.failure_class, result.detail, result.details.get("log_tail"))
+    assert result.kind == "measured" and result.runner == "slime"
+    assert result.source.startswith(f"slime on Ray at {ray_cluster.address}, job attune-")
+    assert result.tokens_per_s_per_gpu > 0
+    assert len(result.step_times_s) == WINDOW[1] - WINDOW[0] + 1
+    assert result.details["time_source"] == "perf/step_time"
+    window_wall = sum(result.step_times_s)
+    assert result.tokens_per_s_per_gpu == pytest.approx(5 * SMALL.global_batch * SMALL.seq_len / window_wall / 8)
+    assert result.details["window_tokens"] == 5 * SMALL.global_batch * SMALL.seq_len
+    assert len(result.losses) == STEPS and result.losses[0] == pytest.approx(2.5)
+    # the hook ran in the Ray actor for all 8 simulated ranks; the last line per rank is step 7's
+    assert len(result.peak_memory_gib_per_rank) == 8
+    assert result.peak_memory_gib == pytest.approx((40 * 1024 + 64 * 7 + 8 * 7) / 1024)
+    assert result.details["peak_reserved_gib_per_rank"]["0"] == pytest.approx((40 * 1024 + 56 + 2048) / 1024, abs=1e-3)
+    assert result.gpu_hours > 0 and result.step_time_cv_percent is not None
+    assert result.details["exit_code"] == 0
+
+
+@pytest.mark.parametrize("fail, expected", [
+    ("cuda_oom", "cuda_oom"),
+    ("host_oom", "host_oom"),
+    ("host_oom_kill", "host_oom"),
+    ("nccl_timeout", "nccl_timeout"),
+    ("crash", "crash"),
+    ("invalid_config", "invalid_config"),
+    ("invalid_args", "invalid_config"),
+])
+def test_failure_classes_end_to_end(ray_cluster, fake_slime, small_spec, fail, expected):
+    # the host OOMs happen in the driver (Ray's OOM error reaches it; the kernel kills it): no actors needed
+    env = {"ATTUNE_STANDIN_RAY": "0"} if fail.startswith("host_oom") else {}
+    result, took = _run(ray_cluster, fake_slime, small_spec, fail=fail, env=env)
+    print(f"{fail}: {took:.1f} s, exit {result.details.get('exit_code')}: {result.detail[:120]}")
+    assert result.status == "failed" and result.kind == "measured"
+    assert result.failure_class == expected, (result.detail, result.details.get("log_tail"))
+    assert expected in FAILURE_CLASSES and result.gpu_hours > 0
+
+
+def test_hang_is_stopped(ray_cluster, fake_slime, small_spec):
+    result, took = _run(ray_cluster, fake_slime, small_spec, fail="hang", hang_timeout_s=3, timeout_s=60)
+    print(f"hang: {took:.1f} s: {result.detail}")
+    assert result.status == "failed" and result.failure_class == "hang"
+    assert "no new step line for 3 s after step 1" in result.detail
+    assert result.details["job_status"] == "STOPPED"
+    assert took < 25
+
+
+def test_overall_timeout_stops_the_job(ray_cluster, fake_slime, small_spec):
+    result, took = _run(ray_cluster, fake_slime, small_spec, fail="hang", hang_timeout_s=60, timeout_s=4,
+                        env={"ATTUNE_STANDIN_RAY": "0"})
+    print(f"overall timeout: {took:.1f} s: {result.detail}")
+    assert result.failure_class == "hang" and "overall limit of 4 s" in result.detail and took < 20
+
+
+def test_waits_for_our_running_job(ray_cluster, fake_slime, small_spec):
+    from experiments.slime_runner import METADATA_KEY
+    client = ray_cluster.client
+    busy = client.submit_job(entrypoint=shlex.join([sys.executable, "-c", "import time; time.sleep(30)"]),
+                             metadata={METADATA_KEY: "slime"})
+    other = client.submit_job(entrypoint=shlex.join([sys.executable, "-c", "import time; time.sleep(30)"]))
+    try:
+        deadline = time.monotonic() + 20
+        while client.get_job_status(busy).value != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        t = time.monotonic()
+        with pytest.raises(RunnerError, match=rf"stayed busy with job\(s\) {busy} for 1 s"):
+            _run(ray_cluster, fake_slime, small_spec, queue_timeout_s=1)
+        assert time.monotonic() - t < 10
+    finally:
+        client.stop_job(busy)
+        client.stop_job(other)
+    deadline = time.monotonic() + 20
+    while not client.get_job_status(busy).is_terminal() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    runner = SlimeRunner(ray_cluster.address, fake_slime.slime_dir, poll_interval_s=0.2, queue_timeout_s=5)
+    assert runner.wait_for_free_cluster() < 5          # the job without our metadata does not count
+
+
+def test_cluster_with_token_auth_refuses_a_client_without_the_token(ray_cluster, fake_slime, monkeypatch):
+    from ray._private.authentication_test_utils import reset_auth_token_state
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    reset_auth_token_state()
+    try:
+        with pytest.raises(RunnerError, match=r"^cannot reach the Ray cluster at .*(?i:auth)"):
+            SlimeRunner(ray_cluster.address, fake_slime.slime_dir)
+    finally:
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")
+        reset_auth_token_state()
+    SlimeRunner(ray_cluster.address, fake_slime.slime_dir)          # with the token again
