@@ -1,0 +1,688 @@
+"""CPU tests of the megatron runner and its torch-native backend (experiments/megatron_runner.py,
+experiments/torch_native_backend.py).
+
+Everything here runs on the CPU and asserts that it does (no test is skipped). What only a GPU can
+run — NCCL, the CUDA grouped-GEMM and SDPA kernels, megatron's alltoall dispatcher (CUDA streams),
+DistributedOptimizer (allocates on 'cuda'), the pipeline schedules, and the measurements — is
+exercised by `python -m experiments.megatron_runner` / benchmarks/megatron_h200_suite.json on the GPU
+machine, not here. The CPU path covers: the model run (truncation, GDN replacement), the
+TransformerConfig of several layouts, torch grouped_mm (torch >= 2.10 has a CPU implementation)
+against a per-expert loop, the torch-native layer spec against megatron's local spec on a whole
+GPTModel (forward and backward, allgather dispatcher, CPU tensors), the suite file, the CLI's
+no-GPU error, failure classification, and the process launcher/monitor with stand-in workers.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import pytest
+import torch
+
+from cost_model.hardware import load_gpu
+from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, load_model
+from cost_model.predict import predict
+from cost_model.workload import Workload
+from experiments import megatron_runner as mr
+from experiments import torch_native_backend as tnb
+from experiments.runner import FAILURE_CLASSES, TrialResult, TrialSpec
+from search_space.layout import InvalidLayout, Layout
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "megatron_h200_suite.json"
+WL = Workload(seq_len=4096, global_batch=16, framework="megatron")
+
+
+def test_this_machine_has_no_gpu():
+    # The premise of every CPU-path assertion below (the GPU paths are run by the suite instead).
+    assert torch.cuda.device_count() == 0
+    assert mr.visible_gpus() == 0
+
+
+# ------------------------------------------------------------------------------ the model run
+def test_trial_model_truncates_and_replaces_gdn(qwen36):
+    run = mr.trial_model(qwen36, 4, replace_gdn=True)
+    assert qwen36.layer_types[:4] == (LINEAR_ATTENTION,) * 3 + (FULL_ATTENTION,)
+    assert run.num_hidden_layers == 4
+    assert run.layer_types == (FULL_ATTENTION,) * 4
+    assert run.mlp_types == (MOE,) * 4
+    assert run.num_nextn_predict_layers == 0
+    assert (run.linear_num_key_heads, run.linear_num_value_heads, run.linear_conv_kernel_dim) == (0, 0, 0)
+    assert run.name == "qwen3.6-35b-a3b[L4,gdn->full]"
+    # Everything else is the catalog model's.
+    for f in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "num_experts",
+              "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "attn_output_gate",
+              "qk_norm", "partial_rotary_factor", "tie_word_embeddings"):
+        assert getattr(run, f) == getattr(qwen36, f), f
+    # Each layer now counts as the catalog model's full-attention MoE layer.
+    full_layer = qwen36.params.layers[3]
+    assert all(layer == full_layer for layer in run.params.layers)
+    assert run.params.total == (qwen36.params.embedding + qwen36.params.lm_head + qwen36.params.final_norm
+                                + 4 * full_layer.total)
+    notes = mr.trial_model_notes(qwen36, run, "--layers")
+    assert notes == ["truncated: 4 of 40 layers (--layers)",
+                     "gdn: replaced by full attention (fla not importable): 3 of 4 layers",
+                     "mtp: 1 MTP layer(s) not built"]
+
+
+def test_trial_model_keep_gdn_and_full_depth(qwen36):
+    kept = mr.trial_model(qwen36, 4, replace_gdn=False)
+    assert kept.layer_types == qwen36.layer_types[:4]
+    assert kept.linear_num_value_heads == qwen36.linear_num_value_heads
+    full = mr.trial_model(qwen36, None, replace_gdn=True)
+    assert full.num_hidden_layers == 40 and full.layer_types == (FULL_ATTENTION,) * 40
+    assert full.name == "qwen3.6-35b-a3b[gdn->full]"
+    same = mr.trial_model(load_model("qwen3-30b-a3b"), None)
+    assert same.name == "qwen3-30b-a3b" and same.layer_types == load_model("qwen3-30b-a3b").layer_types
+    with pytest.raises(ValueError, match="has 40 layers"):
+        mr.trial_model(qwen36, 41)
+    with pytest.raises(ValueError, match="positive integer"):
+        mr.trial_model(qwen36, 0)
+
+
+def test_auto_layers_is_the_largest_predicted_fit(qwen36, h200):
+    layout = Layout(1, max_tokens_per_gpu=4096)
+    n, how = mr.auto_layers(qwen36, h200, WL, layout)
+    assert predict(mr.trial_model(qwen36, n), h200, WL, layout).fits
+    assert not predict(mr.trial_model(qwen36, n + 1), h200, WL, layout).fits
+    assert how.startswith("auto: largest layer count predicted to fit")
+    n_pp, _ = mr.auto_layers(qwen36, h200, WL, Layout(2, pp=2, max_tokens_per_gpu=4096))
+    assert n_pp % 2 == 0
+
+
+# ------------------------------------------------------------------------------ TransformerConfig
+CONFIG_LAYOUTS = [
+    Layout(1, max_tokens_per_gpu=4096),
+    Layout(2, ep=2),
+    Layout(2, tp=2),
+    Layout(2, tp=2, ep=2, etp=1),
+    Layout(4, tp=2, ep=2, etp=2),
+    Layout(2, pp=2),
+    Layout(4, pp=2, vpp=2),
+    Layout(1, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+    Layout(1, recompute_granularity="full", recompute_method="block", recompute_num_layers=2),
+    Layout(1, recompute_granularity="selective", recompute_modules=("moe_act",)),
+    Layout(1, recompute_granularity="selective", recompute_modules=("core_attn", "layernorm", "shared_experts")),
+    Layout(1, recompute_granularity="selective"),
+    Layout(2, ep=2, dispatcher="flex"),
+]
+
+
+@pytest.mark.parametrize("layout", CONFIG_LAYOUTS, ids=lambda lay: lay.long_label)
+def test_transformer_config_validates(qwen36, layout):
+    run = mr.trial_model(qwen36, 4)
+    cfg = mr.build_transformer_config(run, layout, WL, use_cpu_initialization=True)  # __post_init__ validates
+    assert cfg.num_layers == 4 and cfg.hidden_size == 2048
+    assert (cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels) == (16, 2, 256)
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == (256, 8, 512)
+    assert cfg.moe_shared_expert_intermediate_size == 512 and cfg.moe_shared_expert_gate
+    assert cfg.moe_grouped_gemm and cfg.moe_layer_freq == [1, 1, 1, 1]
+    assert cfg.moe_token_dispatcher_type == layout.dispatcher
+    assert cfg.attention_output_gate and cfg.qk_layernorm and cfg.gated_linear_unit
+    assert cfg.bf16 and cfg.params_dtype == torch.bfloat16 and not cfg.add_bias_linear
+    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.context_parallel_size,
+            cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size) == (
+        layout.tp, layout.pp, layout.cp, layout.ep, layout.etp)
+    assert cfg.virtual_pipeline_model_parallel_size == (layout.vpp if layout.vpp > 1 else None)
+    assert cfg.sequence_parallel == (layout.tp > 1)
+    assert cfg.recompute_granularity == layout.recompute_granularity
+    if layout.recompute_granularity == "full":
+        assert (cfg.recompute_method, cfg.recompute_num_layers) == (layout.recompute_method, layout.recompute_num_layers)
+    if layout.recompute_granularity == "selective":
+        assert cfg.recompute_modules == list(layout.selective_modules)
+    # No fusion that needs Transformer Engine or Apex on the torch-native path.
+    assert not (cfg.apply_rope_fusion or cfg.bias_activation_fusion or cfg.gradient_accumulation_fusion
+                or cfg.masked_softmax_fusion or cfg.moe_permute_fusion)
+
+
+def test_transformer_config_rejections_are_invalid_config():
+    dense = mr.trial_model(load_model("llama3-8b"), 2)
+    lay = Layout(1, recompute_granularity="selective", recompute_modules=("moe_act",))
+    with pytest.raises(ValueError, match="moe_act") as info:
+        mr.build_transformer_config(dense, lay, WL, use_cpu_initialization=True)
+    assert mr.classify_exception(info.value, "config") == "invalid_config"
+    with pytest.raises(NotImplementedError, match="MLA"):
+        mr.transformer_config_kwargs(load_model("deepseek-v3"), Layout(1), WL)
+    with pytest.raises(NotImplementedError, match="bf16"):
+        mr.transformer_config_kwargs(dense, Layout(1), Workload(precision="fp8"))
+
+
+# ------------------------------------------------------------------------------ grouped GEMM
+SPLITS = [5, 0, 17, 3, 0, 11]  # includes experts that receive no token
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_grouped_linear_matches_per_expert_loop(dtype, tol):
+    """torch grouped_mm (the kernel the torch-native experts call) against the per-expert loop,
+    forward and backward, on the CPU (torch >= 2.10 implements grouped_mm for CPU tensors; the
+    CUDA kernel of torch 2.11 on the H200 is exercised only by the GPU suite)."""
+    fn, name = tnb.grouped_mm_fn()
+    assert fn is not None, name  # this torch has the kernel; on the CPU, not skipped
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(sum(SPLITS), 32, generator=g).to(dtype).requires_grad_()
+    w = (torch.randn(len(SPLITS), 48, 32, generator=g) * 0.1).to(dtype).requires_grad_()
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    tnb.reset_kernel_report()
+    y = tnb.grouped_linear(x, w, SPLITS)
+    ref = tnb.reference_grouped_linear(x2, w2, SPLITS)
+    assert y.shape == ref.shape == (sum(SPLITS), 48)
+    torch.testing.assert_close(y.float(), ref.float(), atol=tol, rtol=tol)
+    grad = torch.randn(y.shape, generator=g).to(dtype)
+    y.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(x.grad.float(), x2.grad.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(w.grad.float(), w2.grad.float(), atol=tol * 4, rtol=tol)
+    assert w.grad[1].abs().sum() == 0 and w.grad[4].abs().sum() == 0  # experts without tokens
+    assert tnb.kernel_report() == {name: 1}
+    # A stride-0 (expanded) output gradient, which grouped_mm's backward rejects, is made contiguous.
+    x.grad = None
+    tnb.grouped_linear(x, w, SPLITS).sum().backward()
+    assert x.grad is not None
+
+
+def test_grouped_linear_offsets_and_empty_input():
+    offs = tnb._offsets([3, 0, 4], torch.device("cpu"))
+    assert offs.dtype == torch.int32 and offs.tolist() == [3, 3, 7]
+    assert tnb._offsets(torch.tensor([2, 2]), torch.device("cpu")).tolist() == [2, 4]
+    x = torch.zeros(0, 16)
+    w = torch.randn(4, 8, 16)
+    assert tnb.grouped_linear(x, w, [0, 0, 0, 0]).shape == (0, 8)
+
+
+class _Group:
+    def __init__(self, size):
+        self._size = size
+
+    def size(self):
+        return self._size
+
+
+def _expert_cfg(tp=1, ep=1, etp=1):
+    return SimpleNamespace(expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+                           tensor_model_parallel_size=tp, use_cpu_initialization=True, params_dtype=torch.float32,
+                           perform_initialization=True)
+
+
+@pytest.mark.parametrize("tp,ep,etp,allreduce", [(1, 1, 1, True), (1, 2, 1, False), (2, 1, 1, False),
+                                                 (2, 2, 2, False), (2, 1, 2, True)])
+def test_grouped_linear_weight_layout_and_sharding(tp, ep, etp, allreduce):
+    """megatron's GroupedMLP/TEGroupedMLP layout: 128 local experts (256 / EP 2 for example), fc1
+    column-parallel over ETP ([gate|up] of the FFN slice), fc2 row-parallel over ETP; DDP's
+    `allreduce` flag as ColumnParallelLinear sets it for experts (False: expert-DP reduction)."""
+    cfg = _expert_cfg(tp, ep, etp)
+    pgs = SimpleNamespace(expt_tp=_Group(etp))
+    local, hidden, ffn = 256 // ep, 64, 32
+    init = lambda t: torch.nn.init.normal_(t, std=0.02)  # noqa: E731
+    fc1 = tnb.TorchColumnParallelGroupedLinear(local, hidden, 2 * ffn, config=cfg, init_method=init, bias=False,
+                                               skip_bias_add=False, is_expert=True, pg_collection=pgs)
+    fc2 = tnb.TorchRowParallelGroupedLinear(local, ffn, hidden, config=cfg, init_method=init, bias=False,
+                                            skip_bias_add=True, is_expert=True, pg_collection=pgs)
+    assert fc1.weight.shape == (local, 2 * ffn // etp, hidden)
+    assert fc2.weight.shape == (local, hidden, ffn // etp)
+    assert (fc1.weight.partition_dim, fc2.weight.partition_dim) == (1, 2)
+    assert fc1.weight.tensor_model_parallel and fc2.weight.tensor_model_parallel
+    assert fc1.weight.allreduce is allreduce and fc2.weight.allreduce is allreduce
+    assert 0.015 < fc1.weight.std().item() < 0.025
+    with pytest.raises(ValueError, match="routed experts only"):
+        tnb.TorchColumnParallelGroupedLinear(local, hidden, 2 * ffn, config=cfg, init_method=init, bias=False,
+                                             skip_bias_add=False, is_expert=False, pg_collection=pgs)
+
+
+def test_sdpa_attention_matches_naive_causal_gqa():
+    from megatron.core.transformer.enums import AttnMaskType
+
+    cfg = SimpleNamespace(context_parallel_size=1, softmax_type="vanilla", window_size=None,
+                          window_attn_skip_freq=None, kv_channels=16, attention_dropout=0.0)
+    attn = tnb.TorchSDPAttention(cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    g = torch.Generator().manual_seed(1)
+    sq, b, npart, ng, hn = 12, 2, 4, 2, 16
+    q, k, v = (torch.randn(sq, b, n, hn, generator=g) for n in (npart, ng, ng))
+    tnb.reset_kernel_report()
+    out = attn(q, k, v, None)
+    assert out.shape == (sq, b, npart * hn)
+    # Naive reference: repeat KV heads, causal softmax.
+    kr, vr = k.repeat_interleave(npart // ng, dim=2), v.repeat_interleave(npart // ng, dim=2)
+    scores = torch.einsum("sbnh,tbnh->bnst", q, kr) / hn ** 0.5
+    scores = scores.masked_fill(torch.triu(torch.ones(sq, sq, dtype=torch.bool), 1), float("-inf"))
+    ref = torch.einsum("bnst,tbnh->sbnh", scores.softmax(-1), vr).reshape(sq, b, -1)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    report = tnb.kernel_report()
+    assert report["torch.nn.functional.scaled_dot_product_attention"] == 1
+    assert report["gqa"] in (["enable_gqa"], ["repeat_kv"])
+    # Both GQA modes give the same result.
+    attn._gqa_mode = {k_: ("repeat_kv" if m == "enable_gqa" else "enable_gqa") for k_, m in attn._gqa_mode.items()}
+    torch.testing.assert_close(attn(q, k, v, None), ref, atol=1e-5, rtol=1e-5)
+    for bad, match in ((dict(context_parallel_size=2), "context parallelism"), (dict(softmax_type="learnable"), "sinks")):
+        with pytest.raises(NotImplementedError, match=match):
+            tnb.TorchSDPAttention(SimpleNamespace(**{**vars(cfg), **bad}), 1, AttnMaskType.causal, "self")
+
+
+def test_backend_resolution_and_unsupported_models(qwen36):
+    # This machine: no Transformer Engine, torch with grouped_mm and SDPA -> torch-native.
+    assert not tnb.te_available()
+    assert tnb.resolve_backend("auto")[0] == "torch-native"
+    assert tnb.resolve_backend("local") == ("local", "requested")
+    with pytest.raises(ImportError, match="transformer_engine"):
+        tnb.resolve_backend("te")
+    with pytest.raises(ValueError):
+        tnb.resolve_backend("apex")
+    assert tnb.unsupported(mr.trial_model(qwen36, 4), "torch-native") == []
+    assert "Gated DeltaNet" in tnb.unsupported(qwen36, "torch-native")[0]
+    oss = tnb.unsupported(load_model("gpt-oss-20b"), "torch-native")
+    assert any("sinks" in r for r in oss) and any("sliding-window" in r for r in oss)
+    assert tnb.unsupported(load_model("gpt-oss-20b"), "local") == []
+    assert any("CP 2" in r for r in tnb.unsupported(load_model("qwen3-30b-a3b"), "torch-native", cp=2))
+    spec = tnb.layer_spec(mr.trial_model(qwen36, 4), "auto")
+    assert spec.metainfo["attune_backend"] == "torch-native"
+    assert "grouped_mm" in spec.metainfo["attune_kernels"]["grouped_gemm"]
+    assert spec.submodules.self_attention.submodules.core_attention is tnb.TorchSDPAttention
+    assert tnb.layer_spec(mr.trial_model(qwen36, 4), "local").metainfo["attune_backend"] == "local"
+    with pytest.raises(NotImplementedError, match="Gated DeltaNet"):
+        tnb.layer_spec(qwen36, "torch-native")
+
+
+# ------------------------------------------------------------------------------ a whole GPTModel on the CPU
+@contextlib.contextmanager
+def _cpu_megatron():
+    """A 1-rank gloo process group and megatron's parallel state, plus the stubs that let
+    megatron's local DotProductAttention (the reference) run on CPU tensors."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.fusions import fused_softmax
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        with warnings.catch_warnings(), \
+                mock.patch.object(torch.cuda, "current_device", lambda: "cpu"), \
+                mock.patch.object(tracker, "fork", lambda *a, **k: contextlib.nullcontext()), \
+                mock.patch.object(fused_softmax, "get_default_causal_mask",
+                                  lambda sq: torch.triu(torch.ones(sq, sq), diagonal=1).bool()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _tiny_qwen36():
+    run = mr.trial_model(load_model("qwen3.6-35b-a3b"), 2)
+    return dataclasses.replace(run, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=32, vocab_size=256)
+
+
+def test_torch_native_gptmodel_matches_local_backend_on_cpu():
+    """A 2-layer Qwen3.6-shaped GPTModel (GQA, q/k norm, output gate, shared gated expert, 4 experts
+    top-2) built from the torch-native block spec and from megatron's local spec with the same
+    weights: same per-token losses and gradients (fp32, CPU; the allgather dispatcher, since the
+    alltoall one needs CUDA streams)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    tiny = _tiny_qwen36()
+    kw = mr.transformer_config_kwargs(tiny, Layout(1), Workload(seq_len=32, global_batch=2),
+                                      use_cpu_initialization=True)
+    kw.update(moe_token_dispatcher_type="allgather", bf16=False, params_dtype=torch.float32,
+              pipeline_dtype=torch.float32, moe_layer_freq=[1, 0])
+    with _cpu_megatron():
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        cfg = TransformerConfig(**kw)
+        models = {}
+        for backend in ("torch-native", "local"):
+            spec, info = tnb.block_spec(tiny, cfg, backend)
+            assert info["attune_backend"] == backend
+            torch.manual_seed(0)
+            models[backend] = GPTModel(cfg, spec, vocab_size=256, max_sequence_length=32,
+                                       position_embedding_type="none")
+        native, local = models["torch-native"], models["local"]
+        experts = native.decoder.layers[0].mlp.experts
+        assert type(experts).__name__ == "TorchGroupedMLP"
+        assert type(local.decoder.layers[0].mlp.experts).__name__ == "SequentialMLP"
+        assert type(native.decoder.layers[0].self_attention.core_attention) is tnb.TorchSDPAttention
+        # Same weights: the local model's per-expert weights, stacked.
+        sd = local.state_dict()
+        new = {k: v for k, v in sd.items() if "local_experts" not in k}
+        for fc in ("linear_fc1", "linear_fc2"):
+            new[f"decoder.layers.0.mlp.experts.{fc}.weight"] = torch.stack(
+                [sd[f"decoder.layers.0.mlp.experts.local_experts.{i}.{fc}.weight"] for i in range(4)])
+        native.load_state_dict(new, strict=False)
+        ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(3))
+        pos = torch.arange(32).expand(2, 32)
+        tnb.reset_kernel_report()
+        loss_n = native(ids, pos, None, labels=ids)
+        loss_l = local(ids, pos, None, labels=ids)
+        torch.testing.assert_close(loss_n, loss_l, atol=1e-5, rtol=1e-5)
+        loss_n.mean().backward()
+        loss_l.mean().backward()
+        g_n = experts.linear_fc1.weight.grad
+        g_l = torch.stack([e.linear_fc1.weight.grad for e in local.decoder.layers[0].mlp.experts.local_experts])
+        torch.testing.assert_close(g_n, g_l, atol=1e-6, rtol=1e-4)
+        for name in ("self_attention.linear_qkv.weight", "self_attention.linear_proj.weight"):
+            a = native.decoder.layers[0].get_parameter(name).grad
+            b = local.decoder.layers[0].get_parameter(name).grad
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+        report = tnb.kernel_report()
+        assert report["torch.nn.functional.scaled_dot_product_attention"] == 2  # both layers' attention
+        assert sum(v for k, v in report.items() if "grouped_mm" in k) == 2  # fc1 + fc2 forward of the MoE layer
+
+
+def test_forward_step_and_masked_loss_through_megatron_ddp_on_cpu():
+    """The runner's forward_step/loss_func on a bf16 Float16Module + megatron DDP model (CPU):
+    masked mean cross-entropy and expert gradients landing in DDP's main_grad buffers."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    tiny = _tiny_qwen36()
+    kw = mr.transformer_config_kwargs(tiny, Layout(1), Workload(seq_len=32, global_batch=4),
+                                      use_cpu_initialization=True)
+    kw["moe_token_dispatcher_type"] = "allgather"
+    with _cpu_megatron():
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        cfg = TransformerConfig(**kw)
+        spec, _ = tnb.block_spec(tiny, cfg, "torch-native")
+        model = Float16Module(cfg, GPTModel(cfg, spec, vocab_size=mr.padded_vocab(256, 1), max_sequence_length=32,
+                                            position_embedding_type="none"))
+        ddp = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=True), module=model)
+        ids = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(5))
+        mask = torch.ones(2, 32)
+        mask[1, 16:] = 0
+        batch = {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": mask,
+                 "position_ids": torch.arange(32).expand(2, 32)}
+        out, lf = mr.forward_step(iter([batch]), ddp)
+        total, count, logged = lf(out)
+        assert int(count) == 48
+        torch.testing.assert_close(total, (out.float() * mask).sum())
+        assert mr.step_loss([logged]) == pytest.approx(float(total) / 48)
+        assert 4.5 < mr.step_loss([logged]) < 6.5  # ~ln(256) at random init
+        (total / count).backward()
+        w = model.module.decoder.layers[0].mlp.experts.linear_fc1.weight
+        assert w.dtype == torch.bfloat16 and w.main_grad.abs().sum() > 0
+    assert mr.step_loss([]) is None
+
+
+# ------------------------------------------------------------------------------ failures
+def test_failure_classification():
+    assert mr.classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")) == "cuda_oom"
+    assert mr.classify_exception(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")) == "cuda_oom"
+    assert mr.classify_exception(MemoryError()) == "host_oom"
+    timeout = torch.distributed.DistBackendError("[Rank 0] Watchdog caught collective operation timeout: "
+                                                  "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 60000 ms")
+    assert mr.classify_exception(timeout) == "nccl_timeout"
+    assert mr.classify_exception(RuntimeError("NCCL communicator was aborted: timed out")) == "nccl_timeout"
+    for phase in ("config", "build", "optimizer"):
+        assert mr.classify_exception(ValueError("moe_act needs grouped gemm"), phase) == "invalid_config"
+        assert mr.classify_exception(AssertionError("heads % tp"), phase) == "invalid_config"
+        assert mr.classify_exception(ImportError("DeepEP is not installed"), phase) == "invalid_config"
+        assert mr.classify_exception(RuntimeError("CUDA error: illegal memory access"), phase) == "crash"
+    assert mr.classify_exception(ValueError("bad value"), "train") == "crash"
+    assert mr.classify_exception(InvalidLayout("world size"), "train") == "invalid_config"
+    assert mr.classify_exception(KeyError("x"), "train") == "crash"
+    assert mr.classify_exit(-9) == "host_oom"
+    assert mr.classify_exit(-6, "... Watchdog caught collective operation timeout ...") == "nccl_timeout"
+    assert mr.classify_exit(1, "torch.OutOfMemoryError: CUDA out of memory") == "cuda_oom"
+    assert mr.classify_exit(1) == "crash" and mr.classify_exit(-11) == "crash"
+    assert set(mr._CLASS_PRIORITY) == set(FAILURE_CLASSES)
+
+
+@pytest.mark.parametrize("mode,status,failure", [("ok", "ok", None), ("error", "failed", "invalid_config"),
+                                                  ("exit", "failed", "crash"), ("hang", "failed", "hang")])
+def test_launcher_and_monitor_with_stand_in_workers(tmp_path, mode, status, failure):
+    """Two spawned processes (torch.multiprocessing, the launcher real trials use) running a stand-in
+    worker: results, reported errors, silent exits and silence are told apart."""
+    job = {"selftest": mode, "env": {"ATTUNE_SELFTEST": "1"}, "log_dir": str(tmp_path)}
+    out = mr.run_job(job, 2, "mp", timeout_s=60, hang_timeout_s=4, target=mr._selftest_worker)
+    assert out["status"] == status
+    assert out.get("failure_class") == failure
+    if mode == "ok":
+        assert sorted(out["ranks"]) == [0, 1]
+    if mode == "hang":
+        assert "no report from any rank for 4 s" in out["detail"]
+    if mode == "exit":
+        assert "exited with code 3" in out["detail"]
+
+
+def test_ray_launcher_shares_the_worker_contract(tmp_path):
+    """The Ray launcher (placement group, one actor per rank) drives the same worker contract and the
+    same monitor; on this CPU machine its bundles ask for no GPU (real trials ask for one each)."""
+    import importlib.util
+    assert importlib.util.find_spec("ray") is not None and mr.ray_available()
+    import ray
+    try:
+        for mode, status, failure in (("ok", "ok", None), ("error", "failed", "invalid_config")):
+            job = {"selftest": mode, "env": {"ATTUNE_SELFTEST": "1"}, "log_dir": str(tmp_path / mode)}
+            out = mr.run_job(job, 2, "ray", timeout_s=120, hang_timeout_s=60, target=mr._selftest_worker,
+                             gpus_per_worker=0)
+            assert (out["status"], out.get("failure_class")) == (status, failure)
+    finally:
+        ray.shutdown()
+
+
+# ------------------------------------------------------------------------------ the runner on a CPU
+def _spec(model, layout, steps=8, **wl):
+    return TrialSpec(model=model, gpu=load_gpu("h200"), workload=Workload(**{"seq_len": 4096, "global_batch": 16,
+                                                                               "framework": "megatron", **wl}),
+                     layout=layout, steps=steps, window=(2, steps - 1))
+
+
+def _detail(result: TrialResult) -> dict:
+    if "extras" in {f.name for f in dataclasses.fields(TrialResult)}:
+        return result.extras  # pragma: no cover - when the lead adds TrialResult.extras
+    return json.loads(result.detail)
+
+
+def test_runner_without_gpus_returns_a_failed_result(qwen36):
+    runner = mr.MegatronRunner(layers=4)
+    assert runner.name == "megatron"
+    res = runner.run(_spec(qwen36, Layout(1, max_tokens_per_gpu=4096)))
+    assert (res.status, res.kind, res.failure_class) == ("failed", "measured", "invalid_config")
+    d = _detail(res)
+    assert d["message"] == "needs 1 GPU(s), 0 visible"
+    assert d["model_run"]["name"] == "qwen3.6-35b-a3b[L4,gdn->full]"
+    assert GDN_NOTE_PREFIX in " ".join(d["notes"])
+    assert d["prediction_for_model_run"]["fits"] is True
+    flex = runner.run(_spec(qwen36, Layout(2, ep=2, dispatcher="flex", max_tokens_per_gpu=4096)))
+    assert flex.failure_class == "invalid_config" and "DeepEP" in _detail(flex)["message"]
+    odd = runner.run(_spec(qwen36, Layout(2, ep=2, max_tokens_per_gpu=4096), global_batch=15))
+    assert odd.failure_class == "invalid_config" and "not divisible by DP 2" in _detail(odd)["message"]
+
+
+GDN_NOTE_PREFIX = "gdn: replaced by full attention (fla not importable)"
+
+
+def test_plan_scales_the_global_batch_to_the_time_budget(qwen36):
+    spec = _spec(qwen36, Layout(1, max_tokens_per_gpu=4096), global_batch=256)
+    plan = mr.MegatronRunner(layers=4, timeout_s=100).plan(spec)
+    assert plan["global_batch"] < 256 and plan["global_batch"] >= 1
+    assert any("global batch scaled down from 256" in n for n in plan["notes"])
+    assert plan["prediction"]["global_batch"] == plan["global_batch"]
+    assert mr.MegatronRunner(layers=4, scale_batch_to_budget=False).plan(spec)["global_batch"] == 256
+    assert mr.MegatronRunner(layers=4, timeout_s=100).plan(_spec(qwen36, Layout(1, max_tokens_per_gpu=4096)))[
+        "global_batch"] == 16
+
+
+def test_gpu_from_name():
+    assert mr.gpu_from_name("NVIDIA H200\nNVIDIA H200").name == "h200"
+    assert mr.gpu_from_name("NVIDIA H100 80GB HBM3").name == "h100"
+    assert mr.gpu_from_name("NVIDIA B200").name == "b200"
+    assert mr.gpu_from_name("Tesla V100-SXM2-16GB") is None
+    assert mr.gpu_from_name("") is None
+
+
+def test_window_default_and_result_dict():
+    assert mr._window(8, None) == (2, 7)
+    assert mr._window(8, (5, 19)) == (2, 7)  # TrialSpec's default window does not fit 8 steps
+    assert mr._window(20, (5, 19)) == (5, 19)
+    assert mr._window(2, None) == (1, 1)
+    r = TrialResult(status="failed", kind="measured", source="s", failure_class="hang", detail='{"a": 1}')
+    assert mr.result_to_dict(r, trial="t")["detail"] == {"a": 1}
+
+
+# ------------------------------------------------------------------------------ data
+def test_rows_file(tmp_path):
+    p = tmp_path / "rows.jsonl"
+    p.write_text('{"tokens": [1, 2, 3, 4, 5], "loss_mask": [0, 0, 1, 1, 1]}\n\n{"tokens": [7, 300]}\n')
+    rows = mr.load_rows(p)
+    assert len(rows) == 2 and rows[1]["loss_mask"] == [1, 1]
+    ids, labels, mask = mr.row_arrays(rows[0], 3, 256)
+    assert (ids, labels, mask) == ([1, 2, 3], [2, 3, 4], [0, 1, 1])
+    ids, labels, mask = mr.row_arrays(rows[1], 3, 256)
+    assert (ids, labels, mask) == ([7, 44, 0], [44, 0, 0], [1, 0, 0])  # padded, ids modulo the vocabulary
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tokens": [1, 2], "loss_mask": [1]}\n')
+    with pytest.raises(ValueError, match="as long as 'tokens'"):
+        mr.load_rows(bad)
+
+
+# ------------------------------------------------------------------------------ the suite
+def test_shipped_suite_parses_and_matches_its_expectations(h200):
+    trials, meta = mr.parse_suite(SUITE)
+    assert meta["budget_s"] == 480
+    names = [t.name for t in trials]
+    assert len(names) == len(set(names)) >= 8
+    assert {t.gpus for t in trials} == {1, 2}
+    assert all(t.model == "qwen3.6-35b-a3b" and t.replace_gdn and t.workload.seq_len == 4096 for t in trials)
+    by = {t.name: t for t in trials}
+    assert by["2g-tp2-ep1-sp-mt4096"].layout.sequence_parallel
+    assert by["2g-tp2-ep2-etp1-mt4096"].layout.edp == 1
+    assert by["1g-rc-selective-moe_act-mt4096"].layout.selective_modules == ("moe_act",)
+    assert by["1g-tp1-ep1-rc-none-mt8192"].layout.rows_per_microbatch == 2
+    # What the cost model says about each model run, and the flex trial's verdict before any spawn.
+    for t in trials:
+        runner = mr.MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, timeout_s=t.timeout_s)
+        spec = TrialSpec(model=load_model(t.model), gpu=h200, workload=t.workload, layout=t.layout, steps=t.steps,
+                         window=t.window)
+        if t.layout.dispatcher == "flex":
+            assert t.expect.startswith("invalid_config")
+            with pytest.raises(InvalidLayout, match="DeepEP"):
+                runner.plan(spec)
+            continue
+        plan = runner.plan(spec)
+        assert plan["global_batch"] == 16, t.name  # no budget scaling at 100 s per trial
+        assert plan["prediction"]["fits"] is t.expect.startswith("ok"), t.name
+        assert plan["notes"][:2] == [f"truncated: {t.layers} of 40 layers (--layers)",
+                                     f"{GDN_NOTE_PREFIX}: {3 * t.layers // 4} of {t.layers} layers"]
+        assert not any("rows_per_microbatch" in n for n in plan["notes"]), t.name  # slime's rule holds
+
+
+def test_suite_parsing_errors(tmp_path):
+    base = {"defaults": {"model": "qwen3.6-35b-a3b", "layers": 2}, "trials": [{"name": "a", "gpus": 1, "layout": {}}]}
+    trials, _ = mr.parse_suite(base)
+    assert trials[0].layers == 2 and trials[0].layout == Layout(1) and trials[0].steps == 8
+    assert mr.parse_suite({**base, "defaults": {**base["defaults"], "layers": "auto"}})[0][0].layers is None
+    cases = [
+        ({"trials": []}, "non-empty 'trials'"),
+        ({**base, "defaults": {"modle": "x"}}, "unknown suite defaults"),
+        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "lr": 1}]}, "unknown keys"),
+        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}}] * 2}, "duplicate name"),
+        ({**base, "trials": [{"name": "a", "gpus": 2, "layout": {"tp": 4}}]}, "not divisible"),
+        ({**base, "trials": [{"name": "a", "gpus": 0, "layout": {}}]}, "positive integer"),
+        ({**base, "trials": [{"name": "a", "layout": {}}]}, "missing 'gpus'"),
+        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "layers": -1}]}, "layers must be"),
+        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "backend": "apex"}]}, "unknown backend"),
+    ]
+    for data, match in cases:
+        with pytest.raises(ValueError, match=match):
+            mr.parse_suite(data)
+    bad = tmp_path / "s.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="malformed JSON"):
+        mr.parse_suite(bad)
+
+
+def _fake_rank(rank, steps):
+    times = [4.0, 1.5] + [1.0 + 0.1 * (i % 2) for i in range(steps - 2)]
+    return {"kind": "result", "rank": rank, "gpu_name": "NVIDIA H200", "megatron_core": "0.19.2", "torch": "2.11.0",
+            "backend": "torch-native", "backend_reason": "auto", "kernels": dict(tnb.KERNELS["torch-native"]),
+            "kernels_ran": {"torch._grouped_mm": 128}, "optimizer": "standard distributed optimizer",
+            "step_times_s": times, "losses": [12.4 - 0.1 * i for i in range(steps)],
+            "grad_norms": [3.0] * steps, "num_microbatches": 16, "params_local": 4_000_000_000,
+            "memory_gib": {"after_build": 8.0, "after_optimizer": 40.0, "peak_allocated": 70.0 + rank,
+                           "peak_reserved": 75.0}}
+
+
+def test_suite_run_with_stubbed_workers(tmp_path, monkeypatch):
+    """run_suite -> MegatronRunner.run -> the result lines, with the GPU count and the worker launch
+    stubbed (what the GPU machine returns is shaped as _train returns it): the summary arithmetic,
+    the failure lines, and the JSONL output."""
+    jobs = []
+
+    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s):
+        jobs.append((job, world, launcher))
+        assert job["env"]["NCCL_NVLS_ENABLE"] == "0" and job["env"]["TORCHDYNAMO_DISABLE"] == "1"
+        if job["model"].num_hidden_layers == 8:
+            return {"status": "failed", "failure_class": "cuda_oom", "wall_s": 20.0,
+                    "detail": "rank 0 (train): OutOfMemoryError: CUDA out of memory", "errors": [], "progress": {}}
+        return {"status": "ok", "wall_s": 40.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    out = tmp_path / "results.jsonl"
+    printed = []
+    lines = mr.run_suite(SUITE, str(out), gpu=load_gpu("h200"), log_root=str(tmp_path / "logs"), emit=printed.append)
+    assert len(lines) == len(printed) == len(out.read_text().splitlines()) == 9
+    by = {line["trial"]: line for line in lines}
+    ok = by["2g-tp1-ep2-mt4096"]
+    assert ok["status"] == "ok" and ok["kind"] == "measured"
+    window = [1.0 + 0.1 * (i % 2) for i in range(6)]  # steps 2..7
+    assert ok["tokens_per_s_per_gpu"] == pytest.approx(16 * 4096 * 6 / sum(window) / 2)
+    assert ok["step_time_s"] == pytest.approx(sum(window) / 6)
+    assert ok["step_time_cv_percent"] == pytest.approx(100 * 0.05 / 1.05, rel=1e-3)
+    assert ok["peak_memory_gib"] == 71.0 and len(ok["step_times_s"]) == 8
+    assert ok["source"].startswith("megatron-core 0.19.2 runner on NVIDIA H200 x2, backend torch-native, kernels")
+    d = ok["detail"]
+    assert d["model_run"]["name"] == "qwen3.6-35b-a3b[L4,gdn->full]" and d["window"] == [2, 7]
+    assert d["max_memory_allocated_gib_per_rank"] == [70.0, 71.0]
+    assert d["prediction_for_model_run"]["fits"] is True
+    assert by["2g-tp1-ep2-flex"]["failure_class"] == "invalid_config"
+    assert by["1g-8layers-rc-none-mt16384"]["failure_class"] == "cuda_oom"
+    assert by["1g-8layers-rc-none-mt16384"]["detail"]["prediction_for_model_run"]["fits"] is False
+    # Every trial but flex reached the launcher, with the model run and one process per GPU.
+    assert len(jobs) == 8 and all(world == t.gpus for (_, world, _), t in
+                                  zip(jobs, [t for t in mr.parse_suite(SUITE)[0] if t.layout.dispatcher != "flex"]))
+    assert all(launcher == "mp" for _, _, launcher in jobs)
+    assert json.loads(out.read_text().splitlines()[0])["trial"] == "1g-tp1-ep1-rc-none-mt4096"
+    # An exhausted suite budget records the remaining trials as skipped instead of starting them.
+    skipped = mr.run_suite(SUITE, None, gpu=load_gpu("h200"), budget_s=30, only=["2g-tp1-ep2-mt4096"],
+                           emit=lambda _: None)
+    assert [line["status"] for line in skipped] == ["skipped"] and len(jobs) == 8
+
+
+# ------------------------------------------------------------------------------ the CLI
+def _cli(*args):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "experiments.megatron_runner", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_without_gpu_exits_2_with_one_line():
+    for args in (["--model", "qwen3.6-35b-a3b", "--gpus", "1", "--layers", "2", "--layout", "max_tokens_per_gpu=4096",
+                  "--steps", "4", "--json"],
+                 ["--suite", str(SUITE), "--out", "/dev/null"]):
+        p = _cli(*args)
+        assert p.returncode == 2, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1, p.stderr
+        assert lines[0].startswith("megatron_runner: error: no CUDA GPU visible")
+        assert p.stdout == ""
+
+
+def test_cli_argument_errors_exit_2():
+    p = _cli("--model", "qwen3.6-35b-a3b", "--gpus", "2", "--layout", "tp=4")
+    assert p.returncode == 2 and "not divisible" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = _cli("--gpus", "1")
+    assert p.returncode == 2 and "give --suite FILE, or --model and --gpus" in p.stderr
+    assert mr._parse_kv(["tp=2", "recompute_granularity=none", "recompute_modules=moe_act,layernorm",
+                         "optimizer_offload_fraction=0.5", "overlap_d2h_h2d=true"]) == {
+        "tp": 2, "recompute_granularity": None, "recompute_modules": "moe_act,layernorm",
+        "optimizer_offload_fraction": 0.5, "overlap_d2h_h2d": True}
