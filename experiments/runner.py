@@ -60,6 +60,10 @@ class TrialResult:
             raise ValueError(f"unknown failure class {self.failure_class!r}")
 
 
+class RunnerError(RuntimeError):
+    """The runner cannot run trials at all (cluster unreachable, busy too long, misconfigured)."""
+
+
 class TrialRunner(abc.ABC):
     """Runs one trial of a layout."""
 

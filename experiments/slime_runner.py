@@ -35,7 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from experiments.runner import TrialResult, TrialRunner, TrialSpec
+from experiments.runner import RunnerError, TrialResult, TrialRunner, TrialSpec
 from experiments.slime_log import SlimeLog, WindowError, classify_failure, failure_evidence
 from recipes.slime_command import (_MISC_LINES, _OPTIMIZER_LINES, NVLS_EXPR, ROLLOUT_FUNCTION, actor_placement,
                                    slime_env, slime_loss_mask_type, slime_model_script)
@@ -65,8 +65,6 @@ exec "${pre[@]}" "${MODEL_ARGS[@]}" "$@"
 """.replace("__MARK__", MODEL_ARGS_MARK)
 
 
-class RunnerError(RuntimeError):
-    """The runner cannot run trials at all (cluster unreachable, busy too long, misconfigured)."""
 
 
 @dataclass(frozen=True)

@@ -379,3 +379,53 @@ def test_cluster_with_token_auth_refuses_a_client_without_the_token(ray_cluster,
         monkeypatch.setenv("RAY_AUTH_MODE", "token")
         reset_auth_token_state()
     SlimeRunner(ray_cluster.address, fake_slime.slime_dir)          # with the token again
+
+
+class _FlakyRunner(SlimeRunner):
+    """The second trial crashes and the third hangs, as real trials do."""
+
+    calls = 0
+
+    def run(self, spec):
+        type(self).calls += 1
+        self.env.pop("ATTUNE_STANDIN_FAIL", None)
+        if self.calls in (2, 3):
+            self.env["ATTUNE_STANDIN_FAIL"] = {2: "crash", 3: "hang"}[self.calls]
+        return super().run(spec)
+
+
+def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime, qwen36, h200, tmp_path):
+    import itertools
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from cost_model.predict import predict
+    from search_space.enumerate import SpaceOptions, enumerate_layouts
+    from search_space.stack import Stack
+    from tuner.proposer import AgentProposer, Candidate
+    from tuner.space_params import layout_to_params
+    from tuner.study import StudyConfig, load_or_create, open_storage, run_study
+
+    workload = Workload(seq_len=64, global_batch=8)
+    config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=STEPS, window=WINDOW)
+    candidates = []
+    for layout in itertools.islice(enumerate_layouts(qwen36, 8, workload, Stack()), 0, None, 40):
+        p = predict(qwen36, h200, workload, layout)
+        if p.fits:
+            candidates.append(Candidate(layout, p))
+    study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "ray", config)
+    runner = _FlakyRunner(ray_cluster.address, fake_slime.slime_dir, entry_module=STANDIN, python=sys.executable,
+                          env={"ATTUNE_STANDIN_STEP_S": "0.05"}, hf_ckpt="/n/hf", torch_dist="/n/dist",
+                          sft_data=fake_slime.rows, profile_dir="/n/prof", poll_interval_s=0.25, hang_timeout_s=5,
+                          timeout_s=60)
+    summary = run_study(study, config, runner, AgentProposer(candidates, layout_to_params), trials=4, progress=False)
+    assert (summary.completed, summary.failed) == (2, 2)
+    trials = optuna.load_study(study_name="ray", storage=f"sqlite:///{tmp_path / 's.db'}").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[1].user_attrs["fail_reason"].startswith("crash")
+    assert trials[2].user_attrs["fail_reason"].startswith("hang")
+    for t in (trials[0], trials[3]):
+        assert t.user_attrs["result"]["kind"] == "measured" and t.user_attrs["backend"] == "slime"
+        assert t.user_attrs["prediction"]["kind"] == "predicted"  # measurement and prediction side by side
+        assert t.value == t.user_attrs["result"]["tokens_per_s_per_gpu"] > 0

@@ -236,3 +236,14 @@ def test_predict_explain_prints_time_and_memory_tables(capsys):
     for needle in ("step time", "launch_overhead", "ep_comm", "memory per GPU", "optimizer", "activations",
                    "host memory per node"):
         assert needle in out
+
+
+def test_trial_and_measured_backends_answer_bad_setups_in_one_line(tmp_path):
+    base = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "1"]
+    assert_one_line_error(run_tune("trial", "--backend", "megatron", *base, "--layout", "ep=1", cwd=tmp_path),
+                          "no CUDA GPU found")
+    assert_one_line_error(run_tune("trial", "--backend", "slime", *base, "--layout", "ep=1", cwd=tmp_path),
+                          "--ray-address and --slime-dir")
+    assert_one_line_error(run_tune("--backend", "slime", "--model", "qwen3.6-35b-a3b", "--gpu", "h200",
+                                   "--ray-address", "http://127.0.0.1:9", "--slime-dir", "/x", "--storage",
+                                   str(tmp_path / "s.db"), cwd=tmp_path), "cannot reach the Ray cluster")

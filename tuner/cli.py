@@ -22,7 +22,7 @@ from search_space.stack import STACK_FIXES, Stack
 from tuner.predict_request import (ANSWERABLE_ERRORS, LAYOUT_KEYS, REQUEST_KEYS, RequestError, answer,
                                    pairs_to_layout_values, resolve, result_dict)
 
-SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile")
+SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile", "trial")
 EXIT_USAGE = 2
 
 
@@ -42,13 +42,14 @@ def main(argv: list[str] | None = None) -> int:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     from cost_model.profile import ProfileError
+    from experiments.runner import RunnerError
     from recipes.recipe import RecipeError
     from tuner.study import StudyError
 
     try:
         return COMMANDS[command](args)
     except (ModelError, HardwareError, WorkloadError, InvalidLayout, CliError, StudyError, RecipeError,
-            ProfileError, RequestError, OSError) as e:
+            ProfileError, RequestError, RunnerError, OSError) as e:
         print(f"tune: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -119,8 +120,7 @@ def _run_parser():
     _add_workload(p)
     _add_storage(p)
     p.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
-    p.add_argument("--backend", choices=("predict",), default="predict",
-                   help="predict: the cost model answers (no GPU; figures labelled predicted)")
+    _add_backend(p)
     p.add_argument("--proposer", choices=("agent", "tpe"), default="agent",
                    help="agent: reads predictions and measurements; tpe: Optuna's TPE sampler")
     p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
@@ -131,8 +131,58 @@ def _run_parser():
     return p
 
 
+def _add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
+    choices = ("predict", "megatron", "slime")
+    p.add_argument("--backend", choices=choices if default else choices[1:], default=default, required=not default,
+                   help="predict: the cost model answers (no GPU; figures labelled predicted); megatron: short "
+                        "megatron-core trials on this machine's GPUs; slime: slime jobs on a Ray cluster")
+    p.add_argument("--steps", type=int, default=20, help="steps of a measured trial (default 20)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="megatron: run the first L layers (default: the most that fit the local GPUs)")
+    p.add_argument("--ray-address", help="slime: the Ray cluster's Jobs API address (http://HEAD:8265)")
+    p.add_argument("--slime-dir", help="slime: the slime checkout on the cluster")
+    p.add_argument("--entry-module", default="train", help="slime: the training entry (default train)")
+    p.add_argument("--hf-checkpoint", help="slime: $HF_CKPT on the cluster")
+    p.add_argument("--torch-dist", help="slime: $TORCH_DIST on the cluster")
+    p.add_argument("--sft-data", help="slime: pre-tokenised rows (JSONL) on the cluster")
+    p.add_argument("--hang-timeout", type=float, default=None, help="seconds without a new step before a trial "
+                   "is stopped as hung")
+
+
+def measured_window(steps: int) -> tuple[int, int]:
+    """The leaderboard's window 5..19 for 20 steps; the same shape (skip the first quarter) otherwise."""
+    if steps < 2:
+        raise CliError(f"--steps must be at least 2, got {steps}")
+    return (5, 19) if steps == 20 else (max(1, steps // 4), steps - 1)
+
+
+def make_runner(args, profile=None):
+    """The trial runner the --backend flags ask for; RunnerError if it cannot run trials at all."""
+    if args.backend == "predict":
+        from experiments.predicted_runner import PredictedRunner
+
+        return PredictedRunner(profile=profile)
+    if args.backend == "megatron":
+        from experiments.megatron_runner import MegatronRunner, visible_gpus
+        from experiments.runner import RunnerError
+
+        if visible_gpus() < 1:
+            raise RunnerError("no CUDA GPU found: --backend megatron runs trials on this machine's GPUs")
+
+        runner = MegatronRunner(layers=args.layers)
+        if args.hang_timeout:
+            runner.hang_timeout_s = args.hang_timeout
+        return runner
+    from experiments.slime_runner import SlimeRunner
+
+    if not args.ray_address or not args.slime_dir:
+        raise CliError("--backend slime needs --ray-address and --slime-dir")
+    kwargs = {"hang_timeout_s": args.hang_timeout} if args.hang_timeout else {}
+    return SlimeRunner(args.ray_address, args.slime_dir, args.entry_module, hf_ckpt=args.hf_checkpoint,
+                       torch_dist=args.torch_dist, sft_data=args.sft_data, **kwargs)
+
+
 def cmd_run(args) -> int:
-    from experiments.predicted_runner import PredictedRunner
     from tuner.proposer import AgentProposer, Candidate, SamplerProposer
     from tuner.report import counts_line, format_table, ranked_rows
     from tuner.space_params import layout_to_params
@@ -143,23 +193,24 @@ def cmd_run(args) -> int:
         raise CliError(f"--trials must be at least 1, got {args.trials}")
     model, gpu, gpus = _target(args)
     config = StudyConfig(model, gpu, gpus, _workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions(),
-                         _profile(args))
+                         _profile(args), steps=args.steps, window=measured_window(args.steps))
     candidates = _score_space(config)
+    runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
     name = args.study or default_study_name(model, gpu, gpus)
     url = storage_url(args.storage)
     storage = open_storage(url, create_dirs=args.storage is None)
     study = load_or_create(storage, name, config)
     proposer = (AgentProposer([Candidate(l, p) for l, p in candidates], layout_to_params)
                 if args.proposer == "agent" else SamplerProposer())
+    kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
-          f"study '{name}' in {url}; backend {args.backend} (figures are predicted by the cost model)",
-          file=sys.stderr)
+          f"study '{name}' in {url}; backend {args.backend} (figures are {kind})", file=sys.stderr)
     interrupted = recover_interrupted(study)
     if interrupted:
         what = "skipped" if args.on_interrupted == "skip" else "retried when proposed again"
         print(f"trials {', '.join(map(str, interrupted))} were interrupted (the tuner stopped while they ran): "
               f"marked failed, their layouts {what}", file=sys.stderr)
-    summary = run_study(study, config, PredictedRunner(profile=config.profile), proposer, args.trials,
+    summary = run_study(study, config, runner, proposer, args.trials,
                         progress=not args.no_progress, skip_interrupted=args.on_interrupted == "skip")
     if summary.exhausted:
         print("every distinct fitting layout has been tried", file=sys.stderr)
@@ -275,7 +326,7 @@ def _predict_parser():
 
 
 def _request_from_args(args) -> dict:
-    if args.recipe:
+    if getattr(args, "recipe", None):
         return {"recipe": args.recipe, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix}
     if not (args.model and args.gpu):
         raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
@@ -472,10 +523,43 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def _trial_parser():
+    p = argparse.ArgumentParser(prog="tune trial", description="Run one trial of one layout outside any study and "
+                                "print its result (measured by the chosen backend).")
+    _add_target(p)
+    _add_workload(p)
+    _add_backend(p, default=None)
+    p.add_argument("--layout", nargs="*", default=[], metavar="KEY=VALUE", help="layout fields: " + ", ".join(LAYOUT_KEYS))
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def cmd_trial(args) -> int:
+    from dataclasses import asdict
+
+    from experiments.runner import TrialSpec
+
+    request = _request_from_args(args)
+    resolved = resolve(request)
+    answer(resolved)  # the layout's rules, before any GPU is touched
+    runner = make_runner(args, _profile(args))
+    result = runner.run(TrialSpec(resolved.model, resolved.gpu, resolved.workload, resolved.layout, resolved.stack,
+                                  steps=args.steps, window=measured_window(args.steps)))
+    if args.json:
+        print(json.dumps(asdict(result), default=str))
+    else:
+        if result.status == "ok":
+            print(f"{resolved.layout.long_label}: {result.kind} {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
+                  f"step {result.step_time_s:.2f} s, peak {result.peak_memory_gib or 0:.1f} GiB ({result.source})")
+        else:
+            print(f"{resolved.layout.long_label}: failed ({result.failure_class}): {result.detail}")
+    return 0 if result.status == "ok" else 1
+
+
 PARSERS = {"run": _run_parser, "show": _show_parser, "export": _export_parser, "predict": _predict_parser,
-           "models": _models_parser, "gpus": _gpus_parser, "profile": _profile_parser}
+           "models": _models_parser, "gpus": _gpus_parser, "profile": _profile_parser, "trial": _trial_parser}
 COMMANDS = {"run": cmd_run, "show": cmd_show, "export": cmd_export, "predict": cmd_predict,
-            "models": cmd_models, "gpus": cmd_gpus, "profile": cmd_profile}
+            "models": cmd_models, "gpus": cmd_gpus, "profile": cmd_profile, "trial": cmd_trial}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,7 @@ from cost_model.model_spec import ModelSpec
 from cost_model.predict import predict
 from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
-from experiments.runner import TrialRunner, TrialSpec
+from experiments.runner import RunnerError, TrialRunner, TrialSpec
 from search_space.enumerate import SpaceOptions
 from search_space.layout import InvalidLayout, Layout
 from search_space.rules import check
@@ -45,6 +45,8 @@ class StudyConfig:
     stack: Stack = Stack()
     options: SpaceOptions = SpaceOptions()
     profile: HardwareProfile | None = None   # None: the profile shipped for the GPU type
+    steps: int = 20                          # steps of a measured trial
+    window: tuple[int, int] = (5, 19)        # the steps whose time is measured
 
     def identity(self) -> dict:
         """What a study is about; resuming with a different identity is refused."""
@@ -119,12 +121,14 @@ def load_or_create(storage: optuna.storages.BaseStorage, name: str, config: Stud
 INTERRUPTED = "interrupted: the tuner stopped while this trial ran"
 
 
-def history_of(study: optuna.Study, skip_interrupted: bool = False) -> History:
-    """What the study has tried. Failed trials may be proposed again, except interrupted ones when
-    `skip_interrupted` (the user's --on-interrupted skip)."""
+def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str | None = None) -> History:
+    """What the study has tried with this backend (a layout predicted earlier can still be measured).
+    Failed trials may be proposed again, except interrupted ones when `skip_interrupted`."""
     h = History()
     for t in study.get_trials(deepcopy=False):
         key = t.user_attrs.get("layout_key")
+        if backend is not None and t.user_attrs.get("backend", "predict") != backend:
+            key = None
         if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
             h.tried.add(key)
         if key and skip_interrupted and t.state == TrialState.FAIL and \
@@ -134,6 +138,12 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False) -> History:
         if t.state == TrialState.COMPLETE and result.get("kind") == "measured":
             layout = Layout.from_params(t.user_attrs["layout"])
             predicted = (t.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+            # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
+            detail = result.get("detail")
+            if isinstance(detail, str) and detail.startswith("{"):
+                detail = json.loads(detail)
+            if isinstance(detail, dict) and (detail.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
+                predicted = detail["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
     best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     h.best_value = max(best) if best else None
@@ -188,7 +198,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
         study.sampler = proposer.sampler()
     try:
         for _ in range(trials):
-            history = history_of(study, skip_interrupted)
+            history = history_of(study, skip_interrupted, runner.name)
             proposal = proposer.propose(history)
             if proposal is None:
                 summary.exhausted = True
@@ -197,12 +207,17 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
                 study.enqueue_trial(proposal.params)
             trial = study.ask(dists)
             trial.set_user_attr("owner", _owner())
+            trial.set_user_attr("backend", runner.name)
             trial.set_user_attr("proposer", proposer.name)
             trial.set_user_attr("rationale", proposal.rationale)
             try:
                 state = _evaluate(study, trial, config, runner, history)
             except KeyboardInterrupt:
                 trial.set_user_attr("fail_reason", "interrupted by the user")
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            except RunnerError as e:  # the runner cannot run trials at all: record it, then stop
+                trial.set_user_attr("fail_reason", f"runner: {e}")
                 study.tell(trial, state=TrialState.FAIL)
                 raise
             if state == TrialState.COMPLETE:
@@ -244,7 +259,8 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     trial.set_user_attr("prediction", _jsonable(prediction.to_dict()))
     if not prediction.fits:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
-    result = runner.run(TrialSpec(config.model, config.gpu, config.workload, layout, config.stack))
+    result = runner.run(TrialSpec(config.model, config.gpu, config.workload, layout, config.stack,
+                                  steps=config.steps, window=config.window))
     trial.set_user_attr("result", _jsonable(asdict(result)))
     if result.status == "ok":
         study.tell(trial, result.tokens_per_s_per_gpu)
