@@ -394,7 +394,9 @@ def _train(rank: int, world: int, job: dict, send, state: dict, device_index: in
 
     state["phase"] = "config"
     backend, why = tnb.resolve_backend(job["backend"])
-    config = build_transformer_config(model, layout, workload, backend=backend)
+    # CPU initialisation draws each full weight once and slices it, so layouts start from the same weights.
+    config = build_transformer_config(model, layout, workload, backend=backend,
+                                      use_cpu_initialization=bool(job.get("cpu_init")))
     tnb.reset_kernel_report()
 
     state["phase"] = "build"
@@ -844,6 +846,7 @@ class MegatronRunner(TrialRunner):
     seed: int = DEFAULT_SEED
     lr: float = DEFAULT_LR
     rows_file: str | None = None
+    cpu_init: bool = False          # same initial weights whatever the layout (for convergence arms)
     log_dir: str | None = None
     torch_compile: bool = False
     scale_batch_to_budget: bool = True
@@ -933,7 +936,7 @@ class MegatronRunner(TrialRunner):
         window = _window(spec.steps, spec.window)
         job = {"model": plan["model"], "layout": layout, "workload": spec.workload, "steps": spec.steps,
                "global_batch": plan["global_batch"], "seed": self.seed, "lr": self.lr, "backend": self.backend,
-               "rows_file": self.rows_file, "log_dir": log_dir, "env": env,
+               "rows_file": self.rows_file, "cpu_init": self.cpu_init, "log_dir": log_dir, "env": env,
                "nccl_timeout_s": self.nccl_timeout_s or max(30.0, self.hang_timeout_s - 15.0)}
         out = run_job(job, layout.world_size, launcher, self.timeout_s, self.hang_timeout_s)
         wall = time.time() - t0
@@ -1039,7 +1042,8 @@ def result_to_dict(result: TrialResult, **extra) -> dict:
 
 # ================================================================================ suites
 SUITE_TRIAL_KEYS = {"name", "gpus", "layout", "model", "layers", "replace_gdn", "seq_len", "global_batch", "steps",
-                    "window", "timeout_s", "hang_timeout_s", "backend", "routing", "expect"}
+                    "window", "timeout_s", "hang_timeout_s", "backend", "routing", "expect", "seed", "lr", "rows_file",
+                    "cpu_init"}
 
 
 @dataclass(frozen=True)
@@ -1057,6 +1061,10 @@ class SuiteTrial:
     hang_timeout_s: float
     backend: str
     expect: str = ""
+    seed: int | None = None          # model initialisation and synthetic data
+    lr: float | None = None
+    rows_file: str | None = None     # token rows (JSONL) instead of synthetic data
+    cpu_init: bool = False
 
 
 def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
@@ -1117,7 +1125,10 @@ def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
                                  replace_gdn=bool(t.get("replace_gdn", True)), workload=workload, steps=steps,
                                  window=window, timeout_s=float(t.get("timeout_s", 150)),
                                  hang_timeout_s=float(t.get("hang_timeout_s", 90)), backend=backend,
-                                 expect=str(t.get("expect", ""))))
+                                 expect=str(t.get("expect", "")),
+                                 seed=int(t["seed"]) if t.get("seed") is not None else None,
+                                 lr=float(t["lr"]) if t.get("lr") is not None else None,
+                                 rows_file=t.get("rows_file"), cpu_init=bool(t.get("cpu_init", False))))
     return trials, {"budget_s": defaults.get("budget_s")}
 
 
@@ -1145,9 +1156,11 @@ def run_suite(path, out_path: str | None, *, gpu: GpuSpec, launcher: str = "auto
                 lines.append(line)
                 continue
             timeout = min(timeout, left)
+        extra = {k: v for k, v in (("seed", t.seed), ("lr", t.lr)) if v is not None}
         runner = MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, backend=t.backend, launcher=launcher,
                                 timeout_s=timeout, hang_timeout_s=min(t.hang_timeout_s, timeout),
-                                rows_file=rows_file, log_dir=os.path.join(log_root, t.name))
+                                rows_file=t.rows_file or rows_file, cpu_init=t.cpu_init,
+                                log_dir=os.path.join(log_root, t.name), **extra)
         spec = TrialSpec(model=load_model(t.model), gpu=gpu, workload=t.workload, layout=t.layout, steps=t.steps,
                          window=t.window or (min(2, t.steps - 1), t.steps - 1))
         t1 = time.time()

@@ -583,7 +583,7 @@ def test_suite_parsing_errors(tmp_path):
     cases = [
         ({"trials": []}, "non-empty 'trials'"),
         ({**base, "defaults": {"modle": "x"}}, "unknown suite defaults"),
-        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "lr": 1}]}, "unknown keys"),
+        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "learning_rate": 1}]}, "unknown keys"),
         ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}}] * 2}, "duplicate name"),
         ({**base, "trials": [{"name": "a", "gpus": 2, "layout": {"tp": 4}}]}, "not divisible"),
         ({**base, "trials": [{"name": "a", "gpus": 0, "layout": {}}]}, "positive integer"),
