@@ -23,6 +23,8 @@ from tuner.predict_request import (ANSWERABLE_ERRORS, LAYOUT_KEYS, REQUEST_KEYS,
                                    pairs_to_layout_values, resolve, result_dict)
 
 SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile", "trial")
+# Subcommands whose module parses its own arguments and returns its own exit code.
+DELEGATED = {"check-convergence": "experiments.convergence", "component-test": "experiments.adam_component_test"}
 EXIT_USAGE = 2
 
 
@@ -32,6 +34,10 @@ class CliError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        import importlib
+
+        return importlib.import_module(DELEGATED[argv[0]]).main(argv[1:])
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     if command != "run":
         argv = argv[1:]
