@@ -14,6 +14,7 @@ import csv
 import json
 from pathlib import Path
 
+from benchmarks.megatron_results import rows_of
 from experiments.convergence import Curve, CurveError, check
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -86,28 +87,14 @@ def main() -> None:
     a = runs["a-leaderboard-tp1-ep2-full1-mt8192"]
     rows = []
     for name, r in runs.items():
-        d = r["detail"]
-        p = d.get("prediction_for_model_run") or {}
-        label = d.get("layout", "")
-        shape = {k: 1 for k in ("TP", "PP", "EP", "ETP", "CP")}
-        for token in label.split(" | ")[0].split():
-            for key in shape:
-                if token.startswith(key) and token[len(key):].isdigit():
-                    shape[key] = int(token[len(key):])
         is_a = r is a
         result, detail = ("reference", "") if is_a else verdict(r, a)
         ratio = (r["tokens_per_s_per_gpu"] / a["tokens_per_s_per_gpu"]) if r.get("tokens_per_s_per_gpu") else None
-        rows.append({
-            "date": "2026-11-29", "gpus": r["gpus"], "model": "qwen3.6-35b-a3b", "layers": d["model_run"]["layers"],
-            "layout_label": label, "tp": shape["TP"], "pp": shape["PP"], "ep": shape["EP"], "etp": shape["ETP"],
-            "cp": shape["CP"], "recompute": label.split(" | ")[2][3:], "max_tokens_per_gpu": label.split(" | ")[1][3:],
-            "measured_tokens_per_s_per_gpu": round(r["tokens_per_s_per_gpu"], 1) if r.get("tokens_per_s_per_gpu") else "",
-            "predicted_tokens_per_s_per_gpu": p.get("tokens_per_s_per_gpu", ""),
-            "measured_peak_memory_gib": round(r["peak_memory_gib"], 2) if r.get("peak_memory_gib") else "",
-            "predicted_peak_memory_gib": p.get("peak_memory_gib", ""), "status": r["status"],
-            "failure_class": r.get("failure_class") or "", "role": "a: leaderboard shape" if is_a else "b: tuner top 3",
-            "ratio_to_leaderboard_shape": round(ratio, 3) if ratio else "", "convergence": result,
-            "convergence_detail": detail, "trial": name})
+        row = rows_of([r], "2026-11-29")[0]
+        row.update(role="a: leaderboard shape" if is_a else "b: tuner top 3",
+                   ratio_to_leaderboard_shape=round(ratio, 3) if ratio else "", convergence=result,
+                   convergence_detail=detail)
+        rows.append({k: row.get(k, "") for k in COLUMNS})
     with open(RESULTS / "x2-h200-vs-leaderboard.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
