@@ -20,7 +20,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts
 from search_space.layout import InvalidLayout, Layout
 from search_space.stack import STACK_FIXES, Stack
 from tuner.predict_request import (ANSWERABLE_ERRORS, LAYOUT_KEYS, REQUEST_KEYS, RequestError, answer,
-                                   pairs_to_layout_values, resolve, result_dict)
+                                   build_layout, pairs_to_layout_values, resolve, result_dict)
 
 SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile", "trial")
 # Subcommands whose module parses its own arguments and returns its own exit code.
@@ -132,6 +132,10 @@ def _run_parser():
     p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
     p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verify-top", type=int, default=None,
+                   help="measured backends: run the convergence arm for the K fastest measured layouts (default 3)")
+    p.add_argument("--reference", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="the convergence reference layout (default: the simplest valid layout that fits)")
     p.add_argument("--on-interrupted", choices=("retry", "skip"), default="retry",
                    help="trials a killed tuner left running are marked failed; retry their layouts or skip them")
     return p
@@ -189,7 +193,7 @@ def make_runner(args, profile=None):
 
 
 def cmd_run(args) -> int:
-    from tuner.proposer import AgentProposer, Candidate, SamplerProposer
+    from tuner.proposer import AgentProposer, SamplerProposer
     from tuner.report import counts_line, format_table, ranked_rows
     from tuner.space_params import layout_to_params
     from tuner.study import (StudyConfig, default_study_name, load_or_create, open_storage, recover_interrupted,
@@ -202,11 +206,12 @@ def cmd_run(args) -> int:
                          _profile(args), steps=args.steps, window=measured_window(args.steps))
     candidates = _score_space(config)
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
+    reference = parse_reference(args.reference, config) if args.reference else None
     name = args.study or default_study_name(model, gpu, gpus)
     url = storage_url(args.storage)
     storage = open_storage(url, create_dirs=args.storage is None)
     study = load_or_create(storage, name, config)
-    proposer = (AgentProposer([Candidate(l, p) for l, p in candidates], layout_to_params)
+    proposer = (AgentProposer(proposer_candidates(candidates), layout_to_params)
                 if args.proposer == "agent" else SamplerProposer())
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
@@ -223,12 +228,37 @@ def cmd_run(args) -> int:
     rows = ranked_rows(study)
     print(counts_line(study))
     print(format_table(rows, limit=10))
+    verify_top = args.verify_top if args.verify_top is not None else (0 if args.backend == "predict" else 3)
+    if verify_top > 0 and args.backend != "predict":
+        from tuner.verify import default_reference, verify_top as run_verification
+
+        reference = reference or default_reference(proposer_candidates(candidates), gpus)
+        print(f"convergence arm: reference {reference.long_label}", file=sys.stderr)
+        for v in run_verification(study, config, runner, verify_top, reference):
+            print(f"  trial {v['trial']} {v['layout']}: convergence {v['result']} "
+                  f"(correlation {v['correlation']}, final loss difference {v['final_loss_difference']}, "
+                  f"pointwise failures {v['pointwise_failures']})")
+        rows = ranked_rows(study)
     if rows and args.top > 0:
-        paths = _export_rows(rows[:args.top], config, Path(args.out))
-        print("recipes (status predicted):")
+        paths = _export_rows(rows[:args.top], config, Path(args.out), study)
+        print("recipes (status predicted, measured or verified):")
         for path in paths:
             print(f"  {path}")
     return 0
+
+
+def proposer_candidates(scored):
+    from tuner.proposer import Candidate
+
+    return [Candidate(l, p) for l, p in scored]
+
+
+def parse_reference(pairs: list[str], config) -> Layout:
+    from search_space.rules import check
+
+    layout = build_layout(pairs_to_layout_values(pairs), config.world_size, config.workload.seq_len)
+    check(layout, config.model, config.workload, config.stack)
+    return layout
 
 
 def _score_space(config) -> list[tuple[Layout, Prediction]]:
@@ -247,13 +277,30 @@ def _score_space(config) -> list[tuple[Layout, Prediction]]:
     return fitting
 
 
-def _export_rows(rows, config, out: Path) -> list[Path]:
+def _export_rows(rows, config, out: Path, study=None) -> list[Path]:
+    """Recipes for the rows: `predicted`, `measured` (a real trial's figures) or `verified` (measured and
+    its convergence arm passed). Nothing becomes verified without a passing verdict."""
     from recipes.recipe import build_recipe, recipe_name, recipe_path, write_recipe
 
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)} if study is not None else {}
     paths = []
     for row in rows:
         prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
         recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
+        trial = trials.get(row.number)
+        if row.kind == "measured" and trial is not None:
+            result = trial.user_attrs.get("result") or {}
+            recipe["result"].update(
+                tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),
+                usd_per_million_tokens=round(config.gpu.usd_per_gpu_hour / (row.tokens_per_s_per_gpu * 3600) * 1e6, 2),
+                step_time_cv_percent=result.get("step_time_cv_percent"), mfu=result.get("mfu"),
+                gpu_hours=result.get("gpu_hours"), measured=result.get("source"))
+            from tuner.verify import convergence_of
+
+            convergence = convergence_of(study, row.number)
+            recipe["status"] = "verified" if (convergence or {}).get("result") == "pass" else "measured"
+            if convergence:
+                recipe["correctness"]["convergence"] = convergence
         path = recipe_path(out, config.model, config.gpu, recipe_name(row.layout))
         write_recipe(recipe, path)
         paths.append(path)
@@ -307,7 +354,7 @@ def cmd_export(args) -> int:
     rows = ranked_rows(study)
     if not rows:
         raise CliError(f"study '{args.study}' has no completed trial to export")
-    for path in _export_rows(rows[:args.top], config, Path(args.out)):
+    for path in _export_rows(rows[:args.top], config, Path(args.out), study):
         print(path)
     return 0
 

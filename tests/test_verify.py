@@ -1,0 +1,77 @@
+"""The convergence arm: measured layouts judged against a reference arm; only a pass makes a recipe verified."""
+import itertools
+
+import yaml
+
+from cost_model.predict import predict
+from cost_model.workload import Workload
+from experiments.runner import TrialResult, TrialRunner
+from search_space.enumerate import SpaceOptions, enumerate_layouts
+from search_space.layout import Layout
+from search_space.stack import Stack
+from tuner.cli import _export_rows
+from tuner.proposer import AgentProposer, Candidate
+from tuner.report import ranked_rows
+from tuner.space_params import layout_to_params
+from tuner.study import StudyConfig, load_or_create, open_storage, run_study
+from tuner.verify import default_reference, verify_top
+
+BASE = [12.8 * 0.85 ** i + 1.0 for i in range(20)]
+
+
+class CurveRunner(TrialRunner):
+    """Measured-looking results whose loss curve depends on the layout: TP 2 trains differently."""
+
+    name = "fake-measured"
+
+    def run(self, spec):
+        tp = spec.layout.tp
+        losses = tuple(x * (1.25 if tp == 2 else 1.0) + 0.001 * i for i, x in enumerate(BASE))
+        speed = 1000.0 * spec.layout.max_tokens_per_gpu / 8192 * (1.2 if tp == 2 else 1.0)
+        return TrialResult(status="ok", kind="measured", source="test runner", tokens_per_s_per_gpu=speed,
+                           step_time_s=1.0, peak_memory_gib=50.0, losses=losses, step_time_cv_percent=1.0)
+
+
+def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200):
+    workload = Workload()
+    config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=20, window=(5, 19))
+    candidates = []
+    for layout in itertools.islice(enumerate_layouts(qwen36, 8, workload, Stack()), 0, None, 20):
+        p = predict(qwen36, h200, workload, layout)
+        if p.fits:
+            candidates.append(Candidate(layout, p))
+    study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "v", config)
+    run_study(study, config, CurveRunner(), AgentProposer(candidates, layout_to_params), trials=6, progress=False)
+
+    reference = default_reference(candidates, 8)
+    assert reference.tp == 1 and reference.pp == 1
+    verdicts = verify_top(study, config, CurveRunner(), 4, reference)
+    assert len(verdicts) == 4
+    by_tp = {}
+    for v in verdicts:
+        layout = next(r.layout for r in ranked_rows(study) if r.number == v["trial"])
+        by_tp.setdefault(layout.tp, set()).add(v["result"])
+    assert by_tp[1] == {"pass"} and by_tp[2] == {"fail"}, by_tp  # both kinds of layout were judged
+
+    paths = _export_rows(ranked_rows(study)[:6], config, tmp_path / "out", study)
+    statuses = {}
+    for path in paths:
+        recipe = yaml.safe_load(path.read_text())
+        statuses[recipe["layout"]["tp"]] = statuses.get(recipe["layout"]["tp"], set()) | {recipe["status"]}
+        if recipe["status"] == "verified":
+            assert recipe["correctness"]["convergence"]["result"] == "pass"
+            assert recipe["result"]["measured"] == "test runner"
+        else:
+            assert recipe["status"] == "measured"
+            assert (recipe["correctness"]["convergence"] or {}).get("result") in (None, "fail")
+    assert statuses[2] == {"measured"} and "verified" in statuses[1], statuses
+
+
+def test_default_reference_is_the_simplest_fitting_layout(qwen36, h200):
+    workload = Workload()
+    candidates = [Candidate(l, p) for l in enumerate_layouts(qwen36, 8, workload, Stack())
+                  if (p := predict(qwen36, h200, workload, l)).fits]
+    ref = default_reference(candidates, 8)
+    smallest = min(c.layout.tp * c.layout.pp * c.layout.cp * c.layout.ep * c.layout.etp for c in candidates)
+    assert ref.tp * ref.pp * ref.cp * ref.ep * ref.etp == smallest
+    assert isinstance(ref, Layout)
