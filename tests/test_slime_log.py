@@ -33,6 +33,7 @@ from experiments.sft_rows import (RowsError, build_rows, qwen3_5_loss_mask, rows
 from experiments.slime_log import (MetricsEvent, PeakMemoryEvent, PerfEvent, SlimeLog, StepEvent, TimerEvent,
                                    WindowError, classify_failure, failure_evidence, parse_dict, parse_line,
                                    step_time_cv_percent)
+from toy_tokenizer import ToyTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY_PREFIX = "\x1b[36m(MegatronTrainRayActor pid=16376)\x1b[0m "
@@ -290,20 +291,6 @@ def test_failure_evidence():
 # --- the row builder ----------------------------------------------------------------------------------------
 
 
-class ToyTokenizer:
-    """A character tokenizer with a minimal chat template: `<role>` then the content and `|` (tests only)."""
-
-    eos_token_id = 0
-
-    def encode(self, text):
-        return [1 + (ord(c) % 250) for c in text]
-
-    def chat_segments(self, messages):
-        out = []
-        for m in messages:
-            out.append((f"<{m['role']}>", False))
-            out.append((m["content"] + "|", m["role"] == "assistant"))
-        return out
 
 
 def conv(i, assistant=True):

@@ -27,6 +27,7 @@ from experiments.slime_log import SlimeLog
 from experiments.slime_runner import HOOK_PATH, MODEL_ARGS_MARK, RunnerError, SlimeRunner, summarize
 from recipes.slime_command import slime_run
 from search_space.layout import Layout
+from toy_tokenizer import ToyTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "slime_standin.py")
@@ -237,20 +238,6 @@ def ray_cluster():
         reset_auth_token_state()
 
 
-class ToyTokenizer:
-    """Character tokenizer with a tiny chat template (tests only)."""
-
-    eos_token_id = 0
-
-    def encode(self, text):
-        return [1 + (ord(c) % 250) for c in text]
-
-    def chat_segments(self, messages):
-        out = []
-        for m in messages:
-            out.append((f"<{m['role']}>", False))
-            out.append((m["content"] + "|", m["role"] == "assistant"))
-        return out
 
 
 @pytest.fixture(scope="module")
