@@ -52,14 +52,15 @@ def local_params(rank: RankLayers, layout: Layout) -> tuple[float, float]:
     return dense, expert
 
 
-def static_memory(rank: RankLayers, layout: Layout) -> tuple[float, float, float]:
-    """(weights, grads, optimizer) bytes on one GPU of this rank."""
+def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True) -> tuple[float, float, float]:
+    """(weights, grads, optimizer) bytes on one GPU of this rank. Without the precision-aware optimizer
+    (it needs Transformer Engine's FusedAdam) the shard holds an fp32 master and two fp32 moments."""
     dense, expert = local_params(rank, layout)
     params = dense + expert
     # The distributed optimizer shards dense parameters over DP x CP, experts over expert-DP.
     sharded = dense / (layout.dp * layout.cp) + expert / layout.edp
     # Precision-aware optimizer: a 16-bit master remainder beside the bf16 parameter, plus two moments.
-    per_param = 2 + 2 * MOMENT_BYTES[layout.exp_avg_dtype]
+    per_param = 2 + 2 * MOMENT_BYTES[layout.exp_avg_dtype] if precision_aware else 4 + 4 + 4
     optimizer = sharded * per_param * (1.0 - layout.optimizer_offload_fraction)
     return params * BF16, params * FP32, optimizer
 

@@ -68,8 +68,10 @@ class Prediction:
 
 
 def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
-            constants: Constants | None = None, profile: HardwareProfile | None = None) -> Prediction:
-    """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply."""
+            constants: Constants | None = None, profile: HardwareProfile | None = None,
+            precision_aware_optimizer: bool = True) -> Prediction:
+    """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply.
+    `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer)."""
     c = constants or default_constants()
     rates = rates_for(gpu, c, workload.precision, profile or shipped_profile(gpu.name))
     tp, pp, vpp, cp, dp = layout.tp, layout.pp, layout.vpp, layout.cp, layout.dp
@@ -139,7 +141,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     buffers = buffer_bytes(layout, c)
     best = None
     for i, r in enumerate(ranks):
-        weights, grads, optimizer = static_memory(r, layout)
+        weights, grads, optimizer = static_memory(r, layout, precision_aware_optimizer)
         saved, working = activation_bytes_per_microbatch(r, model, layout, tokens, rows, workload.seq_len,
                                                          routed_rows_per_token)
         in_flight_rank = in_flight if i == 0 else max(1.0, in_flight * (pp - i) / pp)

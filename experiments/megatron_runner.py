@@ -105,8 +105,13 @@ def trial_model_notes(model: ModelSpec, run: ModelSpec, how: str = "") -> list[s
 
 
 def _fits(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout):
+    """The prediction for what this runner runs: without Transformer Engine there is no precision-aware
+    optimizer, so the optimizer shard holds fp32 master weights and moments."""
+    import importlib.util
+
     from cost_model.predict import predict
-    return predict(model, gpu, workload, layout)
+    te = importlib.util.find_spec("transformer_engine") is not None
+    return predict(model, gpu, workload, layout, precision_aware_optimizer=te)
 
 
 def auto_layers(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,

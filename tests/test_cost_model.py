@@ -120,3 +120,10 @@ def test_every_catalog_model_predicts_on_a_default_node(h200, workload):
         first = next(enumerate_layouts(model, 64, workload, Stack()))
         p = predict(model, h200, workload, first)
         assert p.step_time_s > 0 and p.memory.total > 0, name
+
+
+def test_standard_optimizer_needs_more_memory_than_precision_aware(qwen36, h200, workload):
+    aware = predict(qwen36, h200, workload, REFERENCE)
+    standard = predict(qwen36, h200, workload, REFERENCE, precision_aware_optimizer=False)
+    assert standard.memory.optimizer == pytest.approx(aware.memory.optimizer * 12 / 10)
+    assert standard.memory.weights == aware.memory.weights
