@@ -66,7 +66,7 @@ def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True
 
 
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
-                                    rows: int, seq_len: int, routed_rows_per_token: float) -> tuple[float, float]:
+                                    routed_rows_per_token: float) -> tuple[float, float]:
     """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
 
     `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the

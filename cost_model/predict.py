@@ -109,13 +109,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         if d + e > dense_max + expert_max:
             dense_max, expert_max = d, e
     dp_span = layout.world_size // pp
-    dense_bytes, expert_bytes = dense_max, expert_max  # parameter counts, scaled below
     dp_exposed = c.dp_exposed_fraction if workload.framework == "slime" else c.megatron_dp_exposed_fraction
     breakdown["dp_comm"] = dp_exposed * (
-        rates.collective("reduce_scatter", dense_bytes * 4, dp * cp, dp_span)      # fp32 grads
-        + rates.collective("all_gather", dense_bytes * 2, dp * cp, dp_span)        # bf16 params
-        + rates.collective("reduce_scatter", expert_bytes * 4, layout.edp, dp_span)
-        + rates.collective("all_gather", expert_bytes * 2, layout.edp, dp_span))
+        rates.collective("reduce_scatter", dense_max * 4, dp * cp, dp_span)      # fp32 grads
+        + rates.collective("all_gather", dense_max * 2, dp * cp, dp_span)        # bf16 params
+        + rates.collective("reduce_scatter", expert_max * 4, layout.edp, dp_span)
+        + rates.collective("all_gather", expert_max * 2, layout.edp, dp_span))
     sharded = dense_max / (dp * cp) + expert_max / layout.edp
     hbm = rates.hbm
     f = layout.optimizer_offload_fraction
@@ -142,8 +141,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     best = None
     for i, r in enumerate(ranks):
         weights, grads, optimizer = static_memory(r, layout, precision_aware_optimizer)
-        saved, working = activation_bytes_per_microbatch(r, model, layout, tokens, rows, workload.seq_len,
-                                                         routed_rows_per_token)
+        saved, working = activation_bytes_per_microbatch(r, model, layout, tokens, routed_rows_per_token)
         in_flight_rank = in_flight if i == 0 else max(1.0, in_flight * (pp - i) / pp)
         acts = saved * in_flight_rank + working
         if r.has_head:

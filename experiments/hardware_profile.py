@@ -902,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Measure this machine's GPUs (GEMM, grouped GEMM, attention, memory, collectives) "
                     "and write a hardware profile YAML for the cost model.")
     parser.add_argument("--model", help="catalog name or config.json path: adds the model's own shapes")
-    parser.add_argument("--out", help="output YAML (default: hardware_profile_<gpu_type>.yaml)")
+    parser.add_argument("--out", help="output YAML (default: profile-<gpu_type>.yaml)")
     parser.add_argument("--quick", action="store_true", help="small grids: a smoke run")
     parser.add_argument("--repeats", type=int, default=10, help="timed samples per point (median)")
     args = parser.parse_args(argv)
@@ -916,12 +916,18 @@ def main(argv: list[str] | None = None) -> int:
     except NoGpuError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"hardware_profile_{profile['gpu_type']}.yaml")
-    write_profile(profile, out)
+    report_written(profile, args.out)
+    return 0
+
+
+def report_written(profile: dict, out: str | None) -> Path:
+    """Write the profile (default profile-<gpu>.yaml) and print its headline figures."""
+    path = Path(out or f"profile-{profile['gpu_type']}.yaml")
+    write_profile(profile, path)
     for line in summary(profile):
         print(line)
-    print(f"profile written to {out}")
-    return 0
+    print(f"profile written to {path}")
+    return path
 
 
 if __name__ == "__main__":

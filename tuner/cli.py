@@ -561,18 +561,14 @@ def cmd_profile(args) -> int:
         write_profile(derived, out)
         print(f"derived profile for {target.display_name} written to {out}")
         return 0
-    from experiments.hardware_profile import NoGpuError, run_profile, summary
+    from experiments.hardware_profile import NoGpuError, report_written, run_profile
 
     model = load_model(args.model) if args.model else None
     try:
         profile = run_profile(model, quick=args.quick)
     except NoGpuError as e:
         raise CliError(str(e)) from None
-    out = Path(args.out or f"profile-{profile['gpu_type']}.yaml")
-    write_profile(profile, out)
-    for line in summary(profile):
-        print(line)
-    print(f"profile written to {out}")
+    report_written(profile, args.out)
     return 0
 
 
