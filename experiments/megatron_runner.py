@@ -13,6 +13,10 @@ What runs is recorded, never silently changed:
   count the cost model predicts to fit the local GPUs) and, for Qwen3.5/3.6/Next, with every Gated
   DeltaNet layer replaced by a full-attention layer (megatron's GDN needs fla, not importable on the
   measurement machine); MTP layers are not built. Predictions for comparison must use this model.
+- the initial weights: by default each rank draws its own (megatron's GPU initialisation); with
+  `cpu_init` every layout of PP 1 starts from the same full model (dense weights drawn whole and
+  sliced, as megatron's CPU initialisation does; experts drawn by global expert index, see
+  torch_native_backend.init_experts_cpu), which convergence arms need;
 - the backend (te / torch-native / local, see experiments/torch_native_backend.py) and the kernels
   that ran; the optimizer actually built (precision-aware needs TE's FusedAdam); a global batch
   scaled down to fit the trial's time budget.
@@ -394,7 +398,11 @@ def _train(rank: int, world: int, job: dict, send, state: dict, device_index: in
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
         context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp, create_gloo_process_groups=False)
+    # As megatron's training does: the CPU generator (router weights; all weights under CPU
+    # initialisation) seeded alike on every rank, then the per-TP/EP-rank CUDA generators.
+    torch.manual_seed(seed)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    tnb.set_sdpa_backend(job.get("sdpa_backend", "auto"))
     send("hb", phase="config")
 
     state["phase"] = "config"
@@ -851,7 +859,8 @@ class MegatronRunner(TrialRunner):
     seed: int = DEFAULT_SEED
     lr: float = DEFAULT_LR
     rows_file: str | None = None
-    cpu_init: bool = False          # same initial weights whatever the layout (for convergence arms)
+    cpu_init: bool = False          # same initial weights whatever the layout (PP 1; for convergence arms)
+    sdpa_backend: str = "auto"      # torch-native attention kernel (torch_native_backend.SDPA_BACKENDS)
     log_dir: str | None = None
     torch_compile: bool = False
     scale_batch_to_budget: bool = True
@@ -941,7 +950,8 @@ class MegatronRunner(TrialRunner):
         window = _window(spec.steps, spec.window)
         job = {"model": plan["model"], "layout": layout, "workload": spec.workload, "steps": spec.steps,
                "global_batch": plan["global_batch"], "seed": self.seed, "lr": self.lr, "backend": self.backend,
-               "rows_file": self.rows_file, "cpu_init": self.cpu_init, "log_dir": log_dir, "env": env,
+               "rows_file": self.rows_file, "cpu_init": self.cpu_init, "sdpa_backend": self.sdpa_backend,
+               "log_dir": log_dir, "env": env,
                "nccl_timeout_s": self.nccl_timeout_s or max(30.0, self.hang_timeout_s - 15.0)}
         out = run_job(job, layout.world_size, launcher, self.timeout_s, self.hang_timeout_s)
         wall = time.time() - t0
@@ -1048,7 +1058,7 @@ def result_to_dict(result: TrialResult, **extra) -> dict:
 # ================================================================================ suites
 SUITE_TRIAL_KEYS = {"name", "gpus", "layout", "model", "layers", "replace_gdn", "seq_len", "global_batch", "steps",
                     "window", "timeout_s", "hang_timeout_s", "backend", "routing", "expect", "seed", "lr", "rows_file",
-                    "cpu_init"}
+                    "cpu_init", "sdpa_backend"}
 
 
 @dataclass(frozen=True)
@@ -1070,6 +1080,7 @@ class SuiteTrial:
     lr: float | None = None
     rows_file: str | None = None     # token rows (JSONL) instead of synthetic data
     cpu_init: bool = False
+    sdpa_backend: str = "auto"
 
 
 def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
@@ -1126,6 +1137,10 @@ def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
         backend = t.get("backend", "auto")
         if backend not in ("auto", "te", "torch-native", "local"):
             raise ValueError(f"trial {name}: unknown backend {backend!r}")
+        sdpa = str(t.get("sdpa_backend", "auto"))
+        from experiments.torch_native_backend import SDPA_BACKENDS
+        if sdpa not in SDPA_BACKENDS:
+            raise ValueError(f"trial {name}: sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {sdpa!r}")
         trials.append(SuiteTrial(name=name, model=str(t["model"]), gpus=gpus, layout=layout, layers=layers,
                                  replace_gdn=bool(t.get("replace_gdn", True)), workload=workload, steps=steps,
                                  window=window, timeout_s=float(t.get("timeout_s", 150)),
@@ -1133,7 +1148,8 @@ def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
                                  expect=str(t.get("expect", "")),
                                  seed=int(t["seed"]) if t.get("seed") is not None else None,
                                  lr=float(t["lr"]) if t.get("lr") is not None else None,
-                                 rows_file=t.get("rows_file"), cpu_init=bool(t.get("cpu_init", False))))
+                                 rows_file=t.get("rows_file"), cpu_init=bool(t.get("cpu_init", False)),
+                                 sdpa_backend=sdpa))
     return trials, {"budget_s": defaults.get("budget_s")}
 
 
@@ -1164,7 +1180,7 @@ def run_suite(path, out_path: str | None, *, gpu: GpuSpec, launcher: str = "auto
         extra = {k: v for k, v in (("seed", t.seed), ("lr", t.lr)) if v is not None}
         runner = MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, backend=t.backend, launcher=launcher,
                                 timeout_s=timeout, hang_timeout_s=min(t.hang_timeout_s, timeout),
-                                rows_file=t.rows_file or rows_file, cpu_init=t.cpu_init,
+                                rows_file=t.rows_file or rows_file, cpu_init=t.cpu_init, sdpa_backend=t.sdpa_backend,
                                 log_dir=os.path.join(log_root, t.name), **extra)
         spec = TrialSpec(model=load_model(t.model), gpu=gpu, workload=t.workload, layout=t.layout, steps=t.steps,
                          window=t.window or (min(2, t.steps - 1), t.steps - 1))

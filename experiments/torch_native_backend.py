@@ -62,6 +62,29 @@ BACKENDS = ("auto", "te", "torch-native", "local")
 # Kernels that ran in this process (the runner reports them with its result).
 _KERNELS: dict = {}
 
+# Which fused SDPA kernel TorchSDPAttention uses: "auto" is torch's own dispatch; a name forces
+# that kernel (torch.nn.attention.sdpa_kernel), so a kernel found wrong for a shape can be avoided.
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+_SDPA_POLICY = {"backend": "auto"}
+
+
+def set_sdpa_backend(name: str) -> None:
+    if name not in SDPA_BACKENDS:
+        raise ValueError(f"sdpa backend must be one of {', '.join(SDPA_BACKENDS)}, got {name!r}")
+    _SDPA_POLICY["backend"] = name
+
+
+def sdpa_context():
+    """The context TorchSDPAttention runs SDPA in under the current policy."""
+    import contextlib
+
+    name = _SDPA_POLICY["backend"]
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                         "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]])
+
 
 def reset_kernel_report() -> None:
     _KERNELS.clear()
@@ -208,6 +231,37 @@ def _megatron():
     return parallel_state, set_tensor_model_parallel_attributes, get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
 
 
+def init_experts_cpu(weight: torch.Tensor, init_method, *, first_expert: int, partition_dim: int,
+                     etp_rank: int, etp_size: int, stride: int = 1) -> None:
+    """CPU initialisation of local experts that gives every layout the same full model.
+
+    megatron's CPU initialisation (use_cpu_initialization) draws each dense weight whole and keeps
+    this rank's TP slice, so TP 1 and TP 2 start from the same function. Drawing a rank's local
+    expert block directly would not: EP ranks would draw identical values for different experts, and
+    the number of values drawn (hence every later layer's weights) would depend on EP and ETP.
+    Here one number is drawn from the process's CPU generator (the same in every layout), each
+    global expert's full [out, in] weight is drawn from a generator seeded by it and the expert's
+    index, and the ETP slice is kept as megatron slices a dense weight: `stride` 2 for a GLU fc1,
+    whose local shard is [gate slice | up slice] of its FFN slice. The draws run on the GPU when
+    there is one (minutes less than on the CPU for 256 experts a layer; the same values on every
+    GPU of one type), else on the CPU."""
+    base = int(torch.randint(0, 2**62, (1,)).item())
+    local, out_local, in_local = weight.shape
+    full = [out_local, in_local]
+    full[partition_dim] *= etp_size
+    per_chunk = full[partition_dim] // (etp_size * stride)
+    on_gpu = torch.cuda.is_available()
+    draw_on = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    # fork_rng restores the process's generators afterwards: they move on by the one draw above only.
+    with torch.no_grad(), torch.random.fork_rng(devices=[draw_on.index] if on_gpu else []):
+        for i in range(local):
+            (torch.cuda.manual_seed if on_gpu else torch.default_generator.manual_seed)(base + first_expert + i)
+            master = torch.empty(full, dtype=torch.float32, device=draw_on)
+            init_method(master)
+            chunks = torch.split(master.to(weight.dtype), per_chunk, dim=partition_dim)
+            weight[i].copy_(torch.cat(chunks[etp_rank::etp_size], dim=partition_dim))
+
+
 class _TorchGroupedLinear(torch.nn.Module):
     """num_gemms expert linears in one [num_gemms, out, in] parameter, run by grouped_mm.
 
@@ -248,7 +302,16 @@ class _TorchGroupedLinear(torch.nn.Module):
                                                      dtype=config.params_dtype, device=device))
         if config.perform_initialization:
             tracker = get_tracker()
-            if tracker.is_initialized() and device.type == "cuda":
+            if device.type == "cpu":
+                ep_group = getattr(pg_collection, "ep", None) if pg_collection is not None else None
+                if ep_group is None and parallel_state.model_parallel_is_initialized():
+                    ep_group = parallel_state.get_expert_model_parallel_group(check_initialized=False)
+                init_experts_cpu(self.weight, init_method,
+                                 first_expert=(ep_group.rank() if ep_group is not None else 0) * num_gemms,
+                                 partition_dim=partition_dim - 1,
+                                 etp_rank=tp_group.rank() if tp_group is not None else 0, etp_size=tp_size,
+                                 stride=2 if self.parallel_mode == "column" and config.gated_linear_unit else 1)
+            elif tracker.is_initialized():
                 with tracker.fork(expert_tracker_name()):
                     init_method(self.weight)
             else:
@@ -340,7 +403,7 @@ class TorchSDPAttention(torch.nn.Module):
 
     def _gqa(self, q, k, v, causal, attn_mask) -> str:
         """enable_gqa when torch's SDPA dispatcher picks a fused kernel for it, else repeat KV heads."""
-        key = (q.device.type, q.dtype, q.shape[-1], q.shape[1], k.shape[1])
+        key = (q.device.type, q.dtype, q.shape[-1], q.shape[1], k.shape[1], _SDPA_POLICY["backend"])
         mode = self._gqa_mode.get(key)
         if mode is None:
             mode = "repeat_kv"
@@ -356,6 +419,10 @@ class TorchSDPAttention(torch.nn.Module):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **unused):
+        with sdpa_context():  # the kernel choice (and the GQA probe) under the runner's SDPA policy
+            return self._attend(query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params)
+
+    def _attend(self, query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params):
         from megatron.core.transformer.enums import AttnMaskType
 
         if packed_seq_params is not None:

@@ -199,17 +199,20 @@ def test_grouped_linear_offsets_and_empty_input():
 
 
 class _Group:
-    def __init__(self, size):
-        self._size = size
+    def __init__(self, size, rank=0):
+        self._size, self._rank = size, rank
 
     def size(self):
         return self._size
+
+    def rank(self):
+        return self._rank
 
 
 def _expert_cfg(tp=1, ep=1, etp=1):
     return SimpleNamespace(expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                            tensor_model_parallel_size=tp, use_cpu_initialization=True, params_dtype=torch.float32,
-                           perform_initialization=True)
+                           perform_initialization=True, gated_linear_unit=True)
 
 
 @pytest.mark.parametrize("tp,ep,etp,allreduce", [(1, 1, 1, True), (1, 2, 1, False), (2, 1, 1, False),
@@ -235,6 +238,45 @@ def test_grouped_linear_weight_layout_and_sharding(tp, ep, etp, allreduce):
     with pytest.raises(ValueError, match="routed experts only"):
         tnb.TorchColumnParallelGroupedLinear(local, hidden, 2 * ffn, config=cfg, init_method=init, bias=False,
                                              skip_bias_add=False, is_expert=False, pg_collection=pgs)
+
+
+def _expert_shards(ep, etp, experts=8, hidden=16, ffn=12):
+    """fc1/fc2 weights of every (EP rank, ETP rank) built from the same process RNG state, as each
+    rank of a layout would build them with CPU initialisation; plus the RNG state afterwards."""
+    init = lambda t: torch.nn.init.normal_(t, std=0.02)  # noqa: E731
+    cfg = _expert_cfg(1, ep, etp)
+    shards, state = {}, None
+    for ep_rank in range(ep):
+        for etp_rank in range(etp):
+            torch.manual_seed(7)
+            pgs = SimpleNamespace(expt_tp=_Group(etp, etp_rank), ep=_Group(ep, ep_rank))
+            fc1 = tnb.TorchColumnParallelGroupedLinear(experts // ep, hidden, 2 * ffn, config=cfg, init_method=init,
+                                                       bias=False, skip_bias_add=False, is_expert=True,
+                                                       pg_collection=pgs)
+            fc2 = tnb.TorchRowParallelGroupedLinear(experts // ep, ffn, hidden, config=cfg, init_method=init,
+                                                    bias=False, skip_bias_add=True, is_expert=True, pg_collection=pgs)
+            shards[ep_rank, etp_rank] = (fc1.weight.detach(), fc2.weight.detach())
+            after = torch.randn(4)
+            assert state is None or torch.equal(after, state)  # every rank's RNG moved on alike
+            state = after
+    return shards, state
+
+
+@pytest.mark.parametrize("ep,etp", [(2, 1), (1, 2), (2, 2), (4, 1)])
+def test_cpu_initialised_experts_are_the_same_model_in_every_layout(ep, etp):
+    """With CPU initialisation, the EP/ETP shards of every layout put together give the EP 1 ETP 1
+    experts exactly (fc1 sharded as megatron shards a GLU fc1: [gate slice | up slice] per ETP rank),
+    and the process RNG ends where it ends for EP 1 ETP 1, so all later layers match too."""
+    (ref1, ref2), ref_state = _expert_shards(1, 1)[0][0, 0], _expert_shards(1, 1)[1]
+    shards, state = _expert_shards(ep, etp)
+    ffn_local = ref1.shape[1] // 2 // etp
+    fc1 = torch.cat([torch.cat([torch.cat([shards[e, r][0][:, :ffn_local] for r in range(etp)], dim=1),
+                                torch.cat([shards[e, r][0][:, ffn_local:] for r in range(etp)], dim=1)], dim=1)
+                     for e in range(ep)])
+    fc2 = torch.cat([torch.cat([shards[e, r][1] for r in range(etp)], dim=2) for e in range(ep)])
+    assert torch.equal(fc1, ref1) and torch.equal(fc2, ref2)
+    assert torch.equal(state, ref_state)
+    assert len({tuple(ref1[i].flatten()[:3].tolist()) for i in range(ref1.shape[0])}) == ref1.shape[0]  # distinct experts
 
 
 def test_sdpa_attention_matches_naive_causal_gqa():
@@ -591,6 +633,7 @@ def test_suite_parsing_errors(tmp_path):
         ({**base, "trials": [{"name": "a", "layout": {}}]}, "missing 'gpus'"),
         ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "layers": -1}]}, "layers must be"),
         ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "backend": "apex"}]}, "unknown backend"),
+        ({**base, "trials": [{"name": "a", "gpus": 1, "layout": {}, "sdpa_backend": "fa3"}]}, "sdpa_backend must be"),
     ]
     for data, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -599,6 +642,41 @@ def test_suite_parsing_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="malformed JSON"):
         mr.parse_suite(bad)
+
+
+@pytest.mark.parametrize("suite", ["convergence_same_init_suite.json", "sdpa_mbs_suite.json",
+                                   "x2_vs_leaderboard_suite.json"])
+def test_convergence_suites_start_every_arm_from_the_same_weights(suite, h200):
+    """The shipped convergence suites: CPU-initialised (layout-independent) weights, PP 1 (a pipeline
+    stage draws only its own layers), one seed, and the sdpa choice carried to the job."""
+    trials, _ = mr.parse_suite(SUITE.parent / suite)
+    assert all(t.cpu_init and t.layout.pp == 1 for t in trials)
+    assert len({t.seed for t in trials}) == 1
+    kernels = {t.sdpa_backend for t in trials}
+    assert kernels == ({"auto", "flash"} if suite == "sdpa_mbs_suite.json" else {"auto"})
+
+
+def test_sdpa_policy_forces_the_kernel_and_rejects_unknown_names():
+    from megatron.core.transformer.enums import AttnMaskType
+
+    cfg = SimpleNamespace(context_parallel_size=1, softmax_type="vanilla", window_size=None,
+                          window_attn_skip_freq=None, kv_channels=16, attention_dropout=0.0)
+    attn = tnb.TorchSDPAttention(cfg, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    q, k, v = (torch.randn(8, 2, n, 16, generator=torch.Generator().manual_seed(n)) for n in (4, 2, 2))
+    try:
+        tnb.reset_kernel_report()
+        tnb.set_sdpa_backend("math")
+        out = attn(q, k, v, None)
+        assert tnb.kernel_report()["sdpa_backend"] == ["math (cpu)"]
+        tnb.set_sdpa_backend("cudnn")  # no cuDNN attention on the CPU: SDPA refuses rather than falls back
+        with pytest.raises(RuntimeError):
+            attn(q, k, v, None)
+        tnb.set_sdpa_backend("auto")
+        torch.testing.assert_close(attn(q, k, v, None), out, atol=1e-5, rtol=1e-5)
+        with pytest.raises(ValueError, match="sdpa backend must be one of"):
+            tnb.set_sdpa_backend("fa3")
+    finally:
+        tnb.set_sdpa_backend("auto")
 
 
 def _fake_rank(rank, steps):
@@ -652,6 +730,7 @@ def test_suite_run_with_stubbed_workers(tmp_path, monkeypatch):
     assert len(jobs) == 8 and all(world == t.gpus for (_, world, _), t in
                                   zip(jobs, [t for t in mr.parse_suite(SUITE)[0] if t.layout.dispatcher != "flex"]))
     assert all(launcher == "mp" for _, _, launcher in jobs)
+    assert all(job["sdpa_backend"] == "auto" and job["cpu_init"] is False for job, _, _ in jobs)
     assert json.loads(out.read_text().splitlines()[0])["trial"] == "1g-tp1-ep1-rc-none-mt4096"
     # An exhausted suite budget records the remaining trials as skipped instead of starting them.
     skipped = mr.run_suite(SUITE, None, gpu=load_gpu("h200"), budget_s=30, only=["2g-tp1-ep2-mt4096"],
