@@ -247,3 +247,18 @@ def test_trial_and_measured_backends_answer_bad_setups_in_one_line(tmp_path):
     assert_one_line_error(run_tune("--backend", "slime", "--model", "qwen3.6-35b-a3b", "--gpu", "h200",
                                    "--ray-address", "http://127.0.0.1:9", "--slime-dir", "/x", "--storage",
                                    str(tmp_path / "s.db"), cwd=tmp_path), "cannot reach the Ray cluster")
+
+
+@pytest.mark.parametrize("flags,cpu_init", [([], True), (["--verify-top", "2"], True), (["--verify-top", "0"], False)])
+def test_megatron_trials_that_may_become_convergence_arms_share_initial_weights(monkeypatch, flags, cpu_init):
+    """`tune --backend megatron` measures each layout once and re-uses that run as its convergence arm,
+    so every trial starts from the same (CPU-initialised, layout-independent) weights unless no arm runs."""
+    import experiments.megatron_runner as mr
+    from tuner.cli import _run_parser, make_runner
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    args = _run_parser().parse_args(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--backend", "megatron",
+                                     "--layers", "4", *flags])
+    runner = make_runner(args)
+    assert isinstance(runner, mr.MegatronRunner) and runner.layers == 4
+    assert runner.cpu_init is cpu_init

@@ -179,7 +179,10 @@ def make_runner(args, profile=None):
         if visible_gpus() < 1:
             raise RunnerError("no CUDA GPU found: --backend megatron runs trials on this machine's GPUs")
 
-        runner = MegatronRunner(layers=args.layers)
+        # Every measured trial may become a convergence arm: start all layouts from the same weights.
+        verify_top = getattr(args, "verify_top", 0)  # `tune trial` has no convergence arm
+        verify = verify_top is None or verify_top > 0
+        runner = MegatronRunner(layers=args.layers, cpu_init=verify)
         if args.hang_timeout:
             runner.hang_timeout_s = args.hang_timeout
         return runner
