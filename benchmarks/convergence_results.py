@@ -1,11 +1,16 @@
 """Convergence verdicts and the 2-GPU leaderboard comparison from the measured suites.
 
-1. Convergence arms (benchmarks/results/convergence-h200-suite.jsonl): cand TP2 EP1 and the broken arms
-   (lr x10, different data) each checked against ref TP1 EP2 with experiments.convergence.check.
-2. Issue 7 on 2 x H200 (benchmarks/results/x2-h200-vs-leaderboard-*.jsonl): (a) the leaderboard's layout
-   shape and (b) the tuner's top 3; tokens/s per GPU, ratio b/a, peak memory against the prediction, and
-   each (b) convergence-checked against (a) over the steps both ran (a trial stopped early by the time
-   budget is compared on its steps only, and the row says so).
+1. Convergence arms from the same initial weights (benchmarks/results/convergence-same-init-h200-suite.jsonl,
+   suite benchmarks/convergence_same_init_suite.json): cand TP2 EP1, cand TP1 EP2 with 2-row micro-batches
+   and the broken arms (lr x10, different data) each checked against ref TP1 EP2 with
+   experiments.convergence.check; the step-1 losses of every arm (they start from the same weights, so
+   these agree to bf16 rounding); full recompute with 1-row vs none with 2-row micro-batches.
+2. The micro-batch / attention-kernel check (sdpa-mbs-h200-suite.jsonl): step-1 loss and grad norm.
+3. The earlier arms with per-rank random initialisation (convergence-h200-suite.jsonl): each layout
+   started from different weights, which the check rightly tells apart.
+4. Issue 7 on 2 x H200 (x2-h200-vs-leaderboard-*.jsonl): (a) the leaderboard's layout shape and (b) the
+   tuner's top 3, at lr 3e-4 and at lr 1e-4; tokens/s per GPU, ratio b/a, peak memory against the
+   prediction, and each (b) convergence-checked against the (a) of its learning rate.
 Writes benchmarks/results/x2-h200-vs-leaderboard.csv and the loss curves as CSV under benchmarks/results/curves/.
 """
 from __future__ import annotations
@@ -18,7 +23,7 @@ from benchmarks.megatron_results import rows_of
 from experiments.convergence import Curve, CurveError, check
 
 RESULTS = Path(__file__).resolve().parent / "results"
-COLUMNS = ("date", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", "etp", "cp", "recompute",
+COLUMNS = ("date", "lr", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", "etp", "cp", "recompute",
            "max_tokens_per_gpu", "measured_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu",
            "measured_peak_memory_gib", "predicted_peak_memory_gib", "status", "failure_class", "role",
            "ratio_to_leaderboard_shape", "convergence", "convergence_detail", "trial")
@@ -62,48 +67,75 @@ def write_curves(rows: list[dict]) -> None:
                     w.writerow([i, loss, g])
 
 
-def main() -> None:
-    conv = {r["trial"]: r for r in load(RESULTS / "convergence-h200-suite.jsonl")}
-    ref = conv["conv-ref-tp1-ep2"]
-    print("Convergence arms (2 x H200, 4-layer Qwen3.6-35B-A3B, 20 steps, same rows and seed), against "
-          f"{ref['trial']}:")
-    for name in ("conv-cand-tp2-ep1", "conv-broken-lr10", "conv-broken-data"):
-        result, detail = verdict(conv[name], ref)
-        print(f"  {name:<22} {result:<5} {detail}")
-    write_curves(list(conv.values()))
-    same_init = RESULTS / "convergence-cpuinit-h200-suite.jsonl"
-    if same_init.exists():
-        pair = {r["trial"]: r for r in load(same_init)}
-        ref3 = pair["conv3-ref-tp1-ep2-cpuinit"]
-        print(f"Same initial weights (CPU initialisation), lr 1e-4, against {ref3['trial']}:")
-        result, detail = verdict(pair["conv3-cand-tp2-ep1-cpuinit"], ref3)
-        print(f"  {'conv3-cand-tp2-ep1':<22} {result:<5} {detail}")
-        write_curves(list(pair.values()))
+def _arms(path: Path, ref_name: str, names: list[str], title: str) -> dict:
+    runs = {r["trial"]: r for r in load(path)}
+    ref = runs[ref_name]
+    print(f"{title}, against {ref_name}:")
+    for name in names:
+        result, detail = verdict(runs[name], ref)
+        print(f"  {name:<24} {result:<5} {detail}")
+    write_curves(list(runs.values()))
+    return runs
 
-    runs = {r["trial"]: r for r in load(RESULTS / "x2-h200-vs-leaderboard-suite.jsonl") if r.get("status") != "skipped"}
-    rerun = RESULTS / "x2-h200-vs-leaderboard-b1-rerun.jsonl"
-    if rerun.exists():
-        runs.update({r["trial"]: r for r in load(rerun)})
-    a = runs["a-leaderboard-tp1-ep2-full1-mt8192"]
-    rows = []
+
+def _first_steps(runs: dict, ref_name: str, title: str) -> None:
+    """Step 1 is before any update: arms from the same weights and rows must agree to bf16 rounding."""
+    ref = runs[ref_name]
+    print(f"{title} (step-1 loss and grad norm relative to {ref_name}):")
     for name, r in runs.items():
-        is_a = r is a
-        result, detail = ("reference", "") if is_a else verdict(r, a)
-        ratio = (r["tokens_per_s_per_gpu"] / a["tokens_per_s_per_gpu"]) if r.get("tokens_per_s_per_gpu") else None
-        row = rows_of([r], "2026-11-29")[0]
-        row.update(role="a: leaderboard shape" if is_a else "b: tuner top 3",
-                   ratio_to_leaderboard_shape=round(ratio, 3) if ratio else "", convergence=result,
-                   convergence_detail=detail)
-        rows.append({k: row.get(k, "") for k in COLUMNS})
+        if r.get("status") != "ok" or not r.get("losses"):
+            continue
+        g, g0 = r["detail"]["grad_norms"][0], ref["detail"]["grad_norms"][0]
+        print(f"  {name:<24} loss {r['losses'][0]:.6f} ({r['losses'][0] / ref['losses'][0] - 1:+.1e})  "
+              f"grad norm {g:.4f} ({g / g0 - 1:+.1e})  sdpa {r['detail']['kernels_ran'].get('sdpa_backend')}")
+
+
+def main() -> None:
+    same = RESULTS / "convergence-same-init-h200-suite.jsonl"
+    runs = _arms(same, "same-ref-tp1-ep2", ["same-cand-tp2-ep1", "same-cand-tp1-ep2-mbs2", "same-broken-lr10",
+                                              "same-broken-data"],
+                 "Convergence arms from the same initial weights (2 x H200, 4-layer Qwen3.6-35B-A3B, 20 steps, "
+                 "lr 1e-4, same rows and seed)")
+    _first_steps({k: v for k, v in runs.items() if not k.startswith("rc-") and k != "same-broken-data"},
+                 "same-ref-tp1-ep2",
+                 "Same weights in every layout")
+    result, detail = verdict(runs["rc-none-mbs2-8k"], runs["rc-full1-mbs1-8k"])
+    print(f"  8,192-token rows, full recompute 1-row vs none 2-row micro-batches (3 steps): {result} {detail}; "
+          f"step-1 losses {runs['rc-full1-mbs1-8k']['losses'][0]:.5f} / {runs['rc-none-mbs2-8k']['losses'][0]:.5f}")
+    kernels = {r["trial"]: r for r in load(RESULTS / "sdpa-mbs-h200-suite.jsonl")}
+    _first_steps(kernels, "tp1-ep2-mbs1-auto", "Micro-batch size and attention kernel")
+    _arms(RESULTS / "convergence-h200-suite.jsonl", "conv-ref-tp1-ep2",
+          ["conv-cand-tp2-ep1", "conv-broken-lr10", "conv-broken-data"],
+          "Earlier arms, per-rank random initialisation (every layout starts from different weights), lr 3e-4")
+
+    rows = []
+    for lr, suite, a_name in (("3e-4", "x2-h200-vs-leaderboard-suite.jsonl", "a-leaderboard-tp1-ep2-full1-mt8192"),
+                              ("1e-4", "x2-h200-vs-leaderboard-lr1e-4-suite.jsonl",
+                               "a-leaderboard-tp1-ep2-full1-mt8192-lr1e-4")):
+        runs = {r["trial"]: r for r in load(RESULTS / suite) if r.get("status") != "skipped"}
+        rerun = RESULTS / "x2-h200-vs-leaderboard-b1-rerun.jsonl"
+        if lr == "3e-4" and rerun.exists():
+            runs.update({r["trial"]: r for r in load(rerun)})
+        a = runs[a_name]
+        for name, r in runs.items():
+            is_a = r is a
+            result, detail = ("reference", "") if is_a else verdict(r, a)
+            ratio = (r["tokens_per_s_per_gpu"] / a["tokens_per_s_per_gpu"]) if r.get("tokens_per_s_per_gpu") else None
+            row = rows_of([r], "2026-11-29")[0]
+            row.update(lr=lr, role="a: leaderboard shape" if is_a else "b: tuner top 3",
+                       ratio_to_leaderboard_shape=round(ratio, 3) if ratio else "", convergence=result,
+                       convergence_detail=detail)
+            rows.append({k: row.get(k, "") for k in COLUMNS})
+        write_curves(list(runs.values()))
     with open(RESULTS / "x2-h200-vs-leaderboard.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
-    write_curves(list(runs.values()))
     print("\n2 x H200, leaderboard shape vs the tuner's top 3 (4-layer model, 8,192-token rows, measured):")
     for r in rows:
-        print(f"  {r['role']:<21} {r['layout_label']:<62} {r['measured_tokens_per_s_per_gpu'] or r['failure_class']:>9} "
-              f"tok/s/GPU  x{r['ratio_to_leaderboard_shape'] or '-'}  peak {r['measured_peak_memory_gib'] or '-'} GiB "
+        print(f"  lr {r['lr']} {r['role']:<21} {r['layout_label']:<62} "
+              f"{r['measured_tokens_per_s_per_gpu'] or r['failure_class']:>9} tok/s/GPU  "
+              f"x{r['ratio_to_leaderboard_shape'] or '-'}  peak {r['measured_peak_memory_gib'] or '-'} GiB "
               f"(pred {r['predicted_peak_memory_gib']})  convergence {r['convergence']} {r['convergence_detail']}")
     print(f"wrote {RESULTS / 'x2-h200-vs-leaderboard.csv'}")
 
