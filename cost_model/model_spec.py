@@ -35,6 +35,8 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+from cost_model.user_file import read_user_text
+
 # Layer kinds used in `ModelSpec.layer_types`.
 FULL_ATTENTION = "full_attention"        # softmax attention (GQA/MHA), optional output gate
 SLIDING_ATTENTION = "sliding_attention"  # softmax attention over a window (GPT-OSS)
@@ -599,12 +601,7 @@ def _read_yaml(path: Path) -> Any:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ModelError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_user_text(path, ModelError, "config.json")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

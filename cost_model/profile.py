@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from cost_model.user_file import read_user_text
+
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
@@ -207,12 +209,7 @@ def parse_profile(text: str, origin: str) -> HardwareProfile:
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ProfileError(f"cannot read profile {path}: {e.strerror or e}") from None
-    return parse_profile(text, str(path))
+    return parse_profile(read_user_text(path, ProfileError, "profile"), str(path))
 
 
 @lru_cache(maxsize=16)

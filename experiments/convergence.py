@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from cost_model.user_file import read_user_text
+
 
 class CurveError(ValueError):
     """A loss curve that cannot be read or compared; the message is one line."""
@@ -232,17 +234,7 @@ def load_curve(path: str | Path) -> Curve:
     """
     name = str(path)
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CurveError(f"{name}: no such file") from None
-    except IsADirectoryError:
-        raise CurveError(f"{name}: is a directory") from None
-    except UnicodeDecodeError as e:
-        raise CurveError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise CurveError(f"{name}: cannot read: {e.strerror or e}") from None
-    text = text.lstrip("\ufeff")
+    text = read_user_text(p, CurveError, "loss curve")
     suffix = p.suffix.lower()
     if suffix == ".json" or (suffix != ".csv" and text.lstrip()[:1] in ("[", "{")):
         return _parse_json(name, text)

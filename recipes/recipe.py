@@ -19,6 +19,7 @@ import yaml
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
 from cost_model.predict import Prediction
+from cost_model.user_file import read_user_text
 from cost_model.workload import Workload, WorkloadError
 from recipes.slime_command import actor_placement, slime_env, slime_run
 from search_space.layout import InvalidLayout, Layout
@@ -420,16 +421,7 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
     was run on its own image. Every failure raises RecipeError with one line naming the file.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise RecipeError(f"{path}: is a directory, not a recipe file") from None
-    except OSError as e:
-        raise RecipeError(_one_line(f"{path}: cannot read: {e.strerror or e}")) from None
-    except UnicodeDecodeError as e:
-        raise RecipeError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_user_text(path, RecipeError, "recipe file")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -121,6 +121,8 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
     bad_json.write_text('{"model_type": "qwen3_moe", "hidden_size": ')
     bad_recipe = tmp_path / "recipe.yaml"
     bad_recipe.write_text("model: [unclosed\n")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00binary")
     cases = [
         (["--model", "qwen9-1t", "--gpu", "h200"], "unknown model"),
         (["--model", "qwen3.6-35b-a3b", "--gpu", "a100"], "unknown GPU 'a100'"),
@@ -138,7 +140,12 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
           str(bad_recipe)], "not valid YAML"),
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
-          str(tmp_path / "missing.yaml")], "cannot read profile"),
+          str(tmp_path / "missing.yaml")], "missing.yaml: no such file"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
+          str(binary)], "binary.yaml: not UTF-8 text"),
+        (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
+          str(tmp_path)], "is a directory, not a profile"),
+        (["check-convergence", "--candidate", str(binary), "--reference", str(binary)], "binary.yaml: not UTF-8"),
     ]
     for args, needle in cases:
         assert_one_line_error(run_tune(*args, cwd=tmp_path), needle)
