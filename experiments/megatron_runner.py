@@ -1307,11 +1307,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result_to_dict(result), separators=(",", ":"), default=str))
     else:
-        if result.status == "ok":
-            print(f"ok: {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {result.step_time_s:.3f} s "
-                  f"(CV {result.step_time_cv_percent or 0:.1f}%), peak {result.peak_memory_gib:.1f} GiB | {result.source}")
-        else:
-            print(f"failed ({result.failure_class}): {result.detail[:500]}")
+        print(result.summary())
     return 0 if result.status == "ok" else 1
 
 

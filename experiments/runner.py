@@ -59,6 +59,16 @@ class TrialResult:
         if self.failure_class is not None and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"unknown failure class {self.failure_class!r}")
 
+    def summary(self, max_detail: int = 500) -> str:
+        """One line: the figures, labelled predicted or measured, and where they come from; or the failure."""
+        if self.status != "ok":
+            detail = " ".join(str(self.detail).split())
+            return f"failed ({self.failure_class}): {detail[:max_detail]}"
+        cv = f" (CV {self.step_time_cv_percent:.1f}%)" if self.step_time_cv_percent is not None else ""
+        peak = f", peak {self.peak_memory_gib:.1f} GiB" if self.peak_memory_gib is not None else ""
+        return (f"{self.kind} {self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {self.step_time_s:.3f} s{cv}"
+                f"{peak} | {self.source}")
+
 
 class RunnerError(RuntimeError):
     """The runner cannot run trials at all (cluster unreachable, busy too long, misconfigured)."""

@@ -766,3 +766,18 @@ def test_cli_argument_errors_exit_2():
                          "optimizer_offload_fraction=0.5", "overlap_d2h_h2d=true"]) == {
         "tp": 2, "recompute_granularity": None, "recompute_modules": "moe_act,layernorm",
         "optimizer_offload_fraction": 0.5, "overlap_d2h_h2d": True}
+
+
+def test_trial_result_summary_is_one_labelled_line():
+    ok = TrialResult(status="ok", kind="measured", source="megatron-core runner on NVIDIA H200 x2",
+                     tokens_per_s_per_gpu=49681.2, step_time_s=1.3192, peak_memory_gib=74.84, step_time_cv_percent=0.4)
+    assert ok.summary() == ("measured 49,681 tokens/s/GPU, step 1.319 s (CV 0.4%), peak 74.8 GiB | "
+                            "megatron-core runner on NVIDIA H200 x2")
+    predicted = TrialResult(status="ok", kind="predicted", source="cost model v1", tokens_per_s_per_gpu=4663.1,
+                            step_time_s=7.0)
+    assert predicted.summary() == "predicted 4,663 tokens/s/GPU, step 7.000 s | cost model v1"
+    failed = TrialResult(status="failed", kind="measured", source="x", failure_class="cuda_oom",
+                         detail="rank 0 (train):\n OutOfMemoryError " + "x" * 900)
+    line = failed.summary()
+    assert "\n" not in line and line.startswith("failed (cuda_oom): rank 0 (train): OutOfMemoryError x")
+    assert len(line) == len("failed (cuda_oom): ") + 500

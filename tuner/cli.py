@@ -600,11 +600,7 @@ def cmd_trial(args) -> int:
     if args.json:
         print(json.dumps(asdict(result), default=str))
     else:
-        if result.status == "ok":
-            print(f"{resolved.layout.long_label}: {result.kind} {result.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-                  f"step {result.step_time_s:.2f} s, peak {result.peak_memory_gib or 0:.1f} GiB ({result.source})")
-        else:
-            print(f"{resolved.layout.long_label}: failed ({result.failure_class}): {result.detail}")
+        print(f"{resolved.layout.long_label}: {result.summary()}")
     return 0 if result.status == "ok" else 1
 
 
