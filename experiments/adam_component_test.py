@@ -1,6 +1,7 @@
 """Component test of the precision-aware Adam step: BF16 parameter + 16-bit remainder vs an FP64 Adam.
 
     tune component-test adam [--model M] [--ep 8] [--json] [--device cuda|cpu] [--seed 0]
+                             [--recipe FILE [--recipe-out OUT]]
     PYTHONPATH=<repo root> python -m experiments.adam_component_test [same flags]
 
 What the recipe's optimizer does (`--use-precision-aware-optimizer`, BF16 params, FP32 masters, FP32
@@ -503,6 +504,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-elements", type=int, default=MAX_ELEMENTS,
                    help=f"cap on the elements tested (default {MAX_ELEMENTS:,})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--recipe", help="record the result in this recipe's correctness.component_tests (checked "
+                                    "before the test runs; rewritten in place unless --recipe-out is given)")
+    p.add_argument("--recipe-out", help="with --recipe: write the updated recipe here instead")
     return p
 
 
@@ -511,13 +515,26 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "adam":
         argv = argv[1:]
     args = _parser().parse_args(argv)
+    from recipes.recipe import RecipeError, load_recipe
+
     try:
+        if args.recipe_out and not args.recipe:
+            raise ComponentTestError("--recipe-out needs --recipe")
+        recipe = load_recipe(args.recipe).data if args.recipe else None  # a bad recipe fails before the test
         if args.max_elements < 1:
             raise ComponentTestError(f"--max-elements must be positive, got {args.max_elements}")
         result = run(args.model, args.device, seed=args.seed, ep=args.ep, max_elements=args.max_elements)
-    except ComponentTestError as e:
+    except (ComponentTestError, RecipeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if recipe is not None:
+        from recipes.correctness import record_component_test
+        from recipes.recipe import write_recipe
+
+        record_component_test(recipe, recipe_component_block(result))
+        path = write_recipe(recipe, args.recipe_out or args.recipe)
+        print(f"recorded in {path}: component test {'pass' if result['passed'] else 'fail'}; "
+              f"correctness {recipe['correctness']['result']}, status {recipe['status']}", file=sys.stderr)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -14,9 +14,10 @@ What runs is recorded, never silently changed:
   DeltaNet layer replaced by a full-attention layer (megatron's GDN needs fla, not importable on the
   measurement machine); MTP layers are not built. Predictions for comparison must use this model.
 - the initial weights: by default each rank draws its own (megatron's GPU initialisation); with
-  `cpu_init` every layout of PP 1 starts from the same full model (dense weights drawn whole and
-  sliced, as megatron's CPU initialisation does; experts drawn by global expert index, see
-  torch_native_backend.init_experts_cpu), which convergence arms need;
+  `cpu_init` every layout starts from the same full model (dense weights drawn whole and sliced, as
+  megatron's CPU initialisation does; experts drawn by global expert index, see
+  torch_native_backend.init_experts_cpu; the generator reseeded per global layer, so PP and VPP
+  splits agree, see torch_native_backend.seeded_layer), which convergence arms need;
 - the backend (te / torch-native / local, see experiments/torch_native_backend.py) and the kernels
   that ran; the optimizer actually built (precision-aware needs TE's FusedAdam); a global batch
   scaled down to fit the trial's time budget.
@@ -418,7 +419,8 @@ def _train(rank: int, world: int, job: dict, send, state: dict, device_index: in
     vpp = layout.vpp
     for v in range(vpp):
         vp_stage = v if vpp > 1 else None
-        spec, info = tnb.block_spec(model, config, backend, vp_stage=vp_stage)
+        spec, info = tnb.block_spec(model, config, backend, vp_stage=vp_stage,
+                                    init_seed=seed if job.get("cpu_init") else None)
         m = GPTModel(config, spec, vocab_size=vocab, max_sequence_length=workload.seq_len,
                      pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
                      post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -859,7 +861,7 @@ class MegatronRunner(TrialRunner):
     seed: int = DEFAULT_SEED
     lr: float = DEFAULT_LR
     rows_file: str | None = None
-    cpu_init: bool = False          # same initial weights whatever the layout (PP 1; for convergence arms)
+    cpu_init: bool = False          # same initial weights whatever the layout (for convergence arms)
     sdpa_backend: str = "auto"      # torch-native attention kernel (torch_native_backend.SDPA_BACKENDS)
     log_dir: str | None = None
     torch_compile: bool = False

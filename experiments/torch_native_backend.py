@@ -618,12 +618,61 @@ def layer_spec(model: ModelSpec, backend: str = "auto", *, mlp_type: str | None 
     return spec
 
 
+_SEEDED: dict = {}
+
+
+def seeded_layer(layer_class, seed: int):
+    """`layer_class` (a TransformerLayer) that, under CPU initialisation, reseeds the process's CPU
+    generator from `seed` and its global layer number before building its weights.
+
+    megatron's CPU initialisation draws weights in construction order, and a pipeline stage builds
+    only its own layers: without this, layer 3 of a PP 2 run would get the values layer 1 gets at
+    PP 1. Reseeding per global layer makes each layer's weights, and the generator state the output
+    layer is drawn from after the last layer, the same for every PP and VPP split."""
+    key = (layer_class, seed)
+    if key not in _SEEDED:
+        class SeededLayer(layer_class):
+            def __init__(self, config, submodules, layer_number: int = 1, *args, **kwargs):
+                if config.use_cpu_initialization:
+                    torch.default_generator.manual_seed(seed * 1_000_003 + _global_layer_number(
+                        config, layer_number, kwargs.get("vp_stage"), kwargs.get("pg_collection"),
+                        kwargs.get("is_mtp_layer", False) or not kwargs.get("add_layer_offset", True)))
+                super().__init__(config, submodules, layer_number, *args, **kwargs)
+
+        SeededLayer.__name__ = SeededLayer.__qualname__ = f"Seeded{layer_class.__name__}"
+        _SEEDED[key] = SeededLayer
+    return _SEEDED[key]
+
+
+def _global_layer_number(config, layer_number: int, vp_stage, pg_collection, no_offset: bool) -> int:
+    """The 1-based global layer number megatron's TransformerLayer computes for itself."""
+    if no_offset:
+        return layer_number
+    from megatron.core import parallel_state
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    pp = getattr(pg_collection, "pp", None) if pg_collection is not None else None
+    pp_rank = pp.rank() if pp is not None else (parallel_state.get_pipeline_model_parallel_rank()
+                                                if parallel_state.model_parallel_is_initialized() else 0)
+    return layer_number + get_transformer_layer_offset(config, vp_stage, pp_rank)
+
+
+def _seed_layers(spec, init_seed: int | None):
+    """The block spec with every layer class reseeding per global layer (see seeded_layer)."""
+    if init_seed is None:
+        return spec
+    import dataclasses
+    spec.layer_specs = [dataclasses.replace(ls, module=seeded_layer(ls.module, init_seed)) for ls in spec.layer_specs]
+    return spec
+
+
 def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int | None = None,
-               pp_rank: int | None = None):
+               pp_rank: int | None = None, init_seed: int | None = None):
     """(TransformerBlockSubmodules for this pipeline stage, metainfo) — what GPTModel is built from.
 
     Dense/MoE layers follow config.moe_layer_freq (a per-layer 0/1 list), sliced to the stage as
-    megatron's get_gpt_decoder_block_spec slices it."""
+    megatron's get_gpt_decoder_block_spec slices it. With `init_seed` (and CPU initialisation) each
+    layer's weights depend on the seed and its global layer number only (see seeded_layer)."""
     name, why = resolve_backend(backend)
     _check(model, name, config.context_parallel_size)
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -631,7 +680,7 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
     if name in ("te", "local"):
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=name == "te", normalization="RMSNorm",
                                           vp_stage=vp_stage, pp_rank=pp_rank)
-        return spec, _metainfo(name, why)
+        return _seed_layers(spec, init_seed), _metainfo(name, why)
 
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
@@ -655,4 +704,5 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
     specs = [moe if p else dense for p in pattern]
     n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    return TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=TorchNorm), _metainfo(name, why)
+    spec = TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=TorchNorm)
+    return _seed_layers(spec, init_seed), _metainfo(name, why)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from experiments import adam_component_test as adam
 from experiments.convergence import (Curve, CurveError, Thresholds, check, load_curve, main,
@@ -400,6 +402,37 @@ def test_adam_cli_on_cpu_from_a_model_config(tmp_path, capsys):
     assert adam.main(["--model", str(path), "--device", "cpu", "--ep", "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: EP 3") and err.count("\n") == 1
+
+
+def test_adam_result_is_recorded_in_a_recipe_and_a_bad_recipe_stops_before_the_test(tmp_path, capsys):
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "vocab_size": 1000, "num_experts": 16, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32}
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(cfg))
+    source = Path(__file__).parent / "fixtures" / "reference_recipes" / "attune-tp1-ep8-mt16k.yaml"
+    out = tmp_path / "out.yaml"
+    assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(source),
+                      "--recipe-out", str(out)]) == 0
+    assert "recorded in" in capsys.readouterr().err
+    recipe = yaml.safe_load(out.read_text())
+    block = recipe["correctness"]
+    assert [t["result"] for t in block["component_tests"]] == ["pass"]
+    assert block["component_tests"][0]["test"].startswith("precision-aware Adam")
+    assert block["result"] == "pass" and recipe["status"] == "verified"  # its convergence had passed
+    assert block["summary"] == "passed; 1 of 1 component test passed on this image; convergence passed"
+    # Run again in place: the entry is replaced, not duplicated.
+    assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(out)]) == 0
+    assert len(yaml.safe_load(out.read_text())["correctness"]["component_tests"]) == 1
+    # A malformed recipe: one line, exit 2, before any test runs; the file is left as it was.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    capsys.readouterr()
+    assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "bad.yaml: malformed YAML" in err and err.count("\n") == 1
+    assert bad.read_text() == "model: [unclosed\n"
+    assert adam.main(["adam", "--device", "cpu", "--recipe-out", str(out)]) == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

@@ -418,6 +418,44 @@ def test_torch_native_gptmodel_matches_local_backend_on_cpu():
         assert sum(v for k, v in report.items() if "grouped_mm" in k) == 2  # fc1 + fc2 forward of the MoE layer
 
 
+def test_seeded_layers_draw_the_same_weights_whatever_was_built_before_them():
+    """CPU initialisation with init_seed: a layer's weights depend on the seed and its global layer
+    number only (a PP 2 stage building layer 2 alone gets the PP 1 model's layer 2), and the generator
+    ends each layer in the same state (the output layer after the last layer matches too)."""
+    from megatron.core.transformer.spec_utils import build_module
+
+    tiny = _tiny_qwen36()
+    kw = mr.transformer_config_kwargs(tiny, Layout(1), Workload(seq_len=32, global_batch=2),
+                                      use_cpu_initialization=True)
+    kw.update(moe_token_dispatcher_type="allgather", bf16=False, params_dtype=torch.float32,
+              pipeline_dtype=torch.float32)
+    with _cpu_megatron():
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        cfg = TransformerConfig(**kw)
+        spec, _ = tnb.block_spec(tiny, cfg, "torch-native", init_seed=11)
+        assert all(ls.module.__name__ == "SeededTransformerLayer" for ls in spec.layer_specs)
+        torch.manual_seed(0)
+        whole = [build_module(ls, config=cfg, layer_number=i + 1) for i, ls in enumerate(spec.layer_specs)]
+        after_whole = torch.randn(5)
+        torch.manual_seed(1)
+        torch.randn(1000)  # a different history: another stage built other modules first
+        alone = build_module(spec.layer_specs[1], config=cfg, layer_number=2)
+        after_alone = torch.randn(5)
+        assert torch.equal(after_whole, after_alone)
+        params = dict(alone.named_parameters())
+        assert len(params) > 10
+        for name, a in whole[1].named_parameters():
+            assert torch.equal(a, params[name]), name
+        w0 = whole[0].self_attention.linear_qkv.weight
+        assert not torch.equal(w0, whole[1].self_attention.linear_qkv.weight)  # layers still differ
+        # Without a seed the layer takes the generator as it finds it (megatron's behaviour).
+        plain, _ = tnb.block_spec(tiny, cfg, "torch-native")
+        torch.manual_seed(1)
+        torch.randn(1000)
+        other = build_module(plain.layer_specs[1], config=cfg, layer_number=2)
+        assert not torch.equal(other.self_attention.linear_qkv.weight, alone.self_attention.linear_qkv.weight)
+
+
 def test_forward_step_and_masked_loss_through_megatron_ddp_on_cpu():
     """The runner's forward_step/loss_func on a bf16 Float16Module + megatron DDP model (CPU):
     masked mean cross-entropy and expert gradients landing in DDP's main_grad buffers."""
@@ -644,13 +682,13 @@ def test_suite_parsing_errors(tmp_path):
         mr.parse_suite(bad)
 
 
-@pytest.mark.parametrize("suite", ["convergence_same_init_suite.json", "sdpa_mbs_suite.json",
-                                   "x2_vs_leaderboard_suite.json"])
+@pytest.mark.parametrize("suite", ["convergence_same_init_suite.json", "convergence_pipeline_suite.json",
+                                   "sdpa_mbs_suite.json", "x2_vs_leaderboard_suite.json"])
 def test_convergence_suites_start_every_arm_from_the_same_weights(suite, h200):
-    """The shipped convergence suites: CPU-initialised (layout-independent) weights, PP 1 (a pipeline
-    stage draws only its own layers), one seed, and the sdpa choice carried to the job."""
+    """The shipped convergence suites: CPU-initialised (layout-independent) weights, one seed, and
+    the sdpa choice carried to the job."""
     trials, _ = mr.parse_suite(SUITE.parent / suite)
-    assert all(t.cpu_init and t.layout.pp == 1 for t in trials)
+    assert all(t.cpu_init for t in trials)
     assert len({t.seed for t in trials}) == 1
     kernels = {t.sdpa_backend for t in trials}
     assert kernels == ({"auto", "flash"} if suite == "sdpa_mbs_suite.json" else {"auto"})

@@ -269,3 +269,19 @@ def test_megatron_trials_that_may_become_convergence_arms_share_initial_weights(
     runner = make_runner(args)
     assert isinstance(runner, mr.MegatronRunner) and runner.layers == 4
     assert runner.cpu_init is cpu_init
+
+
+def test_megatron_rows_flag_is_checked_before_any_trial(monkeypatch, tmp_path):
+    import experiments.megatron_runner as mr
+    from tuner.cli import CliError, _run_parser, make_runner
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"tokens": [1, 2, 3]}\n')
+    base = ["--model", "llama3-8b", "--gpu", "h200", "--backend", "megatron", "--rows"]
+    assert make_runner(_run_parser().parse_args([*base, str(rows)])).rows_file == str(rows)
+    rows.write_text('{"tokens": "abc"}\n')
+    with pytest.raises(CliError, match="rows.jsonl:1: 'tokens' must be"):
+        make_runner(_run_parser().parse_args([*base, str(rows)]))
+    with pytest.raises(CliError, match="missing.jsonl: cannot read"):
+        make_runner(_run_parser().parse_args([*base, str(tmp_path / "missing.jsonl")]))

@@ -58,12 +58,17 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
     for path in paths:
         recipe = yaml.safe_load(path.read_text())
         statuses[recipe["layout"]["tp"]] = statuses.get(recipe["layout"]["tp"], set()) | {recipe["status"]}
+        block = recipe["correctness"]
         if recipe["status"] == "verified":
-            assert recipe["correctness"]["convergence"]["result"] == "pass"
+            assert block["convergence"]["result"] == "pass" and block["result"] == "pass"
             assert recipe["result"]["measured"] == "test runner"
+            assert block["summary"] == "passed; convergence passed"
+            assert block["reference"] == f"{reference.long_label}: 20 steps, measured by test runner"
         else:
             assert recipe["status"] == "measured"
-            assert (recipe["correctness"]["convergence"] or {}).get("result") in (None, "fail")
+            assert (block["convergence"] or {}).get("result") in (None, "fail")
+            if block["convergence"]["result"] == "fail":
+                assert block["result"] == "fail" and block["summary"] == "fail; convergence FAILED"
     assert statuses[2] == {"measured"} and "verified" in statuses[1], statuses
 
 

@@ -149,6 +149,8 @@ def _add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
     p.add_argument("--steps", type=int, default=20, help="steps of a measured trial (default 20)")
     p.add_argument("--layers", type=int, default=None,
                    help="megatron: run the first L layers (default: the most that fit the local GPUs)")
+    p.add_argument("--rows", help="megatron: token rows (JSONL {\"tokens\": [...]}) for measured trials and "
+                                  "convergence arms (default: random tokens, nothing to learn)")
     p.add_argument("--ray-address", help="slime: the Ray cluster's Jobs API address (http://HEAD:8265)")
     p.add_argument("--slime-dir", help="slime: the slime checkout on the cluster")
     p.add_argument("--entry-module", default="train", help="slime: the training entry (default train)")
@@ -182,7 +184,15 @@ def make_runner(args, profile=None):
         # Every measured trial may become a convergence arm: start all layouts from the same weights.
         verify_top = getattr(args, "verify_top", 0)  # `tune trial` has no convergence arm
         verify = verify_top is None or verify_top > 0
-        runner = MegatronRunner(layers=args.layers, cpu_init=verify)
+        if args.rows:
+            from experiments.megatron_runner import load_rows
+            try:
+                load_rows(args.rows)
+            except OSError as e:
+                raise CliError(f"--rows {args.rows}: cannot read: {e.strerror or e}") from None
+            except ValueError as e:
+                raise CliError(f"--rows: {e}") from None
+        runner = MegatronRunner(layers=args.layers, cpu_init=verify, rows_file=args.rows)
         if args.hang_timeout:
             runner.hang_timeout_s = args.hang_timeout
         return runner
@@ -298,12 +308,13 @@ def _export_rows(rows, config, out: Path, study=None) -> list[Path]:
                 usd_per_million_tokens=round(config.gpu.usd_per_gpu_hour / (row.tokens_per_s_per_gpu * 3600) * 1e6, 2),
                 step_time_cv_percent=result.get("step_time_cv_percent"), mfu=result.get("mfu"),
                 gpu_hours=result.get("gpu_hours"), measured=result.get("source"))
-            from tuner.verify import convergence_of
+            from recipes.correctness import record_convergence
+            from tuner.verify import convergence_of, reference_of
 
+            recipe["status"] = "measured"
             convergence = convergence_of(study, row.number)
-            recipe["status"] = "verified" if (convergence or {}).get("result") == "pass" else "measured"
             if convergence:
-                recipe["correctness"]["convergence"] = convergence
+                record_convergence(recipe, convergence, reference_of(study, row.number))
         path = recipe_path(out, config.model, config.gpu, recipe_name(row.layout))
         write_recipe(recipe, path)
         paths.append(path)

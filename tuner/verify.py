@@ -16,6 +16,7 @@ from search_space.layout import Layout
 from tuner.report import ranked_rows
 
 VERDICTS = "convergence_verdicts"
+REFERENCES = "convergence_references"  # what each verdict's reference arm was, by trial number
 
 
 def default_reference(candidates: list, world_size: int) -> Layout:
@@ -48,6 +49,8 @@ def verify_top(study: optuna.Study, config, runner: TrialRunner, top: int, refer
     trials = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     verdicts = []
     stored = dict(study.user_attrs.get(VERDICTS, {}))
+    references = dict(study.user_attrs.get(REFERENCES, {}))
+    what = f"{reference.long_label}: {config.steps} steps, {ref.kind} by {ref.source}"
     for row in measured:
         trial = trials[row.number]
         if ref.status != "ok":
@@ -65,10 +68,17 @@ def verify_top(study: optuna.Study, config, runner: TrialRunner, top: int, refer
                 block = {"steps": config.steps, "result": "unusable", "correlation": None,
                          "final_loss_difference": None, "pointwise_failures": None, "note": str(e)}
         stored[str(row.number)] = block
+        references[str(row.number)] = what
         verdicts.append({"trial": row.number, "layout": row.layout.long_label, **block})
     study.set_user_attr(VERDICTS, stored)
+    study.set_user_attr(REFERENCES, references)
     return verdicts
 
 
 def convergence_of(study: optuna.Study, number: int) -> dict | None:
     return (study.user_attrs.get(VERDICTS) or {}).get(str(number))
+
+
+def reference_of(study: optuna.Study, number: int) -> str:
+    """The reference arm a trial's verdict was judged against (studies from before this was kept: unknown)."""
+    return (study.user_attrs.get(REFERENCES) or {}).get(str(number)) or "not recorded"
