@@ -194,6 +194,11 @@ def transformer_config_kwargs(model: ModelSpec, layout: Layout, workload: Worklo
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
     )
+    if layout.vpp > 1:
+        # Megatron-LM training's default for the interleaved schedule (--no-overlap-p2p-communication
+        # unset). ModelParallelConfig's own default, batched p2p, mixes activations and gradients at
+        # PP 2, where the previous and next stage are the same rank: Megatron-LM then asks for PP > 2.
+        kw.update(overlap_p2p_comm=True, batch_p2p_comm=False)
     if backend == "te":
         kw.update(apply_rope_fusion=True, bias_activation_fusion=True)
     if layout.recompute_granularity is not None:
