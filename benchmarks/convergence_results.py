@@ -90,6 +90,23 @@ def _first_steps(runs: dict, ref_name: str, title: str) -> None:
               f"grad norm {g:.4f} ({g / g0 - 1:+.1e})  sdpa {r['detail']['kernels_ran'].get('sdpa_backend')}")
 
 
+def _tuner_run(db: Path) -> None:
+    """`tune --backend megatron` on 2 x H200 (Llama3-8B, first 8 layers): its trials and convergence verdicts."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="llama3-8b-h200-x2", storage=f"sqlite:///{db}")
+    verdicts = study.user_attrs.get("convergence_verdicts") or {}
+    print("tune --backend megatron on 2 x H200 (Llama3-8B, 8 layers, 10 steps, learnable rows), convergence arm "
+          f"against {next(iter((study.user_attrs.get('convergence_references') or {'': '?'}).values())).split(':')[0]}:")
+    from tuner.report import ranked_rows
+
+    for row in ranked_rows(study):
+        v = verdicts.get(str(row.number)) or {}
+        print(f"  trial {row.number} {row.layout.long_label}: {row.tokens_per_s_per_gpu:,.0f} tokens/s/GPU {row.kind}; convergence {v.get('result')} (correlation {v.get('correlation')}, final loss "
+              f"difference {v.get('final_loss_difference')}, pointwise failures {v.get('pointwise_failures')})")
+
+
 def main() -> None:
     same = RESULTS / "convergence-same-init-h200-suite.jsonl"
     runs = _arms(same, "same-ref-tp1-ep2", ["same-cand-tp2-ep1", "same-cand-tp1-ep2-mbs2", "same-broken-lr10",
@@ -102,6 +119,17 @@ def main() -> None:
     result, detail = verdict(runs["rc-none-mbs2-8k"], runs["rc-full1-mbs1-8k"])
     print(f"  8,192-token rows, full recompute 1-row vs none 2-row micro-batches (3 steps): {result} {detail}; "
           f"step-1 losses {runs['rc-full1-mbs1-8k']['losses'][0]:.5f} / {runs['rc-none-mbs2-8k']['losses'][0]:.5f}")
+    pipeline = {r["trial"]: r for r in load(RESULTS / "convergence-pipeline-h200-suite.jsonl")}
+    pipeline.update({r["trial"]: r for r in load(RESULTS / "convergence-pipeline-vpp-h200-suite.jsonl")})
+    ref = pipeline["pp-ref-tp1-ep2"]
+    print("Pipeline splits, weights reseeded per global layer (20 steps, lr 1e-4), against pp-ref-tp1-ep2:")
+    for name in ("pp-cand-tp1-pp2", "pp-cand-tp1-pp2-vpp2"):
+        result, detail = verdict(pipeline[name], ref)
+        print(f"  {name:<24} {result:<5} {detail}")
+    write_curves(list(pipeline.values()))
+    _first_steps(pipeline, "pp-ref-tp1-ep2", "Pipeline splits, step 1 (pp-init-tp1-pp2-vpp2 ran with batched p2p, "
+                 "before the fix)")
+    _tuner_run(RESULTS / "tune-llama3-8b-h200-x2" / "tune-llama3-8b-h200-x2.db")
     kernels = {r["trial"]: r for r in load(RESULTS / "sdpa-mbs-h200-suite.jsonl")}
     _first_steps(kernels, "tp1-ep2-mbs1-auto", "Micro-batch size and attention kernel")
     _arms(RESULTS / "convergence-h200-suite.jsonl", "conv-ref-tp1-ep2",

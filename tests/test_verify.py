@@ -1,5 +1,6 @@
 """The convergence arm: measured layouts judged against a reference arm; only a pass makes a recipe verified."""
 import itertools
+import json
 
 import yaml
 
@@ -28,8 +29,11 @@ class CurveRunner(TrialRunner):
         tp = spec.layout.tp
         losses = tuple(x * (1.25 if tp == 2 else 1.0) + 0.001 * i for i, x in enumerate(BASE))
         speed = 1000.0 * spec.layout.max_tokens_per_gpu / 8192 * (1.2 if tp == 2 else 1.0)
+        detail = json.dumps({"notes": ["truncated: 4 of 40 layers (--layers)"], "model_run": {"name": "m[L4]"},
+                             "window": [5, 19], "steps_run": 20, "global_batch_rows": 16, "seq_len": 4096})
         return TrialResult(status="ok", kind="measured", source="test runner", tokens_per_s_per_gpu=speed,
-                           step_time_s=1.0, peak_memory_gib=50.0, losses=losses, step_time_cv_percent=1.0)
+                           step_time_s=1.0, peak_memory_gib=50.0, losses=losses, step_time_cv_percent=1.0,
+                           detail=detail)
 
 
 def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200):
@@ -61,7 +65,10 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
         block = recipe["correctness"]
         if recipe["status"] == "verified":
             assert block["convergence"]["result"] == "pass" and block["result"] == "pass"
-            assert recipe["result"]["measured"] == "test runner"
+            assert recipe["result"]["measured"] == "test runner; model run m[L4]: truncated: 4 of 40 layers (--layers)"
+            assert recipe["result"]["mfu_note"].startswith("measured: 6 x active params of the model run (m[L4])")
+            assert recipe["result"]["window_tokens"] == 15 * 16 * 4096 and recipe["result"]["runs"] == 1
+            assert recipe["result"]["gpu_hours_note"].startswith("measured")
             assert block["summary"] == "passed; convergence passed"
             assert block["reference"] == f"{reference.long_label}: 20 steps, measured by test runner"
         else:

@@ -307,7 +307,7 @@ def _export_rows(rows, config, out: Path, study=None) -> list[Path]:
                 tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),
                 usd_per_million_tokens=round(config.gpu.usd_per_gpu_hour / (row.tokens_per_s_per_gpu * 3600) * 1e6, 2),
                 step_time_cv_percent=result.get("step_time_cv_percent"), mfu=result.get("mfu"),
-                gpu_hours=result.get("gpu_hours"), measured=result.get("source"))
+                gpu_hours=result.get("gpu_hours"), **_measured_run_fields(result, config))
             from recipes.correctness import record_convergence
             from tuner.verify import convergence_of, reference_of
 
@@ -319,6 +319,36 @@ def _export_rows(rows, config, out: Path, study=None) -> list[Path]:
         write_recipe(recipe, path)
         paths.append(path)
     return paths
+
+
+def _measured_run_fields(result: dict, config) -> dict:
+    """What a recipe's result says about the measured run: who measured it, what model actually ran
+    (a truncated model, replaced layers), its steps, window and tokens, and how its MFU was counted."""
+    detail = result.get("detail")
+    if isinstance(detail, str):
+        try:
+            detail = json.loads(detail) if detail.startswith("{") else {}
+        except json.JSONDecodeError:
+            detail = {}
+    detail = detail or {}
+    notes = list(detail.get("notes") or [])
+    optimizer = detail.get("optimizer") or ""
+    if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran
+        notes.append(optimizer.split("; ")[-1])
+    run = (detail.get("model_run") or {}).get("name")
+    measured = result.get("source") or "measured"
+    if notes:
+        measured += f"; model run {run or '?'}: " + "; ".join(notes)
+    window = detail.get("window") or list(config.window)
+    rows = detail.get("global_batch_rows") or config.workload.global_batch
+    seq = detail.get("seq_len") or config.workload.seq_len
+    peak = config.gpu.peak_tflops(config.workload.precision)
+    return {"measured": measured,
+            "mfu_note": (f"measured: 6 x active params of the model run{f' ({run})' if run else ''} x tokens/s per "
+                         f"GPU / {peak:g} TFLOP/s ({config.gpu.display_name} dense {config.workload.precision} peak)"),
+            "steps_per_run": detail.get("steps_run") or config.steps, "window": list(window),
+            "window_tokens": (window[1] - window[0] + 1) * rows * seq, "runs": 1,
+            "gpu_hours_note": "measured: the trial's wall time (start-up included) x its GPUs"}
 
 
 # ---------------------------------------------------------------- show / export
