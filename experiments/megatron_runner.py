@@ -16,8 +16,8 @@ What runs is recorded, never silently changed:
 - the initial weights: by default each rank draws its own (megatron's GPU initialisation); with
   `cpu_init` every layout starts from the same full model (dense weights drawn whole and sliced, as
   megatron's CPU initialisation does; experts drawn by global expert index, see
-  torch_native_backend.init_experts_cpu; the generator reseeded per global layer, so PP and VPP
-  splits agree, see torch_native_backend.seeded_layer), which convergence arms need;
+  same_weights.init_experts_cpu; the generator reseeded per global layer, so PP and VPP
+  splits agree, see same_weights.seeded_layer), which convergence arms need;
 - the backend (te / torch-native / local, see experiments/torch_native_backend.py) and the kernels
   that ran; the optimizer actually built (precision-aware needs TE's FusedAdam); a global batch
   scaled down to fit the trial's time budget.

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from cost_model.model_spec import DENSE, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from experiments import same_weights
 
 BACKENDS = ("auto", "te", "torch-native", "local")
 
@@ -231,37 +232,6 @@ def _megatron():
     return parallel_state, set_tensor_model_parallel_attributes, get_cuda_rng_tracker, get_expert_parallel_rng_tracker_name
 
 
-def init_experts_cpu(weight: torch.Tensor, init_method, *, first_expert: int, partition_dim: int,
-                     etp_rank: int, etp_size: int, stride: int = 1) -> None:
-    """CPU initialisation of local experts that gives every layout the same full model.
-
-    megatron's CPU initialisation (use_cpu_initialization) draws each dense weight whole and keeps
-    this rank's TP slice, so TP 1 and TP 2 start from the same function. Drawing a rank's local
-    expert block directly would not: EP ranks would draw identical values for different experts, and
-    the number of values drawn (hence every later layer's weights) would depend on EP and ETP.
-    Here one number is drawn from the process's CPU generator (the same in every layout), each
-    global expert's full [out, in] weight is drawn from a generator seeded by it and the expert's
-    index, and the ETP slice is kept as megatron slices a dense weight: `stride` 2 for a GLU fc1,
-    whose local shard is [gate slice | up slice] of its FFN slice. The draws run on the GPU when
-    there is one (minutes less than on the CPU for 256 experts a layer; the same values on every
-    GPU of one type), else on the CPU."""
-    base = int(torch.randint(0, 2**62, (1,)).item())
-    local, out_local, in_local = weight.shape
-    full = [out_local, in_local]
-    full[partition_dim] *= etp_size
-    per_chunk = full[partition_dim] // (etp_size * stride)
-    on_gpu = torch.cuda.is_available()
-    draw_on = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    # fork_rng restores the process's generators afterwards: they move on by the one draw above only.
-    with torch.no_grad(), torch.random.fork_rng(devices=[draw_on.index] if on_gpu else []):
-        for i in range(local):
-            (torch.cuda.manual_seed if on_gpu else torch.default_generator.manual_seed)(base + first_expert + i)
-            master = torch.empty(full, dtype=torch.float32, device=draw_on)
-            init_method(master)
-            chunks = torch.split(master.to(weight.dtype), per_chunk, dim=partition_dim)
-            weight[i].copy_(torch.cat(chunks[etp_rank::etp_size], dim=partition_dim))
-
-
 class _TorchGroupedLinear(torch.nn.Module):
     """num_gemms expert linears in one [num_gemms, out, in] parameter, run by grouped_mm.
 
@@ -306,7 +276,7 @@ class _TorchGroupedLinear(torch.nn.Module):
                 ep_group = getattr(pg_collection, "ep", None) if pg_collection is not None else None
                 if ep_group is None and parallel_state.model_parallel_is_initialized():
                     ep_group = parallel_state.get_expert_model_parallel_group(check_initialized=False)
-                init_experts_cpu(self.weight, init_method,
+                same_weights.init_experts_cpu(self.weight, init_method,
                                  first_expert=(ep_group.rank() if ep_group is not None else 0) * num_gemms,
                                  partition_dim=partition_dim - 1,
                                  etp_rank=tp_group.rank() if tp_group is not None else 0, etp_size=tp_size,
@@ -618,61 +588,13 @@ def layer_spec(model: ModelSpec, backend: str = "auto", *, mlp_type: str | None 
     return spec
 
 
-_SEEDED: dict = {}
-
-
-def seeded_layer(layer_class, seed: int):
-    """`layer_class` (a TransformerLayer) that, under CPU initialisation, reseeds the process's CPU
-    generator from `seed` and its global layer number before building its weights.
-
-    megatron's CPU initialisation draws weights in construction order, and a pipeline stage builds
-    only its own layers: without this, layer 3 of a PP 2 run would get the values layer 1 gets at
-    PP 1. Reseeding per global layer makes each layer's weights, and the generator state the output
-    layer is drawn from after the last layer, the same for every PP and VPP split."""
-    key = (layer_class, seed)
-    if key not in _SEEDED:
-        class SeededLayer(layer_class):
-            def __init__(self, config, submodules, layer_number: int = 1, *args, **kwargs):
-                if config.use_cpu_initialization:
-                    torch.default_generator.manual_seed(seed * 1_000_003 + _global_layer_number(
-                        config, layer_number, kwargs.get("vp_stage"), kwargs.get("pg_collection"),
-                        kwargs.get("is_mtp_layer", False) or not kwargs.get("add_layer_offset", True)))
-                super().__init__(config, submodules, layer_number, *args, **kwargs)
-
-        SeededLayer.__name__ = SeededLayer.__qualname__ = f"Seeded{layer_class.__name__}"
-        _SEEDED[key] = SeededLayer
-    return _SEEDED[key]
-
-
-def _global_layer_number(config, layer_number: int, vp_stage, pg_collection, no_offset: bool) -> int:
-    """The 1-based global layer number megatron's TransformerLayer computes for itself."""
-    if no_offset:
-        return layer_number
-    from megatron.core import parallel_state
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-    pp = getattr(pg_collection, "pp", None) if pg_collection is not None else None
-    pp_rank = pp.rank() if pp is not None else (parallel_state.get_pipeline_model_parallel_rank()
-                                                if parallel_state.model_parallel_is_initialized() else 0)
-    return layer_number + get_transformer_layer_offset(config, vp_stage, pp_rank)
-
-
-def _seed_layers(spec, init_seed: int | None):
-    """The block spec with every layer class reseeding per global layer (see seeded_layer)."""
-    if init_seed is None:
-        return spec
-    import dataclasses
-    spec.layer_specs = [dataclasses.replace(ls, module=seeded_layer(ls.module, init_seed)) for ls in spec.layer_specs]
-    return spec
-
-
 def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int | None = None,
                pp_rank: int | None = None, init_seed: int | None = None):
     """(TransformerBlockSubmodules for this pipeline stage, metainfo) — what GPTModel is built from.
 
     Dense/MoE layers follow config.moe_layer_freq (a per-layer 0/1 list), sliced to the stage as
     megatron's get_gpt_decoder_block_spec slices it. With `init_seed` (and CPU initialisation) each
-    layer's weights depend on the seed and its global layer number only (see seeded_layer)."""
+    layer's weights depend on the seed and its global layer number only (same_weights.seeded_layer)."""
     name, why = resolve_backend(backend)
     _check(model, name, config.context_parallel_size)
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -680,7 +602,7 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
     if name in ("te", "local"):
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=name == "te", normalization="RMSNorm",
                                           vp_stage=vp_stage, pp_rank=pp_rank)
-        return _seed_layers(spec, init_seed), _metainfo(name, why)
+        return same_weights.seed_layers(spec, init_seed), _metainfo(name, why)
 
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
@@ -705,4 +627,4 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
     n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
     offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
     spec = TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=TorchNorm)
-    return _seed_layers(spec, init_seed), _metainfo(name, why)
+    return same_weights.seed_layers(spec, init_seed), _metainfo(name, why)
