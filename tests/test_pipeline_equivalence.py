@@ -1,9 +1,9 @@
-"""Pipeline splits train the same model: the megatron runner's configuration for PP 1, PP 2 and the
-interleaved PP 2 x VPP 2 gives the same loss and the same gradients per layer.
+"""Layouts train the same model: the megatron runner's configuration for PP 1, PP 2, the interleaved
+PP 2 x VPP 2 and TP 2 (with sequence parallelism) gives the same loss and the same gradients per layer.
 
-Two gloo processes on the CPU run megatron-core's own pipeline schedules over a 4-layer Llama-shaped
-model built by the runner's torch-native block spec with CPU initialisation (fp32, so the comparison
-is exact up to summation order). This caught a real bug: with ModelParallelConfig's default batched
+Two gloo processes on the CPU run megatron-core's own schedules and tensor-parallel layers over a
+4-layer Llama-shaped model built by the runner's torch-native block spec with CPU initialisation
+(fp32, so the comparison is exact up to summation order). This caught a real bug: with ModelParallelConfig's default batched
 p2p, the interleaved schedule at PP 2 swapped activations and gradients between the two ranks from
 the second micro-batch group on (grad norm ~1e5 instead of ~23 on 2 x H200).
 """
@@ -46,7 +46,7 @@ def _cpu_patches(tracker):
     return stack
 
 
-def _worker(rank: int, world: int, pp: int, vpp: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, pp: int, vpp: int, tp: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.simplefilter("ignore")
     import torch.distributed as dist
@@ -64,12 +64,12 @@ def _worker(rank: int, world: int, pp: int, vpp: int, port: int, out: str) -> No
     from cost_model.workload import Workload
     from search_space.layout import Layout
 
-    parallel_state.initialize_model_parallel(1, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+    parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                                              create_gloo_process_groups=False)
     with _cpu_patches(tensor_parallel.get_cuda_rng_tracker()):
         tiny = dataclasses.replace(mr.trial_model(load_model("llama3-8b"), 4), hidden_size=64, num_attention_heads=4,
                                    num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=VOCAB)
-        layout = Layout(world, pp=pp, vpp=vpp)
+        layout = Layout(world, tp=tp, pp=pp, vpp=vpp)
         kw = mr.transformer_config_kwargs(tiny, layout, Workload(seq_len=SEQ, global_batch=MICROBATCHES),
                                           use_cpu_initialization=True)
         kw.update(bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32)
@@ -94,34 +94,51 @@ def _worker(rank: int, world: int, pp: int, vpp: int, port: int, out: str) -> No
             forward_step_func=mr.forward_step, data_iterator=its if vpp > 1 else its[0],
             model=chunks if vpp > 1 else chunks[0], num_microbatches=MICROBATCHES, seq_length=SEQ,
             micro_batch_size=1, decoder_seq_length=SEQ, forward_only=False)
-        # Gradients by global layer (finalize_model_grads is not needed at DP 1 with untied embeddings).
+        # Gradients by global layer, with how TP holds them: a shard, or (sequence parallel) a partial sum
+        # that finalize_model_grads would all-reduce; at DP 1 with untied embeddings it has nothing else to do.
         grads = {}
         for c in chunks:
             for layer in c.module.decoder.layers:
                 for name, p in layer.named_parameters():
-                    grads[f"{layer.layer_number}.{name}"] = p.main_grad.clone()
+                    kind = ("shard" if getattr(p, "tensor_model_parallel", False)
+                            else "partial" if getattr(p, "sequence_parallel", False) and tp > 1 else "whole")
+                    grads[f"{layer.layer_number}.{name}"] = (kind, p.main_grad.clone())
         torch.save({"loss": mr.step_loss(reduced), "grads": grads}, f"{out}.{rank}.pt")
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 
 
-def _run(tmp_path, pp: int, vpp: int) -> tuple[float, dict]:
+def _run(tmp_path, pp: int = 1, vpp: int = 1, tp: int = 1) -> tuple[float, dict]:
+    """(loss, {layer.param: gradient norm, or the gradient itself where one rank holds it whole})."""
     import torch.multiprocessing as tmp
 
-    world = pp
-    out = str(tmp_path / f"pp{pp}-vpp{vpp}")
-    tmp.spawn(_worker, args=(world, pp, vpp, _free_port(), out), nprocs=world, join=True)
-    loss, grads = None, {}
+    world = pp * tp
+    out = str(tmp_path / f"tp{tp}-pp{pp}-vpp{vpp}")
+    tmp.spawn(_worker, args=(world, pp, vpp, tp, _free_port(), out), nprocs=world, join=True)
+    loss, parts = None, {}
     for rank in range(world):
         d = torch.load(f"{out}.{rank}.pt")
         loss = d["loss"] if d["loss"] is not None else loss
-        grads.update(d["grads"])
+        for name, (kind, g) in d["grads"].items():
+            parts.setdefault(name, (kind, []))[1].append(g)
+    grads = {}
+    for name, (kind, gs) in parts.items():
+        if kind == "shard":  # TP shards: compare the whole gradient's norm
+            grads[name] = torch.sqrt(sum((g.double() ** 2).sum() for g in gs))
+        elif kind == "partial":  # sequence-parallel norms: the sum of the ranks' partial gradients
+            grads[name] = sum(gs)
+        else:
+            grads[name] = gs[0]
     return loss, grads
+
+
+def _norms(grads: dict) -> dict:
+    return {k: (g if g.dim() == 0 else torch.linalg.vector_norm(g.double())) for k, g in grads.items()}
 
 
 def test_pipeline_splits_give_the_same_loss_and_gradients(tmp_path):
     pytest.importorskip("megatron.core")
-    loss1, grads1 = _run(tmp_path, 1, 1)
+    loss1, grads1 = _run(tmp_path)
     assert 5.0 < loss1 < 6.5 and len(grads1) > 20
     for pp, vpp in ((2, 1), (2, 2)):
         loss, grads = _run(tmp_path, pp, vpp)
@@ -129,3 +146,16 @@ def test_pipeline_splits_give_the_same_loss_and_gradients(tmp_path):
         assert grads.keys() == grads1.keys()
         for name, g in grads1.items():
             torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-7, msg=f"PP {pp} VPP {vpp}: {name}")
+
+
+def test_tensor_parallel_with_sequence_parallel_gives_the_same_loss_and_gradients(tmp_path):
+    """TP 2 shards every linear (and, with SP, the sequence): the same weights (CPU initialisation
+    draws each weight whole), the same loss, and per layer the same gradient norms."""
+    pytest.importorskip("megatron.core")
+    loss1, grads1 = _run(tmp_path)
+    loss2, grads2 = _run(tmp_path, tp=2)
+    assert loss2 == pytest.approx(loss1, rel=1e-6)
+    assert grads2.keys() == grads1.keys()
+    n1, n2 = _norms(grads1), _norms(grads2)
+    for name in grads1:
+        assert float(n2[name]) == pytest.approx(float(n1[name]), rel=1e-4), name
