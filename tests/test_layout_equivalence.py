@@ -1,9 +1,12 @@
 """Layouts train the same model: the megatron runner's configuration for PP 1, PP 2, the interleaved
-PP 2 x VPP 2 and TP 2 (with sequence parallelism) gives the same loss and the same gradients per layer.
+PP 2 x VPP 2 and TP 2 (with sequence parallelism) gives the same loss and the same gradients per layer;
+for a MoE model, EP 2 and TP 2 x ETP 2 give the same loss as EP 1.
 
-Two gloo processes on the CPU run megatron-core's own schedules and tensor-parallel layers over a
-4-layer Llama-shaped model built by the runner's torch-native block spec with CPU initialisation
-(fp32, so the comparison is exact up to summation order). This caught a real bug: with ModelParallelConfig's default batched
+Two gloo processes on the CPU run megatron-core's own schedules, tensor-parallel layers and token
+dispatcher (allgather: the alltoall one needs CUDA streams) over tiny Llama- and Qwen3.6-shaped
+models built by the runner's torch-native block spec with CPU initialisation (fp32, so the comparison
+is exact up to summation order). The MoE case fails if a rank draws its local experts itself (the
+bug experiments/same_weights.init_experts_cpu fixed: losses 5.549 / 5.534 / 5.536 instead of one). This caught a real bug: with ModelParallelConfig's default batched
 p2p, the interleaved schedule at PP 2 swapped activations and gradients between the two ranks from
 the second micro-batch group on (grad norm ~1e5 instead of ~23 on 2 x H200).
 """
@@ -46,7 +49,8 @@ def _cpu_patches(tracker):
     return stack
 
 
-def _worker(rank: int, world: int, pp: int, vpp: int, tp: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
+    pp, vpp, tp, ep, etp = (grid.get(k, 1) for k in ("pp", "vpp", "tp", "ep", "etp"))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.simplefilter("ignore")
     import torch.distributed as dist
@@ -65,14 +69,24 @@ def _worker(rank: int, world: int, pp: int, vpp: int, tp: int, port: int, out: s
     from search_space.layout import Layout
 
     parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                                             expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                                              create_gloo_process_groups=False)
     with _cpu_patches(tensor_parallel.get_cuda_rng_tracker()):
-        tiny = dataclasses.replace(mr.trial_model(load_model("llama3-8b"), 4), hidden_size=64, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=VOCAB)
-        layout = Layout(world, tp=tp, pp=pp, vpp=vpp)
+        if grid.get("moe"):
+            tiny = dataclasses.replace(mr.trial_model(load_model("qwen3.6-35b-a3b"), 2), hidden_size=64,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                                       num_experts_per_tok=2, moe_intermediate_size=32,
+                                       shared_expert_intermediate_size=32, vocab_size=VOCAB)
+        else:
+            tiny = dataclasses.replace(mr.trial_model(load_model("llama3-8b"), 4), hidden_size=64,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       intermediate_size=128, vocab_size=VOCAB)
+        layout = Layout(world, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp)
         kw = mr.transformer_config_kwargs(tiny, layout, Workload(seq_len=SEQ, global_batch=MICROBATCHES),
                                           use_cpu_initialization=True)
         kw.update(bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32)
+        if grid.get("moe"):
+            kw["moe_token_dispatcher_type"] = "allgather"
         cfg = TransformerConfig(**kw)
         torch.manual_seed(5)  # as the runner's worker does
         chunks = []
@@ -108,13 +122,14 @@ def _worker(rank: int, world: int, pp: int, vpp: int, tp: int, port: int, out: s
     dist.destroy_process_group()
 
 
-def _run(tmp_path, pp: int = 1, vpp: int = 1, tp: int = 1) -> tuple[float, dict]:
-    """(loss, {layer.param: gradient norm, or the gradient itself where one rank holds it whole})."""
+def _run(tmp_path, **grid) -> tuple[float, dict]:
+    """(loss, {layer.param: gradient norm, or the gradient itself where one rank holds it whole}) of
+    one layout (grid: tp, pp, vpp, ep, etp; moe=True for the MoE model)."""
     import torch.multiprocessing as tmp
 
-    world = pp * tp
-    out = str(tmp_path / f"tp{tp}-pp{pp}-vpp{vpp}")
-    tmp.spawn(_worker, args=(world, pp, vpp, tp, _free_port(), out), nprocs=world, join=True)
+    world = max(grid.get("pp", 1) * grid.get("tp", 1), grid.get("ep", 1))
+    out = str(tmp_path / "-".join(f"{k}{v}" for k, v in sorted(grid.items())))
+    tmp.spawn(_worker, args=(world, grid, _free_port(), out), nprocs=world, join=True)
     loss, parts = None, {}
     for rank in range(world):
         d = torch.load(f"{out}.{rank}.pt")
@@ -141,7 +156,7 @@ def test_pipeline_splits_give_the_same_loss_and_gradients(tmp_path):
     loss1, grads1 = _run(tmp_path)
     assert 5.0 < loss1 < 6.5 and len(grads1) > 20
     for pp, vpp in ((2, 1), (2, 2)):
-        loss, grads = _run(tmp_path, pp, vpp)
+        loss, grads = _run(tmp_path, pp=pp, vpp=vpp)
         assert loss == pytest.approx(loss1, rel=1e-6), (pp, vpp)
         assert grads.keys() == grads1.keys()
         for name, g in grads1.items():
@@ -159,3 +174,13 @@ def test_tensor_parallel_with_sequence_parallel_gives_the_same_loss_and_gradient
     n1, n2 = _norms(grads1), _norms(grads2)
     for name in grads1:
         assert float(n2[name]) == pytest.approx(float(n1[name]), rel=1e-4), name
+
+
+def test_expert_layouts_start_from_the_same_moe_model(tmp_path):
+    """EP 2 (each rank 2 of the 4 experts) and TP 2 x ETP 2 (each rank half of every expert's FFN, its
+    fc1 shard [gate | up] of that half) compute the EP 1 loss: the experts are the same experts."""
+    pytest.importorskip("megatron.core")
+    loss1, _ = _run(tmp_path, moe=True)
+    assert 5.0 < loss1 < 6.5
+    assert _run(tmp_path, moe=True, ep=2)[0] == pytest.approx(loss1, rel=1e-6)
+    assert _run(tmp_path, moe=True, tp=2, etp=2)[0] == pytest.approx(loss1, rel=1e-6)
