@@ -389,12 +389,19 @@ def test_adam_recipe_component_block(adam_result):
     assert "bitwise identical" in block["detail"] and "negative controls fail" in block["detail"]
 
 
-def test_adam_cli_on_cpu_from_a_model_config(tmp_path, capsys):
+@pytest.fixture
+def tiny_moe_config(tmp_path) -> Path:
+    """A small qwen3_moe config.json (16 experts, hidden 64) for fast CPU runs of the Adam test."""
     cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 2, "vocab_size": 1000, "num_experts": 16, "num_experts_per_tok": 2,
            "moe_intermediate_size": 32}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_adam_cli_on_cpu_from_a_model_config(tiny_moe_config, capsys):
+    path = tiny_moe_config
     assert adam.main(["adam", "--model", str(path), "--device", "cpu", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["passed"] and out["shape_info"]["local_experts"] == 2 and out["shape_info"]["tested_experts"] == 2
@@ -404,12 +411,9 @@ def test_adam_cli_on_cpu_from_a_model_config(tmp_path, capsys):
     assert err.startswith("error: EP 3") and err.count("\n") == 1
 
 
-def test_adam_result_is_recorded_in_a_recipe_and_a_bad_recipe_stops_before_the_test(tmp_path, capsys):
-    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-           "num_key_value_heads": 2, "vocab_size": 1000, "num_experts": 16, "num_experts_per_tok": 2,
-           "moe_intermediate_size": 32}
-    model = tmp_path / "config.json"
-    model.write_text(json.dumps(cfg))
+def test_adam_result_is_recorded_in_a_recipe_and_a_bad_recipe_stops_before_the_test(tmp_path, tiny_moe_config,
+                                                                                      capsys):
+    model = tiny_moe_config
     source = Path(__file__).parent / "fixtures" / "reference_recipes" / "attune-tp1-ep8-mt16k.yaml"
     out = tmp_path / "out.yaml"
     assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(source),
