@@ -1,19 +1,13 @@
 import pytest
 
-from cost_model.predict import predict
-from search_space.enumerate import enumerate_layouts
-from tuner.proposer import AgentProposer, Candidate, History, family
+from candidates import fitting_candidates
+from tuner.proposer import AgentProposer, History, family
 from tuner.space_params import layout_to_params, params_to_layout
 
 
 @pytest.fixture(scope="module")
 def scored(qwen36, h200, workload, stack):
-    out = []
-    for layout in enumerate_layouts(qwen36, 8, workload, stack):
-        p = predict(qwen36, h200, workload, layout)
-        if p.fits:
-            out.append(Candidate(layout, p))
-    return out
+    return fitting_candidates(qwen36, h200, workload, stack=stack)
 
 
 def test_agent_exploits_then_hedges_and_never_repeats(scored, workload):

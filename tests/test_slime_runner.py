@@ -382,25 +382,19 @@ class _FlakyRunner(SlimeRunner):
 
 
 def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime, qwen36, h200, tmp_path):
-    import itertools
-
     import optuna
     from optuna.trial import TrialState
 
-    from cost_model.predict import predict
-    from search_space.enumerate import SpaceOptions, enumerate_layouts
+    from candidates import fitting_candidates
+    from search_space.enumerate import SpaceOptions
     from search_space.stack import Stack
-    from tuner.proposer import AgentProposer, Candidate
+    from tuner.proposer import AgentProposer
     from tuner.space_params import layout_to_params
     from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 
     workload = Workload(seq_len=64, global_batch=8)
     config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=STEPS, window=WINDOW)
-    candidates = []
-    for layout in itertools.islice(enumerate_layouts(qwen36, 8, workload, Stack()), 0, None, 40):
-        p = predict(qwen36, h200, workload, layout)
-        if p.fits:
-            candidates.append(Candidate(layout, p))
+    candidates = fitting_candidates(qwen36, h200, workload, every=40)
     study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "ray", config)
     runner = _FlakyRunner(ray_cluster.address, fake_slime.slime_dir, entry_module=STANDIN, python=sys.executable,
                           env={"ATTUNE_STANDIN_STEP_S": "0.05"}, hf_ckpt="/n/hf", torch_dist="/n/dist",

@@ -1,17 +1,16 @@
 """The convergence arm: measured layouts judged against a reference arm; only a pass makes a recipe verified."""
-import itertools
 import json
 
 import yaml
 
-from cost_model.predict import predict
+from candidates import fitting_candidates
 from cost_model.workload import Workload
 from experiments.runner import TrialResult, TrialRunner
-from search_space.enumerate import SpaceOptions, enumerate_layouts
+from search_space.enumerate import SpaceOptions
 from search_space.layout import Layout
 from search_space.stack import Stack
 from tuner.cli import _export_rows
-from tuner.proposer import AgentProposer, Candidate
+from tuner.proposer import AgentProposer
 from tuner.report import ranked_rows
 from tuner.space_params import layout_to_params
 from tuner.study import StudyConfig, load_or_create, open_storage, run_study
@@ -39,11 +38,7 @@ class CurveRunner(TrialRunner):
 def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200):
     workload = Workload()
     config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=20, window=(5, 19))
-    candidates = []
-    for layout in itertools.islice(enumerate_layouts(qwen36, 8, workload, Stack()), 0, None, 20):
-        p = predict(qwen36, h200, workload, layout)
-        if p.fits:
-            candidates.append(Candidate(layout, p))
+    candidates = fitting_candidates(qwen36, h200, workload, every=20)
     study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "v", config)
     run_study(study, config, CurveRunner(), AgentProposer(candidates, layout_to_params), trials=6, progress=False)
 
@@ -81,8 +76,7 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
 
 def test_default_reference_is_the_simplest_fitting_layout(qwen36, h200):
     workload = Workload()
-    candidates = [Candidate(l, p) for l in enumerate_layouts(qwen36, 8, workload, Stack())
-                  if (p := predict(qwen36, h200, workload, l)).fits]
+    candidates = fitting_candidates(qwen36, h200, workload)
     ref = default_reference(candidates, 8)
     smallest = min(c.layout.tp * c.layout.pp * c.layout.cp * c.layout.ep * c.layout.etp for c in candidates)
     assert ref.tp * ref.pp * ref.cp * ref.ep * ref.etp == smallest

@@ -1,0 +1,13 @@
+"""The proposer's candidates for test studies: the layouts of a space that the cost model predicts to fit."""
+import itertools
+
+from cost_model.predict import predict
+from search_space.enumerate import enumerate_layouts
+from search_space.stack import Stack
+from tuner.proposer import Candidate
+
+
+def fitting_candidates(model, gpu, workload, world_size: int = 8, stack: Stack = Stack(), every: int = 1):
+    """Candidates for every `every`-th layout of the space (1: all) that is predicted to fit."""
+    layouts = itertools.islice(enumerate_layouts(model, world_size, workload, stack), 0, None, every)
+    return [Candidate(layout, p) for layout in layouts if (p := predict(model, gpu, workload, layout)).fits]
