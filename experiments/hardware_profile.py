@@ -262,14 +262,7 @@ def _median_time(fn, device, repeats: int, warmup: int = 3, target_s: float = 1e
     end = _mark(device)
     _sync(device)
     inner = max(1, min(max_inner, math.ceil(target_s / max(_seconds(start, end), 1e-7))))
-    marks = []
-    for _ in range(repeats):
-        start = _mark(device)
-        for _ in range(inner):
-            fn()
-        marks.append((start, _mark(device)))
-    _sync(device)
-    return statistics.median(_seconds(s, e) for s, e in marks) / inner
+    return statistics.median(_batch_times(fn, device, 0, inner, repeats))
 
 
 def _batch_times(fn, device, warmup: int, iters: int, samples: int) -> list[float]:
