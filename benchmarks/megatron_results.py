@@ -12,6 +12,8 @@ import json
 import statistics
 from pathlib import Path
 
+from experiments.runner import detail_facts
+
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("date", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", "etp", "cp", "recompute",
            "max_tokens_per_gpu", "measured_tokens_per_s_per_gpu", "predicted_tokens_per_s_per_gpu",
@@ -22,7 +24,7 @@ COLUMNS = ("date", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", 
 def rows_of(lines: list[dict], date: str) -> list[dict]:
     out = []
     for r in lines:
-        d = r["detail"] if isinstance(r["detail"], dict) else json.loads(r["detail"] or "{}")
+        d = detail_facts(r["detail"]) or {}
         label = d.get("layout", "")
         shape = {k: 1 for k in ("TP", "PP", "EP", "ETP", "CP")}
         for token in label.split(" | ")[0].split():

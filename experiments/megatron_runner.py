@@ -51,7 +51,7 @@ from pathlib import Path
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, ModelError, ModelSpec, load_model
 from cost_model.workload import Workload
-from experiments.runner import TrialResult, TrialRunner, TrialSpec
+from experiments.runner import TrialResult, TrialRunner, TrialSpec, detail_facts
 from search_space.layout import InvalidLayout, Layout
 from search_space.rules import expected_rows_per_microbatch
 
@@ -1054,11 +1054,9 @@ class MegatronRunner(TrialRunner):
 
 def result_to_dict(result: TrialResult, **extra) -> dict:
     d = dataclasses.asdict(result)
-    if isinstance(d.get("detail"), str) and d["detail"].startswith("{"):
-        try:
-            d["detail"] = json.loads(d["detail"])
-        except json.JSONDecodeError:
-            pass
+    facts = detail_facts(d.get("detail"))
+    if facts is not None:
+        d["detail"] = facts
     return {**extra, **d}
 
 

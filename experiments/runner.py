@@ -6,6 +6,7 @@ Like Optuna's samplers, one small abstract base and concrete runners beside it: 
 from __future__ import annotations
 
 import abc
+import json
 from dataclasses import dataclass, field
 
 from cost_model.hardware import GpuSpec
@@ -68,6 +69,20 @@ class TrialResult:
         peak = f", peak {self.peak_memory_gib:.1f} GiB" if self.peak_memory_gib is not None else ""
         return (f"{self.kind} {self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {self.step_time_s:.3f} s{cv}"
                 f"{peak} | {self.source}")
+
+
+def detail_facts(detail) -> dict | None:
+    """The facts a runner put in a result's `detail` (a JSON object, or already its dict); None for
+    plain text."""
+    if isinstance(detail, dict):
+        return detail
+    if isinstance(detail, str) and detail.startswith("{"):
+        try:
+            facts = json.loads(detail)
+        except json.JSONDecodeError:
+            return None
+        return facts if isinstance(facts, dict) else None
+    return None
 
 
 class RunnerError(RuntimeError):

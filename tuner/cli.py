@@ -324,13 +324,9 @@ def _export_rows(rows, config, out: Path, study=None) -> list[Path]:
 def _measured_run_fields(result: dict, config) -> dict:
     """What a recipe's result says about the measured run: who measured it, what model actually ran
     (a truncated model, replaced layers), its steps, window and tokens, and how its MFU was counted."""
-    detail = result.get("detail")
-    if isinstance(detail, str):
-        try:
-            detail = json.loads(detail) if detail.startswith("{") else {}
-        except json.JSONDecodeError:
-            detail = {}
-    detail = detail or {}
+    from experiments.runner import detail_facts
+
+    detail = detail_facts(result.get("detail")) or {}
     notes = list(detail.get("notes") or [])
     optimizer = detail.get("optimizer") or ""
     if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran

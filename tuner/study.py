@@ -20,7 +20,7 @@ from cost_model.model_spec import ModelSpec
 from cost_model.predict import predict
 from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
-from experiments.runner import RunnerError, TrialRunner, TrialSpec
+from experiments.runner import RunnerError, TrialRunner, TrialSpec, detail_facts
 from search_space.enumerate import SpaceOptions
 from search_space.layout import InvalidLayout, Layout
 from search_space.rules import check
@@ -139,10 +139,8 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
             layout = Layout.from_params(t.user_attrs["layout"])
             predicted = (t.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
             # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
-            detail = result.get("detail")
-            if isinstance(detail, str) and detail.startswith("{"):
-                detail = json.loads(detail)
-            if isinstance(detail, dict) and (detail.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
+            detail = detail_facts(result.get("detail")) or {}
+            if (detail.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
                 predicted = detail["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
     best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
