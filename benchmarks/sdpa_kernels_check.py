@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-           "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+from experiments.torch_native_backend import SDPA_KERNELS as KERNELS
 NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
 
 

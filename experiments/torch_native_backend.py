@@ -47,6 +47,7 @@ the backend and kernels in `ModuleSpec.metainfo` / `kernel_report()`.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 from functools import partial
@@ -54,6 +55,7 @@ from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cost_model.model_spec import DENSE, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from experiments import same_weights
@@ -65,7 +67,9 @@ _KERNELS: dict = {}
 
 # Which fused SDPA kernel TorchSDPAttention uses: "auto" is torch's own dispatch; a name forces
 # that kernel (torch.nn.attention.sdpa_kernel), so a kernel found wrong for a shape can be avoided.
-SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+SDPA_BACKENDS = ("auto", *SDPA_KERNELS)
 _SDPA_POLICY = {"backend": "auto"}
 
 
@@ -77,14 +81,8 @@ def set_sdpa_backend(name: str) -> None:
 
 def sdpa_context():
     """The context TorchSDPAttention runs SDPA in under the current policy."""
-    import contextlib
-
     name = _SDPA_POLICY["backend"]
-    if name == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                         "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]])
+    return contextlib.nullcontext() if name == "auto" else sdpa_kernel([SDPA_KERNELS[name]])
 
 
 def reset_kernel_report() -> None:
@@ -276,11 +274,10 @@ class _TorchGroupedLinear(torch.nn.Module):
                 ep_group = getattr(pg_collection, "ep", None) if pg_collection is not None else None
                 if ep_group is None and parallel_state.model_parallel_is_initialized():
                     ep_group = parallel_state.get_expert_model_parallel_group(check_initialized=False)
-                same_weights.init_experts_cpu(self.weight, init_method,
-                                 first_expert=(ep_group.rank() if ep_group is not None else 0) * num_gemms,
-                                 partition_dim=partition_dim - 1,
-                                 etp_rank=tp_group.rank() if tp_group is not None else 0, etp_size=tp_size,
-                                 stride=2 if self.parallel_mode == "column" and config.gated_linear_unit else 1)
+                same_weights.init_experts_cpu(
+                    self.weight, init_method, first_expert=(ep_group.rank() if ep_group is not None else 0) * num_gemms,
+                    partition_dim=partition_dim - 1, etp_rank=tp_group.rank() if tp_group is not None else 0,
+                    etp_size=tp_size, stride=2 if self.parallel_mode == "column" and config.gated_linear_unit else 1)
             elif tracker.is_initialized():
                 with tracker.fork(expert_tracker_name()):
                     init_method(self.weight)
