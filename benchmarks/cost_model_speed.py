@@ -13,7 +13,7 @@ from cost_model.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.workload import Workload
 from search_space.enumerate import enumerate_layouts
-from search_space.stack import Stack
+from cost_model.stack import Stack
 
 
 def main() -> None:

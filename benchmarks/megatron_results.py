@@ -12,7 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
-from experiments.runner import detail_facts
+from experiments.runner import TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("date", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", "etp", "cp", "recompute",
@@ -24,7 +24,7 @@ COLUMNS = ("date", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", 
 def rows_of(lines: list[dict], date: str) -> list[dict]:
     out = []
     for r in lines:
-        d = detail_facts(r["detail"]) or {}
+        d = TrialResult.from_dict(r).details
         label = d.get("layout", "")
         shape = {k: 1 for k in ("TP", "PP", "EP", "ETP", "CP")}
         for token in label.split(" | ")[0].split():

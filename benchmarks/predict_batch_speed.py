@@ -18,7 +18,8 @@ from pathlib import Path
 from cost_model.model_spec import load_model
 from cost_model.workload import Workload
 from search_space.enumerate import enumerate_layouts
-from search_space.stack import Stack
+from cost_model.stack import Stack
+from cost_model.layout_codec import layout_values
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "tests" / "fixtures" / "reference_recipes"
@@ -30,7 +31,7 @@ def requests(n: int) -> list[dict]:
                             ("deepseek-v3", "gb200", 64), ("llama3-8b", "b200", 8)):
         layouts = list(enumerate_layouts(load_model(name), gpus, Workload(), Stack()))
         for layout in layouts[:: max(1, len(layouts) // 60)]:
-            values = {k: v for k, v in layout.to_params().items() if k != "world_size"}
+            values = layout_values(layout)
             pool.append({"model": name, "gpu": gpu, "gpus": gpus, "layout": values})
     pool += [{"recipe": str(p)} for p in sorted(RECIPES.glob("*.yaml"))]
     pool += [{"model": "qwen3.6-35b-a3b", "gpu": "h200", "layout": {"tp": 3}}, {"model": "nope", "gpu": "h200"}]

@@ -20,9 +20,10 @@ from pathlib import Path
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.model_spec import ModelSpec, catalog_names, load_model
 from cost_model.workload import Workload, WorkloadError
-from search_space.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
-from search_space.rules import expected_rows_per_microbatch, violations
-from search_space.stack import Stack
+from cost_model.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
+from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
+from search_space.rules import violations
+from cost_model.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "data" / "public-throughput.csv"
@@ -285,10 +286,11 @@ def row_to_case(row: dict, index: int) -> Case:
         workload = Workload(seq_len=seq_len, global_batch=gbs, precision=precision, routing=routing,
                             framework="megatron")
         layout = Layout(world_size=world, tp=tp, pp=pp, vpp=vp, cp=cp, ep=ep, etp=etp,
-                        max_tokens_per_gpu=max(1, mbs * seq_len // cp), rows_per_microbatch=mbs,
+                        max_tokens_per_gpu=max_tokens_per_gpu(mbs, cp, seq_len), rows_per_microbatch=mbs,
                         dispatcher=dispatcher, **recompute, **optimizer)
         # The rows_per_microbatch rule is slime's binning; take the value it gives for this MBS.
-        layout = layout.replace(rows_per_microbatch=expected_rows_per_microbatch(layout, workload))
+        layout = layout.replace(
+            rows_per_microbatch=rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len))
     except (InvalidLayout, WorkloadError) as e:
         raise Unusable(f"invalid layout: {e}") from None
     if layout.rows_per_microbatch != mbs:

@@ -7,9 +7,10 @@ from functools import lru_cache
 from importlib import resources
 
 import yaml
+from cost_model.errors import AttuneError
 
 
-class HardwareError(ValueError):
+class HardwareError(AttuneError, ValueError):
     """Unknown GPU type or a malformed GPU entry."""
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cost_model.constants import Constants
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.stages import RankLayers
-from search_space.layout import Layout
+from cost_model.layout import Layout
 
 GIB = 1024 ** 3
 BF16, FP32 = 2, 4

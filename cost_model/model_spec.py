@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cost_model.user_file import read_user_text
+from cost_model.errors import AttuneError
 
 # Layer kinds used in `ModelSpec.layer_types`.
 FULL_ATTENTION = "full_attention"        # softmax attention (GQA/MHA), optional output gate
@@ -63,7 +64,7 @@ _FAMILIES = {
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
 
-class ModelError(ValueError):
+class ModelError(AttuneError, ValueError):
     """Unknown model, or a config.json that is malformed or of an unsupported architecture."""
 
 

@@ -12,14 +12,16 @@ from cost_model.hardware import GpuSpec
 from cost_model.memory import (BACKUP_BYTES_PER_PARAM, GIB, HOST_BYTES_PER_OFFLOADED_PARAM, MemoryBreakdown,
                                activation_bytes_per_microbatch, buffer_bytes, in_flight_microbatches,
                                local_params, logits_bytes, static_memory)
+from cost_model.metrics import mfu as model_flops_utilisation
+from cost_model.metrics import usd_per_million_tokens
 from cost_model.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
 from cost_model.stages import rank_layers
 from cost_model.step_time import TERMS, rank_microbatch_terms
 from cost_model.workload import Workload
-from search_space.layout import Layout
-from search_space.rules import expected_rows_per_microbatch
+from cost_model.layout import Layout
+from cost_model.batching import rows_per_microbatch
 
 # Adam's GPU step streams param, remainder, grad and both moments in and writes four of them back.
 ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4 + 2 + 2 + 4 + 4
@@ -75,9 +77,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     c = constants or default_constants()
     rates = rates_for(gpu, c, workload.precision, profile or shipped_profile(gpu.name))
     tp, pp, vpp, cp, dp = layout.tp, layout.pp, layout.vpp, layout.cp, layout.dp
-    peak_flops = gpu.peak_tflops(workload.precision) * 1e12
 
-    rows = expected_rows_per_microbatch(layout, workload)
+    rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
     tokens = rows * workload.seq_len / cp                    # per GPU per micro-batch (its CP shard)
     rows_per_dp = -(-workload.global_batch // dp)
     n_mb = -(-rows_per_dp // rows)
@@ -168,8 +169,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         reasons.append(f"host memory {host:.0f} GiB per node exceeds the node's {gpu.host_memory_gib_per_node:.0f} GiB")
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
-    mfu = 6 * model.params.active_non_embedding * tokens_per_s_per_gpu / peak_flops
-    usd = gpu.usd_per_gpu_hour / (tokens_per_s_per_gpu * 3600) * 1e6
+    mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
+                                  gpu.peak_tflops(workload.precision))
+    usd = usd_per_million_tokens(gpu.usd_per_gpu_hour, tokens_per_s_per_gpu)
     return Prediction(
         fits=not reasons, reasons=tuple(reasons), memory=best, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,

@@ -17,11 +17,12 @@ from pathlib import Path
 import yaml
 
 from cost_model.user_file import read_user_text
+from cost_model.errors import AttuneError
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 
-class ProfileError(ValueError):
+class ProfileError(AttuneError, ValueError):
     """A profile file that is missing, malformed or of an unknown schema."""
 
 

@@ -10,7 +10,7 @@ from cost_model.constants import Constants
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
 from cost_model.stages import RankLayers
-from search_space.layout import Layout
+from cost_model.layout import Layout
 
 BF16 = 2
 

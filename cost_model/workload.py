@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from cost_model.errors import AttuneError
 
 PRECISIONS = ("bf16", "fp8")
 ROUTINGS = ("natural", "balanced")
@@ -10,7 +11,7 @@ ROUTINGS = ("natural", "balanced")
 FRAMEWORKS = ("slime", "megatron")
 
 
-class WorkloadError(ValueError):
+class WorkloadError(AttuneError, ValueError):
     pass
 
 

@@ -85,6 +85,7 @@ from dataclasses import dataclass
 import torch
 
 from cost_model.model_spec import ModelError, ModelSpec, load_model
+from cost_model.errors import AttuneError
 
 BOUND = 1e-3
 DEFAULT_MODEL = "qwen3.6-35b-a3b"
@@ -109,7 +110,7 @@ class Hyper:
                 "weight_decay": self.weight_decay, "weight_decay_mode": "decoupled (AdamW)"}
 
 
-class ComponentTestError(ValueError):
+class ComponentTestError(AttuneError, ValueError):
     """Unusable arguments (unknown model, no MoE layer, EP not dividing the experts, no GPU)."""
 
 

@@ -49,9 +49,10 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from cost_model.user_file import read_user_text
+from cost_model.errors import AttuneError
 
 
-class CurveError(ValueError):
+class CurveError(AttuneError, ValueError):
     """A loss curve that cannot be read or compared; the message is one line."""
 
 

@@ -62,6 +62,7 @@ import yaml
 
 from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, SLIDING_ATTENTION,
                                    ModelSpec, load_model)
+from cost_model.errors import AttuneError
 
 SCHEMA_VERSION = 1
 NO_GPU_MESSAGE = "no CUDA GPU found: tune profile must run on a machine with NVIDIA GPUs"
@@ -95,7 +96,7 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 _LINEAR_ESTIMATE_NOTE = "fla not importable on the profiling machine; documented estimate"
 
 
-class NoGpuError(RuntimeError):
+class NoGpuError(AttuneError, RuntimeError):
     """No CUDA GPU (or no torch) on this machine."""
 
 

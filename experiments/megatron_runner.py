@@ -51,9 +51,11 @@ from pathlib import Path
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, ModelError, ModelSpec, load_model
 from cost_model.workload import Workload
-from experiments.runner import TrialResult, TrialRunner, TrialSpec, detail_facts
-from search_space.layout import InvalidLayout, Layout
-from search_space.rules import expected_rows_per_microbatch
+from experiments.runner import TrialResult, TrialRunner, TrialSpec
+from cost_model.case import Case
+from cost_model.layout import InvalidLayout, Layout
+from cost_model.layout_codec import layout_from_stored, parse_pairs
+from cost_model.batching import rows_per_microbatch
 
 RUNNER_NAME = "megatron"
 DEFAULT_LR = 1e-5
@@ -845,10 +847,6 @@ def _window(steps: int, window: tuple[int, int] | None) -> tuple[int, int]:
     return (min(2, steps - 1), steps - 1)
 
 
-def _result_cls_supports(name: str) -> bool:
-    return name in {f.name for f in fields(TrialResult)}
-
-
 @dataclass
 class MegatronRunner(TrialRunner):
     """Runs a trial on the local GPUs with megatron-core (see the module docstring).
@@ -877,17 +875,17 @@ class MegatronRunner(TrialRunner):
     def plan(self, spec: TrialSpec) -> dict:
         """Everything decided before spawning: the model run, the global batch, the prediction for
         the model run, the notes. Raises InvalidLayout/ValueError for configurations that cannot run."""
-        layout, workload = spec.layout, spec.workload
+        layout, workload = spec.case.layout, spec.case.workload
         notes: list[str] = []
         if self.layers is None:
-            n, how = auto_layers(spec.model, spec.gpu, workload, layout, self.replace_gdn)
+            n, how = auto_layers(spec.case.model, spec.case.gpu, workload, layout, self.replace_gdn)
         else:
             n, how = self.layers, "--layers"
-        run = trial_model(spec.model, n, self.replace_gdn)
-        notes += trial_model_notes(spec.model, run, how)
+        run = trial_model(spec.case.model, n, self.replace_gdn)
+        notes += trial_model_notes(spec.case.model, run, how)
         if run.num_hidden_layers % (layout.pp * layout.vpp):
             raise InvalidLayout(f"{run.num_hidden_layers} layers are not divisible by PP x VPP = {layout.pp * layout.vpp}")
-        expected = expected_rows_per_microbatch(layout, workload)
+        expected = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
         if layout.rows_per_microbatch != expected:
             notes.append(f"rows_per_microbatch {layout.rows_per_microbatch} differs from slime's max_tokens_per_gpu "
                          f"rule ({expected}); ran {layout.rows_per_microbatch} rows per micro-batch")
@@ -909,7 +907,7 @@ class MegatronRunner(TrialRunner):
 
         def predict_for(rows: int) -> dict:
             try:
-                p = _fits(run, spec.gpu, replace(workload, global_batch=rows, framework="megatron"), layout)
+                p = _fits(run, spec.case.gpu, replace(workload, global_batch=rows, framework="megatron"), layout)
             except Exception as e:  # noqa: BLE001 - a prediction is a courtesy, not a requirement
                 return {"error": f"{type(e).__name__}: {e}"}
             return {"fits": p.fits, "reasons": list(p.reasons), "peak_memory_gib": round(p.peak_memory_gib, 2),
@@ -933,7 +931,7 @@ class MegatronRunner(TrialRunner):
 
     # ------------------------------------------------------------------ run
     def run(self, spec: TrialSpec) -> TrialResult:
-        layout = spec.layout
+        layout = spec.case.layout
         t0 = time.time()
         try:
             plan = self.plan(spec)
@@ -955,7 +953,7 @@ class MegatronRunner(TrialRunner):
         if not self.torch_compile:
             env["TORCHDYNAMO_DISABLE"] = "1"  # megatron's jit_fuser (torch.compile) functions run eagerly
         window = _window(spec.steps, spec.window)
-        job = {"model": plan["model"], "layout": layout, "workload": spec.workload, "steps": spec.steps,
+        job = {"model": plan["model"], "layout": layout, "workload": spec.case.workload, "steps": spec.steps,
                "global_batch": plan["global_batch"], "seed": self.seed, "lr": self.lr, "backend": self.backend,
                "rows_file": self.rows_file, "cpu_init": self.cpu_init, "sdpa_backend": self.sdpa_backend,
                "log_dir": log_dir, "env": env,
@@ -974,21 +972,21 @@ class MegatronRunner(TrialRunner):
     # ------------------------------------------------------------------ results
     def _source(self, ranks: dict | None, spec: TrialSpec, launcher: str) -> str:
         if not ranks:
-            return f"megatron-core runner ({launcher}) on {spec.gpu.display_name} x{spec.layout.world_size}, backend {self.backend}"
+            return f"megatron-core runner ({launcher}) on {spec.case.gpu.display_name} x{spec.case.layout.world_size}, backend {self.backend}"
         r0 = ranks[min(ranks)]
         kern = r0.get("kernels", {})
         kernels = ", ".join(f"{k} {v}" for k, v in kern.items() if k in ("experts", "attention"))
-        return (f"megatron-core {r0.get('megatron_core')} runner on {r0.get('gpu_name')} x{spec.layout.world_size}, "
+        return (f"megatron-core {r0.get('megatron_core')} runner on {r0.get('gpu_name')} x{spec.case.layout.world_size}, "
                 f"backend {r0.get('backend')}, kernels {kernels}")
 
     def _extras(self, spec: TrialSpec, plan: dict | None, launcher: str, log_dir: str | None, window) -> dict:
-        extras = {"runner": RUNNER_NAME, "launcher": launcher, "layout": spec.layout.long_label,
+        extras = {"runner": RUNNER_NAME, "launcher": launcher, "layout": spec.case.layout.long_label,
                   "steps_requested": spec.steps, "window": list(window), "log_dir": log_dir}
         if plan:
             m = plan["model"]
             extras.update({"model_run": {"name": m.name, "layers": m.num_hidden_layers,
                                          "layer_types": sorted(set(m.layer_types)), "how": plan["layers_how"]},
-                           "global_batch_rows": plan["global_batch"], "seq_len": spec.workload.seq_len,
+                           "global_batch_rows": plan["global_batch"], "seq_len": spec.case.workload.seq_len,
                            "notes": plan["notes"], "prediction_for_model_run": plan["prediction"]})
         return extras
 
@@ -998,17 +996,12 @@ class MegatronRunner(TrialRunner):
                                                                   _window(spec.steps, spec.window)))
 
     def _result(self, *, status: str, source: str, detail_text: str = "", extras: dict | None = None, **kw) -> TrialResult:
-        extras = dict(extras or {})
-        if _result_cls_supports("extras"):
-            kw["extras"] = extras
-            detail = detail_text
-        else:
-            detail = json.dumps({"message": detail_text, **extras}, separators=(",", ":"), default=str) \
-                if detail_text else json.dumps(extras, separators=(",", ":"), default=str)
-        return TrialResult(status=status, kind="measured", source=source, detail=detail, **kw)
+        details = json.loads(json.dumps(extras or {}, default=str))
+        return TrialResult(status=status, kind="measured", source=source, detail=detail_text, runner=RUNNER_NAME,
+                           details=details, **kw)
 
     def _summarize(self, spec: TrialSpec, plan: dict, ranks: dict, launcher: str, log_dir: str, window, wall: float):
-        layout, workload = spec.layout, spec.workload
+        layout, workload = spec.case.layout, spec.case.workload
         n = min(len(r["step_times_s"]) for r in ranks.values())
         step_times = [max(r["step_times_s"][i] for r in ranks.values()) for i in range(n)]
         losses = []
@@ -1031,7 +1024,7 @@ class MegatronRunner(TrialRunner):
         mem = {r: ranks[r]["memory_gib"] for r in sorted(ranks)}
         peak = max(m["peak_allocated"] for m in mem.values())
         run_model = plan["model"]
-        mfu = 6 * run_model.params.active_non_embedding * tps / (spec.gpu.peak_tflops(workload.precision) * 1e12)
+        mfu = 6 * run_model.params.active_non_embedding * tps / (spec.case.gpu.peak_tflops(workload.precision) * 1e12)
         r0 = ranks[min(ranks)]
         extras = self._extras(spec, plan, launcher, log_dir, (w0, w1))
         extras.update({
@@ -1044,7 +1037,7 @@ class MegatronRunner(TrialRunner):
             "torch": r0["torch"], "megatron_core": r0["megatron_core"], "gpu_name": r0["gpu_name"],
             "trial_wall_s": round(wall, 1), "steps_run": n,
         })
-        usd = spec.gpu.usd_per_gpu_hour / (tps * 3600) * 1e6 if tps > 0 else None
+        usd = spec.case.gpu.usd_per_gpu_hour / (tps * 3600) * 1e6 if tps > 0 else None
         return self._result(
             status="ok", source=self._source(ranks, spec, launcher), extras=extras,
             tokens_per_s_per_gpu=tps, step_time_s=mean, peak_memory_gib=peak, mfu=mfu,
@@ -1053,11 +1046,7 @@ class MegatronRunner(TrialRunner):
 
 
 def result_to_dict(result: TrialResult, **extra) -> dict:
-    d = dataclasses.asdict(result)
-    facts = detail_facts(d.get("detail"))
-    if facts is not None:
-        d["detail"] = facts
-    return {**extra, **d}
+    return {**extra, **result.to_dict()}
 
 
 # ================================================================================ suites
@@ -1127,7 +1116,7 @@ def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
         if not isinstance(gpus, int) or gpus < 1:
             raise ValueError(f"trial {name}: gpus must be a positive integer, got {gpus!r}")
         try:
-            layout = Layout.from_params({**t["layout"], "world_size": gpus})
+            layout = layout_from_stored({**t["layout"], "world_size": gpus})
         except InvalidLayout as e:
             raise ValueError(f"trial {name}: {e}") from None
         layers = t.get("layers", "auto")
@@ -1187,7 +1176,7 @@ def run_suite(path, out_path: str | None, *, gpu: GpuSpec, launcher: str = "auto
                                 timeout_s=timeout, hang_timeout_s=min(t.hang_timeout_s, timeout),
                                 rows_file=t.rows_file or rows_file, cpu_init=t.cpu_init, sdpa_backend=t.sdpa_backend,
                                 log_dir=os.path.join(log_root, t.name), **extra)
-        spec = TrialSpec(model=load_model(t.model), gpu=gpu, workload=t.workload, layout=t.layout, steps=t.steps,
+        spec = TrialSpec(Case(load_model(t.model), gpu, t.workload, t.layout), steps=t.steps,
                          window=t.window or (min(2, t.steps - 1), t.steps - 1))
         t1 = time.time()
         result = runner.run(spec)
@@ -1274,7 +1263,7 @@ def main(argv: list[str] | None = None) -> int:
             parse_suite(args.suite)  # validate before looking for GPUs
         else:
             load_model(args.model)
-            layout = Layout.from_params({**_parse_kv(args.layout), "world_size": args.gpus})
+            layout = layout_from_stored({**parse_pairs(args.layout), "world_size": args.gpus})
     except (ValueError, ModelError, InvalidLayout, OSError) as e:
         return _fail(str(e))
     n = visible_gpus()
@@ -1306,7 +1295,7 @@ def main(argv: list[str] | None = None) -> int:
                             timeout_s=args.timeout_s, hang_timeout_s=args.hang_timeout_s, seed=args.seed,
                             rows_file=args.rows, log_dir=args.log_dir, torch_compile=args.torch_compile)
     workload = Workload(seq_len=args.seq_len, global_batch=args.global_batch, routing=args.routing, framework="megatron")
-    spec = TrialSpec(model=load_model(args.model), gpu=gpu, workload=workload, layout=layout, steps=args.steps,
+    spec = TrialSpec(Case(load_model(args.model), gpu, workload, layout), steps=args.steps,
                      window=window or (min(2, args.steps - 1), args.steps - 1))
     result = runner.run(spec)
     if args.json:

@@ -15,7 +15,7 @@ class PredictedRunner(TrialRunner):
         self.profile = profile
 
     def run(self, spec: TrialSpec) -> TrialResult:
-        p = predict(spec.model, spec.gpu, spec.workload, spec.layout, self.constants, self.profile)
+        p = predict(spec.case.model, spec.case.gpu, spec.case.workload, spec.case.layout, self.constants, self.profile)
         if not p.fits:
             return TrialResult(status="failed", kind="predicted", source=p.source, failure_class="cuda_oom"
                                if p.memory.total > p.gpu_memory_gib else "host_oom",

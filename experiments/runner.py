@@ -1,19 +1,19 @@
 """The trial runner interface: run one layout, return what happened.
 
 Like Optuna's samplers, one small abstract base and concrete runners beside it: `predicted`
-(the cost model answers; no GPU), and later the slime-on-Ray and local Megatron-core runners.
+(the cost model answers; no GPU), `slime` (slime jobs on a Ray cluster) and `megatron`
+(megatron-core on this machine's GPUs).
 """
 from __future__ import annotations
 
 import abc
 import json
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
-from cost_model.hardware import GpuSpec
-from cost_model.model_spec import ModelSpec
-from cost_model.workload import Workload
-from search_space.layout import Layout
-from search_space.stack import Stack
+from cost_model.case import Case
+from cost_model.errors import AttuneError
 
 # Failure classes a runner reports.
 FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config")
@@ -21,11 +21,8 @@ FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "inv
 
 @dataclass(frozen=True)
 class TrialSpec:
-    model: ModelSpec
-    gpu: GpuSpec
-    workload: Workload
-    layout: Layout
-    stack: Stack = Stack()
+    """What a runner is asked to run: one case, for `steps` steps, timed over `window` (first, last step)."""
+    case: Case
     steps: int = 20
     window: tuple[int, int] = (5, 19)
 
@@ -45,12 +42,12 @@ class TrialResult:
     step_time_cv_percent: float | None = None
     gpu_hours: float | None = None
     failure_class: str | None = None
-    detail: str = ""
+    detail: str = ""                     # one human-readable message: a failure's evidence, a prediction's reasons
     breakdown: dict = field(default_factory=dict)
-    # Added for measured runs (optional; predicted results leave them empty):
-    peak_memory_gib_per_rank: tuple[float, ...] = ()   # max_memory_allocated per rank, by rank
+    peak_memory_gib_per_rank: tuple[float, ...] = ()   # max_memory_allocated per rank, by rank (measured runs)
     runner: str = ""                                    # the TrialRunner.name that produced the result
-    details: dict = field(default_factory=dict)         # runner-specific facts (job id, exit code, log path...)
+    # Runner-specific facts, JSON-able: job id, exit code, log path, the model actually run, notes...
+    details: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in ("ok", "failed"):
@@ -59,6 +56,8 @@ class TrialResult:
             raise ValueError(f"kind must be predicted or measured, got {self.kind!r}")
         if self.failure_class is not None and self.failure_class not in FAILURE_CLASSES:
             raise ValueError(f"unknown failure class {self.failure_class!r}")
+        if not isinstance(self.details, dict):
+            raise TypeError(f"details must be a dict, got {type(self.details).__name__}")
 
     def summary(self, max_detail: int = 500) -> str:
         """One line: the figures, labelled predicted or measured, and where they come from; or the failure."""
@@ -70,22 +69,46 @@ class TrialResult:
         return (f"{self.kind} {self.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {self.step_time_s:.3f} s{cv}"
                 f"{peak} | {self.source}")
 
+    def to_dict(self) -> dict:
+        """The stored form (a study's user attribute, a suite's JSONL line): plain JSON values."""
+        return json.loads(json.dumps(_finite(asdict(self)), default=str))
 
-def detail_facts(detail) -> dict | None:
-    """The facts a runner put in a result's `detail` (a JSON object, or already its dict); None for
-    plain text."""
-    if isinstance(detail, dict):
-        return detail
-    if isinstance(detail, str) and detail.startswith("{"):
-        try:
-            facts = json.loads(detail)
-        except json.JSONDecodeError:
-            return None
-        return facts if isinstance(facts, dict) else None
-    return None
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrialResult":
+        """A stored result read back. Results stored before `details` existed kept the runner's facts as a
+        JSON object in `detail` (its message under "message"); they move to `details`."""
+        data = dict(data)
+        detail = data.get("detail")
+        facts = None
+        if isinstance(detail, dict):
+            facts = dict(detail)
+        elif isinstance(detail, str) and detail.startswith("{"):
+            try:
+                facts = json.loads(detail)
+            except json.JSONDecodeError:
+                facts = None
+        if isinstance(facts, dict):
+            data["detail"] = str(facts.pop("message", ""))
+            data["details"] = {**facts, **(data.get("details") or {})}
+        for name in ("step_times_s", "losses", "peak_memory_gib_per_rank"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
-class RunnerError(RuntimeError):
+def _finite(value):
+    """Non-finite floats as None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunnerError(AttuneError, RuntimeError):
     """The runner cannot run trials at all (cluster unreachable, busy too long, misconfigured)."""
 
 

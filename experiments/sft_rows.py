@@ -48,6 +48,8 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from cost_model.errors import AttuneError
+
 ROWS_BUILD_NAME = "attune-fixed-sft-v1"
 PACKING = ("source conversations in a seeded global permutation, concatenated with an EOS token between them "
            "and cut into consecutive {row_tokens:,}-token rows; rows without supervised targets are skipped")
@@ -57,7 +59,7 @@ SHA256_LAYOUT = ("sha256 over the rows in order; per row: row_tokens token ids a
 LossMaskFn = Callable[[object, list], tuple[list[int], list[int]]]
 
 
-class RowsError(ValueError):
+class RowsError(AttuneError, ValueError):
     pass
 
 

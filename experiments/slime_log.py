@@ -30,6 +30,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
+from cost_model.errors import AttuneError
 
 PEAK_MEMORY_TAG = "attune-peak-memory"
 GIB = 2 ** 30
@@ -184,7 +185,7 @@ def _int_or_none(value: str | None) -> int | None:
 # --- accumulated log ----------------------------------------------------------------------------------
 
 
-class WindowError(ValueError):
+class WindowError(AttuneError, ValueError):
     """The log does not cover the measurement window (missing steps or timings)."""
 
 

@@ -161,7 +161,7 @@ class SlimeRunner(TrialRunner):
         if missing:
             raise RunnerError(f"SlimeRunner needs the cluster paths for {', '.join(missing)} "
                               f"(hf_ckpt, torch_dist, sft_data, profile_dir)")
-        model, gpu, workload, layout = spec.model, spec.gpu, spec.workload, spec.layout
+        model, gpu, workload, layout = spec.case.model, spec.case.gpu, spec.case.workload, spec.case.layout
         steps, _ = self.trial_steps(spec)
         nodes, per_node = actor_placement(layout, gpu)
         notes = []
@@ -219,12 +219,12 @@ class SlimeRunner(TrialRunner):
         given), the runner's overrides, RAY_DEDUP_LOGS=0 (Ray would fold the per-rank hook lines, which
         differ only in numbers) and PYTHONUNBUFFERED=1."""
         env, notes = {}, []
-        for name, value in slime_env(spec.layout, spec.gpu).items():
+        for name, value in slime_env(spec.case.layout, spec.case.gpu).items():
             if value == NVLS_EXPR:
-                value = "1" if spec.gpu.nvlink_domain > 1 else "0"
+                value = "1" if spec.case.gpu.nvlink_domain > 1 else "0"
                 if name not in self.env:
                     notes.append(f"{name}={value} from the GPU catalog's NVLink domain "
-                                 f"({spec.gpu.nvlink_domain} GPUs); the recipe computes it with nvidia-smi")
+                                 f"({spec.case.gpu.nvlink_domain} GPUs); the recipe computes it with nvidia-smi")
             env[name] = value
         env.update({str(k): str(v) for k, v in self.env.items()})
         env.setdefault("RAY_DEDUP_LOGS", "0")
@@ -261,7 +261,7 @@ class SlimeRunner(TrialRunner):
         steps, window = self.trial_steps(spec)
         cmd = self.command(spec)
         queued_s = self.wait_for_free_cluster()
-        submission_id = f"attune-{_slug(spec.layout.label)}-{uuid.uuid4().hex[:8]}"
+        submission_id = f"attune-{_slug(spec.case.layout.label)}-{uuid.uuid4().hex[:8]}"
         stage = tempfile.mkdtemp(prefix="attune-slime-job-")
         try:
             for name, path in SHIPPED_FILES.items():
@@ -272,7 +272,7 @@ class SlimeRunner(TrialRunner):
                 job_id = self.client.submit_job(
                     entrypoint=cmd.entrypoint, submission_id=submission_id,
                     runtime_env={"working_dir": stage, "env_vars": cmd.env},
-                    metadata={METADATA_KEY: self.name, "layout": spec.layout.key()[:200]})
+                    metadata={METADATA_KEY: self.name, "layout": spec.case.layout.key()[:200]})
             except Exception as e:
                 raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {_one_line(e)}") from None
         finally:
@@ -374,7 +374,7 @@ def summarize(spec: TrialSpec, log: SlimeLog, text: str, *, window: tuple[int, i
               exit_code: int | None, succeeded: bool, stopped: str | None, wall_s: float, source: str,
               runner: str = "slime", details: dict | None = None) -> TrialResult:
     """A finished run's TrialResult from its parsed log (no Ray needed; the runner and tests use it)."""
-    gpus = spec.layout.world_size
+    gpus = spec.case.layout.world_size
     details = dict(details or {})
     per_rank = log.peak_memory_gib_per_rank()
     reserved = log.peak_memory_gib_per_rank(reserved=True)
@@ -400,7 +400,7 @@ def summarize(spec: TrialSpec, log: SlimeLog, text: str, *, window: tuple[int, i
     stats = None
     if failure is None:
         try:
-            stats = log.window_stats(spec.workload.global_batch, spec.workload.seq_len, gpus, window)
+            stats = log.window_stats(spec.case.workload.global_batch, spec.case.workload.seq_len, gpus, window)
         except WindowError as e:
             failure, detail = "crash", f"the run finished but {e}"
         else:
@@ -419,9 +419,9 @@ def summarize(spec: TrialSpec, log: SlimeLog, text: str, *, window: tuple[int, i
     tps = stats.tokens_per_s_per_gpu
     details.update(window_tokens=stats.tokens, window_wall_s=round(stats.wall_s, 3), time_source=stats.time_source,
                    grad_norms=list(log.grad_norms()))
-    peak = spec.gpu.peak_tflops(spec.workload.precision) * 1e12
-    mfu = 6 * spec.model.params.active_non_embedding * tps / peak if peak else None
-    usd = spec.gpu.usd_per_gpu_hour / (tps * 3600) * 1e6 if tps > 0 else None
+    peak = spec.case.gpu.peak_tflops(spec.case.workload.precision) * 1e12
+    mfu = 6 * spec.case.model.params.active_non_embedding * tps / peak if peak else None
+    usd = spec.case.gpu.usd_per_gpu_hour / (tps * 3600) * 1e6 if tps > 0 else None
     return TrialResult(status="ok", tokens_per_s_per_gpu=tps, step_time_s=stats.wall_s / stats.steps,
                        step_times_s=stats.step_times_s, step_time_cv_percent=stats.step_time_cv_percent,
                        mfu=mfu, usd_per_million_tokens=usd, details=details, **common)

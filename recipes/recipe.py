@@ -22,9 +22,10 @@ from cost_model.predict import Prediction
 from cost_model.user_file import read_user_text
 from cost_model.workload import Workload, WorkloadError
 from recipes.slime_command import actor_placement, slime_env, slime_run
-from search_space.layout import InvalidLayout, Layout
+from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import STACK, violations
-from search_space.stack import Stack
+from cost_model.stack import Stack
+from cost_model.errors import AttuneError
 
 SCHEMA_VERSION = 1
 NOT_MEASURED = "not measured (predicted)"
@@ -32,7 +33,7 @@ STEPS_PER_RUN = 20
 WINDOW = (5, 19)  # measured steps, inclusive
 
 
-class RecipeError(ValueError):
+class RecipeError(AttuneError, ValueError):
     """A recipe file that cannot be read, or whose fields do not describe a valid run. One line."""
 
 

@@ -19,7 +19,7 @@ import shlex
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
 from cost_model.workload import Workload
-from search_space.layout import Layout
+from cost_model.layout import Layout
 from search_space.megatron_args import (batch_args, dispatcher_args, moment_args, offload_args, parallel_args,
                                         recompute_args)
 

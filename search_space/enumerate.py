@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Iterator
 
+from cost_model.batching import max_tokens_per_gpu
 from cost_model.model_spec import MLA, ModelSpec
 from cost_model.workload import Workload
-from search_space.layout import InvalidLayout, Layout
+from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import violations
-from search_space.stack import Stack
+from cost_model.stack import Stack
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
         for vpp, ep, etp in product(vpps, expert_sizes, etps):
             try:
                 layout = Layout(world_size, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp,
-                                max_tokens_per_gpu=workload.seq_len // cp, rows_per_microbatch=1)
+                                max_tokens_per_gpu=max_tokens_per_gpu(1, cp, workload.seq_len), rows_per_microbatch=1)
             except InvalidLayout:
                 continue
             if not violations(layout, model, workload, stack):
@@ -93,7 +94,7 @@ def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, sta
     for shape in parallel_shapes(model, world_size, workload, stack, options):
         dispatchers = ["alltoall"] + (["flex"] if shape["ep"] * shape["etp"] > 1 and stack.deepep else [])
         for rows, rc, off, disp in product(options.rows_per_microbatch, recomputes, offloads, dispatchers):
-            max_tokens = rows * workload.seq_len // shape["cp"]
+            max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
             try:
                 layout = Layout(world_size, **shape, max_tokens_per_gpu=max_tokens, rows_per_microbatch=rows,
                                 dispatcher=disp, **rc, **off)

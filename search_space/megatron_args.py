@@ -9,7 +9,7 @@ Megatron cross-check use the same mapping. Every flag name is one megatron-core 
 from __future__ import annotations
 
 from cost_model.model_spec import MLA, MOE, SLIDING_ATTENTION, ModelSpec
-from search_space.layout import Layout
+from cost_model.layout import Layout
 
 
 def parallel_args(layout: Layout) -> list[str]:

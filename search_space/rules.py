@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cost_model.batching import rows_per_microbatch
 from cost_model.model_spec import MLA, ModelSpec
 from cost_model.workload import Workload
-from search_space.layout import InvalidLayout, Layout
-from search_space.stack import Stack
+from cost_model.layout import InvalidLayout, Layout
+from cost_model.stack import Stack
 
 MEGATRON, SLIME, STACK, CANONICAL = "megatron", "slime", "stack", "canonical"
 
@@ -111,7 +112,7 @@ def violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stac
             "optimizer CPU offload needs --use-precision-aware-optimizer")
 
     # slime's dynamic batching: bins of max_tokens_per_gpu x CP tokens; a row never splits across bins.
-    rows = expected_rows_per_microbatch(layout, workload)
+    rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
     if layout.rows_per_microbatch != rows:
         bad("rows_per_microbatch", SLIME,
             f"rows_per_microbatch {layout.rows_per_microbatch} does not match max_tokens_per_gpu "
@@ -128,10 +129,6 @@ def violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stac
         bad("global_batch_divisible_by_dp", MEGATRON,
             f"global batch {workload.global_batch} rows is not divisible by DP {layout.dp}")
     return out
-
-
-def expected_rows_per_microbatch(layout: Layout, workload: Workload) -> int:
-    return max(1, layout.max_tokens_per_gpu * layout.cp // workload.seq_len)
 
 
 def check(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> None:

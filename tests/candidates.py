@@ -3,7 +3,7 @@ import itertools
 
 from cost_model.predict import predict
 from search_space.enumerate import enumerate_layouts
-from search_space.stack import Stack
+from cost_model.stack import Stack
 from tuner.proposer import Candidate
 
 

@@ -3,7 +3,7 @@ import pytest
 from cost_model.hardware import load_gpu
 from cost_model.model_spec import load_model
 from cost_model.workload import Workload
-from search_space.stack import Stack
+from cost_model.stack import Stack
 
 
 @pytest.fixture(scope="session")

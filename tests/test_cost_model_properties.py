@@ -24,9 +24,9 @@ from cost_model.stages import rank_layers
 from cost_model.step_time import TERMS
 from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
 from search_space.enumerate import SpaceOptions, enumerate_layouts, recompute_choices
-from search_space.layout import RECOMPUTE_MODULES, Layout
+from cost_model.layout import RECOMPUTE_MODULES, Layout
 from search_space.rules import violations
-from search_space.stack import Stack
+from cost_model.stack import Stack
 
 MODELS = ("qwen3.6-35b-a3b", "qwen3-30b-a3b", "moonlight-16b-a3b", "deepseek-v3", "llama3-8b")
 WORLDS = (8, 16, 64)

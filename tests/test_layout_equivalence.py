@@ -66,7 +66,7 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
     import experiments.torch_native_backend as tnb
     from cost_model.model_spec import load_model
     from cost_model.workload import Workload
-    from search_space.layout import Layout
+    from cost_model.layout import Layout
 
     parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                                              expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,

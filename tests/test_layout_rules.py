@@ -3,9 +3,10 @@ import pytest
 from cost_model.model_spec import load_model
 from cost_model.workload import Workload
 from search_space.enumerate import enumerate_layouts
-from search_space.layout import InvalidLayout, Layout
+from cost_model.layout import InvalidLayout, Layout
+from cost_model.layout_codec import layout_from_stored, layout_values
 from search_space.rules import check, violations
-from search_space.stack import Stack
+from cost_model.stack import Stack
 
 FULL1 = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 
@@ -41,10 +42,10 @@ def test_layout_rejects_with_the_failing_numbers(kwargs, needle):
 def test_key_and_params_round_trip():
     layout = Layout(8, tp=2, ep=4, etp=1, recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"),
                     optimizer_offload_fraction=0.5, overlap_d2h_h2d=True, dispatcher="flex")
-    again = Layout.from_params(layout.to_params())
+    again = layout_from_stored({"world_size": layout.world_size, **layout_values(layout)})
     assert again == layout and again.key() == layout.key()
-    with pytest.raises(InvalidLayout, match="unknown layout field"):
-        Layout.from_params({"world_size": 8, "bogus": 1})
+    with pytest.raises(InvalidLayout, match="unknown layout key"):
+        layout_from_stored({"world_size": 8, "bogus": 1})
 
 
 def rules_of(layout, model, workload=Workload(), stack=Stack()):

@@ -70,7 +70,7 @@ import megatron_validate
 from cost_model.model_spec import ModelSpec, load_model
 from cost_model.workload import Workload
 from search_space import rules
-from search_space.layout import InvalidLayout, Layout
+from cost_model.layout import InvalidLayout, Layout
 from search_space.megatron_args import (
     batch_args,
     dispatcher_args,
@@ -80,7 +80,7 @@ from search_space.megatron_args import (
     recompute_args,
 )
 from search_space.rules import MEGATRON, violations
-from search_space.stack import Stack
+from cost_model.stack import Stack
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                        "ignore::FutureWarning")

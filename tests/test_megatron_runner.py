@@ -27,6 +27,7 @@ from unittest import mock
 import pytest
 import torch
 
+from cost_model.case import Case
 from cost_model.hardware import load_gpu
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, load_model
 from cost_model.predict import predict
@@ -34,7 +35,7 @@ from cost_model.workload import Workload
 from experiments import megatron_runner as mr
 from experiments import torch_native_backend as tnb
 from experiments.runner import FAILURE_CLASSES, TrialResult, TrialSpec
-from search_space.layout import InvalidLayout, Layout
+from cost_model.layout import InvalidLayout, Layout
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "megatron_h200_suite.json"
@@ -551,9 +552,8 @@ def test_ray_launcher_shares_the_worker_contract(tmp_path):
 
 # ------------------------------------------------------------------------------ the runner on a CPU
 def _spec(model, layout, steps=8, **wl):
-    return TrialSpec(model=model, gpu=load_gpu("h200"), workload=Workload(**{"seq_len": 4096, "global_batch": 16,
-                                                                               "framework": "megatron", **wl}),
-                     layout=layout, steps=steps, window=(2, steps - 1))
+    workload = Workload(**{"seq_len": 4096, "global_batch": 16, "framework": "megatron", **wl})
+    return TrialSpec(Case(model, load_gpu("h200"), workload, layout), steps=steps, window=(2, steps - 1))
 
 
 def _detail(result: TrialResult) -> dict:
@@ -641,8 +641,7 @@ def test_shipped_suite_parses_and_matches_its_expectations(h200):
     # What the cost model says about each model run, and the flex trial's verdict before any spawn.
     for t in trials:
         runner = mr.MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, timeout_s=t.timeout_s)
-        spec = TrialSpec(model=load_model(t.model), gpu=h200, workload=t.workload, layout=t.layout, steps=t.steps,
-                         window=t.window)
+        spec = TrialSpec(Case(load_model(t.model), h200, t.workload, t.layout), steps=t.steps, window=t.window)
         if t.layout.dispatcher == "flex":
             assert t.expect.startswith("invalid_config")
             with pytest.raises(InvalidLayout, match="DeepEP"):

@@ -9,7 +9,7 @@ import yaml
 from cost_model.hardware import load_gpu
 from cost_model.predict import predict
 from cost_model.profile import ProfileError, parse_profile, profile_from_dict
-from search_space.layout import Layout
+from cost_model.layout import Layout
 
 GRID = (512, 2048, 8192, 32768)
 

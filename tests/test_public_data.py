@@ -6,7 +6,8 @@ import pytest
 from benchmarks.cost_model_accuracy import evaluate, ordered_pairs, report, stated_memory
 from benchmarks.public_data import (DEFAULT, REFERENCE_GROUP, STACK, Unusable, load_cases, map_dispatcher,
                                     map_precision, map_recompute, map_routing, reference_cases)
-from search_space.rules import MEGATRON, expected_rows_per_microbatch, violations
+from cost_model.batching import rows_per_microbatch
+from search_space.rules import MEGATRON, violations
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def test_every_case_passes_the_megatron_rules(cases):
     for c in cases:
         assert c.workload.framework == "megatron"
         assert c.workload.precision in ("bf16", "fp8")
-        assert c.layout.rows_per_microbatch == expected_rows_per_microbatch(c.layout, c.workload)
+        assert c.layout.rows_per_microbatch == rows_per_microbatch(c.layout.max_tokens_per_gpu, c.layout.cp,
+                                                                    c.workload.seq_len)
         broken = [v for v in violations(c.layout, c.model, c.workload, STACK) if v.source == MEGATRON
                   and v.rule != "global_batch_divisible_by_dp"]
         assert not broken, (c.name, broken)

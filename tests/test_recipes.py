@@ -22,8 +22,8 @@ from recipes.recipe import (
     write_recipe,
 )
 from recipes.slime_command import slime_env, slime_model_script, slime_run
-from search_space.layout import Layout
-from search_space.stack import Stack
+from cost_model.layout import Layout
+from cost_model.stack import Stack
 
 # Copies of ../shared/reference/recipes/qwen3.6-35b-a3b/h200 (the leaderboard's recipes), so the tests never
 # depend on the workplace's shared folder being beside the checkout.

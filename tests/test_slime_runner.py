@@ -20,13 +20,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from cost_model.case import Case
 from cost_model.workload import Workload
 from experiments.runner import FAILURE_CLASSES, TrialSpec
 from experiments.sft_rows import build_rows, write_rows
 from experiments.slime_log import SlimeLog
 from experiments.slime_runner import HOOK_PATH, MODEL_ARGS_MARK, RunnerError, SlimeRunner, summarize
 from recipes.slime_command import slime_run
-from search_space.layout import Layout
+from cost_model.layout import Layout
 from toy_tokenizer import ToyTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -77,7 +78,7 @@ def _reference_words(run_text: str, runner: SlimeRunner) -> list[str]:
 ])
 def test_command_is_the_recipes_run_line_for_line(tmp_path, qwen36, h200, workload, layout):
     runner = _runner(tmp_path)
-    spec = TrialSpec(qwen36, h200, workload, layout)
+    spec = TrialSpec(Case(qwen36, h200, workload, layout))
     cmd = runner.command(spec)
     expected = _reference_words(slime_run(qwen36, h200, workload, layout, num_rollout=20), runner)
     expected = [w for w in expected if w]
@@ -91,7 +92,7 @@ def test_command_is_the_recipes_run_line_for_line(tmp_path, qwen36, h200, worklo
 
 def test_entrypoint_is_shlex_joined_and_splices_model_args(tmp_path, qwen36, h200, workload):
     runner = _runner(tmp_path, sft_data="/data/it's; rm -rf ~.jsonl")
-    cmd = runner.command(TrialSpec(qwen36, h200, workload, REFERENCE_LAYOUT))
+    cmd = runner.command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT)))
     words = shlex.split(cmd.entrypoint)
     assert words[:2] == ["bash", "-c"] and words[4] == str(tmp_path)
     assert words[words.index(MODEL_ARGS_MARK) - 1] == "8"           # after --actor-num-gpus-per-node 8
@@ -108,9 +109,9 @@ def test_recorded_env_hides_credentials():
 
 def test_command_checks_paths_and_window(tmp_path, qwen36, h200, workload):
     with pytest.raises(RunnerError, match="SFT_DATA"):
-        _runner(tmp_path, sft_data=None).command(TrialSpec(qwen36, h200, workload, REFERENCE_LAYOUT))
+        _runner(tmp_path, sft_data=None).command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT)))
     with pytest.raises(RunnerError, match="window"):
-        _runner(tmp_path).command(TrialSpec(qwen36, h200, workload, REFERENCE_LAYOUT, steps=5, window=(5, 19)))
+        _runner(tmp_path).command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT), steps=5, window=(5, 19)))
 
 
 def test_unreachable_address_is_a_runner_error(tmp_path):
@@ -122,7 +123,7 @@ def test_unreachable_address_is_a_runner_error(tmp_path):
 
 
 def test_summarize_reports_the_window(qwen36, h200):
-    spec = TrialSpec(qwen36, h200, SMALL, REFERENCE_LAYOUT, steps=STEPS, window=WINDOW)
+    spec = TrialSpec(Case(qwen36, h200, SMALL, REFERENCE_LAYOUT), steps=STEPS, window=WINDOW)
     lines = []
     for k in range(STEPS):
         lines.append(f"[2026-10-13 08:00:{10 + 2 * k:02d}] model.py:918 - step {k}: {{'train/loss': {3 - 0.1 * k}, "
@@ -272,7 +273,7 @@ def _run(ray_cluster, fake_slime, spec, fail=None, **kw):
 
 @pytest.fixture(scope="module")
 def small_spec(qwen36, h200):
-    return TrialSpec(qwen36, h200, SMALL, REFERENCE_LAYOUT, steps=STEPS, window=WINDOW)
+    return TrialSpec(Case(qwen36, h200, SMALL, REFERENCE_LAYOUT), steps=STEPS, window=WINDOW)
 
 
 def test_successful_trial_end_to_end(ray_cluster, fake_slime, small_spec):
@@ -387,9 +388,9 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
 
     from candidates import fitting_candidates
     from search_space.enumerate import SpaceOptions
-    from search_space.stack import Stack
+    from cost_model.stack import Stack
     from tuner.proposer import AgentProposer
-    from tuner.space_params import layout_to_params
+    from cost_model.layout_codec import to_optuna_params
     from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 
     workload = Workload(seq_len=64, global_batch=8)
@@ -400,7 +401,7 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
                           env={"ATTUNE_STANDIN_STEP_S": "0.05"}, hf_ckpt="/n/hf", torch_dist="/n/dist",
                           sft_data=fake_slime.rows, profile_dir="/n/prof", poll_interval_s=0.25, hang_timeout_s=5,
                           timeout_s=60)
-    summary = run_study(study, config, runner, AgentProposer(candidates, layout_to_params), trials=4, progress=False)
+    summary = run_study(study, config, runner, AgentProposer(candidates, to_optuna_params), trials=4, progress=False)
     assert (summary.completed, summary.failed) == (2, 2)
     trials = optuna.load_study(study_name="ray", storage=f"sqlite:///{tmp_path / 's.db'}").trials
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]

@@ -7,12 +7,12 @@ from candidates import fitting_candidates
 from cost_model.workload import Workload
 from experiments.runner import TrialResult, TrialRunner
 from search_space.enumerate import SpaceOptions
-from search_space.layout import Layout
-from search_space.stack import Stack
+from cost_model.layout import Layout
+from cost_model.stack import Stack
 from tuner.cli import _export_rows
 from tuner.proposer import AgentProposer
 from tuner.report import ranked_rows
-from tuner.space_params import layout_to_params
+from cost_model.layout_codec import to_optuna_params
 from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 from tuner.verify import default_reference, verify_top
 
@@ -25,9 +25,9 @@ class CurveRunner(TrialRunner):
     name = "fake-measured"
 
     def run(self, spec):
-        tp = spec.layout.tp
+        tp = spec.case.layout.tp
         losses = tuple(x * (1.25 if tp == 2 else 1.0) + 0.001 * i for i, x in enumerate(BASE))
-        speed = 1000.0 * spec.layout.max_tokens_per_gpu / 8192 * (1.2 if tp == 2 else 1.0)
+        speed = 1000.0 * spec.case.layout.max_tokens_per_gpu / 8192 * (1.2 if tp == 2 else 1.0)
         detail = json.dumps({"notes": ["truncated: 4 of 40 layers (--layers)"], "model_run": {"name": "m[L4]"},
                              "window": [5, 19], "steps_run": 20, "global_batch_rows": 16, "seq_len": 4096})
         return TrialResult(status="ok", kind="measured", source="test runner", tokens_per_s_per_gpu=speed,
@@ -40,7 +40,7 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
     config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=20, window=(5, 19))
     candidates = fitting_candidates(qwen36, h200, workload, every=20)
     study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "v", config)
-    run_study(study, config, CurveRunner(), AgentProposer(candidates, layout_to_params), trials=6, progress=False)
+    run_study(study, config, CurveRunner(), AgentProposer(candidates, to_optuna_params), trials=6, progress=False)
 
     reference = default_reference(candidates, 8)
     assert reference.tp == 1 and reference.pp == 1

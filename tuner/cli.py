@@ -17,10 +17,11 @@ from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_mod
 from cost_model.predict import Prediction, predict
 from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload, WorkloadError
 from search_space.enumerate import SpaceOptions, enumerate_layouts
-from search_space.layout import InvalidLayout, Layout
-from search_space.stack import STACK_FIXES, Stack
-from tuner.predict_request import (ANSWERABLE_ERRORS, LAYOUT_KEYS, REQUEST_KEYS, RequestError, answer,
-                                   build_layout, pairs_to_layout_values, resolve, result_dict)
+from cost_model.layout import InvalidLayout, Layout
+from cost_model.stack import STACK_FIXES, Stack
+from cost_model.layout_codec import LAYOUT_KEYS, layout_from_values, parse_pairs, to_optuna_params
+from tuner.predict_request import ANSWERABLE_ERRORS, REQUEST_KEYS, RequestError, answer, resolve, result_dict
+from cost_model.errors import AttuneError
 
 SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile", "trial")
 # Subcommands whose module parses its own arguments and returns its own exit code.
@@ -28,7 +29,7 @@ DELEGATED = {"check-convergence": "experiments.convergence", "component-test": "
 EXIT_USAGE = 2
 
 
-class CliError(Exception):
+class CliError(AttuneError):
     pass
 
 
@@ -208,7 +209,6 @@ def make_runner(args, profile=None):
 def cmd_run(args) -> int:
     from tuner.proposer import AgentProposer, SamplerProposer
     from tuner.report import counts_line, format_table, ranked_rows
-    from tuner.space_params import layout_to_params
     from tuner.study import (StudyConfig, default_study_name, load_or_create, open_storage, recover_interrupted,
                              run_study, storage_url)
 
@@ -224,7 +224,7 @@ def cmd_run(args) -> int:
     url = storage_url(args.storage)
     storage = open_storage(url, create_dirs=args.storage is None)
     study = load_or_create(storage, name, config)
-    proposer = (AgentProposer(proposer_candidates(candidates), layout_to_params)
+    proposer = (AgentProposer(proposer_candidates(candidates), to_optuna_params)
                 if args.proposer == "agent" else SamplerProposer())
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
@@ -269,7 +269,7 @@ def proposer_candidates(scored):
 def parse_reference(pairs: list[str], config) -> Layout:
     from search_space.rules import check
 
-    layout = build_layout(pairs_to_layout_values(pairs), config.world_size, config.workload.seq_len)
+    layout = layout_from_values(parse_pairs(pairs), config.world_size, config.workload.seq_len)
     check(layout, config.model, config.workload, config.stack)
     return layout
 
@@ -324,9 +324,9 @@ def _export_rows(rows, config, out: Path, study=None) -> list[Path]:
 def _measured_run_fields(result: dict, config) -> dict:
     """What a recipe's result says about the measured run: who measured it, what model actually ran
     (a truncated model, replaced layers), its steps, window and tokens, and how its MFU was counted."""
-    from experiments.runner import detail_facts
+    from experiments.runner import TrialResult
 
-    detail = detail_facts(result.get("detail")) or {}
+    detail = TrialResult.from_dict(result).details
     notes = list(detail.get("notes") or [])
     optimizer = detail.get("optimizer") or ""
     if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran
@@ -426,7 +426,7 @@ def _request_from_args(args) -> dict:
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "seq_len": args.seq_len,
             "global_batch": args.global_batch, "precision": args.precision, "routing": args.routing,
             "framework": args.framework, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
-            "layout": pairs_to_layout_values(args.layout)}
+            "layout": parse_pairs(args.layout)}
 
 
 def cmd_predict(args) -> int:
@@ -632,10 +632,9 @@ def cmd_trial(args) -> int:
     resolved = resolve(request)
     answer(resolved)  # the layout's rules, before any GPU is touched
     runner = make_runner(args, _profile(args))
-    result = runner.run(TrialSpec(resolved.model, resolved.gpu, resolved.workload, resolved.layout, resolved.stack,
-                                  steps=args.steps, window=measured_window(args.steps)))
+    result = runner.run(TrialSpec(resolved, steps=args.steps, window=measured_window(args.steps)))
     if args.json:
-        print(json.dumps(asdict(result), default=str))
+        print(json.dumps(result.to_dict()))
     else:
         print(f"{resolved.layout.long_label}: {result.summary()}")
     return 0 if result.status == "ok" else 1

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from cost_model.predict import Prediction
-from search_space.layout import Layout
+from cost_model.layout import Layout
 
 
 @dataclass(frozen=True)

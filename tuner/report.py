@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from search_space.layout import Layout
+from cost_model.layout import Layout
+from cost_model.layout_codec import layout_from_stored
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
         result = t.user_attrs.get("result") or {}
         prediction = t.user_attrs.get("prediction") or {}
         rows.append(Row(
-            number=t.number, layout=Layout.from_params(t.user_attrs["layout"]),
+            number=t.number, layout=layout_from_stored(t.user_attrs["layout"]),
             tokens_per_s_per_gpu=t.value, peak_memory_gib=result.get("peak_memory_gib"),
             mfu=result.get("mfu"), usd_per_million_tokens=result.get("usd_per_million_tokens"),
             kind=result.get("kind", "predicted"), source=result.get("source", ""),

@@ -15,24 +15,27 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from cost_model.case import Case
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
 from cost_model.predict import predict
 from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
-from experiments.runner import RunnerError, TrialRunner, TrialSpec, detail_facts
+from experiments.runner import RunnerError, TrialResult, TrialRunner, TrialSpec
 from search_space.enumerate import SpaceOptions
-from search_space.layout import InvalidLayout, Layout
+from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
-from search_space.stack import Stack
+from cost_model.stack import Stack
 from tuner.proposer import History, Proposer, family
-from tuner.space_params import distributions, params_to_layout
+from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
+from tuner.space_params import distributions
+from cost_model.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-class StudyError(RuntimeError):
+class StudyError(AttuneError, RuntimeError):
     """A study that cannot be opened, created or resumed as asked."""
 
 
@@ -55,6 +58,9 @@ class StudyConfig:
             "workload": asdict(self.workload), "stack": asdict(self.stack),
             "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.options).items()},
         }
+
+    def case(self, layout: Layout) -> Case:
+        return Case(self.model, self.gpu, self.workload, layout, self.stack)
 
     def describe(self) -> str:
         return f"{self.model.display_name} on {self.world_size} x {self.gpu.display_name}"
@@ -136,12 +142,12 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
             h.tried.add(key)
         result = t.user_attrs.get("result") or {}
         if t.state == TrialState.COMPLETE and result.get("kind") == "measured":
-            layout = Layout.from_params(t.user_attrs["layout"])
+            layout = layout_from_stored(t.user_attrs["layout"])
             predicted = (t.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
             # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
-            detail = detail_facts(result.get("detail")) or {}
-            if (detail.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
-                predicted = detail["prediction_for_model_run"]["tokens_per_s_per_gpu"]
+            facts = TrialResult.from_dict(result).details
+            if (facts.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
+                predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
     best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     h.best_value = max(best) if best else None
@@ -244,11 +250,11 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
         return TrialState.PRUNED
 
     try:
-        layout = params_to_layout(trial.params, config.world_size, config.workload)
+        layout = from_optuna_params(trial.params, config.world_size, config.workload.seq_len)
         check(layout, config.model, config.workload, config.stack)
     except InvalidLayout as e:
         return prune(str(e))
-    trial.set_user_attr("layout", layout.to_params())
+    trial.set_user_attr("layout", {"world_size": layout.world_size, **layout_values(layout)})
     trial.set_user_attr("layout_key", layout.key())
     trial.set_user_attr("label", layout.long_label)
     if layout.key() in history.tried:
@@ -257,9 +263,8 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     trial.set_user_attr("prediction", _jsonable(prediction.to_dict()))
     if not prediction.fits:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
-    result = runner.run(TrialSpec(config.model, config.gpu, config.workload, layout, config.stack,
-                                  steps=config.steps, window=config.window))
-    trial.set_user_attr("result", _jsonable(asdict(result)))
+    result = runner.run(TrialSpec(config.case(layout), steps=config.steps, window=config.window))
+    trial.set_user_attr("result", result.to_dict())
     if result.status == "ok":
         study.tell(trial, result.tokens_per_s_per_gpu)
         return TrialState.COMPLETE

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from experiments.convergence import Curve, CurveError, check, recipe_convergence_block
 from experiments.runner import TrialRunner, TrialSpec
-from search_space.layout import Layout
+from cost_model.layout import Layout
 from tuner.report import ranked_rows
 
 VERDICTS = "convergence_verdicts"
@@ -44,8 +44,7 @@ def verify_top(study: optuna.Study, config, runner: TrialRunner, top: int, refer
     measured = [r for r in ranked_rows(study) if r.kind == "measured"][:top]
     if not measured:
         return []
-    ref = runner.run(TrialSpec(config.model, config.gpu, config.workload, reference, config.stack,
-                               steps=config.steps, window=config.window))
+    ref = runner.run(TrialSpec(config.case(reference), steps=config.steps, window=config.window))
     trials = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     verdicts = []
     stored = dict(study.user_attrs.get(VERDICTS, {}))

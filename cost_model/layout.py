@@ -7,7 +7,9 @@ workload and the software stack live in `search_space.rules`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
+
+from cost_model.errors import AttuneError
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -18,7 +20,7 @@ DISPATCHERS = ("alltoall", "flex")
 MOMENT_DTYPES = ("fp32", "bf16")
 
 
-class InvalidLayout(ValueError):
+class InvalidLayout(AttuneError, ValueError):
     """A layout Megatron or slime would reject. The message names the rule and the numbers."""
 
 
@@ -152,28 +154,6 @@ class Layout:
     def key(self) -> str:
         """A stable identity, used to never evaluate the same layout twice in a study."""
         return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self))
-
-    def to_params(self) -> dict:
-        """Flat scalar parameters (Optuna trial params, CLI KEY=VALUE pairs)."""
-        out = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = ",".join(value) if isinstance(value, tuple) else value
-        return out
-
-    @classmethod
-    def from_params(cls, params: dict) -> "Layout":
-        params = dict(params)
-        mods = params.get("recompute_modules")
-        if isinstance(mods, str):
-            params["recompute_modules"] = tuple(m for m in mods.split(",") if m)
-        elif mods is not None:
-            params["recompute_modules"] = tuple(mods)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise InvalidLayout(f"unknown layout field(s) {unknown}; known: {', '.join(sorted(known))}")
-        return cls(**params)
 
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)

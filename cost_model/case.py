@@ -1,0 +1,26 @@
+"""One training case: what the cost model answers for and what a trial runs.
+
+(model, gpu, workload, layout) plus the training image's stack: the CLI's what-if questions, a
+recipe, a trial and a published measurement are all one of these with extras beside it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cost_model.hardware import GpuSpec
+from cost_model.layout import Layout
+from cost_model.model_spec import ModelSpec
+from cost_model.stack import Stack
+from cost_model.workload import Workload
+
+
+@dataclass(frozen=True)
+class Case:
+    model: ModelSpec
+    gpu: GpuSpec
+    workload: Workload
+    layout: Layout
+    stack: Stack = Stack()
+
+    def replace(self, **changes) -> "Case":
+        return replace(self, **changes)

@@ -1,0 +1,251 @@
+"""A Layout as text and back: the one codec for every place a layout is written or read.
+
+Three shapes, one set of rules:
+- flat values {field: value} with Megatron's names: CLI `KEY=VALUE` pairs, `predict --batch` requests,
+  suite files, stored trial results (`layout_values`, `layout_from_values`, `parse_pairs`);
+- a recipe's `layout` block, with nested `recompute` and `offload` groups (`recipe_block`,
+  `layout_from_recipe_block`);
+- ten categorical Optuna parameters, where recompute and offload are one string each and
+  max_tokens_per_gpu follows from rows per micro-batch (`to_optuna_params`, `from_optuna_params`).
+Every reader is strict: an unknown key, a wrong type or a repeated key raises InvalidLayout naming it.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
+from cost_model.layout import InvalidLayout, Layout
+
+LAYOUT_KEYS = tuple(f.name for f in fields(Layout) if f.name != "world_size")
+_TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype")
+_NULLABLE = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+OPTUNA_PARAM_NAMES = ("tp", "pp", "vpp", "cp", "ep", "etp", "rows_per_microbatch", "recompute", "offload",
+                      "dispatcher")
+
+
+# ---------------------------------------------------------------- flat values
+
+def layout_value(key: str, raw):
+    """One layout field's value from a string (flags) or a JSON/YAML value, with its proper type."""
+    if key not in LAYOUT_KEYS:
+        raise InvalidLayout(f"unknown layout key '{key}'; known: {', '.join(LAYOUT_KEYS)}")
+    if raw is None and key in _NULLABLE:
+        return None
+    try:
+        if key == "recompute_granularity":
+            return None if str(raw).lower() in ("", "none", "null") else _text(raw)
+        if key in _TEXT_KEYS:
+            return _text(raw)
+        if key == "recompute_modules":
+            if isinstance(raw, str):
+                items = raw.replace("+", ",").split(",")
+            elif isinstance(raw, (list, tuple)):
+                items = [_text(m) for m in raw]
+            else:
+                raise TypeError
+            return tuple(m.strip() for m in items if m.strip())
+        if key == "optimizer_offload_fraction":
+            if isinstance(raw, bool):
+                raise TypeError
+            value = float(raw)
+            if value != value:  # NaN
+                raise ValueError
+            return value
+        if key == "overlap_d2h_h2d":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text not in _TRUE + _FALSE:
+                raise ValueError
+            return text in _TRUE
+        return _integer(raw)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidLayout(f"layout value {key}={_short(raw)} has the wrong type") from None
+
+
+def parse_pairs(pairs: list[str]) -> dict:
+    """`KEY=VALUE` pairs (dashes or underscores) to typed values; a key given twice is an error."""
+    values: dict = {}
+    for pair in pairs:
+        key, sep, raw = str(pair).partition("=")
+        if not sep:
+            raise InvalidLayout(f"layout value '{_short(pair)}' is not KEY=VALUE")
+        key = key.strip().replace("-", "_")
+        if key in values:
+            raise InvalidLayout(f"layout key '{key}' is given twice")
+        values[key] = layout_value(key, raw.strip())
+    return values
+
+
+def layout_from_values(values: dict, world_size: int, seq_len: int) -> Layout:
+    """A Layout from flat values; rows per micro-batch and max tokens per GPU each follow from the other."""
+    if not isinstance(values, dict):
+        raise InvalidLayout("a layout must be a mapping of layout keys to values")
+    typed = {key: layout_value(key, raw) for key, raw in values.items()}
+    cp = typed.get("cp", 1)
+    if not isinstance(cp, int) or cp < 1:
+        raise InvalidLayout(f"cp must be a positive integer, got {cp!r}")
+    if "max_tokens_per_gpu" not in typed:
+        typed["max_tokens_per_gpu"] = max_tokens_per_gpu(typed.get("rows_per_microbatch", 1), cp, seq_len)
+    if "rows_per_microbatch" not in typed:
+        typed["rows_per_microbatch"] = rows_per_microbatch(typed["max_tokens_per_gpu"], cp, seq_len)
+    return Layout(world_size=world_size, **typed)
+
+
+def layout_values(layout: Layout) -> dict:
+    """Flat JSON-able values of every field but world_size (recompute_modules joined by commas)."""
+    return {key: ",".join(value) if isinstance(value, tuple) else value
+            for key in LAYOUT_KEYS for value in [getattr(layout, key)]}
+
+
+def layout_from_stored(values: dict) -> Layout:
+    """A Layout from `layout_values` plus world_size, as stored in a study or a result file."""
+    values = dict(values)
+    world_size = _integer(values.pop("world_size"))
+    return Layout(world_size=world_size, **{key: layout_value(key, raw) for key, raw in values.items()})
+
+
+# ---------------------------------------------------------------- a recipe's layout block
+
+def recipe_block(layout: Layout) -> dict:
+    """The fields of a recipe's `layout` group that describe the layout (the recipe adds its prose)."""
+    if layout.recompute_granularity is None:
+        recompute = None
+    else:
+        recompute = {"granularity": layout.recompute_granularity, "method": layout.recompute_method,
+                     "num_layers": layout.recompute_num_layers}
+        if layout.recompute_granularity == "selective":
+            recompute["modules"] = list(layout.recompute_modules) or None
+    offload = None
+    if layout.offloaded:
+        offload = {"optimizer_fraction": float(layout.optimizer_offload_fraction),
+                   "overlap_d2h_h2d": layout.overlap_d2h_h2d}
+    block = {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep,
+             "etp": layout.etp, "dp": layout.dp, "sequence_parallel": layout.sequence_parallel,
+             "max_tokens_per_gpu": layout.max_tokens_per_gpu, "rows_per_microbatch": layout.rows_per_microbatch,
+             "recompute": recompute, "offload": offload, "dispatcher": layout.dispatcher}
+    if layout.exp_avg_dtype != "fp32":
+        block["exp_avg_dtype"] = layout.exp_avg_dtype
+    return block
+
+
+def layout_from_recipe_block(block: dict, world_size: int) -> Layout:
+    """The Layout a recipe's `layout` group describes; its derived fields (dp, sequence_parallel) must agree."""
+    if not isinstance(block, dict):
+        raise InvalidLayout("the layout group must be a mapping")
+    values = {}
+    for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch", "dispatcher"):
+        if key not in block:
+            raise InvalidLayout(f"missing field '{key}'")
+        values[key] = block[key]
+    if "exp_avg_dtype" in block:
+        values["exp_avg_dtype"] = block["exp_avg_dtype"]
+    recompute = block.get("recompute")
+    if recompute is not None:
+        if not isinstance(recompute, dict):
+            raise InvalidLayout("field 'recompute' must be a mapping or null")
+        values["recompute_granularity"] = recompute.get("granularity")
+        values["recompute_method"] = recompute.get("method")
+        values["recompute_num_layers"] = recompute.get("num_layers")
+        if recompute.get("modules") is not None:
+            values["recompute_modules"] = recompute["modules"]
+    offload = block.get("offload")
+    if offload is not None:
+        if not isinstance(offload, dict):
+            raise InvalidLayout("field 'offload' must be a mapping or null")
+        values["optimizer_offload_fraction"] = offload.get("optimizer_fraction")
+        values["overlap_d2h_h2d"] = offload.get("overlap_d2h_h2d")
+    layout = Layout(world_size=world_size, **{key: layout_value(key, raw) for key, raw in values.items()})
+    dp = block.get("dp")
+    if dp is not None and dp != layout.dp:
+        raise InvalidLayout(f"field 'dp' is {dp!r}, but GPUs {world_size} / (TP {layout.tp} x PP {layout.pp} x "
+                            f"CP {layout.cp}) = {layout.dp}")
+    sp = block.get("sequence_parallel")
+    if sp is not None and sp != layout.sequence_parallel:
+        raise InvalidLayout(f"field 'sequence_parallel' is {sp!r}, but slime passes --sequence-parallel exactly "
+                            f"when TP > 1 (TP {layout.tp})")
+    return layout
+
+
+# ---------------------------------------------------------------- Optuna parameters
+
+def encode_recompute(granularity: str | None, method: str | None = None, num_layers: int | None = None,
+                     modules: tuple[str, ...] = ()) -> str:
+    """'none', 'full:block:1' or 'selective:core_attn+moe_act' (Megatron's default module when none given)."""
+    if granularity == "full":
+        return f"full:{method}:{num_layers}"
+    if granularity == "selective":
+        return "selective:" + "+".join(modules or ("core_attn",))
+    return "none"
+
+
+def decode_recompute(value: str) -> dict:
+    if value == "none":
+        return dict(recompute_granularity=None)
+    kind, _, rest = value.partition(":")
+    if kind == "full":
+        method, _, k = rest.partition(":")
+        return dict(recompute_granularity="full", recompute_method=method, recompute_num_layers=int(k))
+    return dict(recompute_granularity="selective", recompute_modules=tuple(rest.split("+")))
+
+
+def encode_offload(fraction: float, overlap: bool, moments: str = "fp32") -> str:
+    """The optimizer's placement: '0' (on the GPU), '0:bf16' (bf16 moments), '0.5:overlap', '1'..."""
+    if fraction == 0:
+        return "0" if moments == "fp32" else f"0:{moments}"
+    return f"{fraction:g}" + (":overlap" if overlap else "")
+
+
+def decode_offload(value: str) -> dict:
+    fraction, _, rest = value.partition(":")
+    return dict(optimizer_offload_fraction=float(fraction), overlap_d2h_h2d=rest == "overlap",
+                exp_avg_dtype=rest if rest in ("bf16",) else "fp32")
+
+
+def to_optuna_params(layout: Layout) -> dict:
+    return {
+        "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
+        "rows_per_microbatch": layout.rows_per_microbatch,
+        "recompute": encode_recompute(layout.recompute_granularity, layout.recompute_method,
+                                      layout.recompute_num_layers, layout.selective_modules),
+        "offload": encode_offload(layout.optimizer_offload_fraction, layout.overlap_d2h_h2d, layout.exp_avg_dtype),
+        "dispatcher": layout.dispatcher,
+    }
+
+
+def from_optuna_params(params: dict, world_size: int, seq_len: int) -> Layout:
+    """Raises InvalidLayout when the combination breaks a layout rule."""
+    rows, cp = params["rows_per_microbatch"], params["cp"]
+    return Layout(world_size, tp=params["tp"], pp=params["pp"], vpp=params["vpp"], cp=cp, ep=params["ep"],
+                  etp=params["etp"], rows_per_microbatch=rows, max_tokens_per_gpu=max_tokens_per_gpu(rows, cp, seq_len),
+                  dispatcher=params["dispatcher"], **decode_recompute(params["recompute"]),
+                  **decode_offload(params["offload"]))
+
+
+# ---------------------------------------------------------------- helpers
+
+def _integer(raw) -> int:
+    if isinstance(raw, bool):
+        raise TypeError
+    if isinstance(raw, float):
+        if not raw.is_integer():
+            raise ValueError
+        return int(raw)
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and len(raw.strip()) <= 30:
+        return int(raw.strip())
+    raise TypeError
+
+
+def _text(raw) -> str:
+    if not isinstance(raw, str):
+        raise TypeError
+    return raw.strip()
+
+
+def _short(raw) -> str:
+    text = repr(raw)
+    return text if len(text) <= 40 else text[:37] + "..."
