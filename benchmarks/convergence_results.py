@@ -3,7 +3,7 @@
 1. Convergence arms from the same initial weights (benchmarks/results/convergence-same-init-h200-suite.jsonl,
    suite benchmarks/convergence_same_init_suite.json): cand TP2 EP1, cand TP1 EP2 with 2-row micro-batches
    and the broken arms (lr x10, different data) each checked against ref TP1 EP2 with
-   experiments.convergence.check; the step-1 losses of every arm (they start from the same weights, so
+   experiments.checks.convergence.check; the step-1 losses of every arm (they start from the same weights, so
    these agree to bf16 rounding); full recompute with 1-row vs none with 2-row micro-batches.
 2. The micro-batch / attention-kernel check (sdpa-mbs-h200-suite.jsonl): step-1 loss and grad norm.
 3. The earlier arms with per-rank random initialisation (convergence-h200-suite.jsonl): each layout
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from benchmarks.megatron_results import rows_of
-from experiments.convergence import Curve, CurveError, check
+from experiments.checks.convergence import Curve, CurveError, check
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = ("date", "lr", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", "etp", "cp", "recompute",

@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from cost_model.model_spec import load_model
-from experiments import hardware_profile as hp
+from experiments.checks import collectives, measure
+from experiments.checks import hardware_profile as hp
+from experiments.checks import profile_shapes as ps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,54 +22,54 @@ def _env(**extra):
 
 
 def test_gemm_grid_is_full_without_model():
-    shapes = hp.profile_shapes(None)
+    shapes = ps.profile_shapes(None)
     grid = [p for p in shapes["gemm"] if "label" not in p]
     assert len(grid) == 343 == len(shapes["gemm"])
-    assert {(p["m"], p["n"], p["k"]) for p in grid} == set(itertools.product(hp.GEMM_M, hp.GEMM_NK, hp.GEMM_NK))
-    assert hp.GEMM_M == (512, 1024, 2048, 4096, 8192, 16384, 32768)
-    assert hp.GEMM_NK == (256, 512, 1024, 2048, 4096, 8192, 16384)
+    assert {(p["m"], p["n"], p["k"]) for p in grid} == set(itertools.product(ps.GEMM_M, ps.GEMM_NK, ps.GEMM_NK))
+    assert ps.GEMM_M == (512, 1024, 2048, 4096, 8192, 16384, 32768)
+    assert ps.GEMM_NK == (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 def test_model_shapes_are_extra_points(qwen36):
-    shapes = hp.profile_shapes(qwen36)
+    shapes = ps.profile_shapes(qwen36)
     gemm = shapes["gemm"]
-    assert gemm[:343] == hp.profile_shapes(None)["gemm"]          # the grid first, unchanged
+    assert gemm[:343] == ps.profile_shapes(None)["gemm"]          # the grid first, unchanged
     extras = {(p["m"], p["n"], p["k"]): p["label"] for p in gemm[343:]}
     assert len(extras) == len(gemm) - 343                            # no duplicates
-    grid = set(itertools.product(hp.GEMM_M, hp.GEMM_NK, hp.GEMM_NK))
+    grid = set(itertools.product(ps.GEMM_M, ps.GEMM_NK, ps.GEMM_NK))
     assert not grid & set(extras)
     for tokens in (4096, 8192, 16384):
         # gated q (16x256x2) + k, v (2 x 2x256) from hidden 2048
         assert extras[(tokens, 16 * 256 * 2 + 2 * 2 * 256, 2048)] == "attn_qkv"
         assert extras[(tokens, 248320 // 8, 2048)] == "lm_head_slice"
         assert extras[(tokens, 2 * 16 * 128 + 2 * 32 * 128, 2048)] == "gdn_in"
-    labels = {label for label, _, _ in hp._model_gemms(qwen36)}
+    labels = {label for label, _, _ in ps.model_gemms(qwen36)}
     # the out projection (2048 x 4096), shared expert and router are measured too (they lie on the grid)
     assert {"attn_out", "shared_up", "shared_down", "router", "gdn_out"} <= labels
 
 
 def test_grouped_gemm_points(qwen36):
     for model, (h, f) in ((None, (2048, 512)), (qwen36, (2048, 512))):
-        pts = hp.profile_shapes(model)["grouped_gemm"]
+        pts = ps.profile_shapes(model)["grouped_gemm"]
         combos = [(e, r) for e in (8, 32, 128, 256) for r in (16, 64, 256, 1024, 4096) if e * r <= 262_144]
         assert len(combos) == 18 and len(pts) == 36
         assert {(p["k"], p["n"]) for p in pts} == {(h, 2 * f), (f, h)}
         assert all(p["experts"] * p["rows_per_expert"] <= 262_144 for p in pts)
         assert (256, 1024) in {(p["experts"], p["rows_per_expert"]) for p in pts}
         assert (128, 4096) not in {(p["experts"], p["rows_per_expert"]) for p in pts}
-    deepseek = hp.profile_shapes(load_model("deepseek-v3"))["grouped_gemm"]
+    deepseek = ps.profile_shapes(load_model("deepseek-v3"))["grouped_gemm"]
     assert {(p["k"], p["n"]) for p in deepseek} == {(7168, 4096), (2048, 7168)}
 
 
 def test_attention_and_collective_points(qwen36):
-    plain = hp.profile_shapes(None)
+    plain = ps.profile_shapes(None)
     assert {(p["heads"], p["head_dim"]) for p in plain["attention"]} == {(32, 128), (16, 256)}
     assert {p["seq"] for p in plain["attention"]} == {2048, 4096, 8192, 16384, 32768}
     assert len(plain["attention"]) == 10
-    model = hp.profile_shapes(qwen36)
+    model = ps.profile_shapes(qwen36)
     assert (16, 256) in {(p["heads"], p["head_dim"]) for p in model["attention"]}
     assert len(model["attention"]) == 10                              # qwen3.6's pair is a default one
-    llama = hp.profile_shapes(load_model("llama3-8b"))
+    llama = ps.profile_shapes(load_model("llama3-8b"))
     assert len(llama["attention"]) == 10 and (32, 128) in {(p["heads"], p["head_dim"]) for p in llama["attention"]}
     assert model["linear_attention"] == dict(heads=32, key_head_dim=128, value_head_dim=128, seq=8192)
     coll = plain["collectives"]
@@ -77,8 +79,8 @@ def test_attention_and_collective_points(qwen36):
 
 
 def test_quick_shapes_shrink():
-    full = hp.profile_shapes(load_model("qwen3.6-35b-a3b"))
-    quick = hp.quick_shapes(full)
+    full = ps.profile_shapes(load_model("qwen3.6-35b-a3b"))
+    quick = ps.quick_shapes(full)
     assert 8 <= len(quick["gemm"]) < 20
     assert len(quick["grouped_gemm"]) == 8 and len(quick["attention"]) == 4
     assert 256 * 2 ** 20 in quick["collectives"]["bytes"]
@@ -90,12 +92,12 @@ def test_quick_shapes_shrink():
     ("all_to_all", 8, 0.875), ("p2p", 2, 1.0), ("p2p", 8, 1.0),
 ])
 def test_bus_factor(op, n, factor):
-    assert hp.bus_factor(op, n) == pytest.approx(factor)
+    assert collectives.bus_factor(op, n) == pytest.approx(factor)
 
 
 def test_bus_factor_unknown_op():
     with pytest.raises(ValueError):
-        hp.bus_factor("broadcast", 2)
+        collectives.bus_factor("broadcast", 2)
 
 
 @pytest.mark.parametrize("name,key", [
@@ -107,8 +109,9 @@ def test_gpu_type_from_name(name, key):
     assert hp.gpu_type_from_name(name) == key
 
 
+@pytest.mark.torch
 def test_no_gpu_exits_2_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "experiments.hardware_profile"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "experiments.checks.hardware_profile"], cwd=REPO,
                           env=_env(CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -116,6 +119,7 @@ def test_no_gpu_exits_2_with_one_line():
     assert proc.stdout == ""
 
 
+@pytest.mark.torch
 def test_run_profile_raises_without_gpu(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -127,8 +131,9 @@ def test_run_profile_raises_without_gpu(monkeypatch):
 
 def test_imports_without_optuna_pandas_ray():
     code = ("import sys\nfor m in ('optuna', 'pandas', 'ray'): sys.modules[m] = None\n"
-            "import experiments.hardware_profile as hp\n"
-            "print(hp.profile_shapes(None)['gemm'][0])")
+            "import experiments.checks.hardware_profile\n"
+            "from experiments.checks.profile_shapes import profile_shapes\n"
+            "print(profile_shapes(None)['gemm'][0])")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -138,7 +143,7 @@ def _sample_profile():
     return dict(
         schema_version=1, gpu_type="h200", provenance="measured", device="NVIDIA H200", count=2,
         driver="580.159.04", cuda="13.0", torch="2.11.0", nccl="2.28.9", date="2026-11-29",
-        wall_time_s=171.3, model="qwen3.6-35b-a3b", source="tune profile (experiments/hardware_profile.py) on x",
+        wall_time_s=171.3, model="qwen3.6-35b-a3b", source="tune profile (experiments/checks/hardware_profile.py) on x",
         gemm_bf16=[dict(m=8192, n=8192, k=8192, tflops=757.1)], gemm_fp8=[],
         grouped_gemm_bf16=[dict(experts=256, rows_per_expert=256, k=2048, n=1024, fwd_tflops=581.0,
                                 fwd_bwd_tflops=None)],
@@ -167,22 +172,25 @@ def test_write_profile_round_trips(tmp_path):
 def test_collapse_notes():
     notes = ["gemm_bf16: convention", "gemm_bf16 1x2x3: RuntimeError: boom", "gemm_bf16 4x5x6: RuntimeError: boom",
              "attention_bf16 seq=1: RuntimeError: boom"]
-    out = hp._collapse_notes(notes)
+    out = measure.collapse_notes(notes)
     assert out == ["gemm_bf16: convention",
                    "gemm_bf16 1x2x3: RuntimeError: boom (and 1 more points with the same error)",
                    "attention_bf16 seq=1: RuntimeError: boom"]
 
 
+@pytest.mark.torch
 def test_fail_note_is_one_line():
     notes = []
-    hp._fail(notes, "collectives failed", RuntimeError(
+    measure.note_failure(notes, "collectives failed", RuntimeError(
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
         "  File x\nRuntimeError: NCCL error: unhandled system error\n"))
-    hp._fail(notes, "gemm_bf16 1x2x3", RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore"))
+    measure.note_failure(notes, "gemm_bf16 1x2x3", RuntimeError("CUDA out of memory. Tried to allocate 2 GiB\nmore"))
     assert notes == ["collectives failed: RuntimeError: RuntimeError: NCCL error: unhandled system error",
                      "gemm_bf16 1x2x3: RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"]
 
 
+@pytest.mark.torch
+@pytest.mark.slow
 def test_cpu_run_of_every_measurement():
     """_profile on the CPU (perf_counter timing, gloo collectives over 2 ranks): schema and plumbing."""
     torch = pytest.importorskip("torch")
@@ -190,8 +198,8 @@ def test_cpu_run_of_every_measurement():
                 gemm_fp8=[dict(m=32, n=32, k=32)],
                 grouped_gemm=[dict(experts=4, rows_per_expert=16, k=32, n=48)],
                 attention=[dict(seq=64, heads=2, head_dim=32)],
-                linear_attention=dict(hp.LINEAR_ATTENTION_DEFAULT, seq=128),
-                collectives=dict(ops=list(hp.COLLECTIVE_OPS), bytes=[65536, 2 ** 20]))
+                linear_attention=dict(ps.LINEAR_ATTENTION_DEFAULT, seq=128),
+                collectives=dict(ops=list(ps.COLLECTIVE_OPS), bytes=[65536, 2 ** 20]))
     prof = hp._profile(torch.device("cpu"), tiny, 2, 2, backend="gloo", memory_bytes=(2 ** 22, 2 ** 20),
                        adam_numel=2 ** 16, fp8=True, model_name="m")
     assert list(prof) == ["schema_version", "gpu_type", "provenance", "device", "count", "driver", "cuda",
@@ -213,9 +221,9 @@ def test_cpu_run_of_every_measurement():
     assert set(prof["memory"]) == {"hbm_copy_tb_s", "h2d_gb_s", "d2h_gb_s", "h2d_256mib_gb_s", "d2h_256mib_gb_s"}
     assert prof["cpu_adam"]["params_per_s"] > 0 and prof["cpu_adam"]["threads"] >= 1
     coll = prof["collectives"]
-    assert [(c["op"], c["bytes"]) for c in coll] == [(op, b) for op in hp.COLLECTIVE_OPS for b in (65536, 2 ** 20)]
+    assert [(c["op"], c["bytes"]) for c in coll] == [(op, b) for op in ps.COLLECTIVE_OPS for b in (65536, 2 ** 20)]
     for c in coll:
         assert c["gpus"] == 2 and c["time_us"] > 0
         assert c["algbw_gb_s"] == pytest.approx(c["bytes"] / (c["time_us"] * 1e-6) / 1e9, rel=2e-3)
-        assert c["busbw_gb_s"] == pytest.approx(c["algbw_gb_s"] * hp.bus_factor(c["op"], 2), rel=2e-3)
+        assert c["busbw_gb_s"] == pytest.approx(c["algbw_gb_s"] * collectives.bus_factor(c["op"], 2), rel=2e-3)
     assert yaml.safe_load(yaml.safe_dump(prof, sort_keys=False)) == prof

@@ -1,11 +1,11 @@
 """The recipe's correctness block: component tests and convergence verdicts, and the status they allow."""
 import pytest
 
+from cost_model.layout import Layout
 from cost_model.predict import predict
 from cost_model.workload import Workload
 from recipes.correctness import record_component_test, record_convergence
 from recipes.recipe import build_recipe
-from cost_model.layout import Layout
 
 PASS = {"steps": 20, "result": "pass", "correlation": 0.99999, "final_loss_difference": 0.0022,
         "pointwise_failures": 0, "note": "candidate arm: trial 3"}

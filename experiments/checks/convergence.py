@@ -39,207 +39,15 @@ Where this check is stricter than the original, on purpose:
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
-from cost_model.user_file import read_user_text
-from cost_model.errors import AttuneError
+from experiments.checks.loss_curve import Curve, CurveError, load_curve
 
-
-class CurveError(AttuneError, ValueError):
-    """A loss curve that cannot be read or compared; the message is one line."""
-
-
-# ---------------------------------------------------------------------- curves
-@dataclass(frozen=True)
-class Curve:
-    """A loss curve: strictly increasing integer steps, one loss (and optionally a grad norm) each."""
-
-    steps: tuple[int, ...]
-    losses: tuple[float, ...]
-    grad_norms: tuple[float, ...] | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        where = self.source or "curve"
-        if len(self.steps) != len(self.losses):
-            raise CurveError(f"{where}: {len(self.steps)} steps but {len(self.losses)} losses")
-        if self.grad_norms is not None and len(self.grad_norms) != len(self.steps):
-            raise CurveError(f"{where}: {len(self.steps)} steps but {len(self.grad_norms)} grad norms")
-        if not self.steps:
-            raise CurveError(f"{where}: no data points")
-        for i in range(1, len(self.steps)):
-            if self.steps[i] == self.steps[i - 1]:
-                raise CurveError(f"{where}: duplicate step {self.steps[i]}")
-            if self.steps[i] < self.steps[i - 1]:
-                raise CurveError(f"{where}: steps not sorted: step {self.steps[i]} after step {self.steps[i - 1]}")
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @classmethod
-    def from_values(cls, losses: Iterable[float], grad_norms: Iterable[float] | None = None, *,
-                    first_step: int = 0, source: str = "") -> "Curve":
-        losses = tuple(float(x) for x in losses)
-        norms = None if grad_norms is None else tuple(float(x) for x in grad_norms)
-        return cls(tuple(range(first_step, first_step + len(losses))), losses, norms, source)
-
-
-def _number(value: Any, what: str, where: str) -> float:
-    """A loss or grad norm: a JSON number or a numeric string; NaN/Inf are data (the check fails on them)."""
-    if isinstance(value, bool) or value is None:
-        raise CurveError(f"{where}: non-numeric {what} {json.dumps(value)}")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.strip())
-        except ValueError:
-            pass
-    raise CurveError(f"{where}: non-numeric {what} {value!r}")
-
-
-def _step(value: Any, where: str) -> int:
-    if isinstance(value, bool) or value is None:
-        raise CurveError(f"{where}: non-numeric step {json.dumps(value)}")
-    if isinstance(value, int):
-        return value
-    number: float | None = None
-    if isinstance(value, float):
-        number = value
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            return int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                raise CurveError(f"{where}: non-numeric step {value!r}") from None
-    if number is None:
-        raise CurveError(f"{where}: non-numeric step {value!r}")
-    if not math.isfinite(number) or number != int(number):
-        raise CurveError(f"{where}: step {value!r} is not an integer")
-    return int(number)
-
-
-def _build(path: str, rows: list[tuple[str, Any, Any, Any]], has_norm: bool) -> Curve:
-    """rows: (where, step, loss, grad_norm) in file order; checks order and duplicates per row."""
-    if not rows:
-        raise CurveError(f"{path}: no data points")
-    steps: list[int] = []
-    losses: list[float] = []
-    norms: list[float] = []
-    seen: dict[int, str] = {}
-    for where, step_raw, loss_raw, norm_raw in rows:
-        step = _step(step_raw, where)
-        if step in seen:
-            raise CurveError(f"{where}: duplicate step {step} (first at {seen[step].split(': ', 1)[-1]})")
-        if steps and step < steps[-1]:
-            raise CurveError(f"{where}: steps not sorted: step {step} after step {steps[-1]}")
-        seen[step] = where
-        steps.append(step)
-        losses.append(_number(loss_raw, "loss", where))
-        if has_norm:
-            norms.append(_number(norm_raw, "grad_norm", where))
-    return Curve(tuple(steps), tuple(losses), tuple(norms) if has_norm else None, path)
-
-
-def _parse_csv(path: str, text: str) -> Curve:
-    reader = csv.reader(io.StringIO(text))
-    header: list[str] | None = None
-    rows: list[tuple[str, Any, Any, Any]] = []
-    cols: dict[str, int] = {}
-    for line_no, record in enumerate(reader, start=1):
-        if not record or all(not cell.strip() for cell in record):
-            continue
-        if header is None:
-            header = [cell.strip().lower() for cell in record]
-            for name in ("step", "loss"):
-                if name not in header:
-                    raise CurveError(f"{path}: missing column '{name}' in the header line "
-                                     f"(found: {', '.join(header) or 'nothing'}; expected step,loss[,grad_norm])")
-            for name in ("step", "loss", "grad_norm"):
-                if header.count(name) > 1:
-                    raise CurveError(f"{path}: column '{name}' appears twice in the header")
-                if name in header:
-                    cols[name] = header.index(name)
-            continue
-        where = f"{path}: line {line_no}"
-        values = {}
-        for name, index in cols.items():
-            if index >= len(record) or not record[index].strip():
-                raise CurveError(f"{where}: missing value for '{name}'")
-            values[name] = record[index]
-        rows.append((where, values["step"], values["loss"], values.get("grad_norm")))
-    if header is None:
-        raise CurveError(f"{path}: empty file (expected a header step,loss[,grad_norm])")
-    return _build(path, rows, "grad_norm" in cols)
-
-
-def _parse_json(path: str, text: str) -> Curve:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CurveError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    rows: list[tuple[str, Any, Any, Any]] = []
-    if isinstance(data, list):
-        has_norm = bool(data) and isinstance(data[0], dict) and "grad_norm" in data[0]
-        for i, rec in enumerate(data):
-            where = f"{path}: record {i}"
-            if not isinstance(rec, dict):
-                raise CurveError(f"{where}: expected an object with 'step' and 'loss', got {type(rec).__name__}")
-            for name in ("step", "loss"):
-                if name not in rec:
-                    raise CurveError(f"{where}: missing field '{name}'")
-            if ("grad_norm" in rec) != has_norm:
-                raise CurveError(f"{where}: field 'grad_norm' {'missing' if has_norm else 'present'} "
-                                 f"(record 0 {'has' if has_norm else 'lacks'} it)")
-            rows.append((where, rec["step"], rec["loss"], rec.get("grad_norm")))
-        return _build(path, rows, has_norm)
-    if isinstance(data, dict):
-        for name in ("steps", "losses"):
-            if name not in data:
-                raise CurveError(f"{path}: missing field '{name}' (expected {{\"steps\": [...], \"losses\": [...]"
-                                 f"[, \"grad_norms\": [...]]}} or a list of {{step, loss[, grad_norm]}} records)")
-        names = ("steps", "losses", "grad_norms") if "grad_norms" in data else ("steps", "losses")
-        for name in names:
-            if not isinstance(data[name], list):
-                raise CurveError(f"{path}: field '{name}' must be a list, got {type(data[name]).__name__}")
-        lengths = {name: len(data[name]) for name in names}
-        if len(set(lengths.values())) > 1:
-            raise CurveError(f"{path}: lists of different lengths: "
-                             + ", ".join(f"{name} {n}" for name, n in lengths.items()))
-        has_norm = "grad_norms" in data
-        for i in range(lengths["steps"]):
-            rows.append((f"{path}: index {i}", data["steps"][i], data["losses"][i],
-                         data["grad_norms"][i] if has_norm else None))
-        return _build(path, rows, has_norm)
-    raise CurveError(f"{path}: expected a JSON list of records or an object with 'steps' and 'losses', "
-                     f"got {type(data).__name__}")
-
-
-def load_curve(path: str | Path) -> Curve:
-    """Read a loss curve from CSV (header step,loss[,grad_norm]) or JSON.
-
-    JSON: a list of {"step", "loss"[, "grad_norm"]} records, or {"steps": [...], "losses": [...]
-    [, "grad_norms": [...]]}. The format follows the suffix (.csv / .json), else the first character.
-    NaN and Inf values are read as data (the check fails on them). Anything malformed raises
-    CurveError with one line naming the file and the problem.
-    """
-    name = str(path)
-    p = Path(path)
-    text = read_user_text(p, CurveError, "loss curve")
-    suffix = p.suffix.lower()
-    if suffix == ".json" or (suffix != ".csv" and text.lstrip()[:1] in ("[", "{")):
-        return _parse_json(name, text)
-    return _parse_csv(name, text)
+__all__ = ["Curve", "CurveError", "Thresholds", "Verdict", "check", "load_curve", "main", "recipe_convergence_block"]
 
 
 # ---------------------------------------------------------------------- thresholds and verdict
@@ -477,6 +285,29 @@ def _describe_step_mismatch(candidate: Curve, reference: Curve) -> str:
     return "; ".join(parts) + " (the curves must cover the same steps; nothing is truncated)"
 
 
+def _nonfinite(candidate: Curve, reference: Curve) -> list[str]:
+    """Any NaN/Inf loss or grad norm, in either curve, at any step (skipped ones included): each fails the check."""
+    nonfinite: list[str] = []
+    for label, curve in (("candidate", candidate), ("reference", reference)):
+        for what, values in (("loss", curve.losses), ("grad norm", curve.grad_norms)):
+            if values is None:
+                continue
+            for step, value in zip(curve.steps, values):
+                if not math.isfinite(value):
+                    nonfinite.append(f"{label} {what} at step {step}: {value}")
+    return nonfinite
+
+
+def _outliers(residuals: list[float], sigma: float) -> int:
+    """Residuals more than `sigma` population standard deviations from their mean (each non-finite one counts)."""
+    m = len(residuals)
+    if all(math.isfinite(r) for r in residuals):
+        mean = math.fsum(residuals) / m
+        std = math.sqrt(math.fsum((r - mean) ** 2 for r in residuals) / m)   # population std, as np.std
+        return sum(1 for r in residuals if abs(r - mean) > sigma * std)
+    return sum(1 for r in residuals if not math.isfinite(r))
+
+
 def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Thresholds()) -> Verdict:
     """Compare a candidate loss curve with a reference curve under validate_convergence's rules."""
     if candidate.steps != reference.steps:
@@ -495,15 +326,7 @@ def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Threshold
     gold = reference.losses[n_skip:]
     m = len(compared)
 
-    # Any NaN/Inf loss or grad norm, in either curve, at any step (skipped ones included), fails.
-    nonfinite: list[str] = []
-    for label, curve in (("candidate", candidate), ("reference", reference)):
-        for what, values in (("loss", curve.losses), ("grad norm", curve.grad_norms)):
-            if values is None:
-                continue
-            for step, value in zip(curve.steps, values):
-                if not math.isfinite(value):
-                    nonfinite.append(f"{label} {what} at step {step}: {value}")
+    nonfinite = _nonfinite(candidate, reference)
     finite_rule = RuleResult(
         "finite", "NaN/Inf loss or grad norm", len(nonfinite), str(len(nonfinite)), 0,
         "none (all steps, both curves)", not nonfinite)
@@ -536,13 +359,7 @@ def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Threshold
         t.max_final_diff, f"<= {100 * t.max_final_diff:g}%",
         math.isfinite(final_diff) and not final_diff > t.max_final_diff)
 
-    residuals = [c - g for c, g in zip(cur, gold)]
-    if all(math.isfinite(r) for r in residuals):
-        mean = math.fsum(residuals) / m
-        std = math.sqrt(math.fsum((r - mean) ** 2 for r in residuals) / m)   # population std, as np.std
-        outliers = sum(1 for r in residuals if abs(r - mean) > t.outlier_sigma * std)
-    else:
-        outliers = sum(1 for r in residuals if not math.isfinite(r))
+    outliers = _outliers([c - g for c, g in zip(cur, gold)], t.outlier_sigma)
     outlier_share = outliers / m
     outlier_rule = RuleResult(
         "outliers", f"{t.outlier_sigma:g}-sigma residual outliers", outliers,

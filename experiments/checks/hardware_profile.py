@@ -1,0 +1,353 @@
+"""Hardware profiler behind `tune profile`: measure a GPU machine's real rates, write a profile YAML.
+
+The cost model executes FLOPs and bytes at rates measured here, on the GPU type it predicts for.
+Run on a machine with NVIDIA GPUs (only torch, numpy, pyyaml and the standard library needed):
+
+    PYTHONPATH=<repo root> python -m experiments.checks.hardware_profile [--model M] [--out FILE] [--quick]
+
+What is measured (GPU 0 in this process unless said otherwise; random normal data; timing with CUDA
+events after warm-up; each figure is the median of `repeats` samples, a sample timing `inner`
+back-to-back calls, `inner` chosen so a sample lasts >= ~1 ms; the L2 cache is not flushed):
+
+- gemm_bf16: torch.mm(A[m,k], W[n,k].T) (nn.Linear's forward layout), bf16 in and out, on the full
+  grid m x n x k (`GEMM_M` x `GEMM_NK` x `GEMM_NK`, 343 points; the cost model interpolates
+  multilinearly in log2 space on exactly this grid) plus the model's own forward GEMM shapes.
+  TFLOP/s = 2 m n k / time.
+- gemm_fp8: torch._scaled_mm, float8_e4m3fn operands, per-tensor fp32 scales, bf16 out,
+  use_fast_accum=False, on a few large shapes (compute capability >= 8.9 only).
+- grouped_gemm_bf16: torch._grouped_mm(X[E*rows,k], W[E,n,k].transpose(-2,-1), offs), equal rows
+  per expert. fwd FLOPs = 2 E rows k n; fwd_bwd_tflops = 3 x fwd FLOPs / time(forward + autograd
+  backward producing both input and weight gradients).
+- attention_bf16: F.scaled_dot_product_attention(is_causal=True), batch 1, q/k/v [1,heads,seq,head_dim]
+  (kv heads = heads: GQA changes the bytes, not the FLOPs), default SDPA backend.
+  Causal fwd FLOPs = 2 * 2 * heads * seq^2 * head_dim / 2 (QK^T and PV, half the square).
+  fwd_bwd_tflops = 3 x fwd FLOPs / time(fwd + bwd): the cost model's "training = 3 x forward"
+  convention. Flash-style kernels execute ~3.5 x forward (the backward recomputes QK^T), so this is
+  a model-FLOP rate, ~14% below the executed-FLOP rate.
+- linear_attention: fla's chunk_gated_delta_rule fwd+bwd (Gated DeltaNet) at seq 8192 when fla is
+  importable (in a subprocess with a time limit: Triton autotuning can be slow, and fla refuses the
+  backward on Hopper with Triton < 3.7.1); FLOPs per token fwd = 8 * heads * key_dim * value_dim
+  (the cost model's recurrence term without the conv), fwd_bwd = 3 x fwd; efficiency = fwd_bwd
+  TFLOP/s / the catalog's dense bf16 peak. Otherwise a documented estimate (efficiency 0.15).
+- memory: pinned host->device and device->host copies of 2 GiB and 256 MiB (GB/s = 1e9 B/s), and a
+  device-to-device copy of 2 GiB counting read + write (TB/s = 1e12 B/s).
+- cpu_adam: torch.optim.Adam(foreach=True) step on 64 Mi fp32 CPU parameters (16 tensors), params/s.
+- collectives: one process per GPU (NCCL, NVLink multicast forced off), all_reduce, all_gather
+  (all_gather_into_tensor), reduce_scatter (reduce_scatter_tensor), all_to_all (all_to_all_single)
+  and p2p (send/recv, rank 2i -> 2i+1, all pairs at once), bf16 buffers of 64 KiB .. 1 GiB in powers
+  of 4 (`bytes` = the full buffer: all_gather's output, reduce_scatter's input). Every call is timed
+  with CUDA events; time = the max over ranks of each rank's median. NCCL-tests bus bandwidth:
+  algbw = bytes / time, busbw = algbw x factor (`bus_factor`).
+
+This module orchestrates and writes the profile; each section is measured in its own module of
+experiments.checks (profile_shapes: the grid; compute; memory; cpu_adam; collectives; measure: timing).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import yaml
+
+from cost_model.errors import AttuneError
+from cost_model.model_spec import ModelSpec, load_model
+from experiments.checks.collectives import NCCL_ENV, measure_collectives
+from experiments.checks.compute import (linear_attention_estimate, measure_attention, measure_gemm,
+                                        measure_gemm_fp8, measure_grouped_gemm, measure_linear_attention)
+from experiments.checks.cpu_adam import ADAM_NUMEL, measure_cpu_adam
+from experiments.checks.measure import collapse_notes, load_torch, note_failure, sig, sync
+from experiments.checks.memory import MEMORY_BYTES, measure_memory
+from experiments.checks.profile_shapes import GEMM_M, GEMM_NK, MODEL_TOKENS, profile_shapes, quick_shapes
+
+SCHEMA_VERSION = 1
+NO_GPU_MESSAGE = "no CUDA GPU found: tune profile must run on a machine with NVIDIA GPUs"
+
+
+class NoGpuError(AttuneError, RuntimeError):
+    """No CUDA GPU (or no torch) on this machine."""
+
+
+def gpu_type_from_name(name: str) -> str:
+    """'NVIDIA H200' -> 'h200'; unknown GPUs -> the sanitized device name."""
+    low = name.lower()
+    for key in ("gb200", "b200", "h200", "h100"):
+        if re.search(rf"(?<![a-z0-9]){key}(?![0-9])", low):
+            return key
+    return re.sub(r"^nvidia-", "", re.sub(r"[^a-z0-9]+", "-", low).strip("-")) or "unknown"
+
+
+def _progress(t0: float, text: str) -> None:
+    print(f"[profile {time.perf_counter() - t0:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.strip().splitlines()[0].strip() or None
+    except Exception:  # noqa: BLE001 - no nvidia-smi: the driver is simply unknown
+        return None
+
+
+def _nccl_version(torch) -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001
+        return None
+    if isinstance(v, int):  # older encoding: 21803 -> 2.18.3 (2.9+), 2708 -> 2.7.8
+        base = 10000 if v >= 10000 else 1000
+        return f"{v // base}.{v % base // 100}.{v % 100}"
+    return ".".join(str(x) for x in tuple(v)[:3])
+
+
+def _warm_up_clocks(device, seconds: float = 1.0) -> None:
+    """Busy the GPU for ~a second so clocks ramp up before the first measurement."""
+    torch = load_torch()
+    n = 4096 if device.type == "cuda" else 64
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(20):
+            torch.mm(a, a)
+        sync(device)
+
+
+def _conventions() -> list[str]:
+    return [
+        "timing: median of `repeats` samples (each >= ~1 ms of back-to-back calls) timed with CUDA events "
+        "after warm-up; random normal data; L2 not flushed",
+        "gemm_bf16: torch.mm(A[m,k], W[n,k].T), bf16; TFLOP/s = 2*m*n*k/time; the full grid m in "
+        f"{list(GEMM_M)} x n, k in {list(GEMM_NK)}, then the model's forward GEMMs (m = tokens "
+        f"{list(MODEL_TOKENS)}, n = output width, k = input width) off the grid, each with a `label`",
+        "gemm_fp8: torch._scaled_mm e4m3 x e4m3, per-tensor fp32 scales, bf16 out, use_fast_accum=False",
+        "grouped_gemm_bf16: torch._grouped_mm(X[E*rows,k], W[E,n,k].transpose(-2,-1), offs), equal rows per "
+        "expert; fwd FLOPs = 2*E*rows*k*n; fwd_bwd_tflops = 3 x fwd FLOPs / time(fwd + bwd for X and W)",
+        "attention_bf16: SDPA is_causal=True, batch 1, kv heads = heads; fwd FLOPs = 2*2*heads*seq^2*head_dim/2; "
+        "fwd_bwd_tflops = 3 x fwd FLOPs / time(fwd+bwd) (the cost model's training = 3 x forward; kernels "
+        "execute ~3.5 x forward)",
+        "memory: GB/s = 1e9 B/s, pinned host buffers, 2 GiB (and 256 MiB) copies; hbm_copy_tb_s counts read + "
+        "write of a 2 GiB device-to-device copy",
+        "collectives: busbw_gb_s from batches of back-to-back calls between CUDA events (as nccl-tests); "
+        "synced_busbw_gb_s from single calls timed by wall clock between device synchronisations; "
+        "bf16 buffers, bytes = full buffer (all_gather output, reduce_scatter input); "
+        "time = max over ranks of the per-rank median; algbw = bytes/time; busbw = algbw x factor "
+        "(all_reduce 2(n-1)/n, all_gather/reduce_scatter/all_to_all (n-1)/n, p2p 1; p2p = rank 2i -> 2i+1); "
+        "NCCL_NVLS_ENABLE=0",
+    ]
+
+
+def _profile(device, shapes: dict, repeats: int, world: int, *, backend: str = "nccl",
+             memory_bytes: tuple[int, int] = MEMORY_BYTES, adam_numel: int = ADAM_NUMEL,
+             model_name: str | None = None, fp8: bool | None = None, t0: float | None = None) -> dict:
+    """Measure everything on `device` (and `world` ranks for collectives); the profile dict."""
+    torch = load_torch()
+    t0 = time.perf_counter() if t0 is None else t0
+    cuda = device.type == "cuda"
+    device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    gpu_type = gpu_type_from_name(device_name)
+    notes = _conventions()
+
+    def section(name, fn, default):
+        _progress(t0, f"{name} ...")
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - one section failing must not lose the others
+            note_failure(notes, f"{name} failed", e)
+            result = default
+        if cuda:
+            torch.cuda.empty_cache()
+        _progress(t0, f"{name} done in {time.perf_counter() - start:.1f} s")
+        return result
+
+    section("clock warm-up", lambda: _warm_up_clocks(device), None)
+    gemm = section(f"gemm_bf16 ({len(shapes['gemm'])} shapes)",
+                   lambda: measure_gemm(shapes["gemm"], device, repeats, notes), [])
+    if fp8 is None:
+        fp8 = cuda and torch.cuda.get_device_capability(device) >= (8, 9)
+    if fp8:
+        gemm_fp8 = section(f"gemm_fp8 ({len(shapes['gemm_fp8'])} shapes)",
+                           lambda: measure_gemm_fp8(shapes["gemm_fp8"], device, repeats, notes), [])
+    else:
+        gemm_fp8 = []
+        notes.append("fp8_note: gemm_fp8 skipped: compute capability below 8.9 (no fp8 tensor cores)")
+    grouped = section(f"grouped_gemm_bf16 ({len(shapes['grouped_gemm'])} points)",
+                      lambda: measure_grouped_gemm(shapes["grouped_gemm"], device, repeats, notes), [])
+    attention = section(f"attention_bf16 ({len(shapes['attention'])} points)",
+                        lambda: measure_attention(shapes["attention"], device, repeats, notes), [])
+    linear = section("linear_attention",
+                     lambda: measure_linear_attention(shapes["linear_attention"], repeats, gpu_type),
+                     linear_attention_estimate())
+    memory = section("memory", lambda: measure_memory(device, repeats, memory_bytes), {})
+    cpu_adam = section("cpu_adam", lambda: measure_cpu_adam(repeats, adam_numel), {})
+    if world >= 2:
+        ops, sizes = shapes["collectives"]["ops"], shapes["collectives"]["bytes"]
+        collectives = section(f"collectives ({world} ranks, {len(ops) * len(sizes)} points)",
+                              lambda: measure_collectives(ops, sizes, world, repeats, backend), [])
+    else:
+        collectives = []
+        notes.append("collectives skipped: only 1 GPU visible")
+
+    return dict(
+        schema_version=SCHEMA_VERSION,
+        gpu_type=gpu_type,
+        provenance="measured",
+        device=device_name,
+        count=max(world, 1),
+        driver=_driver_version() if cuda else None,
+        cuda=str(torch.version.cuda) if torch.version.cuda else None,
+        torch=str(torch.__version__),  # TorchVersion, a str subclass yaml.safe_dump refuses
+        nccl=_nccl_version(torch) if cuda else None,
+        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        wall_time_s=sig(time.perf_counter() - t0),
+        model=model_name,
+        source=f"tune profile (experiments/checks/hardware_profile.py) on {socket.gethostname()}",
+        gemm_bf16=gemm,
+        gemm_fp8=gemm_fp8,
+        grouped_gemm_bf16=grouped,
+        attention_bf16=attention,
+        linear_attention=linear,
+        memory=memory,
+        cpu_adam=cpu_adam,
+        collectives=collectives,
+        notes=collapse_notes(notes),
+    )
+
+
+def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool = False) -> dict:
+    """Profile the local GPUs (compute on GPU 0, collectives over all of them); the profile dict.
+
+    Raises NoGpuError when torch or a CUDA GPU is missing. quick=True shrinks the grids (smoke run).
+    """
+    t0 = time.perf_counter()
+    for key, value in NCCL_ENV.items():  # forced, not setdefault: an inherited NCCL_NVLS_ENABLE=1 is wrong here
+        os.environ[key] = value
+    try:
+        torch = load_torch()
+    except ImportError:
+        raise NoGpuError(NO_GPU_MESSAGE) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        available = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    if not available:
+        raise NoGpuError(NO_GPU_MESSAGE)
+    shapes = profile_shapes(model)
+    if quick:
+        shapes = quick_shapes(shapes)
+        repeats = min(repeats, 5)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    return _profile(device, shapes, max(1, repeats), torch.cuda.device_count(),
+                    adam_numel=ADAM_NUMEL // 8 if quick else ADAM_NUMEL,
+                    model_name=model.name if model is not None else None, t0=t0)
+
+
+def write_profile(profile: dict, path) -> None:
+    """Write the profile as YAML, atomically (a temp file in the same folder, then os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yaml.safe_dump(profile, fh, sort_keys=False, default_flow_style=None, width=120)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def summary(profile: dict) -> list[str]:
+    """A few headline figures of a profile, one per line."""
+    def find(rows, **want):
+        return next((r for r in rows if all(r.get(k) == v for k, v in want.items())), None)
+
+    lines = [f"{profile['device']} x{profile['count']} ({profile['gpu_type']}), "
+             f"torch {profile['torch']}, CUDA {profile['cuda']}, NCCL {profile['nccl']}"]
+    gemm = profile["gemm_bf16"]
+    if gemm:
+        big = find(gemm, m=8192, n=8192, k=8192)
+        best = max(gemm, key=lambda r: r["tflops"])
+        lines.append(f"bf16 GEMM: {big['tflops'] if big else 'n/a'} TFLOP/s at 8192^3, best {best['tflops']} "
+                     f"at {best['m']}x{best['n']}x{best['k']}")
+    if profile["gemm_fp8"]:
+        best = max(profile["gemm_fp8"], key=lambda r: r["tflops"])
+        lines.append(f"fp8 GEMM: best {best['tflops']} TFLOP/s at {best['m']}x{best['n']}x{best['k']}")
+    if profile["grouped_gemm_bf16"]:
+        best = max(profile["grouped_gemm_bf16"], key=lambda r: r["fwd_tflops"])
+        best_fb = max(profile["grouped_gemm_bf16"], key=lambda r: r["fwd_bwd_tflops"] or 0)
+        lines.append(f"grouped GEMM: best fwd {best['fwd_tflops']} TFLOP/s (E={best['experts']}, "
+                     f"rows={best['rows_per_expert']}), best fwd+bwd {best_fb['fwd_bwd_tflops']}")
+    if profile["attention_bf16"]:
+        best = max(profile["attention_bf16"], key=lambda r: r["fwd_bwd_tflops"] or 0)
+        lines.append(f"attention: best fwd+bwd {best['fwd_bwd_tflops']} TFLOP/s (seq {best['seq']}, "
+                     f"{best['heads']}x{best['head_dim']})")
+    la = profile["linear_attention"]
+    lines.append(f"linear attention: {la.get('kind')}, efficiency {la.get('efficiency')}")
+    for op in ("all_reduce", "all_to_all"):
+        row = find(profile["collectives"], op=op, bytes=256 * 2 ** 20)
+        if row:
+            lines.append(f"{op} busbw at 256 MiB: {row['busbw_gb_s']} GB/s batched "
+                         f"({row.get('synced_busbw_gb_s')} GB/s single synchronised calls)")
+    mem = profile["memory"]
+    if mem:
+        lines.append(f"H2D {mem.get('h2d_gb_s')} GB/s, D2H {mem.get('d2h_gb_s')} GB/s, "
+                     f"HBM copy {mem.get('hbm_copy_tb_s')} TB/s")
+    if profile["cpu_adam"]:
+        lines.append(f"CPU Adam: {profile['cpu_adam']['params_per_s']:.4g} params/s "
+                     f"({profile['cpu_adam']['threads']} threads)")
+    failures = [n for n in profile["notes"] if "Error" in n or "failed" in n]
+    if failures:
+        lines.append(f"{len(failures)} failure note(s); see notes")
+    lines.append(f"wall time: {profile['wall_time_s']} s")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.checks.hardware_profile",
+        description="Measure this machine's GPUs (GEMM, grouped GEMM, attention, memory, collectives) "
+                    "and write a hardware profile YAML for the cost model.")
+    parser.add_argument("--model", help="catalog name or config.json path: adds the model's own shapes")
+    parser.add_argument("--out", help="output YAML (default: profile-<gpu_type>.yaml)")
+    parser.add_argument("--quick", action="store_true", help="small grids: a smoke run")
+    parser.add_argument("--repeats", type=int, default=10, help="timed samples per point (median)")
+    args = parser.parse_args(argv)
+    try:
+        model = load_model(args.model) if args.model else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        profile = run_profile(model, repeats=args.repeats, quick=args.quick)
+    except NoGpuError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report_written(profile, args.out)
+    return 0
+
+
+def report_written(profile: dict, out: str | None) -> Path:
+    """Write the profile (default profile-<gpu>.yaml) and print its headline figures."""
+    path = Path(out or f"profile-{profile['gpu_type']}.yaml")
+    write_profile(profile, path)
+    for line in summary(profile):
+        print(line)
+    print(f"profile written to {path}")
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
