@@ -15,18 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
-import statistics
 from datetime import date
 from pathlib import Path
 
+import pandas as pd
+
 from cost_model.constants import default_constants
-from cost_model.predict import predict
-from benchmarks.cost_model_accuracy import evaluate
-from benchmarks.public_data import load_cases
-from recipes.recipe import load_recipe
+from benchmarks.cost_model_accuracy import evaluate, predict_case
+from benchmarks.public_data import load_cases, reference_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCES = ROOT / "tests" / "fixtures" / "reference_recipes"
 CONSTANTS = ROOT / "cost_model" / "data" / "constants.yaml"
 
 
@@ -65,25 +63,52 @@ def fit_megatron(c, cases):
     return c
 
 
+def fit_slime(c, plain, offload):
+    """layer_launch_overhead_s to the plain reference, cpu_adam_share_of_profile to the offloaded one."""
+    def tps(measurement, constants):
+        return predict_case(measurement.case, constants).tokens_per_s_per_gpu
+
+    for _ in range(4):
+        launch = bisect(lambda x: tps(plain, dataclasses.replace(c, layer_launch_overhead_s=x)), 1e-5, 0.2,
+                        plain.measured_tokens_per_s_per_gpu, increasing=False)
+        c = dataclasses.replace(c, layer_launch_overhead_s=launch)
+        share = bisect(lambda x: tps(offload, dataclasses.replace(c, cpu_adam_share_of_profile=x)), 0.01, 4.0,
+                       offload.measured_tokens_per_s_per_gpu, increasing=True)
+        c = dataclasses.replace(c, cpu_adam_share_of_profile=share)
+    return c
+
+
+def held_out_table(cases) -> pd.DataFrame:
+    """The fit above is in-sample. Out of sample: refit without each source's rows, predict those rows."""
+    tables = []
+    for source in sorted({m.source for m in cases}):
+        train = [m for m in cases if m.source != source]
+        test = [m for m in cases if m.source == source]
+        tables.append(evaluate(test, fit_megatron(default_constants(), train))["table"])
+    return pd.concat(tables)
+
+
+def write_constants(c) -> None:
+    text = CONSTANTS.read_text()
+    today = date.today().isoformat()
+    fitted = [("layer_launch_overhead_s", f"{c.layer_launch_overhead_s:.5f}"),
+              ("cpu_adam_share_of_profile", f"{c.cpu_adam_share_of_profile:.4f}")]
+    fitted += [(name, f"{getattr(c, name):g}") for name in MEGATRON_GRID]
+    for name, value in fitted:
+        text, n = re.subn(rf"(  {name}: {{value: )[^,]+(, source: \")(?:fitted \([^)]*\) )?(?:estimate, refitted by benchmarks/calibrate.py[^:]*: )?(?:estimate: )?",
+                          rf"\g<1>{value}\g<2>fitted (benchmarks/calibrate.py, {today}) ", text)
+        assert n == 1, name
+    CONSTANTS.write_text(text)
+    print(f"wrote {CONSTANTS.relative_to(ROOT)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="save the fitted values to constants.yaml")
     args = parser.parse_args()
-    plain = load_recipe(REFERENCES / "attune-tp1-pp1-ep8.yaml")
-    offload = load_recipe(REFERENCES / "attune-tp1-ep8-mt16k.yaml")
-    measured = {id(r): r.data["result"]["tokens_per_s_per_gpu"] for r in (plain, offload)}
-
-    def tps(recipe, c):
-        return predict(recipe.model, recipe.gpu, recipe.workload, recipe.layout, c).tokens_per_s_per_gpu
-
-    c = default_constants()
-    for _ in range(4):
-        launch = bisect(lambda x: tps(plain, dataclasses.replace(c, layer_launch_overhead_s=x)), 1e-5, 0.2,
-                        measured[id(plain)], increasing=False)
-        c = dataclasses.replace(c, layer_launch_overhead_s=launch)
-        share = bisect(lambda x: tps(offload, dataclasses.replace(c, cpu_adam_share_of_profile=x)), 0.01, 4.0,
-                       measured[id(offload)], increasing=True)
-        c = dataclasses.replace(c, cpu_adam_share_of_profile=share)
+    refs = {m.name: m for m in reference_cases()}
+    plain, offload = refs["ref-attune-tp1-pp1-ep8"], refs["ref-attune-tp1-ep8-mt16k"]
+    c = fit_slime(default_constants(), plain, offload)
     cases, _ = load_cases()
     before = evaluate(cases, c)
     c = fit_megatron(c, cases)
@@ -93,35 +118,19 @@ def main() -> None:
           f"{after['pairs_ordered']}/{after['pairs_total']}")
     for name in MEGATRON_GRID:
         print(f"{name:<33} = {getattr(c, name):g}")
-    # The fit above is in-sample. Out of sample: refit without each source's rows, predict those rows.
-    held_out = []
-    for source in sorted({case.source for case in cases}):
-        train = [case for case in cases if case.source != source]
-        test = [case for case in cases if case.source == source]
-        refit = fit_megatron(default_constants(), train)
-        held_out += evaluate(test, refit)["per_case"]
-    apes = sorted(r["ape"] for r in held_out)
-    print(f"leave-one-source-out median APE: {statistics.median(apes):.1f}% over {len(apes)} rows "
+    held_out = held_out_table(cases)
+    print(f"leave-one-source-out median APE: {held_out.ape.median():.1f}% over {len(held_out)} rows "
           f"(each source predicted by constants fitted without it)")
     print(f"layer_launch_overhead_s   = {c.layer_launch_overhead_s:.5f} s")
     print(f"cpu_adam_share_of_profile = {c.cpu_adam_share_of_profile:.4f}")
-    for recipe in (plain, offload):
-        p = predict(recipe.model, recipe.gpu, recipe.workload, recipe.layout, c)
-        err = p.tokens_per_s_per_gpu / measured[id(recipe)] - 1
-        print(f"{recipe.layout.long_label}: predicted {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, "
-              f"measured {measured[id(recipe)]:,.2f} ({err:+.2%}); peak {p.peak_memory_gib:.1f} GiB ({p.source})")
+    for m in (plain, offload):
+        p = predict_case(m.case, c)
+        measured = m.measured_tokens_per_s_per_gpu
+        err = p.tokens_per_s_per_gpu / measured - 1
+        print(f"{m.case.layout.long_label}: predicted {p.tokens_per_s_per_gpu:,.1f} tokens/s/GPU, "
+              f"measured {measured:,.2f} ({err:+.2%}); peak {p.peak_memory_gib:.1f} GiB ({p.source})")
     if args.write:
-        text = CONSTANTS.read_text()
-        today = date.today().isoformat()
-        fitted = [("layer_launch_overhead_s", f"{c.layer_launch_overhead_s:.5f}"),
-                  ("cpu_adam_share_of_profile", f"{c.cpu_adam_share_of_profile:.4f}")]
-        fitted += [(name, f"{getattr(c, name):g}") for name in MEGATRON_GRID]
-        for name, value in fitted:
-            text, n = re.subn(rf"(  {name}: {{value: )[^,]+(, source: \")(?:fitted \([^)]*\) )?(?:estimate, refitted by benchmarks/calibrate.py[^:]*: )?(?:estimate: )?",
-                              rf"\g<1>{value}\g<2>fitted (benchmarks/calibrate.py, {today}) ", text)
-            assert n == 1, name
-        CONSTANTS.write_text(text)
-        print(f"wrote {CONSTANTS.relative_to(ROOT)}")
+        write_constants(c)
 
 
 if __name__ == "__main__":

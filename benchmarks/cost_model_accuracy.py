@@ -11,64 +11,67 @@ Usage: python benchmarks/cost_model_accuracy.py [--csv PATH] [--verbose]
 from __future__ import annotations
 
 import argparse
-import math
 import re
-import statistics
 import sys
 from collections import Counter, defaultdict
 from itertools import combinations
 from pathlib import Path
 
+import pandas as pd
+
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.public_data import DEFAULT, Case, load_cases, reference_cases  # noqa: E402
+from benchmarks.public_data import DEFAULT, Measurement, load_cases, reference_cases  # noqa: E402
+from cost_model.case import Case  # noqa: E402
 from cost_model.constants import Constants  # noqa: E402
 from cost_model.memory import GIB  # noqa: E402
-from cost_model.predict import predict  # noqa: E402
+from cost_model.predict import Prediction, predict  # noqa: E402
 
 TIE_FRACTION = 0.01  # pairs whose published throughputs differ by at most 1% are not ordered
 
 
 # ------------------------------------------------------------------------------------------ metrics
-def evaluate(cases: list[Case], constants: Constants | None = None) -> dict:
+def predict_case(case: Case, constants: Constants | None = None) -> Prediction:
+    return predict(case.model, case.gpu, case.workload, case.layout, constants)
+
+
+def evaluate(cases: list[Measurement], constants: Constants | None = None) -> dict:
     """Predict each case once and score the predictions.
 
-    Returns {median_ape (percent), pairs_ordered, pairs_total, per_case: [dict per case]}; each
-    per-case dict has name, case, prediction, predicted, measured, ape (percent), fits, peak_gib.
-    median_ape is nan when `cases` is empty; pairs are counted within Case.group (see `ordered_pairs`).
+    Returns {median_ape (percent), pairs_ordered, pairs_total, table}; `table` is a DataFrame, one row
+    per case, with columns name, measurement, prediction, predicted, measured, ape (percent), fits,
+    peak_gib, group, precision, vlm. median_ape is nan when `cases` is empty; pairs are counted within
+    Measurement.group (see `ordered_pairs`).
     """
-    per_case = []
-    for case in cases:
-        p = predict(case.model, case.gpu, case.workload, case.layout, constants)
-        measured = case.measured_tokens_per_s_per_gpu
-        per_case.append(dict(
-            name=case.name, case=case, prediction=p, predicted=p.tokens_per_s_per_gpu, measured=measured,
-            ape=abs(p.tokens_per_s_per_gpu - measured) / measured * 100, fits=p.fits, peak_gib=p.peak_memory_gib,
-            group=case.group, precision=case.workload.precision, vlm=case.vlm))
-    ordered, total, _ = ordered_pairs(per_case)
-    return dict(median_ape=median_ape(per_case), pairs_ordered=ordered, pairs_total=total, per_case=per_case)
+    predictions = [predict_case(m.case, constants) for m in cases]
+    table = pd.DataFrame({
+        "name": [m.name for m in cases], "measurement": cases, "prediction": predictions,
+        "predicted": [p.tokens_per_s_per_gpu for p in predictions],
+        "measured": [m.measured_tokens_per_s_per_gpu for m in cases],
+        "fits": [p.fits for p in predictions], "peak_gib": [p.peak_memory_gib for p in predictions],
+        "group": [m.group for m in cases], "precision": [m.case.workload.precision for m in cases],
+        "vlm": [m.vlm for m in cases]})
+    table["ape"] = (table.predicted - table.measured).abs() / table.measured * 100
+    ordered, total, _ = ordered_pairs(table)
+    return dict(median_ape=table.ape.median(), pairs_ordered=ordered, pairs_total=total, table=table)
 
 
-def median_ape(per_case: list[dict]) -> float:
-    return statistics.median(r["ape"] for r in per_case) if per_case else math.nan
-
-
-def ordered_pairs(per_case: list[dict]) -> tuple[int, int, list[tuple[dict, dict, bool]]]:
+def ordered_pairs(table: pd.DataFrame) -> tuple[int, int, list[tuple]]:
     """Pairs of rows of one group whose published throughputs differ by more than 1% and whose
-    layouts differ: (correctly ordered by the prediction, total, the pairs with their verdict)."""
+    layouts differ: (correctly ordered by the prediction, total, the pairs (a, b, verdict))."""
+    # A dict, not DataFrame.groupby: ten times faster, and calibrate.py calls this thousands of times.
     by_group = defaultdict(list)
-    for r in per_case:
-        by_group[r["group"]].append(r)
+    for r in table.itertuples(index=False):
+        by_group[r.group].append(r)
     pairs = []
     for rows in by_group.values():
         for a, b in combinations(rows, 2):
-            ma, mb = a["measured"], b["measured"]
-            if abs(ma - mb) <= TIE_FRACTION * max(ma, mb):
+            if abs(a.measured - b.measured) <= TIE_FRACTION * max(a.measured, b.measured):
                 continue
-            if a["case"].layout == b["case"].layout:
+            if a.measurement.case.layout == b.measurement.case.layout:
                 continue  # same layout: the difference is software, not layout
-            right = (a["predicted"] - b["predicted"]) * (ma - mb) > 0
+            right = (a.predicted - b.predicted) * (a.measured - b.measured) > 0
             pairs.append((a, b, right))
     return sum(ok for *_, ok in pairs), len(pairs), pairs
 
@@ -94,11 +97,12 @@ def stated_memory(notes: str) -> tuple[str, float | None, str] | None:
     return None
 
 
-def memory_verdict(stated: tuple[str, float | None, str], r: dict) -> str:
+def memory_verdict(stated: tuple[str, float | None, str], r) -> str:
+    """How a row of the `evaluate` table's prediction compares with the memory its source states."""
     kind, gib, _ = stated
-    peak, cap = r["peak_gib"], r["prediction"].gpu_memory_gib
+    peak = r.peak_gib
     if kind == "oom":
-        return "agrees (predicted not to fit)" if not r["fits"] else f"DISAGREES: predicted to fit ({peak:.1f} GiB)"
+        return "agrees (predicted not to fit)" if not r.fits else f"DISAGREES: predicted to fit ({peak:.1f} GiB)"
     if kind == "below":
         return "agrees" if peak < gib else f"DISAGREES: predicted {peak - gib:+.1f} GiB over the stated bound"
     err = peak / gib - 1
@@ -106,18 +110,18 @@ def memory_verdict(stated: tuple[str, float | None, str], r: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ printing
-def _fmt_case(r: dict) -> str:
-    c: Case = r["case"]
-    lay = c.layout
+def _fmt_case(r) -> str:
+    m: Measurement = r.measurement
+    c, lay = m.case, m.case.layout
     extra = [f"mbs{lay.rows_per_microbatch}"]
     if lay.recompute_granularity:
         extra.append("rc " + lay.recompute_label.replace("selective ", "sel "))
     extra.append(lay.dispatcher)
     label = f"{lay.label} {' '.join(extra)}"
-    flags = (" vlm" if c.vlm else "") + ("" if c.workload.precision == "bf16" else " fp8")
-    fit = f"{'fits' if r['fits'] else 'OOM '} {r['peak_gib']:5.1f}"
-    return (f"{c.name:32s} {c.model.display_name:19s} {c.gpu.display_name + ' x' + str(lay.world_size):11s} "
-            f"{label:58s} {r['predicted']:9,.0f} {r['measured']:9,.0f} {r['ape']:6.1f}  {fit}{flags}")
+    flags = (" vlm" if m.vlm else "") + ("" if c.workload.precision == "bf16" else " fp8")
+    fit = f"{'fits' if r.fits else 'OOM '} {r.peak_gib:5.1f}"
+    return (f"{m.name:32s} {c.model.display_name:19s} {c.gpu.display_name + ' x' + str(lay.world_size):11s} "
+            f"{label:58s} {r.predicted:9,.0f} {r.measured:9,.0f} {r.ape:6.1f}  {fit}{flags}")
 
 
 HEADER = (f"{'case':32s} {'model':19s} {'GPUs':11s} {'layout':58s} {'predicted':>9s} {'published':>9s} "
@@ -130,9 +134,86 @@ def _top_terms(breakdown: dict, n: int = 5) -> str:
     return ", ".join(f"{k} {v:.2f}s ({v / total:.0%})" for k, v in terms if v > 0)
 
 
-def _subset(per_case, pred) -> str:
-    rows = [r for r in per_case if pred(r)]
-    return f"{median_ape(rows):5.1f}% (n={len(rows)})" if rows else "   n/a (n=0)"
+def _subset(rows: pd.DataFrame) -> str:
+    return f"{rows.ape.median():5.1f}% (n={len(rows)})" if len(rows) else "   n/a (n=0)"
+
+
+def _say_cases(say, table: pd.DataFrame, verbose: bool) -> None:
+    say(HEADER)
+    for r in table.itertuples(index=False):
+        say(_fmt_case(r))
+        if verbose:
+            w = r.measurement.case.workload
+            say(f"{'':34s}routing {w.routing}, {w.precision}, seq {w.seq_len}, gbs {w.global_batch}; "
+                f"{r.prediction.num_microbatches} microbatches; {_top_terms(r.prediction.breakdown)}")
+            for note in r.measurement.notes:
+                say(f"{'':34s}note: {note}")
+
+
+def _say_references(say, refs: dict, verbose: bool) -> None:
+    say("Reference recipes (slime, measured by this project)")
+    say(HEADER)
+    for r in refs["table"].itertuples(index=False):
+        say(_fmt_case(r))
+        if verbose:
+            say(f"{'':34s}{_top_terms(r.prediction.breakdown)}")
+    say(f"median APE of the reference recipes: {refs['median_ape']:.1f}%")
+
+
+def _say_accuracy(say, table: pd.DataFrame, verbose: bool) -> None:
+    say("Accuracy on the public rows")
+    say(f"  median APE, all usable BF16+FP8 rows: {_subset(table)}")
+    say(f"  median APE, BF16 rows:                {_subset(table[table.precision == 'bf16'])}")
+    say(f"  median APE, FP8 rows:                 {_subset(table[table.precision == 'fp8'])}")
+    say(f"  median APE, excluding VLM rows:       {_subset(table[~table.vlm.astype(bool)])}")
+    under = (table.predicted < table.measured).sum()
+    say(f"  predicted below published: {under} of {len(table)}; "
+        f"median predicted/published {(table.predicted / table.measured).median():.2f}"
+        if len(table) else "  no usable rows")
+    ordered, total, pairs = ordered_pairs(table)
+    share = f"{ordered / total:.0%}" if total else "n/a"
+    groups = len({a.group for a, _, _ in pairs})
+    say(f"  correctly ordered pairs within a group: {ordered} of {total} ({share}) over {groups} group(s); "
+        f"pairs within {TIE_FRACTION:.0%} or with identical layouts skipped")
+    if verbose:
+        for a, b, ok in pairs:
+            say(f"    {'ok ' if ok else 'BAD'} {a.name} vs {b.name}: published {a.measured:,.0f} vs "
+                f"{b.measured:,.0f}, predicted {a.predicted:,.0f} vs {b.predicted:,.0f}")
+
+
+def _say_misses(say, table: pd.DataFrame) -> None:
+    say("Largest misses")
+    for r in table.sort_values("ape", ascending=False, kind="stable").head(3).itertuples(index=False):
+        p, m = r.prediction, r.measurement
+        say(f"  {m.name}: predicted {r.predicted:,.0f} vs published {r.measured:,.0f} "
+            f"({r.predicted / r.measured - 1:+.0%}); step {p.step_time_s:.2f} s, {p.num_microbatches} "
+            f"microbatches, MFU {p.mfu:.0%}")
+        say(f"    {_top_terms(p.breakdown, 6)}")
+        say(f"    notes: {m.row.get('notes', '')[:200]}")
+
+
+def _say_memory(say, table: pd.DataFrame, unusable: list[tuple[dict, str]]) -> None:
+    say("Memory verdicts (rows whose notes state a peak memory or an OOM)")
+    found = 0
+    for row, r, why in [(r.measurement.row, r, None) for r in table.itertuples(index=False)] + \
+            [(row, None, why) for row, why in unusable]:
+        stated = stated_memory(row.get("notes", ""))
+        if not stated:
+            continue
+        found += 1
+        if r is None:
+            say(f"  {row['model']} {row['gpu']} x{row['num_gpus']}: states '{stated[2]}'; row unusable ({why})")
+            continue
+        say(f"  {r.name}: states '{stated[2]}'; predicted peak {r.peak_gib:.1f} GiB of "
+            f"{r.prediction.gpu_memory_gib:.1f} usable -> {memory_verdict(stated, r)}")
+    if not found:
+        say("  none")
+    oom = table[~table.fits.astype(bool)]
+    say(f"  published runs (all of which ran) predicted not to fit: {len(oom)} of {len(table)}")
+    for r in oom.itertuples(index=False):
+        lay = r.measurement.case.layout
+        say(f"    {r.name}: predicted peak {r.peak_gib:.1f} GiB of {r.prediction.gpu_memory_gib:.1f} usable "
+            f"({lay.label} mbs{lay.rows_per_microbatch}, rc {lay.recompute_label})")
 
 
 def report(csv_path: Path, verbose: bool = False, out=sys.stdout) -> dict:
@@ -141,85 +222,17 @@ def report(csv_path: Path, verbose: bool = False, out=sys.stdout) -> dict:
 
     cases, unusable = load_cases(csv_path)
     result = evaluate(cases)
-    per_case = result["per_case"]
-    refs = evaluate(reference_cases())
-
+    table = result["table"]
     say(f"Public measurements: {len(cases)} usable rows of {len(cases) + len(unusable)} ({csv_path})")
-    say(HEADER)
-    for r in per_case:
-        say(_fmt_case(r))
-        if verbose:
-            c = r["case"]
-            say(f"{'':34s}routing {c.workload.routing}, {c.workload.precision}, seq {c.workload.seq_len}, "
-                f"gbs {c.workload.global_batch}; {r['prediction'].num_microbatches} microbatches; "
-                f"{_top_terms(r['prediction'].breakdown)}")
-            for note in c.notes:
-                say(f"{'':34s}note: {note}")
+    _say_cases(say, table, verbose)
     say("")
-    say("Reference recipes (slime, measured by this project)")
-    say(HEADER)
-    for r in refs["per_case"]:
-        say(_fmt_case(r))
-        if verbose:
-            say(f"{'':34s}{_top_terms(r['prediction'].breakdown)}")
-    say(f"median APE of the reference recipes: {refs['median_ape']:.1f}%")
-
+    _say_references(say, evaluate(reference_cases()), verbose)
     say("")
-    say("Accuracy on the public rows")
-    say(f"  median APE, all usable BF16+FP8 rows: {_subset(per_case, lambda r: True)}")
-    say(f"  median APE, BF16 rows:                {_subset(per_case, lambda r: r['precision'] == 'bf16')}")
-    say(f"  median APE, FP8 rows:                 {_subset(per_case, lambda r: r['precision'] == 'fp8')}")
-    say(f"  median APE, excluding VLM rows:       {_subset(per_case, lambda r: not r['vlm'])}")
-    under = sum(r["predicted"] < r["measured"] for r in per_case)
-    say(f"  predicted below published: {under} of {len(per_case)}; "
-        f"median predicted/published {statistics.median(r['predicted'] / r['measured'] for r in per_case):.2f}"
-        if per_case else "  no usable rows")
-    ordered, total, pairs = ordered_pairs(per_case)
-    share = f"{ordered / total:.0%}" if total else "n/a"
-    groups = len({a['group'] for a, _, _ in pairs})
-    say(f"  correctly ordered pairs within a group: {ordered} of {total} ({share}) over {groups} group(s); "
-        f"pairs within {TIE_FRACTION:.0%} or with identical layouts skipped")
-    if verbose:
-        for a, b, ok in pairs:
-            say(f"    {'ok ' if ok else 'BAD'} {a['name']} vs {b['name']}: published {a['measured']:,.0f} vs "
-                f"{b['measured']:,.0f}, predicted {a['predicted']:,.0f} vs {b['predicted']:,.0f}")
-
+    _say_accuracy(say, table, verbose)
     say("")
-    say("Largest misses")
-    for r in sorted(per_case, key=lambda r: -r["ape"])[:3]:
-        p = r["prediction"]
-        c = r["case"]
-        say(f"  {c.name}: predicted {r['predicted']:,.0f} vs published {r['measured']:,.0f} "
-            f"({r['predicted'] / r['measured'] - 1:+.0%}); step {p.step_time_s:.2f} s, {p.num_microbatches} "
-            f"microbatches, MFU {p.mfu:.0%}")
-        say(f"    {_top_terms(p.breakdown, 6)}")
-        say(f"    notes: {c.row.get('notes', '')[:200]}")
-
+    _say_misses(say, table)
     say("")
-    say("Memory verdicts (rows whose notes state a peak memory or an OOM)")
-    by_index = {r["case"].index: r for r in per_case}
-    found = 0
-    for row, why in [(c.row, None) for c in cases] + list(unusable):
-        stated = stated_memory(row.get("notes", ""))
-        if not stated:
-            continue
-        found += 1
-        label = f"{row['model']} {row['gpu']} x{row['num_gpus']}"
-        if why is not None:
-            say(f"  {label}: states '{stated[2]}'; row unusable ({why})")
-            continue
-        r = next(r for r in by_index.values() if r["case"].row is row)
-        say(f"  {r['name']}: states '{stated[2]}'; predicted peak {r['peak_gib']:.1f} GiB of "
-            f"{r['prediction'].gpu_memory_gib:.1f} usable -> {memory_verdict(stated, r)}")
-    if not found:
-        say("  none")
-    oom = [r for r in per_case if not r["fits"]]
-    say(f"  published runs (all of which ran) predicted not to fit: {len(oom)} of {len(per_case)}")
-    for r in oom:
-        say(f"    {r['name']}: predicted peak {r['peak_gib']:.1f} GiB of {r['prediction'].gpu_memory_gib:.1f} usable "
-            f"({r['case'].layout.label} mbs{r['case'].layout.rows_per_microbatch}, "
-            f"rc {r['case'].layout.recompute_label})")
-
+    _say_memory(say, table, unusable)
     say("")
     say(f"Unusable rows: {len(unusable)}")
     for why, n in Counter(why for _, why in unusable).most_common():

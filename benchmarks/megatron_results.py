@@ -7,10 +7,10 @@ Usage: python benchmarks/megatron_results.py [SUITE.jsonl ...] [--csv OUT.csv] [
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import statistics
 from pathlib import Path
+
+import pandas as pd
 
 from experiments.runner import TrialResult
 
@@ -52,32 +52,26 @@ def _num(x):
     return "" if x is None else round(float(x), 2)
 
 
-def summary(rows: list[dict]) -> list[str]:
-    ok = [r for r in rows if r["status"] == "ok" and r["predicted_tokens_per_s_per_gpu"] != ""]
-    lines = [f"{len(rows)} trials: {len(ok)} measured, "
-             f"{sum(r['status'] != 'ok' for r in rows)} failed ({', '.join(sorted({r['failure_class'] for r in rows if r['failure_class']}))})"]
+def summary(table: pd.DataFrame) -> list[str]:
+    """The figures of a results table (`rows_of`'s rows): counts, rank correlation, median errors, OOM verdicts."""
+    ok = table[(table.status == "ok") & (table.predicted_tokens_per_s_per_gpu != "")]
+    classes = sorted(set(table.failure_class) - {""})
+    lines = [f"{len(table)} trials: {len(ok)} measured, {(table.status != 'ok').sum()} failed ({', '.join(classes)})"]
     if len(ok) >= 2:
-        m = [r["measured_tokens_per_s_per_gpu"] for r in ok]
-        p = [r["predicted_tokens_per_s_per_gpu"] for r in ok]
-        lines.append(f"Spearman rank correlation, predicted vs measured tokens/s: {spearman(m, p):.3f} (n={len(ok)})")
-        lines.append(f"median absolute % error of throughput: {statistics.median(abs(b / a - 1) for a, b in zip(m, p)):.1%}")
-        mm = [(r["measured_peak_memory_gib"], r["predicted_peak_memory_gib"]) for r in ok if r["measured_peak_memory_gib"]]
-        lines.append(f"median absolute % error of peak memory: {statistics.median(abs(b / a - 1) for a, b in mm):.1%}")
-    for r in rows:
-        if r["predicted_fits"] is False:
-            lines.append(f"predicted not to fit: {r['trial']} -> {r['status']} {r['failure_class']}")
+        tps = pd.DataFrame({"measured": ok.measured_tokens_per_s_per_gpu.astype(float),
+                            "predicted": ok.predicted_tokens_per_s_per_gpu.astype(float)})
+        # Spearman: Pearson of the ranks, ties given their average rank (DataFrame.corr needs no scipy).
+        rho = tps.corr(method="spearman").at["predicted", "measured"]
+        lines.append(f"Spearman rank correlation, predicted vs measured tokens/s: {rho:.3f} (n={len(ok)})")
+        tps_error = (tps.predicted / tps.measured - 1).abs().median()
+        lines.append(f"median absolute % error of throughput: {tps_error:.1%}")
+        memory = ok[ok.measured_peak_memory_gib.astype(bool)]
+        memory_error = (memory.predicted_peak_memory_gib.astype(float) / memory.measured_peak_memory_gib.astype(float)
+                        - 1).abs().median()
+        lines.append(f"median absolute % error of peak memory: {memory_error:.1%}")
+    for r in table[table.predicted_fits.eq(False)].itertuples(index=False):
+        lines.append(f"predicted not to fit: {r.trial} -> {r.status} {r.failure_class}")
     return lines
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(xs):
-        order = sorted(range(len(xs)), key=xs.__getitem__)
-        r = [0.0] * len(xs)
-        for k, i in enumerate(order):
-            r[i] = k
-        return r
-    ra, rb, n = ranks(a), ranks(b), len(a)
-    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(ra, rb)) / (n * (n * n - 1))
 
 
 def main() -> None:
@@ -87,12 +81,9 @@ def main() -> None:
     parser.add_argument("--date", default="2026-11-29")
     args = parser.parse_args()
     lines = [json.loads(l) for path in args.suites for l in Path(path).read_text().splitlines() if l.strip()]
-    rows = rows_of(lines, args.date)
-    with open(args.csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    for line in summary(rows):
+    table = pd.DataFrame(rows_of(lines, args.date), columns=COLUMNS)
+    table.to_csv(args.csv, index=False, lineterminator="\r\n")  # csv.writer's line ends, as the stored tables
+    for line in summary(table):
         print(line)
     print(f"wrote {args.csv}")
 

@@ -1,9 +1,9 @@
 """Published training-throughput rows (benchmarks/data/public-throughput.csv) as cost-model cases.
 
-Each usable row becomes a `Case`: the catalog model, the GPU, the Workload and the Layout the run
-used, with the published tokens/s per GPU. Rows the cost model cannot represent (FSDP runs, LoRA,
-models outside the catalog, layouts Megatron's rules reject, missing fields) come back with a
-one-line reason instead.
+Each usable row becomes a `Measurement`: the `Case` the run was (catalog model, GPU, Workload,
+Layout) with the published tokens/s per GPU and where it was published beside it. Rows the cost
+model cannot represent (FSDP runs, LoRA, models outside the catalog, layouts Megatron's rules
+reject, missing fields) come back with a one-line reason instead.
 
 Mapping conventions (see `load_cases`): every public row is a Megatron-LM / Megatron-Bridge / NeMo
 run, so framework='megatron'; the dispatcher is 'flex' when the notes name DeepEP or HybridEP; the
@@ -11,12 +11,14 @@ routing is 'balanced' when the notes say the router was force-balanced and 'natu
 """
 from __future__ import annotations
 
-import csv
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import pandas as pd
+
+from cost_model.case import Case
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.model_spec import ModelSpec, catalog_names, load_model
 from cost_model.workload import Workload, WorkloadError
@@ -46,29 +48,22 @@ MODULE_ALIASES = {"shared_expert": "shared_experts", "shared_experts": "shared_e
 # Modules Megatron-Bridge recomputes that the cost model has no term for: dropped with a note.
 DROPPED_MODULES = ("gdn output-norm", "gdn output norm", "gdn")
 
-LAYOUT_FIELD_NAMES = frozenset(f.name for f in fields(Layout))
 LAYOUT_FIELDS = {"TP": "tp", "PP": "pp", "CP": "cp", "EP": "ep", "ETP": "etp", "VP": "vp", "VPP": "vp",
                  "MBS": "mbs", "GBS": "gbs"}
 
 
 @dataclass
-class Case:
+class Measurement:
+    """A measured run: the Case it ran, what was measured and where it was published."""
     name: str                      # short unique label, e.g. r025-moonlight-16b-a3b-h100x16
     source: str
-    model: ModelSpec
-    gpu: GpuSpec
-    workload: Workload
-    layout: Layout
+    case: Case
     measured_tokens_per_s_per_gpu: float
     group: str                     # rows of one group differ only in layout
     row: dict                      # the raw CSV row (or the recipe's data for reference cases)
     vlm: bool = False              # a VLM run: the vision encoder is not modelled
     notes: tuple[str, ...] = ()    # what the mapping assumed or dropped
     index: int | None = None       # row index in the CSV (0-based, header excluded)
-
-    @property
-    def precision(self) -> str:
-        return self.workload.precision
 
 
 class Unusable(ValueError):
@@ -220,8 +215,8 @@ def _int(row: dict, key: str, default: int | None = None) -> int | None:
     return int(value)
 
 
-def row_to_case(row: dict, index: int) -> Case:
-    """The Case of one CSV row; raises Unusable with a one-line reason."""
+def _published_run(row: dict) -> tuple[float, ModelSpec, str, GpuSpec]:
+    """(tokens/s per GPU, model, precision, GPU) of a run the cost model can represent; Unusable otherwise."""
     tps_text = row["tokens_per_s_per_gpu"].strip()
     if not tps_text:
         raise Unusable("no tokens/s per GPU published" + (" (TFLOP/s only)" if row["tflops_per_gpu"].strip() else ""))
@@ -231,14 +226,17 @@ def row_to_case(row: dict, index: int) -> Case:
     reason = _fsdp_reason(row)
     if reason:
         raise Unusable(reason)
-    notes_text = row["notes"]
-    if re.search(r"\blora\b|\bpeft\b", notes_text, re.I):
+    if re.search(r"\blora\b|\bpeft\b", row["notes"], re.I):
         raise Unusable("LoRA/PEFT run (frozen base: different FLOPs)")
     try:
         gpu = load_gpu(row["gpu"])
     except HardwareError as e:
         raise Unusable(str(e)) from None
+    return measured, model, precision, gpu
 
+
+def _run_size(row: dict) -> tuple[int, int, int]:
+    """(seq_len, global batch, GPUs), once the source states them and the layout it ran."""
     seq_len = _int(row, "seq_len")
     if not seq_len:
         raise Unusable("seq_len not stated")
@@ -248,51 +246,65 @@ def row_to_case(row: dict, index: int) -> Case:
     world = _int(row, "num_gpus")
     if not world:
         raise Unusable("num_gpus not stated")
-    unstated = sorted(k for k in _unstated_fields(notes_text) if not row[k].strip())
+    unstated = sorted(k for k in _unstated_fields(row["notes"]) if not row[k].strip())
     if unstated:
         raise Unusable(f"layout field(s) {', '.join(unstated)} not stated by the source")
     if all(not row[k].strip() for k in ("tp", "pp", "ep")):
         raise Unusable("parallel layout not stated")
+    return seq_len, gbs, world
 
+
+def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
+    """The Layout keyword arguments the row states (rows_per_microbatch aside), its MBS, and mapping notes."""
+    notes_text = row["notes"]
     mapping_notes: list[str] = []
     tp = _int(row, "tp", 1)
-    pp = _int(row, "pp", 1)
-    cp = _int(row, "cp", 1)
-    vp = _int(row, "vp", 1) or 1
+    values = dict(tp=tp, pp=_int(row, "pp", 1), cp=_int(row, "cp", 1), vpp=_int(row, "vp", 1) or 1)
     mbs = _int(row, "mbs", 1) or 1
     if model.is_moe:
-        ep = _int(row, "ep", 1)
-        etp = _int(row, "etp", 1)
+        values.update(ep=_int(row, "ep", 1), etp=_int(row, "etp", 1))
     else:
-        ep, etp = 1, tp
+        values.update(ep=1, etp=tp)
     recompute, rc_notes = map_recompute(row["recompute"])
+    values.update(recompute)
     mapping_notes += rc_notes
-    dispatcher = map_dispatcher(notes_text) if model.is_moe and ep * etp > 1 else "alltoall"
-    routing = map_routing(notes_text)
+    moe_parallel = model.is_moe and values["ep"] * values["etp"] > 1
+    values["dispatcher"] = map_dispatcher(notes_text) if moe_parallel else "alltoall"
     if re.search(r"\bSP off\b", notes_text):
         mapping_notes.append("SP off in the run; the cost model always uses SP at TP > 1")
-    optimizer: dict = {}
     if re.search(r"BF16 optimizer states|reduced-precision optimizer moments", notes_text, re.I):
-        if "exp_avg_dtype" in LAYOUT_FIELD_NAMES:
-            optimizer["exp_avg_dtype"] = "bf16"
-        else:
-            mapping_notes.append("BF16 Adam moments in the run; the layout has no field for them")
-    vlm = is_vlm(notes_text)
-    if vlm:
+        values["exp_avg_dtype"] = "bf16"
+    return values, mbs, mapping_notes
+
+
+def _layout(values: dict, mbs: int, world: int, workload: Workload) -> Layout:
+    """The Layout of the stated fields; MBS becomes max tokens per GPU, then slime's rows per micro-batch."""
+    cp = values["cp"]
+    try:
+        layout = Layout(world_size=world, max_tokens_per_gpu=max_tokens_per_gpu(mbs, cp, workload.seq_len),
+                        rows_per_microbatch=mbs, **values)
+        # The rows_per_microbatch rule is slime's binning; take the value it gives for this MBS.
+        return layout.replace(rows_per_microbatch=rows_per_microbatch(layout.max_tokens_per_gpu, cp, workload.seq_len))
+    except InvalidLayout as e:
+        raise Unusable(f"invalid layout: {e}") from None
+
+
+def row_to_case(row: dict, index: int) -> Measurement:
+    """The Measurement of one CSV row; raises Unusable with a one-line reason."""
+    measured, model, precision, gpu = _published_run(row)
+    seq_len, gbs, world = _run_size(row)
+    values, mbs, mapping_notes = _layout_fields(row, model)
+    notes_text = row["notes"]
+    routing = map_routing(notes_text)
+    if is_vlm(notes_text):
         # The catalog model is the language model; a VLM step also runs the vision encoder on images.
         raise Unusable("VLM run: the vision encoder and image tokens are not modelled")
-
     try:
         workload = Workload(seq_len=seq_len, global_batch=gbs, precision=precision, routing=routing,
                             framework="megatron")
-        layout = Layout(world_size=world, tp=tp, pp=pp, vpp=vp, cp=cp, ep=ep, etp=etp,
-                        max_tokens_per_gpu=max_tokens_per_gpu(mbs, cp, seq_len), rows_per_microbatch=mbs,
-                        dispatcher=dispatcher, **recompute, **optimizer)
-        # The rows_per_microbatch rule is slime's binning; take the value it gives for this MBS.
-        layout = layout.replace(
-            rows_per_microbatch=rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len))
-    except (InvalidLayout, WorkloadError) as e:
+    except WorkloadError as e:
         raise Unusable(f"invalid layout: {e}") from None
+    layout = _layout(values, mbs, world, workload)
     if layout.rows_per_microbatch != mbs:
         mapping_notes.append(f"MBS {mbs} read as {layout.rows_per_microbatch} rows per microbatch")
     found = [v for v in violations(layout, model, workload, STACK) if v.rule not in IGNORED_RULES]
@@ -301,23 +313,21 @@ def row_to_case(row: dict, index: int) -> Case:
 
     group = " | ".join((row["source"], model.display_name, gpu.display_name, f"seq {seq_len}", f"gbs {gbs}",
                         row["precision"].strip(), routing, workload.framework, run_kind(notes_text)))
-    name = f"r{index:03d}-{model.name}-{gpu.name}x{world}"
-    return Case(name=name, source=row["source"], model=model, gpu=gpu, workload=workload, layout=layout,
-                measured_tokens_per_s_per_gpu=measured, group=group, row=dict(row), vlm=vlm,
-                notes=tuple(mapping_notes), index=index)
+    return Measurement(name=f"r{index:03d}-{model.name}-{gpu.name}x{world}", source=row["source"],
+                       case=Case(model, gpu, workload, layout, STACK), measured_tokens_per_s_per_gpu=measured,
+                       group=group, row=dict(row), notes=tuple(mapping_notes), index=index)
 
 
 def read_rows(csv_path: str | Path = DEFAULT) -> list[dict]:
-    with open(csv_path, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
+    """The CSV's rows as {column: text}, an empty cell as ''."""
+    return pd.read_csv(csv_path, dtype=str, keep_default_na=False, encoding="utf-8").to_dict("records")
 
 
-def load_cases(csv_path: str | Path = DEFAULT) -> tuple[list[Case], list[tuple[dict, str]]]:
-    """The usable cases of the CSV, and each unusable row with a one-line reason."""
-    cases: list[Case] = []
+def load_cases(csv_path: str | Path = DEFAULT) -> tuple[list[Measurement], list[tuple[dict, str]]]:
+    """The usable rows of the CSV as Measurements, and each unusable row with a one-line reason."""
+    cases: list[Measurement] = []
     unusable: list[tuple[dict, str]] = []
     for i, row in enumerate(read_rows(csv_path)):
-        row = {k: (v or "") for k, v in row.items()}
         try:
             cases.append(row_to_case(row, i))
         except Unusable as e:
@@ -325,15 +335,14 @@ def load_cases(csv_path: str | Path = DEFAULT) -> tuple[list[Case], list[tuple[d
     return cases, unusable
 
 
-def reference_cases() -> list[Case]:
-    """The two measured reference recipes (slime on 8 x H200) as cases."""
+def reference_cases() -> list[Measurement]:
+    """The two measured reference recipes (slime on 8 x H200) as Measurements."""
     from recipes.recipe import load_recipe
 
     out = []
     for path in sorted(REFERENCES.glob("*.yaml")):
         r = load_recipe(path)
-        out.append(Case(name=f"ref-{path.stem}", source=str(path.relative_to(ROOT)), model=r.model, gpu=r.gpu,
-                        workload=r.workload, layout=r.layout,
-                        measured_tokens_per_s_per_gpu=float(r.data["result"]["tokens_per_s_per_gpu"]),
-                        group=REFERENCE_GROUP, row=r.data))
+        out.append(Measurement(name=f"ref-{path.stem}", source=str(path.relative_to(ROOT)), case=r.case,
+                               measured_tokens_per_s_per_gpu=float(r.data["result"]["tokens_per_s_per_gpu"]),
+                               group=REFERENCE_GROUP, row=r.data))
     return out

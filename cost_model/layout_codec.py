@@ -8,6 +8,7 @@ Three shapes, one set of rules:
 - ten categorical Optuna parameters, where recompute and offload are one string each and
   max_tokens_per_gpu follows from rows per micro-batch (`to_optuna_params`, `from_optuna_params`).
 Every reader is strict: an unknown key, a wrong type or a repeated key raises InvalidLayout naming it.
+Text (`KEY=VALUE` flags) is parsed into types; typed values (JSON, YAML) must already have the right type.
 """
 from __future__ import annotations
 
@@ -28,9 +29,27 @@ OPTUNA_PARAM_NAMES = ("tp", "pp", "vpp", "cp", "ep", "etp", "rows_per_microbatch
 # ---------------------------------------------------------------- flat values
 
 def layout_value(key: str, raw):
-    """One layout field's value from a string (flags) or a JSON/YAML value, with its proper type."""
-    if key not in LAYOUT_KEYS:
-        raise InvalidLayout(f"unknown layout key '{key}'; known: {', '.join(LAYOUT_KEYS)}")
+    """One layout field's value from a JSON/YAML value: it must have the field's type (an integer field
+    takes an integer, not "8"; a flag takes true/false)."""
+    _check_key(key)
+    if raw is None and key in _NULLABLE:
+        return None
+    expected = _typed_kind(key)
+    ok = {"int": isinstance(raw, int) and not isinstance(raw, bool),
+          "number": isinstance(raw, (int, float)) and not isinstance(raw, bool),
+          "bool": isinstance(raw, bool),
+          "text": isinstance(raw, str),
+          # a list, or the flat form's comma-joined text (`layout_values`)
+          "modules": isinstance(raw, str) or (isinstance(raw, (list, tuple)) and all(isinstance(m, str) for m in raw))}[
+        expected]
+    if not ok:
+        raise InvalidLayout(f"layout value {key}={_short(raw)} has the wrong type (expected {_KIND_WORDS[expected]})")
+    return text_layout_value(key, raw)
+
+
+def text_layout_value(key: str, raw):
+    """One layout field's value from command-line text (or an already typed value), with its proper type."""
+    _check_key(key)
     if raw is None and key in _NULLABLE:
         return None
     try:
@@ -75,7 +94,7 @@ def parse_pairs(pairs: list[str]) -> dict:
         key = key.strip().replace("-", "_")
         if key in values:
             raise InvalidLayout(f"layout key '{key}' is given twice")
-        values[key] = layout_value(key, raw.strip())
+        values[key] = text_layout_value(key, raw.strip())
     return values
 
 
@@ -103,8 +122,10 @@ def layout_values(layout: Layout) -> dict:
 def layout_from_stored(values: dict) -> Layout:
     """A Layout from `layout_values` plus world_size, as stored in a study or a result file."""
     values = dict(values)
-    world_size = _integer(values.pop("world_size"))
-    return Layout(world_size=world_size, **{key: layout_value(key, raw) for key, raw in values.items()})
+    world_size = values.pop("world_size", None)
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise InvalidLayout(f"a stored layout needs an integer world_size, got {_short(world_size)}")
+    return Layout(world_size=world_size, **{key: text_layout_value(key, raw) for key, raw in values.items()})
 
 
 # ---------------------------------------------------------------- a recipe's layout block
@@ -124,6 +145,8 @@ def recipe_block(layout: Layout) -> dict:
                    "overlap_d2h_h2d": layout.overlap_d2h_h2d}
     block = {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep,
              "etp": layout.etp, "dp": layout.dp, "sequence_parallel": layout.sequence_parallel,
+             # The leaderboard's uneven pipeline split; null: Megatron's even split.
+             "layer_split": None,
              "max_tokens_per_gpu": layout.max_tokens_per_gpu, "rows_per_microbatch": layout.rows_per_microbatch,
              "recompute": recompute, "offload": offload, "dispatcher": layout.dispatcher}
     if layout.exp_avg_dtype != "fp32":
@@ -225,6 +248,27 @@ def from_optuna_params(params: dict, world_size: int, seq_len: int) -> Layout:
 
 
 # ---------------------------------------------------------------- helpers
+
+_KIND_WORDS = {"int": "an integer", "number": "a number", "bool": "true or false", "text": "a string",
+               "modules": "a list of module names or a comma-separated string"}
+
+
+def _check_key(key: str):
+    if key not in LAYOUT_KEYS:
+        raise InvalidLayout(f"unknown layout key '{key}'; known: {', '.join(LAYOUT_KEYS)}")
+
+
+def _typed_kind(key: str) -> str:
+    if key == "recompute_modules":
+        return "modules"
+    if key == "optimizer_offload_fraction":
+        return "number"
+    if key == "overlap_d2h_h2d":
+        return "bool"
+    if key in _TEXT_KEYS or key == "recompute_granularity":
+        return "text"
+    return "int"
+
 
 def _integer(raw) -> int:
     if isinstance(raw, bool):

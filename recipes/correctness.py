@@ -11,7 +11,7 @@ its convergence arm passed, and no component test failed). Nothing else makes a 
 from __future__ import annotations
 
 CONVERGENCE_RULES = ("convergence: Megatron-Bridge validate_convergence rules and pipeline thresholds "
-                     "(experiments/convergence.py)")
+                     "(experiments/checks/convergence.py)")
 
 
 def record_component_test(recipe: dict, entry: dict) -> dict:

@@ -16,16 +16,18 @@ from pathlib import Path
 
 import yaml
 
+from cost_model.case import Case
+from cost_model.errors import AttuneError
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
+from cost_model.layout import InvalidLayout, Layout
+from cost_model.layout_codec import layout_from_recipe_block, recipe_block
 from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
 from cost_model.predict import Prediction
+from cost_model.stack import Stack
 from cost_model.user_file import read_user_text
 from cost_model.workload import Workload, WorkloadError
 from recipes.slime_command import actor_placement, slime_env, slime_run
-from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import STACK, violations
-from cost_model.stack import Stack
-from cost_model.errors import AttuneError
 
 SCHEMA_VERSION = 1
 NOT_MEASURED = "not measured (predicted)"
@@ -39,11 +41,8 @@ class RecipeError(AttuneError, ValueError):
 
 @dataclass(frozen=True)
 class LoadedRecipe:
-    model: ModelSpec
-    gpu: GpuSpec
-    workload: Workload
-    layout: Layout
-    data: dict
+    case: Case    # its stack: the one the layout was checked against (Stack() when none was given)
+    data: dict    # the recipe file as read
 
 
 # ---------------------------------------------------------------------------- building
@@ -123,41 +122,10 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
 
 
 def layout_block(layout: Layout, workload: Workload) -> dict:
-    """The recipe's `layout` group."""
-    if layout.recompute_granularity is None:
-        recompute = None
-    else:
-        recompute = {"granularity": layout.recompute_granularity,
-                     "method": layout.recompute_method,
-                     "num_layers": layout.recompute_num_layers}
-        if layout.recompute_granularity == "selective":
-            # null: Megatron's default module list (core_attn); no --recompute-modules is passed.
-            recompute["modules"] = list(layout.recompute_modules) or None
-    offload = None
-    if layout.offloaded:
-        offload = {"optimizer_fraction": float(layout.optimizer_offload_fraction),
-                   "overlap_d2h_h2d": layout.overlap_d2h_h2d}
-    return {
-        "label": layout.label,
-        "summary": layout_summary(layout, workload),
-        "highlights": layout_highlights(layout),
-        "tp": layout.tp,
-        "pp": layout.pp,
-        "vpp": layout.vpp,
-        "cp": layout.cp,
-        "ep": layout.ep,
-        "etp": layout.etp,
-        "dp": layout.dp,
-        "sequence_parallel": layout.sequence_parallel,
-        "layer_split": None,
-        "max_tokens_per_gpu": layout.max_tokens_per_gpu,
-        "rows_per_microbatch": layout.rows_per_microbatch,
-        "recompute": recompute,
-        "offload": offload,
-        "dispatcher": layout.dispatcher,
-        # Only when not Megatron's default, so recipes of fp32 moments keep the leaderboard's exact block.
-        **({"exp_avg_dtype": layout.exp_avg_dtype} if layout.exp_avg_dtype != "fp32" else {}),
-    }
+    """The recipe's `layout` group: its prose (label, summary, highlights), then the codec's layout fields."""
+    block = {"label": layout.label, "summary": layout_summary(layout, workload),
+             "highlights": layout_highlights(layout)}
+    return {**block, **recipe_block(layout)}
 
 
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
@@ -377,51 +345,55 @@ class _Fields:
             return None
         return self.data[key]
 
-    def mapping(self, key: str, nullable: bool = False) -> "_Fields | None":
+    def mapping(self, key: str) -> "_Fields":
         value = self.get(key)
-        if value is None and nullable:
-            return None
         if not isinstance(value, dict):
-            self.fail(f"{self.where(key)} must be a mapping{' or null' if nullable else ''}, got {_kind(value)}")
+            self.fail(f"{self.where(key)} must be a mapping, got {_kind(value)}")
         return _Fields(self.path, value, f"{self.prefix}{key}.")
 
-    def str(self, key: str, nullable: bool = False, required: bool = True) -> str | None:
+    def str(self, key: str, required: bool = True) -> str | None:
         value = self.get(key, required)
-        if value is None and (nullable or not required):
+        if value is None and not required:
             return None
         if not isinstance(value, str) or not value.strip():
             self.fail(f"{self.where(key)} must be a non-empty string, got {_kind(value)}")
         return value
 
-    def int(self, key: str, nullable: bool = False) -> int | None:
+    def int(self, key: str) -> int:
         value = self.get(key)
-        if value is None and nullable:
-            return None
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(f"{self.where(key)} must be an integer, got {_kind(value)}")
         return value
 
-    def number(self, key: str) -> float:
-        value = self.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(f"{self.where(key)} must be a number, got {_kind(value)}")
-        return float(value)
-
-    def bool(self, key: str) -> bool:
-        value = self.get(key)
-        if not isinstance(value, bool):
-            self.fail(f"{self.where(key)} must be true or false, got {_kind(value)}")
-        return value
-
 
 def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> LoadedRecipe:
-    """Read a recipe and map it back to the catalog model and GPU, the workload and the Layout.
+    """Read a recipe and map it back to a Case: the catalog model and GPU, the workload and the Layout.
 
     The layout is checked with `search_space.rules`: Megatron's and slime's rules always; the rules
     that depend on the training image (source `stack`) only when `stack` is given, since a recipe
     was run on its own image. Every failure raises RecipeError with one line naming the file.
     """
     path = Path(path)
+    top = _Fields(path, _read_mapping(path))
+    model = _model(top)
+    gpu, world_size = _gpu(top)
+    workload = _workload(top)
+    layout_fields = top.mapping("layout")
+    try:
+        layout = layout_from_recipe_block(layout_fields.data, world_size)
+    except InvalidLayout as e:
+        top.fail(f"field 'layout': invalid layout: {e}")
+    if stack is None:
+        found = [v for v in violations(layout, model, workload, Stack()) if v.source != STACK]
+    else:
+        found = violations(layout, model, workload, stack)
+    if found:
+        top.fail(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
+    case = Case(model, gpu, workload, layout, stack if stack is not None else Stack())
+    return LoadedRecipe(case=case, data=top.data)
+
+
+def _read_mapping(path: Path) -> dict:
     text = read_user_text(path, RecipeError, "recipe file")
     try:
         data = yaml.safe_load(text)
@@ -432,33 +404,7 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
         raise RecipeError(_one_line(f"{path}: malformed YAML{where}: {problem}")) from None
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: expected a mapping of recipe fields at the top level, got {_kind(data)}")
-
-    top = _Fields(path, data)
-    model = _model(top)
-    gpu_fields = top.mapping("gpu")
-    gpu_type = gpu_fields.str("type")
-    try:
-        gpu = load_gpu(gpu_type)
-    except HardwareError as e:
-        top.fail(f"field 'gpu.type': {e}")
-    world_size = gpu_fields.int("count")
-
-    w = top.mapping("workload")
-    routing = w.str("routing", required=False) or "natural"
-    try:
-        workload = Workload(seq_len=w.int("row_tokens"), global_batch=w.int("global_batch"),
-                            precision=w.str("precision"), routing=routing)
-    except WorkloadError as e:
-        top.fail(f"field 'workload': {e}")
-
-    layout = _layout(top.mapping("layout"), world_size)
-    if stack is None:
-        found = [v for v in violations(layout, model, workload, Stack()) if v.source != STACK]
-    else:
-        found = violations(layout, model, workload, stack)
-    if found:
-        top.fail(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
-    return LoadedRecipe(model=model, gpu=gpu, workload=workload, layout=layout, data=data)
+    return data
 
 
 def _model(top: _Fields) -> ModelSpec:
@@ -473,41 +419,25 @@ def _model(top: _Fields) -> ModelSpec:
         top.fail(f"field 'model': {e}")
 
 
-def _layout(f: _Fields, world_size: int) -> Layout:
-    params = dict(world_size=world_size)
-    for key in ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
-        params[key] = f.int(key)
-    rc = f.mapping("recompute", nullable=True)
-    if rc is not None:
-        params["recompute_granularity"] = rc.str("granularity")
-        params["recompute_method"] = rc.str("method", nullable=True)
-        params["recompute_num_layers"] = rc.int("num_layers", nullable=True)
-        if "modules" in rc.data and rc.data["modules"] is not None:
-            mods = rc.data["modules"]
-            if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
-                f.fail(f"field 'layout.recompute.modules' must be a list of module names or null, got {_kind(mods)}")
-            params["recompute_modules"] = tuple(mods)
-    off = f.mapping("offload", nullable=True)
-    if off is not None:
-        params["optimizer_offload_fraction"] = off.number("optimizer_fraction")
-        params["overlap_d2h_h2d"] = off.bool("overlap_d2h_h2d")
-    params["dispatcher"] = f.str("dispatcher")
-    if "exp_avg_dtype" in f.data:
-        params["exp_avg_dtype"] = f.str("exp_avg_dtype")
+def _gpu(top: _Fields) -> tuple[GpuSpec, int]:
+    """The catalog GPU and the GPU count."""
+    gpu_fields = top.mapping("gpu")
+    gpu_type = gpu_fields.str("type")
     try:
-        layout = Layout(**params)
-    except InvalidLayout as e:
-        f.fail(f"invalid layout: {e}")
-    # The derived fields must agree with the layout they describe.
-    dp = f.get("dp", required=False)
-    if dp is not None and dp != layout.dp:
-        f.fail(f"field 'layout.dp' is {dp!r}, but GPUs {world_size} / (TP {layout.tp} x PP {layout.pp} x "
-               f"CP {layout.cp}) = {layout.dp}")
-    sp = f.get("sequence_parallel", required=False)
-    if sp is not None and sp != layout.sequence_parallel:
-        f.fail(f"field 'layout.sequence_parallel' is {sp!r}, but slime passes --sequence-parallel exactly "
-               f"when TP > 1 (TP {layout.tp})")
-    return layout
+        gpu = load_gpu(gpu_type)
+    except HardwareError as e:
+        top.fail(f"field 'gpu.type': {e}")
+    return gpu, gpu_fields.int("count")
+
+
+def _workload(top: _Fields) -> Workload:
+    w = top.mapping("workload")
+    routing = w.str("routing", required=False) or "natural"
+    try:
+        return Workload(seq_len=w.int("row_tokens"), global_batch=w.int("global_batch"),
+                        precision=w.str("precision"), routing=routing)
+    except WorkloadError as e:
+        top.fail(f"field 'workload': {e}")
 
 
 def _kind(value) -> str:

@@ -46,15 +46,16 @@ def test_enough_usable_rows_and_every_row_accounted_for(loaded):
 
 
 def test_every_case_passes_the_megatron_rules(cases):
-    for c in cases:
-        assert c.workload.framework == "megatron"
+    for m in cases:
+        c = m.case
+        assert c.workload.framework == "megatron" and c.stack == STACK
         assert c.workload.precision in ("bf16", "fp8")
         assert c.layout.rows_per_microbatch == rows_per_microbatch(c.layout.max_tokens_per_gpu, c.layout.cp,
                                                                     c.workload.seq_len)
         broken = [v for v in violations(c.layout, c.model, c.workload, STACK) if v.source == MEGATRON
                   and v.rule != "global_batch_divisible_by_dp"]
-        assert not broken, (c.name, broken)
-        assert c.measured_tokens_per_s_per_gpu > 0
+        assert not broken, (m.name, broken)
+        assert m.measured_tokens_per_s_per_gpu > 0
         if not c.model.is_moe:
             assert c.layout.ep == 1 and c.layout.etp == c.layout.tp and c.layout.dispatcher == "alltoall"
 
@@ -65,12 +66,12 @@ def test_cases_of_one_group_differ_only_in_layout(cases):
         by_group.setdefault(c.group, []).append(c)
     for group in by_group.values():
         first = group[0]
-        for c in group[1:]:
-            assert (c.model, c.gpu, c.workload, c.source) == (first.model, first.gpu, first.workload, first.source)
+        for m in group[1:]:
+            assert m.case.replace(layout=first.case.layout) == first.case and m.source == first.source
 
 
 def test_moonlight_recompute_study_maps_to_selective_modules(cases):
-    study = {c.index: c for c in cases if "recompute" in c.source and c.model.name == "moonlight-16b-a3b"}
+    study = {m.index: m.case for m in cases if "recompute" in m.source and m.case.model.name == "moonlight-16b-a3b"}
     assert len(study) == 6
     assert study[29].layout.recompute_granularity is None  # 'selective: [] (empty control)'
     assert study[30].layout.recompute_modules == ("core_attn",)
@@ -79,7 +80,7 @@ def test_moonlight_recompute_study_maps_to_selective_modules(cases):
     assert study[33].layout.recompute_modules == ("moe_act",)
     assert study[34].layout.recompute_modules == ("layernorm", "moe_act")
     assert {c.layout.recompute_granularity for i, c in study.items() if i != 29} == {"selective"}
-    assert len({c.group for c in study.values()}) == 1
+    assert len({m.group for m in cases if m.index in study}) == 1
     first = study[29]
     assert (first.layout.tp, first.layout.ep, first.layout.world_size, first.workload.global_batch) == (2, 8, 8, 4)
 
@@ -91,26 +92,26 @@ def test_vlm_rows_are_unusable(unusable):
 
 def test_known_rows_map(cases):
     qwen = _case(cases, 0)  # Qwen3-30B-A3B Bridge perf recipe: forced balance, HybridEP
-    assert qwen.model.name == "qwen3-30b-a3b" and qwen.gpu.name == "h100"
-    assert (qwen.workload.routing, qwen.layout.dispatcher) == ("balanced", "flex")
-    assert (qwen.layout.ep, qwen.layout.etp) == (16, 1)
-    assert qwen.workload.seq_len == 4096 and qwen.workload.global_batch == 1024
+    assert qwen.case.model.name == "qwen3-30b-a3b" and qwen.case.gpu.name == "h100"
+    assert (qwen.case.workload.routing, qwen.case.layout.dispatcher) == ("balanced", "flex")
+    assert (qwen.case.layout.ep, qwen.case.layout.etp) == (16, 1)
+    assert qwen.case.workload.seq_len == 4096 and qwen.case.workload.global_batch == 1024
     natural = _case(cases, 2)  # 'NATURAL routing, not forced-balanced'
-    assert natural.workload.routing == "natural" and natural.group != qwen.group
-    gb200 = _case(cases, 1)  # etp empty -> 1, MBS 4, FP8-MX
+    assert natural.case.workload.routing == "natural" and natural.group != qwen.group
+    gb200 = _case(cases, 1).case  # etp empty -> 1, MBS 4, FP8-MX
     assert (gb200.layout.etp, gb200.layout.rows_per_microbatch, gb200.workload.precision) == (1, 4, "fp8")
     assert gb200.layout.max_tokens_per_gpu == 4 * 4096
-    gpt = _case(cases, 10)  # 'alltoall dispatcher' stated
-    assert gpt.layout.dispatcher == "alltoall" and (gpt.layout.tp, gpt.layout.pp) == (2, 4)
-    assert not _case(cases, 22).vlm and _case(cases, 22).layout.recompute_label == "full uniform 1"
-    nxt = _case(cases, 77)
-    assert nxt.layout.recompute_modules == ("layernorm", "moe_act", "shared_experts")
-    assert (nxt.layout.pp, nxt.layout.vpp) == (4, 3)
-    llama = _case(cases, 90)  # dense: etp = tp, ep = 1; 'FP8 (hybrid format)'
+    gpt = _case(cases, 10).case.layout  # 'alltoall dispatcher' stated
+    assert gpt.dispatcher == "alltoall" and (gpt.tp, gpt.pp) == (2, 4)
+    assert not _case(cases, 22).vlm and _case(cases, 22).case.layout.recompute_label == "full uniform 1"
+    nxt = _case(cases, 77).case.layout
+    assert nxt.recompute_modules == ("layernorm", "moe_act", "shared_experts")
+    assert (nxt.pp, nxt.vpp) == (4, 3)
+    llama = _case(cases, 90).case  # dense: etp = tp, ep = 1; 'FP8 (hybrid format)'
     assert llama.model.name == "llama3-70b" and llama.workload.precision == "fp8"
     assert (llama.layout.tp, llama.layout.pp, llama.layout.vpp, llama.layout.etp, llama.layout.ep) == (4, 8, 5, 4, 1)
-    cp = _case(cases, 22)  # CP2, MBS 2: max tokens per GPU = MBS x seq / CP
-    assert (cp.layout.cp, cp.layout.rows_per_microbatch, cp.layout.max_tokens_per_gpu) == (2, 2, 8192)
+    cp = _case(cases, 22).case.layout  # CP2, MBS 2: max tokens per GPU = MBS x seq / CP
+    assert (cp.cp, cp.rows_per_microbatch, cp.max_tokens_per_gpu) == (2, 2, 8192)
 
 
 def test_unusable_rows_say_why(unusable):
@@ -170,10 +171,10 @@ def test_routing_and_dispatcher_from_notes():
 def test_reference_cases():
     refs = reference_cases()
     assert len(refs) == 2
-    for c in refs:
-        assert c.group == REFERENCE_GROUP and c.workload.framework == "slime"
-        assert c.model.name == "qwen3.6-35b-a3b" and c.gpu.name == "h200"
-        assert c.measured_tokens_per_s_per_gpu > 0
+    for m in refs:
+        assert m.group == REFERENCE_GROUP and m.case.workload.framework == "slime"
+        assert m.case.model.name == "qwen3.6-35b-a3b" and m.case.gpu.name == "h200"
+        assert m.measured_tokens_per_s_per_gpu > 0
 
 
 def test_evaluate(cases):
@@ -181,10 +182,10 @@ def test_evaluate(cases):
     assert math.isfinite(result["median_ape"]) and result["median_ape"] >= 0
     assert result["pairs_total"] > 0
     assert 0 <= result["pairs_ordered"] <= result["pairs_total"]
-    assert len(result["per_case"]) == len(cases)
-    for r in result["per_case"]:
-        assert r["predicted"] > 0 and math.isfinite(r["ape"])
-    assert ordered_pairs(result["per_case"])[:2] == (result["pairs_ordered"], result["pairs_total"])
+    table = result["table"]
+    assert list(table.name) == [m.name for m in cases]
+    assert (table.predicted > 0).all() and table.ape.map(math.isfinite).all()
+    assert ordered_pairs(table)[:2] == (result["pairs_ordered"], result["pairs_total"])
     assert math.isnan(evaluate([])["median_ape"])
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cost_model.case import Case
 from cost_model.hardware import load_gpu
 from cost_model.model_spec import load_model
 from cost_model.predict import predict
@@ -39,9 +40,10 @@ def reference(name: str) -> Path:
 
 def export(loaded: LoadedRecipe, out_dir: Path) -> tuple[Path, dict]:
     """load -> predict -> build -> write -> yaml.safe_load."""
-    prediction = predict(loaded.model, loaded.gpu, loaded.workload, loaded.layout)
-    recipe = build_recipe(loaded.model, loaded.gpu, loaded.workload, loaded.layout, prediction)
-    path = write_recipe(recipe, recipe_path(out_dir, loaded.model, loaded.gpu, recipe_name(loaded.layout)))
+    case = loaded.case
+    prediction = predict(case.model, case.gpu, case.workload, case.layout)
+    recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction)
+    path = write_recipe(recipe, recipe_path(out_dir, case.model, case.gpu, recipe_name(case.layout)))
     return path, yaml.safe_load(path.read_text())
 
 
@@ -101,20 +103,18 @@ def test_reference_round_trip(name, tmp_path):
     assert out["result"]["window"] == ref["result"]["window"]
     assert out["result"]["window_tokens"] == ref["result"]["window_tokens"] == 15_728_640
     assert out["result"]["steps_per_run"] == ref["result"]["steps_per_run"]
-    assert path.parts[-3:] == ("qwen3.6-35b-a3b", "h200", f"{recipe_name(loaded.layout)}.yaml")
+    assert path.parts[-3:] == ("qwen3.6-35b-a3b", "h200", f"{recipe_name(loaded.case.layout)}.yaml")
     # The export loads back to the same run description.
-    again = load_recipe(path)
-    assert (again.model, again.gpu, again.workload, again.layout) == \
-        (loaded.model, loaded.gpu, loaded.workload, loaded.layout)
+    assert load_recipe(path).case == loaded.case
 
 
 def test_reference_loads_to_expected_layouts():
-    a = load_recipe(reference("attune-tp1-pp1-ep8.yaml"))
+    a = load_recipe(reference("attune-tp1-pp1-ep8.yaml")).case
     assert a.model.name == "qwen3.6-35b-a3b" and a.gpu.name == "h200"
     assert a.workload == Workload(seq_len=8192, global_batch=128, precision="bf16")
     assert a.layout == Layout(world_size=8, ep=8, recompute_granularity="full", recompute_method="uniform",
                               recompute_num_layers=1)
-    b = load_recipe(reference("attune-tp1-ep8-mt16k.yaml"))
+    b = load_recipe(reference("attune-tp1-ep8-mt16k.yaml")).case
     assert b.layout == a.layout.replace(max_tokens_per_gpu=16384, rows_per_microbatch=2,
                                         optimizer_offload_fraction=1.0, overlap_d2h_h2d=True)
     assert recipe_name(a.layout) == "tp1-pp1-ep8-dp8-mt8192-full1"
@@ -226,9 +226,7 @@ def test_layout_flags_and_round_trip(case, tmp_path):
     assert out["gpu"]["count"] == layout.world_size
     assert ("NVSHMEM_DISABLE_NCCL" in out["env"]) is (layout.dispatcher == "flex")
     assert out["run"] == slime_run(model, gpu, workload, layout)
-    loaded = load_recipe(path)
-    assert loaded.layout == layout
-    assert loaded.model == model and loaded.gpu == gpu and loaded.workload == workload
+    assert load_recipe(path).case == Case(model, gpu, workload, layout)
 
 
 def test_flag_positions_follow_reference():
@@ -328,9 +326,10 @@ def test_error_missing_layout(tmp_path, good_recipe):
 def test_error_missing_and_wrong_type_sub_field(tmp_path, good_recipe):
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"]))
     del recipe["layout"]["ep"]
-    assert_one_line_error(write_recipe(recipe, tmp_path / "noep.yaml"), "field 'layout.ep' is missing")
+    assert_one_line_error(write_recipe(recipe, tmp_path / "noep.yaml"),
+                          "field 'layout': invalid layout: missing field 'ep'")
     recipe["layout"]["ep"] = "eight"
-    assert_one_line_error(write_recipe(recipe, tmp_path / "strep.yaml"), "field 'layout.ep' must be an integer")
+    assert_one_line_error(write_recipe(recipe, tmp_path / "strep.yaml"), "layout value ep='eight' has the wrong type")
     recipe = dict(good_recipe, gpu=dict(good_recipe["gpu"], count=True))
     assert_one_line_error(write_recipe(recipe, tmp_path / "boolcount.yaml"), "field 'gpu.count'")
 
@@ -356,13 +355,15 @@ def test_error_invalid_layout(tmp_path, good_recipe):
     # TP 4 with 2 query groups and the output gate: a stack rule, checked only when a stack is given.
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"], tp=4, dp=2, sequence_parallel=True))
     path = write_recipe(recipe, tmp_path / "tp4.yaml")
-    assert load_recipe(path).layout.tp == 4
+    assert load_recipe(path).case.layout.tp == 4
     with pytest.raises(RecipeError, match="output gate"):
         load_recipe(path, stack=Stack())
-    assert load_recipe(path, stack=Stack.with_fixes(["output-gate-tp"])).layout.tp == 4
+    fixed = Stack.with_fixes(["output-gate-tp"])
+    assert load_recipe(path, stack=fixed).case == Case(load_model(MODEL), load_gpu("h200"), Workload(),
+                                                       Layout(world_size=8, tp=4, ep=8, **FULL), fixed)
     # rows_per_microbatch that slime's batching would not produce (a slime rule).
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"], rows_per_microbatch=2))
     assert_one_line_error(write_recipe(recipe, tmp_path / "rows.yaml"), "rows_per_microbatch")
     # A dp that disagrees with the grid.
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"], dp=4))
-    assert_one_line_error(write_recipe(recipe, tmp_path / "dp.yaml"), "layout.dp")
+    assert_one_line_error(write_recipe(recipe, tmp_path / "dp.yaml"), "field 'layout': invalid layout: field 'dp' is 4")

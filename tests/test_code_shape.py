@@ -1,0 +1,41 @@
+"""The library stays readable: no module over 800 lines, no function over 80 (issue 11's house rules),
+and cost_model imports nothing from the packages built on it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("tuner", "search_space", "cost_model", "recipes", "experiments")
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 800, 80
+
+
+def _modules():
+    for package in PACKAGES:
+        yield from sorted((ROOT / package).rglob("*.py"))
+
+
+def test_no_module_over_800_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES}
+    assert not long, f"modules over {MAX_FILE_LINES} lines: {long}"
+
+
+def test_no_function_over_80_lines():
+    long = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = n
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_cost_model_imports_only_itself():
+    upward = []
+    for path in sorted((ROOT / "cost_model").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            upward += [f"{path.name}: {n}" for n in names if n.split(".")[0] in set(PACKAGES) - {"cost_model"}]
+    assert not upward, f"cost_model imports from the packages above it: {upward}"
