@@ -1,6 +1,6 @@
 """Hardware profiles: rates measured on real GPUs (or derived from a measured one), by shape and size.
 
-A profile is the YAML `tune profile` writes (experiments/hardware_profile.py). This module reads it
+A profile is the YAML `tune profile` writes (experiments/checks/hardware_profile.py). This module reads it
 and interpolates: GEMM TFLOP/s multilinearly in log2(m, n, k) on the measured grid, grouped GEMM and
 attention by rows per expert and sequence length, collective bus bandwidth by message size.
 Pure functions of the profile data; reading files happens in `load_profile`.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
@@ -62,6 +63,13 @@ class Raw(str):
     """A shell word written as is (a "$VAR" placeholder, an array expansion), never quoted."""
 
 
+# Where slime's MODEL_ARGS script's flags go in the command (a line of its own in the recipe).
+MODEL_ARGS = Raw("${MODEL_ARGS[@]}")
+
+# The recipe's cluster paths: shell variables the recipe's reader sets.
+PLACEHOLDERS = {name: Raw(f'"${name}"') for name in ("HF_CKPT", "TORCH_DIST", "SFT_DATA", "PROFILE_DIR")}
+
+
 def slime_model_script(model: ModelSpec) -> str | None:
     """slime's MODEL_ARGS script for the model, relative to the slime checkout
     (e.g. 'scripts/models/qwen3.5-35B-A3B.sh'); None when slime has none for it."""
@@ -105,18 +113,29 @@ def slime_env(layout: Layout, gpu: GpuSpec) -> dict[str, str]:
     return env
 
 
-def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, *,
-              num_rollout: int = 20, entry_module: str = ENTRY_MODULE) -> str:
-    """The exact shell command of the recipe's `run` (ends with a newline)."""
+def entry_words(python: str, entry_module: str) -> tuple[str, ...]:
+    """The command's first words: `PYTHON -m ENTRY --async`, or `PYTHON ENTRY --async` for a script path (.py)."""
+    if entry_module.endswith(".py"):
+        return (python, entry_module, "--async")
+    return (python, "-m", entry_module, "--async")
+
+
+def slime_flag_lines(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, *, num_rollout: int,
+                     paths: Mapping[str, str] = PLACEHOLDERS) -> list[tuple[str, ...]]:
+    """The flags after `--async`, one tuple per line of the recipe's command, in the reference's order.
+
+    `(MODEL_ARGS,)` stands where the model's architecture flags go; `paths` gives the values of
+    $HF_CKPT, $TORCH_DIST, $SFT_DATA and $PROFILE_DIR (the recipe keeps the shell variables, a runner
+    passes the cluster's paths). Raises ValueError when the world size does not split over the nodes."""
     nodes, per_node = actor_placement(layout, gpu)
-    lines: list[tuple[str, ...]] = [
+    return [
         ("--actor-num-nodes", str(nodes)),
         ("--actor-num-gpus-per-node", str(per_node)),
-        (Raw("${MODEL_ARGS[@]}"),),
-        ("--hf-checkpoint", Raw('"$HF_CKPT"')),
-        ("--ref-load", Raw('"$TORCH_DIST"')),
+        (MODEL_ARGS,),
+        ("--hf-checkpoint", paths["HF_CKPT"]),
+        ("--ref-load", paths["TORCH_DIST"]),
         ("--rollout-function-path", ROLLOUT_FUNCTION),
-        ("--prompt-data", Raw('"$SFT_DATA"')),
+        ("--prompt-data", paths["SFT_DATA"]),
         ("--input-key", "messages"),
         ("--metadata-key", "metadata"),
         ("--num-rollout", str(num_rollout)),
@@ -138,8 +157,14 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
         *_MISC_LINES,
         *per_flag(dispatcher_args(layout)),
         ("--distributed-timeout-minutes", "30"),
-        ("--tensorboard-dir", Raw('"$PROFILE_DIR"')),
+        ("--tensorboard-dir", paths["PROFILE_DIR"]),
     ]
+
+
+def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, *,
+              num_rollout: int = 20, entry_module: str = ENTRY_MODULE) -> str:
+    """The exact shell command of the recipe's `run` (ends with a newline)."""
+    lines = slime_flag_lines(model, gpu, workload, layout, num_rollout=num_rollout)
     script = slime_model_script(model)
     if script:
         comment = f"# MODEL_ARGS: source <slime>/{script}"
@@ -150,11 +175,16 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
     entry = Raw(entry_module) if re.fullmatch(r"<[^<>]*>", entry_module) else entry_module
-    out.append(_words(("python3", "-m", entry, "--async")) + " \\")
+    out.append(_words(entry_words("python3", entry)) + " \\")
     body = [_words(line) for line in lines]
     out += [f"  {text} \\" for text in body[:-1]]
     out.append(f"  {body[-1]}")
     return "\n".join(out) + "\n"
+
+
+def flat(lines: list[tuple[str, ...]]) -> list[str]:
+    """The words of the command lines, in order, as plain strings (an argument list)."""
+    return [str(word) for line in lines for word in line]
 
 
 def per_flag(args: list[str]) -> list[tuple[str, ...]]:

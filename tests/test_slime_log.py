@@ -26,13 +26,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from experiments import pretokenized_sft_rollout as rollout_mod
-from experiments.hooks import peak_memory_hook as hook_mod
-from experiments.sft_rows import (RowsError, build_rows, qwen3_5_loss_mask, rows_sha256, segment_loss_mask,
-                                  write_rows)
-from experiments.slime_log import (MetricsEvent, PeakMemoryEvent, PerfEvent, SlimeLog, StepEvent, TimerEvent,
-                                   WindowError, classify_failure, failure_evidence, parse_dict, parse_line,
-                                   step_time_cv_percent)
+from experiments.slime import pretokenized_sft_rollout as rollout_mod
+from experiments.slime.hooks import peak_memory_hook as hook_mod
+from experiments.slime.log import (MetricsEvent, PeakMemoryEvent, PerfEvent, SlimeLog, StepEvent, TimerEvent,
+                                  WindowError, classify_failure, failure_evidence, parse_dict, parse_line,
+                                  step_time_cv_percent)
+from experiments.slime.sft_rows import (RowsError, build_rows, qwen3_5_loss_mask, rows_sha256, segment_loss_mask,
+                                        write_rows)
 from toy_tokenizer import ToyTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -146,7 +146,7 @@ def test_hook_without_cuda_prints_nothing(capsys):
 
 def test_hook_and_rollout_modules_import_without_torch_or_slime():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['slime'] = None\n"
-            "import experiments.hooks.peak_memory_hook as h, experiments.pretokenized_sft_rollout as r\n"
+            "import experiments.slime.hooks.peak_memory_hook as h, experiments.slime.pretokenized_sft_rollout as r\n"
             "print(h.record_peak_memory(object(), 0, 0, None, None, None))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=ROOT))
@@ -157,7 +157,7 @@ def test_hook_and_rollout_modules_import_without_torch_or_slime():
 def test_hook_signature_matches_slimes_call():
     # model.py:561: custom_before_train_step_hook(args, rollout_id, step_id, model, optimizer, opt_param_scheduler)
     import inspect
-    from experiments.slime_runner import HOOK_PATH, SHIPPED_FILES
+    from experiments.slime.runner import HOOK_PATH, SHIPPED_FILES
     params = list(inspect.signature(hook_mod.record_peak_memory).parameters)
     assert params == ["args", "rollout_id", "step_id", "model", "optimizer", "opt_param_scheduler"]
     module, _, func = HOOK_PATH.rpartition(".")        # slime's load_function: import_module + getattr
@@ -429,7 +429,7 @@ def test_qwen3_5_loss_mask_covers_assistant_content_and_end_marker():
 
 def test_cli_needs_transformers(tmp_path):
     (tmp_path / "c.jsonl").write_text(json.dumps({"messages": conv(1)}) + "\n")
-    out = subprocess.run([sys.executable, "-m", "experiments.sft_rows", "--input", str(tmp_path / "c.jsonl"),
+    out = subprocess.run([sys.executable, "-m", "experiments.slime.sft_rows", "--input", str(tmp_path / "c.jsonl"),
                           "--tokenizer", str(tmp_path), "--out", str(tmp_path / "rows.jsonl")],
                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     try:

@@ -8,7 +8,7 @@ slime's rollout manager loads the function with `load_function` and calls it as
 manager flattens and turns into training data from each sample's `tokens`, `response_length`, `loss_mask`
 (length = response_length), `reward`, `status`, `index` and `rollout_id` (`_convert_samples_to_train_data`).
 slime's own SFT example (`slime/rollout/sft_rollout.py`) tokenizes `messages` on the fly; this one reads rows
-that `experiments.sft_rows` already built.
+that `experiments.slime.sft_rows` already built.
 
 Rows: the JSONL file at `args.prompt_data`, one row a line, `{"tokens": [...], "loss_mask": [...]}` of equal
 length. Rollout r takes rows (r x B + i) mod N for i in 0..B-1, B = `args.rollout_batch_size`, N = rows in
@@ -18,7 +18,7 @@ With `--n-samples-per-prompt` k > 1 each row is repeated k times in its group.
 A row is the whole training sequence. slime trains on the `response_length` last tokens, and the logits that
 predict them start one position earlier (`backends/megatron_utils/loss.py:get_responses`), so the first
 token of a row cannot be a target: the sample's response is tokens[1:], `response_length` = len(row) - 1
-and `loss_mask` = the row's mask[1:]. `experiments.sft_rows` counts targets the same way.
+and `loss_mask` = the row's mask[1:]. `experiments.slime.sft_rows` counts targets the same way.
 
 slime is imported only inside `generate_rollout` (for `Sample`), so this module imports without slime;
 pass `sample_cls` to use another Sample class (tests do). The module uses the standard library only.

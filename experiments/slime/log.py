@@ -16,7 +16,7 @@ Line shapes, as slime prints them (THUDM/slime @624b824, see ../shared/reference
 - rank 0's timers (`slime/observability/timer.py:32`): `Timer {name} end (elapsed: {elapsed_time:.1f}s)`.
 - Ray prefixes worker output with `(ClassName pid=N)` or `(ClassName pid=N, ip=A.B.C.D)`, coloured with ANSI
   escapes, and may append ` [repeated Nx across cluster]` when log deduplication is on.
-- our hook (`experiments/hooks/peak_memory_hook.py`) prints, per rank and step, a line without the logger
+- our hook (`experiments/slime/hooks/peak_memory_hook.py`) prints, per rank and step, a line without the logger
   format: `attune-peak-memory rank=R rollout=I step_id=J step=K allocated_bytes=A reserved_bytes=B device=D`.
 
 The dicts are Python reprs; bare `nan`/`inf` tokens are read as floats before `ast.literal_eval`.

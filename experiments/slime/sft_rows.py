@@ -12,7 +12,7 @@ Exactly:
    conversations, none after the last); the EOS separators have loss mask 0.
 4. The stream is cut into consecutive rows of `row_tokens` tokens. A row's supervised targets are its
    positions 1..row_tokens-1 with mask 1 (position 0 has no preceding token in the row, so it is never a
-   target: slime's loss starts one position in; see `experiments.pretokenized_sft_rollout`). Rows without
+   target: slime's loss starts one position in; see `experiments.slime.pretokenized_sft_rollout`). Rows without
    targets are skipped; so is the final partial row (no padding, `padding_tokens` = 0). `max_rows` stops the
    build after that many rows.
 
@@ -23,7 +23,7 @@ values as single bytes (0x00 / 0x01). No separators, no header.
 
 Output (pyarrow is not assumed): JSONL, one row a line, `{"tokens": [...], "loss_mask": [...]}` (compact
 JSON, the key order as written), plus a sidecar manifest `<out>.manifest.json` with the build fields and the
-JSONL file's sha256 and bytes. `experiments.pretokenized_sft_rollout` reads the JSONL.
+JSONL file's sha256 and bytes. `experiments.slime.pretokenized_sft_rollout` reads the JSONL.
 
 Tokenizer interface (duck-typed): `eos_token_id` (int) and whatever `loss_mask_fn` needs. The default
 `loss_mask_fn` is `segment_loss_mask`, for any object with `encode(text) -> list[int]` and
@@ -33,7 +33,7 @@ use `qwen3_5_loss_mask` (slime's `--loss-mask-type qwen3_5` rule: render the who
 `apply_chat_template`, tokenize it with offsets, mask the tokens that overlap an assistant turn's content
 after `<|im_start|>assistant\\n` and an optional `<think>\\n`, through `<|im_end|>` and its newline).
 
-CLI: `python -m experiments.sft_rows --input conversations.jsonl --tokenizer HF_TOKENIZER_DIR --out rows.jsonl`
+CLI: `python -m experiments.slime.sft_rows --input conversations.jsonl --tokenizer HF_TOKENIZER_DIR --out rows.jsonl`
 (needs `transformers`; imported only there).
 """
 from __future__ import annotations
@@ -114,7 +114,7 @@ class RowsResult:
             "empty_conversations": self.empty_conversations,
             "skipped_rows": self.skipped_rows,
             "dropped_tail_tokens": self.dropped_tail_tokens,
-            "builder": "experiments/sft_rows.py",
+            "builder": "experiments/slime/sft_rows.py",
         }
 
 
@@ -336,7 +336,7 @@ def _load_hf_tokenizer(path: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.sft_rows", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.slime.sft_rows", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="conversations JSONL (one object a line with a message list)")
     p.add_argument("--tokenizer", required=True, help="a Hugging Face tokenizer directory (needs transformers)")
     p.add_argument("--out", required=True, help="rows JSONL to write; the manifest goes to OUT.manifest.json")

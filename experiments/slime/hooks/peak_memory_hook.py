@@ -18,7 +18,7 @@ accumulated step id (rollout_id x steps_per_rollout + step_id, as the `step N:` 
 steps_per_rollout = rollout_batch_size x n_samples_per_prompt / global_batch_size.
 
 The module imports nothing outside the standard library at import time; without torch or CUDA the hook
-prints nothing. `experiments.slime_log` parses the line.
+prints nothing. `experiments.slime.log` parses the line.
 """
 from __future__ import annotations
 
