@@ -15,3 +15,9 @@ def max_tokens_per_gpu(rows_per_microbatch: int, cp: int, seq_len: int) -> int:
 def rows_per_microbatch(max_tokens_per_gpu: int, cp: int, seq_len: int) -> int:
     """The whole rows that fit --max-tokens-per-gpu tokens on each GPU (at least one)."""
     return max(1, max_tokens_per_gpu * cp // seq_len)
+
+
+def tokens_per_microbatch(rows_per_microbatch: int, cp: int, seq_len: int) -> float:
+    """The tokens each GPU holds in one micro-batch: its 1/CP share of the micro-batch's rows (a fraction
+    where CP does not divide the row)."""
+    return rows_per_microbatch * seq_len / cp

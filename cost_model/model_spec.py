@@ -1,9 +1,9 @@
-"""Model architectures: the catalog and Hugging Face config.json loading.
+"""Model architectures: `ModelSpec`, its parameter counts, and loading the catalog or a config.json.
 
 A `ModelSpec` is the normalised architecture the rest of attune-llm reads. It is
-built from a Hugging Face config.json (the catalog stores exactly such configs,
-plus an `_attune` block with the display name and sources), so a user's own
-config.json and the catalog take one code path.
+built from a Hugging Face config.json by `cost_model.hf_config.from_hf_config` (the
+catalog stores exactly such configs, plus an `_attune` block with the display name and
+sources), so a user's own config.json and the catalog take one code path.
 
 Parameter counts are derived from the architecture, per layer and by sharding
 class, because the memory model shards each class differently (Megatron's
@@ -50,19 +50,6 @@ MOE = "moe"
 
 CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
 
-# HF model_type -> architecture family handled by `from_hf_config`.
-_FAMILIES = {
-    "qwen3_5_moe": "qwen3_5",
-    "qwen3_5_moe_text": "qwen3_5",
-    "qwen3_next": "qwen3_5",      # same hybrid GDN + gated attention + shared-expert MoE layout
-    "qwen3_moe": "qwen3_moe",
-    "deepseek_v3": "deepseek",
-    "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
-    "gpt_oss": "gpt_oss",
-    "llama": "llama",
-}
-SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
-
 
 class ModelError(AttuneError, ValueError):
     """Unknown model, or a config.json that is malformed or of an unsupported architecture."""
@@ -98,11 +85,12 @@ class ParamCounts:
     layers: tuple[LayerParams, ...]
     mtp: tuple[LayerParams, ...] = ()  # multi-token-prediction layers (DeepSeek-V3), not trained by default
 
-    @property
+    # The sums are cached: predict reads the active count (MFU's N) for every layout it scores.
+    @cached_property
     def total(self) -> int:
         return self.embedding + self.lm_head + self.final_norm + sum(l.total for l in self.layers)
 
-    @property
+    @cached_property
     def active(self) -> int:
         return self.embedding + self.lm_head + self.final_norm + sum(l.active for l in self.layers)
 
@@ -111,7 +99,7 @@ class ParamCounts:
         """Active parameters per token without the input embedding: the N of MFU = 6 N tokens/s / peak."""
         return self.active - self.embedding
 
-    @property
+    @cached_property
     def routed_experts(self) -> int:
         """All routed-expert parameters (the part sharded over EP x ETP)."""
         return sum(l.routed_experts for l in self.layers)
@@ -334,247 +322,6 @@ def stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[tuple[int, ...
     )
 
 
-# ---------------------------------------------------------------------- config parsing
-_MISSING = object()
-
-
-class _Reader:
-    """Typed access to a config dict, raising one-line ModelErrors that name the field."""
-
-    def __init__(self, cfg: dict, origin: str, prefix: str = ""):
-        self.cfg = cfg
-        self.origin = origin
-        self.prefix = prefix
-
-    def _where(self, key: str) -> str:
-        return f"{self.origin}: field '{self.prefix}{key}'"
-
-    def has(self, key: str) -> bool:
-        return self.cfg.get(key) is not None
-
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
-        value = self.cfg.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise ModelError(f"{self._where(key)} is missing")
-            return default
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ModelError(f"{self._where(key)} must be an integer, got {value!r}")
-        if value < minimum:
-            raise ModelError(f"{self._where(key)} must be >= {minimum}, got {value}")
-        return value
-
-    def bool(self, key: str, default: bool) -> bool:
-        value = self.cfg.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ModelError(f"{self._where(key)} must be true or false, got {value!r}")
-        return value
-
-    def float(self, key: str, default: float) -> float:
-        value = self.cfg.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelError(f"{self._where(key)} must be a number, got {value!r}")
-        return float(value)
-
-    def str_list(self, key: str, n: int, allowed: tuple[str, ...]) -> list[str] | None:
-        value = self.cfg.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ModelError(f"{self._where(key)} must be a list of strings")
-        if len(value) != n:
-            raise ModelError(f"{self._where(key)} has {len(value)} entries, expected num_hidden_layers={n}")
-        bad = sorted({v for v in value if v not in allowed})
-        if bad:
-            raise ModelError(f"{self._where(key)} has unsupported entries {bad} (allowed: {list(allowed)})")
-        return value
-
-    def int_list(self, key: str) -> list[int]:
-        value = self.cfg.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ModelError(f"{self._where(key)} must be a list of integers")
-        return value
-
-
-def _rope_factor(r: _Reader) -> float:
-    if r.has("partial_rotary_factor"):
-        return r.float("partial_rotary_factor", 1.0)
-    rope = r.cfg.get("rope_parameters")
-    if isinstance(rope, dict) and isinstance(rope.get("partial_rotary_factor"), (int, float)):
-        return float(rope["partial_rotary_factor"])
-    return 1.0
-
-
-def _qwen_mlp_types(r: _Reader, n: int, num_experts: int) -> tuple[str, ...]:
-    """Qwen MoE rule: layer i is MoE unless in mlp_only_layers, and when (i+1) % decoder_sparse_step == 0."""
-    mlp_only = set(r.int_list("mlp_only_layers"))
-    step = r.int("decoder_sparse_step", 1)
-    return tuple(
-        MOE if (num_experts > 0 and i not in mlp_only and (i + 1) % step == 0) else DENSE
-        for i in range(n)
-    )
-
-
-def from_hf_config(config: dict, name: str = "", sources: dict | None = None, *,
-                   origin: str = "") -> ModelSpec:
-    """Build a ModelSpec from a parsed Hugging Face config.json (text_config is used for VLM wrappers).
-
-    An `_attune` block (display_name, hf_repo, sources), as the catalog files carry, is honoured.
-    `origin` names the file in error messages (defaults to `name`).
-    """
-    origin = origin or name or "config"
-    if not isinstance(config, dict):
-        raise ModelError(f"{origin}: expected a JSON object at the top level, got {type(config).__name__}")
-    attune = config.get("_attune") or {}
-    if not isinstance(attune, dict):
-        raise ModelError(f"{origin}: field '_attune' must be a mapping")
-
-    cfg = config
-    prefix = ""
-    text = config.get("text_config")
-    if text is not None:
-        if not isinstance(text, dict):
-            raise ModelError(f"{origin}: field 'text_config' must be an object")
-        # The text model's fields win; the wrapper supplies what the text config omits (tie_word_embeddings).
-        cfg = {**{k: v for k, v in config.items() if k not in ("text_config", "vision_config")}, **text}
-        if "model_type" not in text and isinstance(config.get("model_type"), str):
-            cfg["model_type"] = config["model_type"]
-        prefix = "text_config."
-    r = _Reader(cfg, origin, prefix)
-
-    model_type = cfg.get("model_type")
-    if model_type is None:
-        raise ModelError(f"{origin}: field '{prefix}model_type' is missing")
-    if not isinstance(model_type, str):
-        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {model_type!r}")
-    family = _FAMILIES.get(model_type)
-    if family is None and prefix and isinstance(config.get("model_type"), str):
-        family = _FAMILIES.get(config["model_type"])  # a text model_type we do not know, a wrapper we do
-    if family is None:
-        raise ModelError(f"{origin}: unsupported model_type '{model_type}' "
-                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-
-    h = r.int("hidden_size")
-    n = r.int("num_hidden_layers")
-    heads = r.int("num_attention_heads")
-    kv_heads = r.int("num_key_value_heads", heads)
-    vocab = r.int("vocab_size")
-    tie = r.bool("tie_word_embeddings", False)
-    head_dim = r.int("head_dim", 0, minimum=0) or (h // heads)
-
-    # The checkpoint's own model_type (the VLM wrapper's, e.g. qwen3_5_moe, when there is one).
-    top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
-    kw: dict[str, Any] = dict(
-        model_type=top_type, hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, tie_word_embeddings=tie,
-        attention_bias=r.bool("attention_bias", False), partial_rotary_factor=_rope_factor(r),
-    )
-
-    if family == "qwen3_5":
-        num_experts = r.int("num_experts", 0, minimum=0)
-        layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, LINEAR_ATTENTION))
-        if layer_types is None:
-            interval = r.int("full_attention_interval", 4)
-            layer_types = [LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(n)]
-        mlp_types = _qwen_mlp_types(r, n, num_experts)
-        has_gdn = LINEAR_ATTENTION in layer_types
-        kw.update(
-            layer_types=tuple(layer_types), mlp_types=mlp_types,
-            intermediate_size=r.int("intermediate_size", 0, minimum=0),
-            attn_output_gate=r.bool("attn_output_gate", True), qk_norm=True,
-            linear_num_key_heads=r.int("linear_num_key_heads") if has_gdn else 0,
-            linear_num_value_heads=r.int("linear_num_value_heads") if has_gdn else 0,
-            linear_key_head_dim=r.int("linear_key_head_dim") if has_gdn else 0,
-            linear_value_head_dim=r.int("linear_value_head_dim") if has_gdn else 0,
-            linear_conv_kernel_dim=r.int("linear_conv_kernel_dim") if has_gdn else 0,
-            num_nextn_predict_layers=r.int(
-                "mtp_num_hidden_layers", r.int("num_nextn_predict_layers", 0, minimum=0), minimum=0),
-        )
-        if num_experts:
-            shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
-            kw.update(
-                num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-                moe_intermediate_size=r.int("moe_intermediate_size"),
-                shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
-                num_shared_experts=1 if shared else 0,
-            )
-    elif family == "qwen3_moe":
-        num_experts = r.int("num_experts", 0, minimum=0)
-        kw.update(
-            layer_types=(FULL_ATTENTION,) * n, mlp_types=_qwen_mlp_types(r, n, num_experts),
-            intermediate_size=r.int("intermediate_size", 0, minimum=0), qk_norm=True,
-        )
-        if num_experts:
-            kw.update(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-                      moe_intermediate_size=r.int("moe_intermediate_size"))
-    elif family == "deepseek":
-        num_experts = r.int("n_routed_experts", 0, minimum=0)
-        first_dense = r.int("first_k_dense_replace", 0, minimum=0)
-        freq = r.int("moe_layer_freq", 1)
-        mlp_types = tuple(
-            MOE if (num_experts and i >= first_dense and i % freq == 0) else DENSE for i in range(n))
-        n_shared = r.int("n_shared_experts", 0, minimum=0)
-        kw.update(
-            layer_types=(MLA,) * n, mlp_types=mlp_types,
-            intermediate_size=r.int("intermediate_size", 0, minimum=0),
-            q_lora_rank=r.int("q_lora_rank", 0, minimum=0), kv_lora_rank=r.int("kv_lora_rank"),
-            qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
-            v_head_dim=r.int("v_head_dim"),
-            num_nextn_predict_layers=r.int("num_nextn_predict_layers", 0, minimum=0),
-        )
-        kw["head_dim"] = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
-        if num_experts:
-            moe = r.int("moe_intermediate_size")
-            kw.update(
-                num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-                moe_intermediate_size=moe, shared_expert_intermediate_size=n_shared * moe,
-                num_shared_experts=n_shared, router_bias=True,  # e_score_correction_bias
-            )
-    elif family == "gpt_oss":
-        layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, SLIDING_ATTENTION))
-        if layer_types is None:
-            layer_types = [SLIDING_ATTENTION if (i + 1) % 2 else FULL_ATTENTION for i in range(n)]
-        num_experts = r.int("num_local_experts") if r.has("num_local_experts") else r.int("num_experts")
-        top_k = (r.int("num_experts_per_tok") if r.has("num_experts_per_tok")
-                 else r.int("experts_per_token"))
-        inter = r.int("intermediate_size")
-        kw.update(
-            layer_types=tuple(layer_types), mlp_types=(MOE,) * n,
-            num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=inter,
-            attention_bias=r.bool("attention_bias", True), attention_sinks=True,
-            expert_bias=True, router_bias=True,
-            sliding_window=r.int("sliding_window", 0, minimum=0) if SLIDING_ATTENTION in layer_types else 0,
-        )
-    elif family == "llama":
-        kw.update(
-            layer_types=(FULL_ATTENTION,) * n, mlp_types=(DENSE,) * n,
-            intermediate_size=r.int("intermediate_size"), mlp_bias=r.bool("mlp_bias", False),
-        )
-
-    if family != "deepseek" and heads % kv_heads:
-        raise ModelError(f"{origin}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
-    if DENSE in kw["mlp_types"] and not kw.get("intermediate_size"):
-        raise ModelError(f"{origin}: field '{prefix}intermediate_size' is missing (needed by its dense layers)")
-    if kw.get("num_experts") and kw["num_experts_per_tok"] > kw["num_experts"]:
-        raise ModelError(f"{origin}: num_experts_per_tok={kw['num_experts_per_tok']} exceeds "
-                         f"the {kw['num_experts']} experts")
-
-    display = attune.get("display_name") or name or model_type
-    hf_repo = attune.get("hf_repo") or ""
-    src = dict(attune.get("sources") or {})
-    if sources:
-        src.update(sources)
-    return ModelSpec(name=name, display_name=str(display), hf_repo=str(hf_repo), sources=src, **kw)
-
-
 # ---------------------------------------------------------------------- loading
 def catalog_names() -> list[str]:
     """The catalog keys (file names under catalog/models without .yaml), sorted."""
@@ -609,18 +356,24 @@ def _read_json(path: Path) -> Any:
         raise ModelError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
 
 
+def _from_hf_config(data: Any, name: str, origin: str) -> ModelSpec:
+    # cost_model.hf_config builds ModelSpecs, so it imports this module: import it on first load.
+    from cost_model.hf_config import from_hf_config
+    return from_hf_config(data, name=name, origin=origin)
+
+
 @lru_cache(maxsize=64)
 def _load_catalog(key: str) -> ModelSpec:
     path = CATALOG_DIR / f"{key}.yaml"
     data = _read_yaml(path)
-    return from_hf_config(data, name=key, origin=str(path))
+    return _from_hf_config(data, name=key, origin=str(path))
 
 
 @lru_cache(maxsize=64)
 def _load_path(path: Path, mtime_ns: int) -> ModelSpec:
     data = _read_yaml(path) if path.suffix in (".yaml", ".yml") else _read_json(path)
     stem = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return from_hf_config(data, name=stem, origin=str(path))
+    return _from_hf_config(data, name=stem, origin=str(path))
 
 
 def load_model(name_or_path: str | os.PathLike) -> ModelSpec:

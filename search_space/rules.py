@@ -35,100 +35,133 @@ class Violation:
 
 def violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
     """Every rule the layout breaks for this model, workload and stack (empty: valid)."""
-    out: list[Violation] = []
+    out: list[Violation] = []  # each group appends the rules it finds broken, in this order
+    _attention_rules(out, layout, model, stack)
+    _expert_rules(out, layout, model)
+    _pipeline_rules(out, layout, model)
+    _context_parallel_rules(out, layout)
+    _recompute_rules(out, layout, model)
+    _feature_rules(out, layout, model, stack)
+    _batching_rules(out, layout, workload)
+    return out
 
-    def bad(rule: str, source: str, message: str):
-        out.append(Violation(rule, source, message))
 
-    tp, pp, vpp, cp, ep, etp = layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep, layout.etp
-    heads, groups = model.num_attention_heads, model.num_key_value_heads
-
+def _attention_rules(out: list[Violation], layout: Layout, model: ModelSpec, stack: Stack) -> None:
+    """Attention heads and query groups against TP."""
+    tp, heads, groups = layout.tp, model.num_attention_heads, model.num_key_value_heads
     if heads % tp:
-        bad("heads_divisible_by_tp", MEGATRON, f"{heads} attention heads are not divisible by TP {tp}")
+        out.append(Violation("heads_divisible_by_tp", MEGATRON,
+                             f"{heads} attention heads are not divisible by TP {tp}"))
     if model.count(MLA) == 0 and groups % tp and tp % groups:
-        bad("query_groups_vs_tp", MEGATRON,
-            f"{groups} query groups must be a multiple or a divisor of TP {tp}")
+        out.append(Violation("query_groups_vs_tp", MEGATRON,
+                             f"{groups} query groups must be a multiple or a divisor of TP {tp}"))
     if model.attn_output_gate and groups % tp and not stack.output_gate_tp_fix:
-        bad("output_gate_tp", STACK,
-            f"the attention output gate needs TP {tp} to divide the {groups} query groups on a Megatron without "
-            f"the output-gate fix (pass --stack-fix output-gate-tp if your image has it)")
+        out.append(Violation("output_gate_tp", STACK,
+                             f"the attention output gate needs TP {tp} to divide the {groups} query groups on a "
+                             f"Megatron without the output-gate fix (pass --stack-fix output-gate-tp if your image "
+                             f"has it)"))
 
+
+def _expert_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> None:
+    """Expert parallelism (EP, ETP) against the model's experts."""
+    tp, ep, etp = layout.tp, layout.ep, layout.etp
     if ep > 1 and not model.is_moe:
-        bad("ep_needs_experts", MEGATRON, f"EP {ep} needs a mixture-of-experts model; {model.display_name} is dense")
+        out.append(Violation("ep_needs_experts", MEGATRON,
+                             f"EP {ep} needs a mixture-of-experts model; {model.display_name} is dense"))
     if model.is_moe and model.num_experts % ep:
-        bad("experts_divisible_by_ep", MEGATRON, f"{model.num_experts} experts are not divisible by EP {ep}")
+        out.append(Violation("experts_divisible_by_ep", MEGATRON,
+                             f"{model.num_experts} experts are not divisible by EP {ep}"))
     if not model.is_moe and etp != tp:
         # Megatron ignores ETP without experts (beyond the expert-grid divisibility Layout checks).
-        bad("etp_dense", CANONICAL, f"ETP {etp} must equal TP {tp} for a dense model (no expert grid)")
+        out.append(Violation("etp_dense", CANONICAL,
+                             f"ETP {etp} must equal TP {tp} for a dense model (no expert grid)"))
     if model.is_moe and (model.mlp_bias or model.expert_bias) and etp != 1:
         # Megatron's --disable-bias-linear is global: biased MLPs mean biased experts
         # (megatron/core/transformer/transformer_config.py: "Bias in Moe is only supported when ETP==1").
-        bad("moe_bias_needs_etp1", MEGATRON,
-            f"{model.display_name}'s biased expert projections need ETP 1, got ETP {etp}")
+        out.append(Violation("moe_bias_needs_etp1", MEGATRON,
+                             f"{model.display_name}'s biased expert projections need ETP 1, got ETP {etp}"))
 
-    layers = model.num_hidden_layers
+
+def _pipeline_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> None:
+    """The layers split evenly over pipeline stages and virtual stages."""
+    layers, pp, vpp = model.num_hidden_layers, layout.pp, layout.vpp
     if layers % pp:
-        bad("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp}")
+        out.append(Violation("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp}"))
     elif vpp > 1 and (layers // pp) % vpp:
-        bad("stage_layers_divisible_by_vpp", MEGATRON,
-            f"{layers // pp} layers per pipeline stage are not divisible by VPP {vpp}")
+        out.append(Violation("stage_layers_divisible_by_vpp", MEGATRON,
+                             f"{layers // pp} layers per pipeline stage are not divisible by VPP {vpp}"))
 
+
+def _context_parallel_rules(out: list[Violation], layout: Layout) -> None:
+    """CP against the --seq-length placeholder slime passes to Megatron."""
+    cp = layout.cp
     if SLIME_PLACEHOLDER_SEQ_LENGTH % (2 * cp):
-        bad("cp_divides_2048", SLIME,
-            f"CP {cp} must divide 2048: slime sets --seq-length {SLIME_PLACEHOLDER_SEQ_LENGTH}, "
-            f"and Megatron needs it divisible by 2 x CP = {2 * cp}")
+        out.append(Violation("cp_divides_2048", SLIME,
+                             f"CP {cp} must divide 2048: slime sets --seq-length {SLIME_PLACEHOLDER_SEQ_LENGTH}, "
+                             f"and Megatron needs it divisible by 2 x CP = {2 * cp}"))
 
+
+def _recompute_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> None:
+    """Full recompute's layer count against a stage; selective modules against the model's layers."""
+    layers, pp, vpp = model.num_hidden_layers, layout.pp, layout.vpp
     if layout.recompute_granularity == "full":
         stage_layers = layers // pp // vpp if layers % pp == 0 else layers // pp
         if layout.recompute_num_layers > max(stage_layers, 1):
             # Megatron clamps the count to the stage (megatron/core/recompute.py), so a larger one
             # is the same layout as recompute_num_layers = the stage's layer count.
-            bad("recompute_num_layers", CANONICAL,
-                f"recompute_num_layers {layout.recompute_num_layers} exceeds the {stage_layers} layers "
-                f"of a (virtual) pipeline stage")
+            out.append(Violation("recompute_num_layers", CANONICAL,
+                                     f"recompute_num_layers {layout.recompute_num_layers} exceeds the {stage_layers} "
+                                 f"layers of a (virtual) pipeline stage"))
     mods = layout.selective_modules
     if "mla_up_proj" in mods and model.count(MLA) == 0:
-        bad("mla_up_proj_needs_mla", MEGATRON, "recompute module mla_up_proj needs an MLA model")
+        out.append(Violation("mla_up_proj_needs_mla", MEGATRON, "recompute module mla_up_proj needs an MLA model"))
     if "moe_act" in mods and not model.is_moe:
         # Megatron: "moe_act in recompute_modules is only supported with moe_grouped_gemm".
-        bad("moe_recompute_needs_moe", MEGATRON,
-            f"recompute module moe_act needs a MoE model (--moe-grouped-gemm); {model.display_name} is dense")
+        out.append(Violation("moe_recompute_needs_moe", MEGATRON,
+                             f"recompute module moe_act needs a MoE model (--moe-grouped-gemm); {model.display_name} "
+                             f"is dense"))
     if "moe" in mods and not model.is_moe:
-        bad("moe_layer_recompute_needs_moe", CANONICAL,
-            f"recompute module moe needs a MoE model; {model.display_name} is dense (it would be a no-op)")
+        out.append(Violation("moe_layer_recompute_needs_moe", CANONICAL,
+                             f"recompute module moe needs a MoE model; {model.display_name} is dense "
+                             f"(it would be a no-op)"))
     if "shared_experts" in mods and model.shared_expert_intermediate_size == 0:
-        bad("shared_experts_recompute", CANONICAL,
-            f"recompute module shared_experts needs shared experts; {model.display_name} has none")
+        out.append(Violation("shared_experts_recompute", CANONICAL,
+                             f"recompute module shared_experts needs shared experts; {model.display_name} has none"))
 
+
+def _feature_rules(out: list[Violation], layout: Layout, model: ModelSpec, stack: Stack) -> None:
+    """The flex dispatcher and optimizer offload, against the model and the training image."""
     if layout.dispatcher == "flex" and not model.is_moe:
         # Megatron builds no token dispatcher without experts.
-        bad("flex_needs_moe", CANONICAL,
-            f"the flex dispatcher needs a MoE model; {model.display_name} is dense (it would be a no-op)")
+        out.append(Violation("flex_needs_moe", CANONICAL,
+                             f"the flex dispatcher needs a MoE model; {model.display_name} is dense "
+                             f"(it would be a no-op)"))
     if layout.dispatcher == "flex" and not stack.deepep:
-        bad("flex_needs_deepep", STACK, "the flex dispatcher needs DeepEP in the training image")
-
+        out.append(Violation("flex_needs_deepep", STACK, "the flex dispatcher needs DeepEP in the training image"))
     if layout.offloaded and not stack.precision_aware_optimizer:
-        bad("offload_needs_precision_aware", MEGATRON,
-            "optimizer CPU offload needs --use-precision-aware-optimizer")
+        out.append(Violation("offload_needs_precision_aware", MEGATRON,
+                             "optimizer CPU offload needs --use-precision-aware-optimizer"))
 
-    # slime's dynamic batching: bins of max_tokens_per_gpu x CP tokens; a row never splits across bins.
-    rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
+
+def _batching_rules(out: list[Violation], layout: Layout, workload: Workload) -> None:
+    """slime's dynamic batching: bins of max_tokens_per_gpu x CP tokens; a row never splits across bins."""
+    cp, dp, gbs = layout.cp, layout.dp, workload.global_batch
+    rows = rows_per_microbatch(layout.max_tokens_per_gpu, cp, workload.seq_len)
     if layout.rows_per_microbatch != rows:
-        bad("rows_per_microbatch", SLIME,
-            f"rows_per_microbatch {layout.rows_per_microbatch} does not match max_tokens_per_gpu "
-            f"{layout.max_tokens_per_gpu} x CP {cp} / {workload.seq_len}-token rows = {rows}")
+        out.append(Violation("rows_per_microbatch", SLIME,
+                             f"rows_per_microbatch {layout.rows_per_microbatch} does not match max_tokens_per_gpu "
+                             f"{layout.max_tokens_per_gpu} x CP {cp} / {workload.seq_len}-token rows = {rows}"))
     if workload.seq_len % (2 * cp):
-        bad("row_divisible_by_2cp", SLIME,
-            f"{workload.seq_len}-token rows are not divisible by 2 x CP = {2 * cp} (zigzag CP split)")
-    if workload.global_batch < layout.dp:
-        bad("global_batch_vs_dp", SLIME,
-            f"global batch {workload.global_batch} rows is smaller than DP {layout.dp}: every DP rank needs a row")
-    elif workload.global_batch % layout.dp:
+        out.append(Violation("row_divisible_by_2cp", SLIME,
+                             f"{workload.seq_len}-token rows are not divisible by 2 x CP = {2 * cp} (zigzag CP split)"))
+    if gbs < dp:
+        out.append(Violation("global_batch_vs_dp", SLIME,
+                             f"global batch {gbs} rows is smaller than DP {dp}: every DP rank needs a row"))
+    elif gbs % dp:
         # slime passes --global-batch-size and --micro-batch-size 1 to Megatron, whose microbatch
         # calculator (built at start-up by slime) asserts GBS % (MBS x DP) == 0.
-        bad("global_batch_divisible_by_dp", MEGATRON,
-            f"global batch {workload.global_batch} rows is not divisible by DP {layout.dp}")
-    return out
+        out.append(Violation("global_batch_divisible_by_dp", MEGATRON,
+                             f"global batch {gbs} rows is not divisible by DP {dp}"))
 
 
 def check(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> None:

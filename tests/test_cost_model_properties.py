@@ -35,6 +35,9 @@ WORKLOAD = Workload()  # validity depends on seq_len and global_batch only; thos
 STACK = Stack()
 OPTIONS = SpaceOptions()
 
+# Enumerating the spaces the properties sample from takes tens of seconds, whichever test runs first.
+pytestmark = pytest.mark.slow
+
 PROPERTY = settings(max_examples=200, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
@@ -214,7 +217,7 @@ def test_step_time_any_selective_set_le_full_uniform(case):
 # The catalog set (core_attn, layernorm, mlp) on llama3-8b, 64 GPUs, TP1 PP16 DP4, 4 rows (32768 tokens)
 # per micro-batch: the last stage (2 layers, 1 micro-batch in flight, logits) is the most-loaded
 # GPU and full uniform 1 predicts 1.76 GiB more activations there than selective. Cause:
-# memory.activation_bytes_per_microbatch takes the working set `largest` from the per-layer
+# activations.activation_bytes_per_microbatch takes the working set `largest` from the per-layer
 # activations *after* the selective reductions, while full recompute keeps the unreduced layer
 # (largest * min(k, n)). Selective recompute rematerialises its modules in the layer's backward too,
 # so its working set is the unreduced layer as well; counted that way, full uniform 1 (layer inputs

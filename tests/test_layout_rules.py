@@ -88,6 +88,7 @@ def test_check_raises_one_line_with_every_rule(qwen36):
     assert msg.startswith("invalid layout TP1 PP3 EP3 DP12") and "\n" not in msg
 
 
+@pytest.mark.slow
 def test_enumeration_yields_only_valid_layouts_and_contains_the_reference(qwen36, workload, stack):
     layouts = list(enumerate_layouts(qwen36, 8, workload, stack))
     assert len(layouts) > 1000
@@ -101,6 +102,7 @@ def test_enumeration_yields_only_valid_layouts_and_contains_the_reference(qwen36
     assert with_fix == {1, 2, 4, 8}
 
 
+@pytest.mark.slow
 def test_enumeration_across_models_and_sizes(workload, stack):
     for name, n in (("qwen3-30b-a3b", 16), ("deepseek-v3", 64), ("llama3-8b", 4)):
         model = load_model(name)

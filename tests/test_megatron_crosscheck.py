@@ -79,11 +79,12 @@ from search_space.megatron_args import (
     parallel_args,
     recompute_args,
 )
+from search_space.enumerate import divisors
 from search_space.rules import MEGATRON, violations
 from cost_model.stack import Stack
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
-                                       "ignore::FutureWarning")
+pytestmark = [pytest.mark.torch, pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")]
 
 SEQ_LENGTH = rules.SLIME_PLACEHOLDER_SEQ_LENGTH
 MODELS = ("qwen3.6-35b-a3b", "qwen3-30b-a3b", "deepseek-v3", "moonlight-16b-a3b", "llama3-8b",
@@ -140,7 +141,7 @@ def layout_check_name(message: str) -> str:
 
 
 @dataclass(frozen=True)
-class Case:
+class CrossCheckCase:
     model: ModelSpec
     params: dict = field(hash=False)
     global_batch: int = 128
@@ -156,7 +157,7 @@ class Case:
 
 @dataclass
 class Outcome:
-    case: Case
+    case: CrossCheckCase
     ours_ok: bool
     ours_reasons: list[str]         # compared rule names that reject (Layout checks as layout:*)
     ours_messages: list[str]
@@ -203,7 +204,7 @@ def canonical_form(params: dict, model: ModelSpec) -> tuple[dict, list[str]]:
     return p, notes
 
 
-def our_verdict(case: Case) -> tuple[bool, list[str], list[str], list[str]]:
+def our_verdict(case: CrossCheckCase) -> tuple[bool, list[str], list[str], list[str]]:
     stack = Stack(precision_aware_optimizer=case.precision_aware)
     workload = Workload(seq_len=SEQ_LENGTH, global_batch=case.global_batch)
 
@@ -238,7 +239,7 @@ def unchecked_layout(params: dict) -> Layout:
     return layout
 
 
-def case_argv(case: Case) -> list[str]:
+def case_argv(case: CrossCheckCase) -> list[str]:
     layout = unchecked_layout(case.params)
     argv = (model_args(case.model) + parallel_args(layout) + recompute_args(layout) + batch_args(layout)
             + offload_args(layout) + dispatcher_args(layout))
@@ -250,7 +251,7 @@ def case_argv(case: Case) -> list[str]:
     return argv
 
 
-def run(case: Case) -> Outcome:
+def run(case: CrossCheckCase) -> Outcome:
     ours_ok, reasons, messages, notes = our_verdict(case)
     argv = case_argv(case)
     megatron_ok, message = megatron_validate.validate(argv, case.params["world_size"])
@@ -258,10 +259,6 @@ def run(case: Case) -> Outcome:
 
 
 # --------------------------------------------------------------------------- the cases
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
 
 RECOMPUTES = (
     {}, {}, {},
@@ -289,7 +286,7 @@ OFFLOADS = ({}, {}, {}, dict(optimizer_offload_fraction=1.0, overlap_d2h_h2d=Tru
             dict(optimizer_offload_fraction=0.5), dict(overlap_d2h_h2d=True))
 
 
-def random_cases() -> list[Case]:
+def random_cases() -> list[CrossCheckCase]:
     """Per model and world size: half drawn from grids that satisfy the world-size rules (so model,
     recompute, dispatcher and batch rules decide), half from wider value pools."""
     out = []
@@ -314,12 +311,12 @@ def random_cases() -> list[Case]:
                 params = dict(world_size=world, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp,
                               dispatcher=rng.choice(["alltoall", "alltoall", "flex"]),
                               **rng.choice(RECOMPUTES), **rng.choice(OFFLOADS))
-                out.append(Case(model, params, global_batch=rng.choice([128, 128, 128, 96, 120, 6]),
-                                precision_aware=rng.random() > 0.1))
+                out.append(CrossCheckCase(model, params, global_batch=rng.choice([128, 128, 128, 96, 120, 6]),
+                                          precision_aware=rng.random() > 0.1))
     return out
 
 
-def targeted_cases() -> list[Case]:
+def targeted_cases() -> list[CrossCheckCase]:
     """At least one case per compared rule that breaks only that rule, and the canonical cases."""
     m = {name: load_model(name) for name in MODELS}
     q36, q30, ds3, moon, llama, oss = (m["qwen3.6-35b-a3b"], m["qwen3-30b-a3b"], m["deepseek-v3"],
@@ -330,7 +327,7 @@ def targeted_cases() -> list[Case]:
                                   num_attention_heads=24)
 
     def c(tag, model, gbs=128, precision_aware=True, **params):
-        return Case(model, params, global_batch=gbs, precision_aware=precision_aware, tag=tag)
+        return CrossCheckCase(model, params, global_batch=gbs, precision_aware=precision_aware, tag=tag)
 
     return [
         # valid references
@@ -401,7 +398,7 @@ def targeted_cases() -> list[Case]:
     ]
 
 
-def all_cases() -> list[Case]:
+def all_cases() -> list[CrossCheckCase]:
     return targeted_cases() + random_cases()
 
 
@@ -463,7 +460,7 @@ def test_every_compared_rule_is_exercised_alone(outcomes):
     WHERE. (Random cases are not used here: the Layout constructor reports only its first failed
     check, so a random case's single reason need not be its only one.)"""
     source = inspect.getsource(rules)
-    megatron_rules = set(re.findall(r'bad\(\s*"(\w+)",\s*MEGATRON\b', source))
+    megatron_rules = set(re.findall(r'Violation\(\s*"(\w+)",\s*MEGATRON\b', source))
     assert megatron_rules, "no megatron rules found in search_space/rules.py"
     missing = (megatron_rules | ALSO_COMPARED) - set(WHERE)
     assert not missing, f"megatron rules without a documented Megatron stage: {sorted(missing)}"
@@ -499,7 +496,7 @@ def test_model_args_accepted_for_every_catalog_model():
 
     for name in catalog_names():
         model = load_model(name)
-        case = Case(model, dict(world_size=1), global_batch=8, tag="model_args")
+        case = CrossCheckCase(model, dict(world_size=1), global_batch=8, tag="model_args")
         ok, message = megatron_validate.validate(case_argv(case), 1)
         assert ok, f"{name}: {message}\n{' '.join(case_argv(case))}"
 
@@ -507,8 +504,8 @@ def test_model_args_accepted_for_every_catalog_model():
 def test_validate_is_independent_between_calls():
     """A rejected call leaves no state behind that changes the next call's verdict."""
     model = load_model("qwen3-30b-a3b")
-    good = case_argv(Case(model, dict(world_size=8, tp=2, ep=8)))
-    bad = case_argv(Case(model, dict(world_size=8, tp=2, ep=8, etp=2)))
+    good = case_argv(CrossCheckCase(model, dict(world_size=8, tp=2, ep=8)))
+    bad = case_argv(CrossCheckCase(model, dict(world_size=8, tp=2, ep=8, etp=2)))
     first = megatron_validate.validate(good, 8)
     assert first[0], first[1]
     assert not megatron_validate.validate(bad, 8)[0]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cost_model.hf_config import from_hf_config
 from cost_model.model_spec import (
     DENSE,
     FULL_ATTENTION,
@@ -17,7 +18,6 @@ from cost_model.model_spec import (
     ModelError,
     ModelSpec,
     catalog_names,
-    from_hf_config,
     load_model,
     stage_layers,
 )

@@ -1,0 +1,158 @@
+"""Activation memory of one micro-batch, per layer kind, for each recompute setting.
+
+Bytes are those Megatron saves for the backward pass, per token of the GPU's shard; selective
+recompute drops the modules it rebuilds, full recompute keeps only each recomputed layer's input.
+"""
+from __future__ import annotations
+
+from cost_model.constants import Constants
+from cost_model.layout import Layout
+from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.stages import RankLayers
+from cost_model.units import BF16, FP32
+
+
+def softmax_attention_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
+    """Saved bytes of a softmax attention block (GQA/MHA, optional output gate), sharded over TP."""
+    h, tp = model.hidden_size, layout.tp
+    q = model.num_attention_heads * model.head_dim
+    kv = 2 * model.num_key_value_heads * model.head_dim
+    gate = q if model.attn_output_gate else 0
+    a = BF16 * (2 * h + 3 * q + gate + kv) / tp
+    if "core_attn" in mods:
+        a -= BF16 * q / tp
+    if "layernorm" in mods:
+        a -= BF16 * h / tp
+    return a * tokens
+
+
+def linear_attention_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:
+    """Saved bytes of a Gated DeltaNet block."""
+    h = model.hidden_size
+    qk = model.linear_num_key_heads * model.linear_key_head_dim
+    v = model.linear_num_value_heads * model.linear_value_head_dim
+    nv = model.linear_num_value_heads
+    # slime's Gated DeltaNet runs the whole row on every TP and CP rank (not sharded).
+    a = BF16 * (h + (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) + 2 * qk + 3 * v) + FP32 * 2 * nv
+    return a * (tokens * layout.cp)
+
+
+def mla_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
+    """Saved bytes of a multi-head latent attention block, sharded over TP."""
+    h, tp = model.hidden_size, layout.tp
+    heads = model.num_attention_heads
+    qk_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+    up = heads * qk_dim + heads * (model.qk_nope_head_dim + model.v_head_dim)
+    a = BF16 * (2 * h + model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim
+                + heads * model.v_head_dim * 2) / tp
+    if "mla_up_proj" not in mods:
+        a += BF16 * up / tp
+    if "core_attn" in mods:
+        a -= BF16 * heads * model.v_head_dim / tp
+    return a * tokens
+
+
+def moe_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float, routed_rows_per_token: float) -> float:
+    """Saved bytes of a MoE block: router, routed experts (rows as dispatched) and shared experts."""
+    h, tp = model.hidden_size, layout.tp
+    fe = model.moe_intermediate_size / layout.etp
+    m = BF16 * 2 * h / tp + FP32 * model.num_experts / tp
+    routed = BF16 * (h + 2 * fe + (0 if "moe_act" in mods else fe)) * routed_rows_per_token / tp
+    shared = BF16 * (h + 3 * model.shared_expert_intermediate_size) / tp
+    if "shared_experts" in mods:
+        shared = BF16 * h / tp
+    if "moe" in mods:
+        routed, shared = 0.0, 0.0
+    if "layernorm" in mods:
+        m -= BF16 * h / tp
+    return (m + routed + shared) * tokens
+
+
+def dense_mlp_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
+    """Saved bytes of a dense SwiGLU MLP, sharded over TP."""
+    h, tp = model.hidden_size, layout.tp
+    mlp = BF16 * (2 * h + 3 * model.intermediate_size) / tp
+    if "mlp" in mods:
+        mlp = BF16 * h / tp
+    return mlp * tokens
+
+
+def layer_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, mods: set, tokens: float,
+                routed_rows_per_token: float) -> float:
+    """Saved bytes of one layer for the micro-batch, with the given selective modules recomputed."""
+    if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
+        attention = softmax_attention_bytes(model, layout, mods, tokens)
+    elif attn_kind == LINEAR_ATTENTION:
+        attention = linear_attention_bytes(model, layout, tokens)
+    else:  # MLA
+        attention = mla_bytes(model, layout, mods, tokens)
+    if mlp_kind == MOE:
+        return attention + moe_bytes(model, layout, mods, tokens, routed_rows_per_token)
+    return attention + dense_mlp_bytes(model, layout, mods, tokens)
+
+
+def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
+                                    routed_rows_per_token: float) -> tuple[float, float]:
+    """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
+
+    `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the
+    expert rows this GPU receives per local token (top-k x routing imbalance).
+    """
+    mods = set(layout.selective_modules)
+    saved = 0.0
+    largest = 0.0
+    for attn_kind, mlp_kind, count in rank.kinds:
+        saved += layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token) * count
+        # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
+        largest = max(largest, layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token))
+    if layout.recompute_granularity == "full":
+        saved, largest = _full_recompute(rank, model, layout, tokens, saved, largest)
+    if rank.has_embedding:
+        saved += BF16 * model.hidden_size / layout.tp * tokens
+    return saved, largest
+
+
+def _full_recompute(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float, saved: float,
+                    largest: float) -> tuple[float, float]:
+    """(saved, largest) once full recompute keeps only the input of each recomputed layer (one hidden
+    state per chunk of layers)."""
+    n = rank.num_layers
+    k = layout.recompute_num_layers
+    layer_input = BF16 * model.hidden_size / layout.tp * tokens
+    if layout.recompute_method == "uniform":
+        return layer_input * -(-n // k), largest * min(k, n)
+    # block: the first k layers of each virtual stage are recomputed
+    per_chunk = n // layout.vpp
+    recomputed = min(k, per_chunk) * layout.vpp
+    avg = saved / max(n, 1)
+    return avg * (n - recomputed) + layer_input * recomputed, largest
+
+
+def logits_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:
+    """bf16 logits plus the fp32 copy the cross-entropy keeps, vocab-parallel over TP."""
+    return (BF16 + FP32) * tokens * model.vocab_size / layout.tp
+
+
+def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
+    """Micro-batches whose activations the first pipeline rank holds at once."""
+    pp, vpp = layout.pp, layout.vpp
+    if pp == 1:
+        return 1.0
+    if vpp == 1:
+        return float(min(pp, num_microbatches))
+    return min(pp * (1 + (pp - 1) / (pp * vpp)), float(num_microbatches))
+
+
+def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, precision: str,
+                          tokens: float, routed_rows_per_token: float, in_flight: float, c: Constants) -> float:
+    """Peak activation bytes on one GPU of pipeline rank `index`, whose first rank holds `in_flight`
+    micro-batches at once (later ranks proportionally fewer, at least one)."""
+    saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token)
+    pp = layout.pp
+    in_flight_rank = in_flight if index == 0 else max(1.0, in_flight * (pp - index) / pp)
+    acts = saved * in_flight_rank + working
+    if rank.has_head:
+        acts += logits_bytes(model, layout, tokens)
+    if precision == "fp8":
+        acts *= c.fp8_activation_factor
+    return acts * c.fragmentation

@@ -1,0 +1,308 @@
+"""Hugging Face config.json -> ModelSpec: one code path for the catalog and a user's own config.
+
+Each supported architecture family reads its own fields (`_FAMILY_FIELDS`); errors are one-line
+ModelErrors that name the file and the field. The catalog files are such configs plus an `_attune`
+block (display name, hf_repo, sources).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelError,
+                                   ModelSpec)
+
+# HF model_type -> architecture family handled by `from_hf_config`.
+_FAMILIES = {
+    "qwen3_5_moe": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5",
+    "qwen3_next": "qwen3_5",      # same hybrid GDN + gated attention + shared-expert MoE layout
+    "qwen3_moe": "qwen3_moe",
+    "deepseek_v3": "deepseek",
+    "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
+    "gpt_oss": "gpt_oss",
+    "llama": "llama",
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
+
+
+# ---------------------------------------------------------------------- typed field access
+_MISSING = object()
+
+
+class _Reader:
+    """Typed access to a config dict, raising one-line ModelErrors that name the field."""
+
+    def __init__(self, cfg: dict, origin: str, prefix: str = ""):
+        self.cfg = cfg
+        self.origin = origin
+        self.prefix = prefix
+
+    def _where(self, key: str) -> str:
+        return f"{self.origin}: field '{self.prefix}{key}'"
+
+    def has(self, key: str) -> bool:
+        return self.cfg.get(key) is not None
+
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise ModelError(f"{self._where(key)} is missing")
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ModelError(f"{self._where(key)} must be an integer, got {value!r}")
+        if value < minimum:
+            raise ModelError(f"{self._where(key)} must be >= {minimum}, got {value}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ModelError(f"{self._where(key)} must be true or false, got {value!r}")
+        return value
+
+    def float(self, key: str, default: float) -> float:
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelError(f"{self._where(key)} must be a number, got {value!r}")
+        return float(value)
+
+    def str_list(self, key: str, n: int, allowed: tuple[str, ...]) -> list[str] | None:
+        value = self.cfg.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ModelError(f"{self._where(key)} must be a list of strings")
+        if len(value) != n:
+            raise ModelError(f"{self._where(key)} has {len(value)} entries, expected num_hidden_layers={n}")
+        bad = sorted({v for v in value if v not in allowed})
+        if bad:
+            raise ModelError(f"{self._where(key)} has unsupported entries {bad} (allowed: {list(allowed)})")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        value = self.cfg.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ModelError(f"{self._where(key)} must be a list of integers")
+        return value
+
+
+def _rope_factor(r: _Reader) -> float:
+    if r.has("partial_rotary_factor"):
+        return r.float("partial_rotary_factor", 1.0)
+    rope = r.cfg.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("partial_rotary_factor"), (int, float)):
+        return float(rope["partial_rotary_factor"])
+    return 1.0
+
+
+def _qwen_mlp_types(r: _Reader, n: int, num_experts: int) -> tuple[str, ...]:
+    """Qwen MoE rule: layer i is MoE unless in mlp_only_layers, and when (i+1) % decoder_sparse_step == 0."""
+    mlp_only = set(r.int_list("mlp_only_layers"))
+    step = r.int("decoder_sparse_step", 1)
+    return tuple(
+        MOE if (num_experts > 0 and i not in mlp_only and (i + 1) % step == 0) else DENSE
+        for i in range(n)
+    )
+
+
+# ---------------------------------------------------------------------- architecture families
+# Each reads the fields of its family, in a fixed order (the first bad field is the one reported).
+def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
+    """Qwen3.5 / Qwen3-Next: Gated DeltaNet layers between gated softmax attention, shared-expert MoE."""
+    num_experts = r.int("num_experts", 0, minimum=0)
+    layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, LINEAR_ATTENTION))
+    if layer_types is None:
+        interval = r.int("full_attention_interval", 4)
+        layer_types = [LINEAR_ATTENTION if (i + 1) % interval else FULL_ATTENTION for i in range(n)]
+    mlp_types = _qwen_mlp_types(r, n, num_experts)
+    has_gdn = LINEAR_ATTENTION in layer_types
+    kw: dict[str, Any] = dict(
+        layer_types=tuple(layer_types), mlp_types=mlp_types,
+        intermediate_size=r.int("intermediate_size", 0, minimum=0),
+        attn_output_gate=r.bool("attn_output_gate", True), qk_norm=True,
+        linear_num_key_heads=r.int("linear_num_key_heads") if has_gdn else 0,
+        linear_num_value_heads=r.int("linear_num_value_heads") if has_gdn else 0,
+        linear_key_head_dim=r.int("linear_key_head_dim") if has_gdn else 0,
+        linear_value_head_dim=r.int("linear_value_head_dim") if has_gdn else 0,
+        linear_conv_kernel_dim=r.int("linear_conv_kernel_dim") if has_gdn else 0,
+        num_nextn_predict_layers=r.int(
+            "mtp_num_hidden_layers", r.int("num_nextn_predict_layers", 0, minimum=0), minimum=0),
+    )
+    if num_experts:
+        shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+        kw.update(
+            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+            moe_intermediate_size=r.int("moe_intermediate_size"),
+            shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+            num_shared_experts=1 if shared else 0,
+        )
+    return kw
+
+
+def _qwen3_moe(r: _Reader, n: int) -> dict[str, Any]:
+    """Qwen3 MoE: softmax attention with q/k norms, routed experts only."""
+    num_experts = r.int("num_experts", 0, minimum=0)
+    kw: dict[str, Any] = dict(
+        layer_types=(FULL_ATTENTION,) * n, mlp_types=_qwen_mlp_types(r, n, num_experts),
+        intermediate_size=r.int("intermediate_size", 0, minimum=0), qk_norm=True,
+    )
+    if num_experts:
+        kw.update(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+                  moe_intermediate_size=r.int("moe_intermediate_size"))
+    return kw
+
+
+def _deepseek(r: _Reader, n: int) -> dict[str, Any]:
+    """DeepSeek-V3 / Kimi-K2 / Moonlight: MLA, the first k layers dense, then MoE with shared experts."""
+    num_experts = r.int("n_routed_experts", 0, minimum=0)
+    first_dense = r.int("first_k_dense_replace", 0, minimum=0)
+    freq = r.int("moe_layer_freq", 1)
+    mlp_types = tuple(
+        MOE if (num_experts and i >= first_dense and i % freq == 0) else DENSE for i in range(n))
+    n_shared = r.int("n_shared_experts", 0, minimum=0)
+    kw: dict[str, Any] = dict(
+        layer_types=(MLA,) * n, mlp_types=mlp_types,
+        intermediate_size=r.int("intermediate_size", 0, minimum=0),
+        q_lora_rank=r.int("q_lora_rank", 0, minimum=0), kv_lora_rank=r.int("kv_lora_rank"),
+        qk_nope_head_dim=r.int("qk_nope_head_dim"), qk_rope_head_dim=r.int("qk_rope_head_dim"),
+        v_head_dim=r.int("v_head_dim"),
+        num_nextn_predict_layers=r.int("num_nextn_predict_layers", 0, minimum=0),
+    )
+    kw["head_dim"] = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
+    if num_experts:
+        moe = r.int("moe_intermediate_size")
+        kw.update(
+            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+            moe_intermediate_size=moe, shared_expert_intermediate_size=n_shared * moe,
+            num_shared_experts=n_shared, router_bias=True,  # e_score_correction_bias
+        )
+    return kw
+
+
+def _gpt_oss(r: _Reader, n: int) -> dict[str, Any]:
+    """GPT-OSS: sliding and full attention alternating, with sinks; biased experts and router."""
+    layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, SLIDING_ATTENTION))
+    if layer_types is None:
+        layer_types = [SLIDING_ATTENTION if (i + 1) % 2 else FULL_ATTENTION for i in range(n)]
+    num_experts = r.int("num_local_experts") if r.has("num_local_experts") else r.int("num_experts")
+    top_k = (r.int("num_experts_per_tok") if r.has("num_experts_per_tok")
+             else r.int("experts_per_token"))
+    inter = r.int("intermediate_size")
+    return dict(
+        layer_types=tuple(layer_types), mlp_types=(MOE,) * n,
+        num_experts=num_experts, num_experts_per_tok=top_k, moe_intermediate_size=inter,
+        attention_bias=r.bool("attention_bias", True), attention_sinks=True,
+        expert_bias=True, router_bias=True,
+        sliding_window=r.int("sliding_window", 0, minimum=0) if SLIDING_ATTENTION in layer_types else 0,
+    )
+
+
+def _llama(r: _Reader, n: int) -> dict[str, Any]:
+    """Llama: dense softmax attention and SwiGLU MLP."""
+    return dict(
+        layer_types=(FULL_ATTENTION,) * n, mlp_types=(DENSE,) * n,
+        intermediate_size=r.int("intermediate_size"), mlp_bias=r.bool("mlp_bias", False),
+    )
+
+
+_FAMILY_FIELDS = {"qwen3_5": _qwen3_5, "qwen3_moe": _qwen3_moe, "deepseek": _deepseek, "gpt_oss": _gpt_oss,
+                  "llama": _llama}
+
+
+# ---------------------------------------------------------------------- the config as a whole
+def _text_model(config: dict, origin: str) -> tuple[dict, str]:
+    """(the text model's fields, the prefix naming them in errors): a VLM wrapper's text_config merged
+    over the wrapper, or the config itself."""
+    text = config.get("text_config")
+    if text is None:
+        return config, ""
+    if not isinstance(text, dict):
+        raise ModelError(f"{origin}: field 'text_config' must be an object")
+    # The text model's fields win; the wrapper supplies what the text config omits (tie_word_embeddings).
+    cfg = {**{k: v for k, v in config.items() if k not in ("text_config", "vision_config")}, **text}
+    if "model_type" not in text and isinstance(config.get("model_type"), str):
+        cfg["model_type"] = config["model_type"]
+    return cfg, "text_config."
+
+
+def _family(config: dict, cfg: dict, prefix: str, origin: str) -> tuple[str, str]:
+    """(the text model's model_type, its architecture family)."""
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ModelError(f"{origin}: field '{prefix}model_type' is missing")
+    if not isinstance(model_type, str):
+        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {model_type!r}")
+    family = _FAMILIES.get(model_type)
+    if family is None and prefix and isinstance(config.get("model_type"), str):
+        family = _FAMILIES.get(config["model_type"])  # a text model_type we do not know, a wrapper we do
+    if family is None:
+        raise ModelError(f"{origin}: unsupported model_type '{model_type}' "
+                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return model_type, family
+
+
+def _common_fields(r: _Reader, config: dict, model_type: str) -> dict[str, Any]:
+    """The fields every family has: sizes, vocabulary, tying, attention bias, rotary fraction."""
+    h = r.int("hidden_size")
+    n = r.int("num_hidden_layers")
+    heads = r.int("num_attention_heads")
+    kv_heads = r.int("num_key_value_heads", heads)
+    vocab = r.int("vocab_size")
+    tie = r.bool("tie_word_embeddings", False)
+    head_dim = r.int("head_dim", 0, minimum=0) or (h // heads)
+    # The checkpoint's own model_type (the VLM wrapper's, e.g. qwen3_5_moe, when there is one).
+    top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
+    return dict(
+        model_type=top_type, hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, tie_word_embeddings=tie,
+        attention_bias=r.bool("attention_bias", False), partial_rotary_factor=_rope_factor(r),
+    )
+
+
+def _check_consistency(kw: dict[str, Any], family: str, origin: str, prefix: str) -> None:
+    """The cross-field checks, once every field is read."""
+    heads, kv_heads = kw["num_attention_heads"], kw["num_key_value_heads"]
+    if family != "deepseek" and heads % kv_heads:
+        raise ModelError(f"{origin}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    if DENSE in kw["mlp_types"] and not kw.get("intermediate_size"):
+        raise ModelError(f"{origin}: field '{prefix}intermediate_size' is missing (needed by its dense layers)")
+    if kw.get("num_experts") and kw["num_experts_per_tok"] > kw["num_experts"]:
+        raise ModelError(f"{origin}: num_experts_per_tok={kw['num_experts_per_tok']} exceeds "
+                         f"the {kw['num_experts']} experts")
+
+
+def from_hf_config(config: dict, name: str = "", sources: dict | None = None, *,
+                   origin: str = "") -> ModelSpec:
+    """Build a ModelSpec from a parsed Hugging Face config.json (text_config is used for VLM wrappers).
+
+    An `_attune` block (display_name, hf_repo, sources), as the catalog files carry, is honoured.
+    `origin` names the file in error messages (defaults to `name`).
+    """
+    origin = origin or name or "config"
+    if not isinstance(config, dict):
+        raise ModelError(f"{origin}: expected a JSON object at the top level, got {type(config).__name__}")
+    attune = config.get("_attune") or {}
+    if not isinstance(attune, dict):
+        raise ModelError(f"{origin}: field '_attune' must be a mapping")
+    cfg, prefix = _text_model(config, origin)
+    r = _Reader(cfg, origin, prefix)
+    model_type, family = _family(config, cfg, prefix, origin)
+    kw = _common_fields(r, config, model_type)
+    kw.update(_FAMILY_FIELDS[family](r, kw["num_hidden_layers"]))
+    _check_consistency(kw, family, origin, prefix)
+
+    display = attune.get("display_name") or name or model_type
+    hf_repo = attune.get("hf_repo") or ""
+    src = dict(attune.get("sources") or {})
+    if sources:
+        src.update(sources)
+    return ModelSpec(name=name, display_name=str(display), hf_repo=str(hf_repo), sources=src, **kw)

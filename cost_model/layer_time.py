@@ -1,0 +1,181 @@
+"""Seconds of one decoder layer's micro-batch on one GPU, per layer kind, forward and backward.
+
+FLOPs follow Megatron's conventions (training = 3 x forward GEMM FLOPs); each class of work runs
+at the efficiency `Rates` gives its shape. The TP all-gathers and the CP ring a layer issues are
+counted with it. The terms add up in a fixed order, part by part, into a `LayerTime`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_model.communication import expert_dispatch_time, hidden_state_bytes
+from cost_model.constants import Constants
+from cost_model.layout import Layout
+from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.rates import Rates
+from cost_model.units import BF16
+
+
+@dataclass(slots=True)
+class LayerTime:
+    """Seconds of one layer, by class of work; `selective` is the forward work selective recompute reruns."""
+
+    attention: float = 0.0
+    linear_attention: float = 0.0
+    mlp: float = 0.0
+    experts: float = 0.0
+    elementwise: float = 0.0
+    tp_comm: float = 0.0
+    ep_comm: float = 0.0
+    cp_comm: float = 0.0
+    selective: float = 0.0
+
+    @property
+    def gpu_pass(self) -> float:
+        """Seconds of one pass (forward) of the layer's kernels, communication aside."""
+        return (self.attention + self.linear_attention + self.mlp + self.experts + self.elementwise) / 3
+
+    @property
+    def comm(self) -> float:
+        return self.tp_comm + self.ep_comm + self.cp_comm
+
+
+def _tp_all_gather(model: ModelSpec, layout: Layout, r: Rates, tokens: float) -> float:
+    """One sequence-parallel all-gather (or reduce-scatter) of the micro-batch's hidden states over TP."""
+    return r.collective("all_gather", hidden_state_bytes(model, tokens), layout.tp, layout.tp)
+
+
+def _cp_ring(layout: Layout, r: Rates, c: Constants, kv_bytes: float) -> float:
+    """Exposed seconds of context parallelism's K/V ring: CP - 1 sends per pass, three passes."""
+    cp = layout.cp
+    return 3 * (cp - 1) * r.collective("p2p", kv_bytes, cp, layout.tp * cp) * c.cp_exposed_fraction
+
+
+def _elementwise(model: ModelSpec, r: Rates, c: Constants, tokens: float) -> float:
+    return c.elementwise_bytes_per_token_per_layer_h * model.hidden_size * tokens / r.hbm
+
+
+def softmax_attention(t: LayerTime, kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
+                      tokens: float, seq_len: int, mods: set) -> None:
+    """GQA/MHA attention (full or sliding window, optional output gate), sharded over TP."""
+    h, tp = model.hidden_size, layout.tp
+    q = model.num_attention_heads * model.head_dim
+    kvw = 2 * model.num_key_value_heads * model.head_dim
+    gate = q if model.attn_output_gate else 0
+    proj_flops = 2 * h * (q + gate + kvw) + 2 * q * h
+    t.attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, (q + gate + kvw) / tp, h)
+    keys = seq_len / 2 if kind == FULL_ATTENTION else min(seq_len / 2, model.sliding_window or seq_len)
+    core = 3 * 4 * keys * q * tokens / tp
+    core_t = core / r.attention(seq_len, model.head_dim)
+    t.attention += core_t
+    if "core_attn" in mods:
+        t.selective += core_t / 3
+    if layout.cp > 1:
+        t.cp_comm += _cp_ring(layout, r, c, tokens * kvw * BF16 / tp)
+    t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
+    t.elementwise += _elementwise(model, r, c, tokens / tp)
+
+
+def linear_attention(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
+                     tokens: float) -> None:
+    """Gated DeltaNet: projections, causal conv and the delta-rule recurrence."""
+    h, tp, cp = model.hidden_size, layout.tp, layout.cp
+    qk = model.linear_num_key_heads * model.linear_key_head_dim
+    v = model.linear_num_value_heads * model.linear_value_head_dim
+    nv = model.linear_num_value_heads
+    dv = model.linear_value_head_dim
+    full_tokens = tokens * cp  # slime's GDN runs the whole row on every TP and CP rank
+    proj_flops = 2 * (h * (2 * qk + 2 * v + 2 * nv) + h * v)
+    t.linear_attention += 3 * proj_flops * full_tokens / r.gemm(full_tokens, 2 * qk + 2 * v, h)
+    rec_flops = 2 * (model.linear_conv_kernel_dim * (2 * qk + v) + 4 * nv * dv * dv)
+    t.linear_attention += 3 * rec_flops * full_tokens / r.linear_attention()
+    t.tp_comm += 2 * _tp_all_gather(model, layout, r, tokens)
+    if cp > 1:
+        t.cp_comm += 2 * r.collective("all_gather", hidden_state_bytes(model, tokens) * cp / tp, cp, tp * cp)
+    t.elementwise += _elementwise(model, r, c, full_tokens)
+
+
+def mla(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, tokens: float, seq_len: int,
+        mods: set) -> None:
+    """Multi-head latent attention (DeepSeek-V3), sharded over TP."""
+    h, tp = model.hidden_size, layout.tp
+    heads = model.num_attention_heads
+    qk_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+    ql = model.q_lora_rank
+    q_flops = 2 * (h * ql + ql * heads * qk_dim) if ql else 2 * h * heads * qk_dim
+    kv_flops = 2 * h * (model.kv_lora_rank + model.qk_rope_head_dim) + 2 * model.kv_lora_rank * heads * (
+        model.qk_nope_head_dim + model.v_head_dim)
+    proj_flops = q_flops + kv_flops + 2 * heads * model.v_head_dim * h
+    t.attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, heads * qk_dim / tp, h)
+    core = 3 * 2 * (seq_len / 2) * heads * (qk_dim + model.v_head_dim) * tokens / tp
+    core_t = core / r.attention(seq_len, qk_dim)
+    t.attention += core_t
+    if "core_attn" in mods:
+        t.selective += core_t / 3
+    if "mla_up_proj" in mods:
+        t.selective += 2 * model.kv_lora_rank * heads * (model.qk_nope_head_dim + model.v_head_dim) * tokens / tp / (
+            r.gemm(tokens, heads * qk_dim / tp, model.kv_lora_rank))
+    if layout.cp > 1:
+        t.cp_comm += _cp_ring(layout, r, c, tokens * heads * (qk_dim + model.v_head_dim) * BF16 / tp)
+    t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
+    t.elementwise += _elementwise(model, r, c, tokens / tp)
+
+
+def moe(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, tokens: float, imbalance: float,
+        mods: set) -> None:
+    """Router, routed experts (grouped GEMM on the rows this GPU receives), shared experts, token dispatch."""
+    h, tp, ep, etp = model.hidden_size, layout.tp, layout.ep, layout.etp
+    k, fe, fs, e = model.num_experts_per_tok, model.moe_intermediate_size, \
+        model.shared_expert_intermediate_size, model.num_experts
+    local_tokens = tokens / tp * etp  # dispatch input per GPU (SP shard, gathered over ETP)
+    rows = local_tokens * k * imbalance
+    rows_per_expert = rows / (e / ep)
+    exp_flops = 3 * 2 * 3 * h * fe / etp * rows
+    t.experts += exp_flops / r.grouped(rows_per_expert, h, 2 * fe / etp)
+    if fs:
+        t.mlp += 3 * 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
+    t.mlp += 3 * 2 * h * e * tokens / tp / r.gemm(tokens / tp, e, h)  # router
+    if ep > 1:
+        t.ep_comm += 4 * expert_dispatch_time(local_tokens * imbalance * h * BF16, k, ep, ep * etp,
+                                              layout.dispatcher, r, c)
+    if fs or etp < tp:
+        t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
+    t.elementwise += c.permute_passes * rows * h * BF16 / r.hbm
+    if "moe" in mods:  # the whole MoE layer, shared experts and activation included
+        t.selective += t.experts / 3 + t.ep_comm / 2 + (t.mlp / 3 if fs else 0.0)
+        return
+    if "moe_act" in mods:
+        t.selective += rows * fe / etp * BF16 * 3 / r.hbm
+    if "shared_experts" in mods and fs:
+        t.selective += 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
+
+
+def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: float, mods: set) -> None:
+    """Dense SwiGLU MLP, sharded over TP."""
+    h, tp = model.hidden_size, layout.tp
+    f = model.intermediate_size
+    t.mlp += 3 * 2 * 3 * h * f * tokens / tp / r.gemm(tokens, f / tp, h)
+    t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
+    if "mlp" in mods:
+        t.selective += t.mlp / 3
+
+
+def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
+               tokens: float, seq_len: int, imbalance: float, mods: set) -> LayerTime:
+    """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals."""
+    t = LayerTime()
+    if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
+        softmax_attention(t, attn_kind, model, layout, r, c, tokens, seq_len, mods)
+    elif attn_kind == LINEAR_ATTENTION:
+        linear_attention(t, model, layout, r, c, tokens)
+    else:  # MLA
+        mla(t, model, layout, r, c, tokens, seq_len, mods)
+    if mlp_kind == MOE:
+        moe(t, model, layout, r, c, tokens, imbalance, mods)
+    else:
+        dense_mlp(t, model, layout, r, tokens, mods)
+    h, tp = model.hidden_size, layout.tp
+    t.elementwise += c.elementwise_bytes_per_token_per_layer_h * h * tokens / tp / r.hbm
+    if "layernorm" in mods:
+        t.selective += 2 * BF16 * h * tokens / tp * 2 / r.hbm
+    return t
