@@ -3,8 +3,12 @@
 PYTHON312 := $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
+# Ray's wheel ships its own `tune` script (Ray Tune), and pip installs Ray after attune when an extra brings
+# Ray into an existing install, so Ray's would own bin/tune: every target that installs an extra re-installs
+# attune's scripts last (no dependencies: a few seconds).
+OWN_SCRIPTS := $(PY) -m pip install -q --no-deps --force-reinstall -e .
 
-.PHONY: setup setup-test test
+.PHONY: setup setup-ray setup-test test test-fast
 
 $(PY):
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found (tried python3.12 and ~/.pyenv/versions/3.12*)"; exit 2; }
@@ -15,9 +19,19 @@ $(PY):
 setup: $(PY)
 	$(PY) -m pip install -q -e .
 
-# Test install adds pytest, hypothesis, torch and megatron-core (for the Megatron cross-check).
+# Real trials: adds Ray (the slime runner's Jobs API, the megatron runner's placement groups).
+setup-ray: $(PY)
+	$(PY) -m pip install -q -e '.[ray]'
+	$(OWN_SCRIPTS)
+
+# Test install adds pytest, hypothesis, torch and megatron-core (for the Megatron cross-check), and ray.
 setup-test: $(PY)
 	$(PY) -m pip install -q -e '.[test]'
+	$(OWN_SCRIPTS)
 
 test: setup-test
 	$(PY) -m pytest -q
+
+# The quick subset for the edit-test loop: no test marked slow, ray or torch (pyproject.toml lists the markers).
+test-fast: setup-test
+	$(PY) -m pytest -q -m "not slow and not ray and not torch"

@@ -4,6 +4,8 @@ from candidates import fitting_candidates
 from tuner.proposer import AgentProposer, History, family
 from cost_model.layout_codec import from_optuna_params, to_optuna_params
 
+pytestmark = pytest.mark.slow  # the candidates are the whole space, predicted
+
 
 @pytest.fixture(scope="module")
 def scored(qwen36, h200, workload, stack):

@@ -25,6 +25,7 @@ def load(storage: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=f"sqlite:///{storage}")
 
 
+@pytest.mark.slow
 def test_tune_ranks_exports_and_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(BASE + ["--trials", "6"]) == 0
@@ -54,6 +55,7 @@ def test_tune_ranks_exports_and_resumes(tmp_path, monkeypatch, capsys):
         assert t.user_attrs["prediction"]["breakdown"]
 
 
+@pytest.mark.slow
 def test_show_and_export(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(BASE + ["--trials", "3", "--study", "s1", "--top", "0"]) == 0
@@ -66,6 +68,7 @@ def test_show_and_export(tmp_path, monkeypatch, capsys):
     assert len(paths) == 2 and all(Path(p).exists() for p in paths)
 
 
+@pytest.mark.slow
 def test_sampler_proposer_prunes_what_cannot_be_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(BASE + ["--trials", "25", "--proposer", "tpe", "--study", "tpe", "--top", "0"]) == 0
@@ -104,7 +107,7 @@ def test_predict_recipe_writes_recipe(tmp_path, capsys):
 
 
 def run_tune(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
                           env={"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"})
 
 
@@ -116,6 +119,7 @@ def assert_one_line_error(proc, *needles):
         assert n in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_bad_input_gives_one_line_and_exit_2(tmp_path):
     bad_json = tmp_path / "config.json"
     bad_json.write_text('{"model_type": "qwen3_moe", "hidden_size": ')
@@ -151,6 +155,7 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         assert_one_line_error(run_tune(*args, cwd=tmp_path), needle)
 
 
+@pytest.mark.slow
 def test_corrupt_or_foreign_study_is_left_untouched(tmp_path):
     corrupt = tmp_path / "corrupt.db"
     corrupt.write_bytes(b"this is not sqlite" * 100)
@@ -191,7 +196,7 @@ def test_profile_flag_changes_predictions(tmp_path, capsys):
     from cost_model.derive_profile import derive_profile
     from cost_model.hardware import load_gpu
     from cost_model.profile import shipped_profile
-    from experiments.hardware_profile import write_profile
+    from experiments.checks.hardware_profile import write_profile
 
     # An "H200" whose collectives run at B200 NVLink speed: the EP all-to-all must get cheaper.
     faster = derive_profile(shipped_profile("h200").raw, load_gpu("h200"), load_gpu("b200"))
@@ -245,12 +250,18 @@ def test_predict_explain_prints_time_and_memory_tables(capsys):
         assert needle in out
 
 
-def test_trial_and_measured_backends_answer_bad_setups_in_one_line(tmp_path):
+@pytest.mark.slow
+def test_trial_backends_answer_bad_setups_in_one_line(tmp_path):
     base = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "1"]
     assert_one_line_error(run_tune("trial", "--backend", "megatron", *base, "--layout", "ep=1", cwd=tmp_path),
                           "no CUDA GPU found")
     assert_one_line_error(run_tune("trial", "--backend", "slime", *base, "--layout", "ep=1", cwd=tmp_path),
                           "--ray-address and --slime-dir")
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_unreachable_ray_cluster_is_one_line(tmp_path):
     assert_one_line_error(run_tune("--backend", "slime", "--model", "qwen3.6-35b-a3b", "--gpu", "h200",
                                    "--ray-address", "http://127.0.0.1:9", "--slime-dir", "/x", "--storage",
                                    str(tmp_path / "s.db"), cwd=tmp_path), "cannot reach the Ray cluster")
@@ -260,11 +271,12 @@ def test_trial_and_measured_backends_answer_bad_setups_in_one_line(tmp_path):
 def test_megatron_trials_that_may_become_convergence_arms_share_initial_weights(monkeypatch, flags, cpu_init):
     """`tune --backend megatron` measures each layout once and re-uses that run as its convergence arm,
     so every trial starts from the same (CPU-initialised, layout-independent) weights unless no arm runs."""
-    import experiments.megatron_runner as mr
-    from tuner.cli import _run_parser, make_runner
+    import experiments.megatron.runner as mr
+    from tuner.backends import make_runner
+    from tuner.options import run_parser
 
     monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
-    args = _run_parser().parse_args(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--backend", "megatron",
+    args = run_parser().parse_args(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--backend", "megatron",
                                      "--layers", "4", *flags])
     runner = make_runner(args)
     assert isinstance(runner, mr.MegatronRunner) and runner.layers == 4
@@ -272,16 +284,139 @@ def test_megatron_trials_that_may_become_convergence_arms_share_initial_weights(
 
 
 def test_megatron_rows_flag_is_checked_before_any_trial(monkeypatch, tmp_path):
-    import experiments.megatron_runner as mr
-    from tuner.cli import CliError, _run_parser, make_runner
+    import experiments.megatron.runner as mr
+    from tuner.backends import make_runner
+    from tuner.options import CliError, run_parser
 
     monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"tokens": [1, 2, 3]}\n')
     base = ["--model", "llama3-8b", "--gpu", "h200", "--backend", "megatron", "--rows"]
-    assert make_runner(_run_parser().parse_args([*base, str(rows)])).rows_file == str(rows)
+    assert make_runner(run_parser().parse_args([*base, str(rows)])).rows_file == str(rows)
     rows.write_text('{"tokens": "abc"}\n')
     with pytest.raises(CliError, match="rows.jsonl:1: 'tokens' must be"):
-        make_runner(_run_parser().parse_args([*base, str(rows)]))
+        make_runner(run_parser().parse_args([*base, str(rows)]))
     with pytest.raises(CliError, match="missing.jsonl: cannot read"):
-        make_runner(_run_parser().parse_args([*base, str(tmp_path / "missing.jsonl")]))
+        make_runner(run_parser().parse_args([*base, str(tmp_path / "missing.jsonl")]))
+
+
+# ---------------------------------------------------------------- tune show --format, files that cannot be used
+
+def handmade_study(storage: Path) -> str:
+    """A study with one trial of each kind, as `tune` stores them: predicted, measured, pruned, failed."""
+    from cost_model.case import Case
+    from cost_model.hardware import load_gpu
+    from cost_model.layout_codec import layout_from_values, layout_values
+    from cost_model.model_spec import load_model
+    from cost_model.predict import predict
+    from cost_model.workload import Workload
+    from experiments.predicted_runner import PredictedRunner
+    from experiments.runner import TrialResult, TrialSpec
+    from tuner.study import StudyConfig, load_or_create, open_storage
+
+    config = StudyConfig(load_model("qwen3.6-35b-a3b"), load_gpu("h200"), 8, Workload())
+    study = load_or_create(open_storage(f"sqlite:///{storage}"), "hand", config)
+
+    def attrs(layout, **extra):
+        prediction = predict(config.model, config.gpu, config.workload, layout).to_dict()
+        return {"layout": {"world_size": 8, **layout_values(layout)}, "label": layout.long_label,
+                "layout_key": layout.key(), "prediction": prediction, "backend": "predict", **extra}
+
+    fits = layout_from_values({"ep": 8, "recompute_granularity": "full", "recompute_method": "uniform",
+                               "recompute_num_layers": 1}, 8, 8192)
+    other = layout_from_values({"ep": 4, "recompute_granularity": "full", "recompute_method": "uniform",
+                                "recompute_num_layers": 1}, 8, 8192)
+    predicted = PredictedRunner().run(TrialSpec(Case(config.model, config.gpu, config.workload, fits), 20, (5, 19)))
+    measured = TrialResult(status="ok", kind="measured", source="test runner", tokens_per_s_per_gpu=1234.5,
+                           step_time_s=2.5, peak_memory_gib=60.25, mfu=0.125, usd_per_million_tokens=0.75)
+    trials = [
+        (TrialState.COMPLETE, predicted.tokens_per_s_per_gpu, attrs(fits, result=predicted.to_dict())),
+        (TrialState.COMPLETE, 1234.5, attrs(other, result=measured.to_dict(), backend="megatron")),
+        (TrialState.PRUNED, None, attrs(fits, prune_reason="already evaluated in this study")),
+        (TrialState.FAIL, None, {"fail_reason": "interrupted: the tuner stopped while this trial ran"}),
+    ]
+    for state, value, user_attrs in trials:
+        study.add_trial(optuna.trial.create_trial(state=state, value=value, user_attrs=user_attrs))
+    return "hand"
+
+
+def test_show_csv_has_one_row_per_trial(tmp_path, capsys):
+    import io
+
+    import pandas as pd
+
+    from tuner.report import TRIAL_COLUMNS
+
+    storage = tmp_path / "s.db"
+    name = handmade_study(storage)
+    assert main(["show", "--study", name, "--storage", str(storage), "--format", "csv"]) == 0
+    frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert tuple(frame.columns) == TRIAL_COLUMNS
+    assert list(frame["number"]) == [0, 1, 2, 3]
+    assert list(frame["state"]) == ["complete", "complete", "pruned", "failed"]
+    assert list(frame["kind"].fillna("")) == ["predicted", "measured", "predicted", ""]
+    assert list(frame["backend"].fillna("")) == ["predict", "megatron", "predict", ""]
+    measured = frame.iloc[1]
+    assert (measured["tokens_per_s_per_gpu"], measured["step_time_s"], measured["peak_memory_gib"], measured["mfu"],
+            measured["usd_per_million_tokens"]) == (1234.5, 2.5, 60.25, 0.125, 0.75)
+    assert measured["source"] == "test runner" and measured["label"].startswith("TP1 PP1 EP4")
+    assert frame.iloc[0]["tokens_per_s_per_gpu"] == frame.iloc[0]["predicted_tokens_per_s_per_gpu"] > 0
+    assert frame.iloc[2]["reason"] == "already evaluated in this study"
+    assert frame.iloc[3]["reason"].startswith("interrupted") and pd.isna(frame.iloc[3]["tokens_per_s_per_gpu"])
+
+    assert main(["show", "--study", name, "--storage", str(storage), "--format", "csv", "--limit", "2"]) == 0
+    assert list(pd.read_csv(io.StringIO(capsys.readouterr().out))["number"]) == [0, 1]
+
+
+def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
+    from tuner.report import TRIAL_COLUMNS
+
+    storage = tmp_path / "s.db"
+    name = handmade_study(storage)
+    assert main(["show", "--study", name, "--storage", str(storage), "--format", "json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["number"] for r in records] == [0, 1, 2, 3]
+    assert all(tuple(r) == TRIAL_COLUMNS for r in records)
+    assert records[1] | {"rationale": None} == {
+        "number": 1, "state": "complete", "kind": "measured", "label": records[1]["label"],
+        "tokens_per_s_per_gpu": 1234.5, "step_time_s": 2.5, "peak_memory_gib": 60.25, "mfu": 0.125,
+        "usd_per_million_tokens": 0.75, "predicted_tokens_per_s_per_gpu": records[1]["predicted_tokens_per_s_per_gpu"],
+        "source": "test runner", "backend": "megatron", "reason": None, "rationale": None}
+    assert records[3]["kind"] is None and records[3]["tokens_per_s_per_gpu"] is None
+    assert records[0]["source"].startswith("attune cost model")
+
+    # The default format is the ranked table of completed trials, as before.
+    assert main(["show", "--study", name, "--storage", str(storage)]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials (2 complete, 1 pruned, 1 failed)" in out and "figures from: test runner" in out
+
+
+def test_files_that_cannot_be_read_or_written_end_in_one_line(tmp_path, capsys):
+    storage = tmp_path / "s.db"
+    name = handmade_study(storage)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    layout = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8"]
+    cases = [
+        (["predict", "--batch", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
+        (["predict", *layout, "--recipe-out", str(blocker / "r.yaml")], "a-file"),
+        (["export", "--study", name, "--storage", str(storage), "--out", str(blocker)], "a-file"),
+    ]
+    for args, needle in cases:
+        assert_main_fails_in_one_line(args, needle, capsys)
+
+
+@pytest.mark.slow
+def test_storage_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "studies").symlink_to(tmp_path / "nowhere")  # the default storage's folder cannot be made
+    assert_main_fails_in_one_line(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--no-progress"], "studies", capsys)
+    (tmp_path / "a-file").write_text("not a folder")
+    assert_main_fails_in_one_line(["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--no-progress", "--storage",
+                                   str(tmp_path / "a-file" / "s.db")], "cannot open study storage", capsys)
+
+
+def assert_main_fails_in_one_line(args, needle, capsys):
+    assert main(args) == 2, args
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tune: error: ") and needle in err[0], (args, err)

@@ -1,6 +1,5 @@
 """The convergence arm: measured layouts judged against a reference arm; only a pass makes a recipe verified."""
-import json
-
+import pytest
 import yaml
 
 from candidates import fitting_candidates
@@ -9,12 +8,14 @@ from experiments.runner import TrialResult, TrialRunner
 from search_space.enumerate import SpaceOptions
 from cost_model.layout import Layout
 from cost_model.stack import Stack
-from tuner.cli import _export_rows
+from tuner.export import export_rows
 from tuner.proposer import AgentProposer
 from tuner.report import ranked_rows
 from cost_model.layout_codec import to_optuna_params
 from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 from tuner.verify import default_reference, verify_top
+
+pytestmark = pytest.mark.slow  # studies of measured-looking trials, and the whole space predicted
 
 BASE = [12.8 * 0.85 ** i + 1.0 for i in range(20)]
 
@@ -28,11 +29,11 @@ class CurveRunner(TrialRunner):
         tp = spec.case.layout.tp
         losses = tuple(x * (1.25 if tp == 2 else 1.0) + 0.001 * i for i, x in enumerate(BASE))
         speed = 1000.0 * spec.case.layout.max_tokens_per_gpu / 8192 * (1.2 if tp == 2 else 1.0)
-        detail = json.dumps({"notes": ["truncated: 4 of 40 layers (--layers)"], "model_run": {"name": "m[L4]"},
-                             "window": [5, 19], "steps_run": 20, "global_batch_rows": 16, "seq_len": 4096})
+        details = {"notes": ["truncated: 4 of 40 layers (--layers)"], "model_run": {"name": "m[L4]"},
+                   "window": [5, 19], "steps_run": 20, "global_batch_rows": 16, "seq_len": 4096}
         return TrialResult(status="ok", kind="measured", source="test runner", tokens_per_s_per_gpu=speed,
                            step_time_s=1.0, peak_memory_gib=50.0, losses=losses, step_time_cv_percent=1.0,
-                           detail=detail)
+                           details=details)
 
 
 def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200):
@@ -52,7 +53,7 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
         by_tp.setdefault(layout.tp, set()).add(v["result"])
     assert by_tp[1] == {"pass"} and by_tp[2] == {"fail"}, by_tp  # both kinds of layout were judged
 
-    paths = _export_rows(ranked_rows(study)[:6], config, tmp_path / "out", study)
+    paths = export_rows(ranked_rows(study)[:6], config, tmp_path / "out", study)
     statuses = {}
     for path in paths:
         recipe = yaml.safe_load(path.read_text())

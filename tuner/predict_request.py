@@ -6,13 +6,12 @@ routing, framework, usd_per_gpu_hour, stack_fix, layout {recipe layout keys}; or
 """
 from __future__ import annotations
 
-from cost_model.hardware import GpuSpec, load_gpu
-from cost_model.model_spec import ModelSpec, load_model
+from cost_model.hardware import load_gpu
+from cost_model.model_spec import load_model
 from cost_model.predict import Prediction, predict
 from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
 from cost_model.case import Case
-from cost_model.layout import InvalidLayout
 from cost_model.layout_codec import layout_from_values, layout_values
 from search_space.rules import check
 from cost_model.stack import Stack
@@ -38,11 +37,10 @@ def resolve(request: dict) -> Case:
     if request.get("recipe"):
         from recipes.recipe import load_recipe
 
-        loaded = load_recipe(request["recipe"])
-        gpu = loaded.gpu.with_price(request.get("usd_per_gpu_hour"))
+        case = load_recipe(request["recipe"]).case
         # A recipe was run on its own image; its stack carries the output-gate fix (see its stack block).
-        return Case(loaded.model, gpu, loaded.workload, loaded.layout,
-                    Stack.with_fixes(list(fixes) or ["output-gate-tp"]))
+        return case.replace(gpu=case.gpu.with_price(request.get("usd_per_gpu_hour")),
+                            stack=Stack.with_fixes(list(fixes) or ["output-gate-tp"]))
     if not request.get("model") or not request.get("gpu"):
         raise RequestError("a request needs a recipe, or a model, a gpu and a layout")
     model = load_model(request["model"])
@@ -73,6 +71,3 @@ def result_dict(resolved: Case, prediction: Prediction) -> dict:
     out["layout"] = {"world_size": resolved.layout.world_size, **layout_values(resolved.layout)}
     out["label"] = resolved.layout.long_label
     return out
-
-
-ANSWERABLE_ERRORS = (RequestError, InvalidLayout)

@@ -1,4 +1,4 @@
-"""Ranked tables of a study's trials."""
+"""A study's trials: the ranked table of completed ones, and one record per trial as CSV or JSON."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,6 +67,46 @@ def counts_line(study: optuna.Study) -> str:
                                                                    TrialState.FAIL)}
     return (f"study '{study.study_name}': {len(trials)} trials ({count[TrialState.COMPLETE]} complete, "
             f"{count[TrialState.PRUNED]} pruned, {count[TrialState.FAIL]} failed)")
+
+
+# One record per trial (`tune show --format csv|json`): its figures come from its result when it ran,
+# else from its prediction (a pruned trial), and `kind` says which.
+TRIAL_COLUMNS = ("number", "state", "kind", "label", "tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu",
+                 "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "source", "backend", "reason",
+                 "rationale")
+FIGURES = ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu", "usd_per_million_tokens")
+STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
+          TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
+
+
+def trial_record(t: optuna.trial.FrozenTrial) -> dict:
+    attrs = t.user_attrs
+    result = attrs.get("result") or {}
+    prediction = attrs.get("prediction") or {}
+    figures = result or prediction
+    return {"number": t.number, "state": STATES[t.state],
+            "kind": figures.get("kind", "predicted") if figures else None, "label": attrs.get("label"),
+            **{k: figures.get(k) for k in FIGURES},
+            "predicted_tokens_per_s_per_gpu": prediction.get("tokens_per_s_per_gpu"),
+            "source": figures.get("source"), "backend": attrs.get("backend"),
+            "reason": attrs.get("prune_reason") or attrs.get("fail_reason"), "rationale": attrs.get("rationale")}
+
+
+def trials_frame(study: optuna.Study, limit: int | None = None):
+    """Every trial in trial order, one row each (a pandas DataFrame with TRIAL_COLUMNS)."""
+    import pandas as pd
+
+    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    return pd.DataFrame.from_records(records[:limit] if limit else records, columns=list(TRIAL_COLUMNS))
+
+
+def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
+    return trials_frame(study, limit).to_csv(index=False)
+
+
+def trials_json(study: optuna.Study, limit: int | None = None) -> str:
+    """A JSON array of trial records; a figure a trial does not have is null."""
+    return trials_frame(study, limit).to_json(orient="records", indent=1, double_precision=15)
 
 
 def _fmt(value, pattern: str) -> str:

@@ -79,24 +79,31 @@ def storage_url(value: str | None) -> str:
 def open_storage(url: str, create_dirs: bool = False) -> optuna.storages.BaseStorage:
     """Open a storage without writing to anything that is not already an Optuna storage."""
     if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if path.exists():
-            if path.is_dir():
-                raise StudyError(f"study storage {url}: {path} is a directory, not an SQLite file")
-            with path.open("rb") as f:
-                head = f.read(len(SQLITE_MAGIC))
-            if head and head != SQLITE_MAGIC:
-                raise StudyError(f"study storage {url}: {path} is not an SQLite database (corrupt or another file)")
-        elif not path.parent.exists():
-            if create_dirs:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            else:
-                raise StudyError(f"study storage {url}: folder {path.parent} does not exist")
+        try:
+            _check_sqlite_file(url, Path(url[len("sqlite:///"):]), create_dirs)
+        except OSError as e:  # an unreadable file, a folder that cannot be made
+            raise StudyError(str(e)) from None
     try:
         return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
     except Exception as e:  # SQLAlchemy and Optuna raise many types; the user needs one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise StudyError(f"cannot open study storage {url}: {first}") from None
+
+
+def _check_sqlite_file(url: str, path: Path, create_dirs: bool) -> None:
+    """An existing file must be an SQLite database; a new one needs its folder (made only when asked)."""
+    if path.exists():
+        if path.is_dir():
+            raise StudyError(f"study storage {url}: {path} is a directory, not an SQLite file")
+        with path.open("rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+        if head and head != SQLITE_MAGIC:
+            raise StudyError(f"study storage {url}: {path} is not an SQLite database (corrupt or another file)")
+    elif not path.parent.exists():
+        if create_dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            raise StudyError(f"study storage {url}: folder {path.parent} does not exist")
 
 
 def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from experiments.convergence import Curve, CurveError, check, recipe_convergence_block
+from experiments.checks.convergence import Curve, CurveError, check, recipe_convergence_block
 from experiments.runner import TrialRunner, TrialSpec
 from cost_model.layout import Layout
 from tuner.report import ranked_rows

@@ -1,0 +1,62 @@
+"""The trial runner the --backend flags ask for, and the measured window of a trial's steps."""
+from __future__ import annotations
+
+from tuner.options import CliError
+
+
+def measured_window(steps: int) -> tuple[int, int]:
+    """The leaderboard's window 5..19 for 20 steps; the same shape (skip the first quarter) otherwise."""
+    if steps < 2:
+        raise CliError(f"--steps must be at least 2, got {steps}")
+    return (5, 19) if steps == 20 else (max(1, steps // 4), steps - 1)
+
+
+def make_runner(args, profile=None):
+    """The trial runner the --backend flags ask for; RunnerError if it cannot run trials at all."""
+    if args.backend == "predict":
+        from experiments.predicted_runner import PredictedRunner
+
+        return PredictedRunner(profile=profile)
+    if args.backend == "megatron":
+        return _megatron_runner(args)
+    return _slime_runner(args)
+
+
+def _megatron_runner(args):
+    from experiments.megatron.runner import MegatronRunner, visible_gpus
+    from experiments.runner import RunnerError
+
+    if visible_gpus() < 1:
+        raise RunnerError("no CUDA GPU found: --backend megatron runs trials on this machine's GPUs")
+
+    # Every measured trial may become a convergence arm: start all layouts from the same weights.
+    verify_top = getattr(args, "verify_top", 0)  # `tune trial` has no convergence arm
+    verify = verify_top is None or verify_top > 0
+    if args.rows:
+        _check_rows(args.rows)
+    runner = MegatronRunner(layers=args.layers, cpu_init=verify, rows_file=args.rows)
+    if args.hang_timeout:
+        runner.hang_timeout_s = args.hang_timeout
+    return runner
+
+
+def _check_rows(path: str) -> None:
+    """Read the --rows file once before any trial, so a bad file fails the command, not every trial."""
+    from experiments.megatron.runner import load_rows
+
+    try:
+        load_rows(path)
+    except OSError as e:
+        raise CliError(f"--rows {path}: cannot read: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CliError(f"--rows: {e}") from None
+
+
+def _slime_runner(args):
+    from experiments.slime.runner import SlimeRunner
+
+    if not args.ray_address or not args.slime_dir:
+        raise CliError("--backend slime needs --ray-address and --slime-dir")
+    kwargs = {"hang_timeout_s": args.hang_timeout} if args.hang_timeout else {}
+    return SlimeRunner(args.ray_address, args.slime_dir, args.entry_module, hf_ckpt=args.hf_checkpoint,
+                       torch_dist=args.torch_dist, sft_data=args.sft_data, **kwargs)

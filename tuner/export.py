@@ -1,0 +1,72 @@
+"""A study's best rows as recipe YAMLs: `predicted`, `measured` (a real trial's figures) or `verified`
+(measured, and its convergence arm passed). Nothing becomes verified without a passing verdict."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cost_model.metrics import usd_per_million_tokens
+from cost_model.predict import predict
+from tuner.options import writing_user_file
+
+
+def export_rows(rows, config, out: Path, study=None) -> list[Path]:
+    """Write one recipe per ranked row under `out`; the paths written, in the rows' order."""
+    from recipes.recipe import build_recipe, recipe_name, recipe_path, write_recipe
+
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)} if study is not None else {}
+    paths = []
+    for row in rows:
+        prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
+        recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
+        trial = trials.get(row.number)
+        if row.kind == "measured" and trial is not None:
+            _record_measurement(recipe, row, trial, config, study)
+        path = recipe_path(out, config.model, config.gpu, recipe_name(row.layout))
+        with writing_user_file():
+            write_recipe(recipe, path)
+        paths.append(path)
+    return paths
+
+
+def _record_measurement(recipe: dict, row, trial, config, study) -> None:
+    """A measured trial's figures, and its convergence verdict when it has one, into its recipe."""
+    from recipes.correctness import record_convergence
+    from tuner.verify import convergence_of, reference_of
+
+    result = trial.user_attrs.get("result") or {}
+    usd = usd_per_million_tokens(config.gpu.usd_per_gpu_hour, row.tokens_per_s_per_gpu)
+    recipe["result"].update(
+        tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),
+        usd_per_million_tokens=round(usd, 2) if usd is not None else None,
+        step_time_cv_percent=result.get("step_time_cv_percent"), mfu=result.get("mfu"),
+        gpu_hours=result.get("gpu_hours"), **measured_run_fields(result, config))
+    recipe["status"] = "measured"
+    convergence = convergence_of(study, row.number)
+    if convergence:
+        record_convergence(recipe, convergence, reference_of(study, row.number))
+
+
+def measured_run_fields(result: dict, config) -> dict:
+    """What a recipe's result says about the measured run: who measured it, what model actually ran
+    (a truncated model, replaced layers), its steps, window and tokens, and how its MFU was counted."""
+    from experiments.runner import TrialResult
+
+    detail = TrialResult.from_dict(result).details
+    notes = list(detail.get("notes") or [])
+    optimizer = detail.get("optimizer") or ""
+    if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran
+        notes.append(optimizer.split("; ")[-1])
+    run = (detail.get("model_run") or {}).get("name")
+    measured = result.get("source") or "measured"
+    if notes:
+        measured += f"; model run {run or '?'}: " + "; ".join(notes)
+    window = detail.get("window") or list(config.window)
+    rows = detail.get("global_batch_rows") or config.workload.global_batch
+    seq = detail.get("seq_len") or config.workload.seq_len
+    peak = config.gpu.peak_tflops(config.workload.precision)
+    return {"measured": measured,
+            "mfu_note": (f"measured: 6 x active params of the model run{f' ({run})' if run else ''} x tokens/s per "
+                         f"GPU / {peak:g} TFLOP/s ({config.gpu.display_name} dense {config.workload.precision} peak)"),
+            "steps_per_run": detail.get("steps_run") or config.steps, "window": list(window),
+            "window_tokens": (window[1] - window[0] + 1) * rows * seq, "runs": 1,
+            "gpu_hours_note": "measured: the trial's wall time (start-up included) x its GPUs"}

@@ -1,0 +1,209 @@
+"""The command line's flags: what each subcommand takes, and what the shared ones become.
+
+The parsers only describe; the commands (tuner.study_commands, tuner.what_if, tuner.catalog_commands)
+act on what they parse.
+"""
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+
+from cost_model.errors import AttuneError
+from cost_model.hardware import GpuSpec, load_gpu
+from cost_model.layout_codec import LAYOUT_KEYS
+from cost_model.model_spec import ModelSpec, load_model
+from cost_model.stack import STACK_FIXES
+from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
+from tuner.predict_request import REQUEST_KEYS
+
+SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile", "trial")
+SHOW_FORMATS = ("table", "csv", "json")
+
+
+class CliError(AttuneError):
+    """A flag value, or a combination of flags, the command cannot run with."""
+
+
+@contextmanager
+def writing_user_file():
+    """A file the user asked for that cannot be written (a read-only or clashing path) fails the command
+    in one line, with the OSError's own message."""
+    try:
+        yield
+    except OSError as e:
+        raise CliError(str(e)) from None
+
+
+# ---------------------------------------------------------------- shared flags
+
+def add_target(p: argparse.ArgumentParser, required: bool = True):
+    p.add_argument("--model", required=required, help="catalog name (see `tune models`) or path to a config.json")
+    p.add_argument("--gpu", required=required, help="GPU type (see `tune gpus`)")
+    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (default: one node)")
+
+
+def add_workload(p: argparse.ArgumentParser):
+    p.add_argument("--seq-len", type=int, default=8192, help="tokens per row (default 8192)")
+    p.add_argument("--global-batch", type=int, default=128, help="rows per optimizer step (default 128)")
+    p.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    p.add_argument("--routing", choices=ROUTINGS, default="natural",
+                   help="natural: real data, unbalanced experts; balanced: forced router balance")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="slime",
+                   help="slime: slime's eager Megatron step (default); megatron: a tuned Megatron-LM/Bridge step")
+    p.add_argument("--usd-per-gpu-hour", type=float, default=None, help="override the GPU's catalog price")
+    p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
+                   help="a fix your training image has (repeatable)")
+    p.add_argument("--profile", default=None,
+                   help="hardware profile YAML (from `tune profile`) to use instead of the one shipped for the GPU")
+
+
+def add_storage(p: argparse.ArgumentParser):
+    p.add_argument("--study", default=None, help="study name (default: <model>-<gpu>-x<gpus>)")
+    p.add_argument("--storage", default=None,
+                   help="Optuna storage URL or SQLite path (default: sqlite:///studies/attune.sqlite3)")
+
+
+def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
+    choices = ("predict", "megatron", "slime")
+    p.add_argument("--backend", choices=choices if default else choices[1:], default=default, required=not default,
+                   help="predict: the cost model answers (no GPU; figures labelled predicted); megatron: short "
+                        "megatron-core trials on this machine's GPUs; slime: slime jobs on a Ray cluster")
+    p.add_argument("--steps", type=int, default=20, help="steps of a measured trial (default 20)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="megatron: run the first L layers (default: the most that fit the local GPUs)")
+    p.add_argument("--rows", help="megatron: token rows (JSONL {\"tokens\": [...]}) for measured trials and "
+                                  "convergence arms (default: random tokens, nothing to learn)")
+    p.add_argument("--ray-address", help="slime: the Ray cluster's Jobs API address (http://HEAD:8265)")
+    p.add_argument("--slime-dir", help="slime: the slime checkout on the cluster")
+    p.add_argument("--entry-module", default="train", help="slime: the training entry (default train)")
+    p.add_argument("--hf-checkpoint", help="slime: $HF_CKPT on the cluster")
+    p.add_argument("--torch-dist", help="slime: $TORCH_DIST on the cluster")
+    p.add_argument("--sft-data", help="slime: pre-tokenised rows (JSONL) on the cluster")
+    p.add_argument("--hang-timeout", type=float, default=None, help="seconds without a new step before a trial "
+                   "is stopped as hung")
+
+
+def add_layout(p: argparse.ArgumentParser):
+    p.add_argument("--layout", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="layout fields: " + ", ".join(LAYOUT_KEYS))
+
+
+# ---------------------------------------------------------------- what the shared flags become
+
+def target(args) -> tuple[ModelSpec, GpuSpec, int]:
+    model = load_model(args.model)
+    gpu = load_gpu(args.gpu).with_price(getattr(args, "usd_per_gpu_hour", None))
+    gpus = args.gpus if args.gpus is not None else gpu.gpus_per_node
+    if gpus < 1:
+        raise CliError(f"--gpus must be at least 1, got {gpus}")
+    return model, gpu, gpus
+
+
+def workload(args) -> Workload:
+    return Workload(seq_len=args.seq_len, global_batch=args.global_batch, precision=args.precision,
+                    routing=args.routing, framework=args.framework)
+
+
+def profile(args):
+    """The --profile YAML, or None for the profile shipped for the GPU type."""
+    from cost_model.profile import load_profile
+
+    return load_profile(args.profile) if getattr(args, "profile", None) else None
+
+
+# ---------------------------------------------------------------- one parser per subcommand
+
+def run_parser():
+    p = argparse.ArgumentParser(prog="tune", description="Find the fastest training layout for a model on a GPU "
+                                "cluster. Subcommands: " + ", ".join(SUBCOMMANDS) + ".")
+    add_target(p)
+    add_workload(p)
+    add_storage(p)
+    p.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    add_backend(p)
+    p.add_argument("--proposer", choices=("agent", "tpe"), default="agent",
+                   help="agent: reads predictions and measurements; tpe: Optuna's TPE sampler")
+    p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
+    p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--verify-top", type=int, default=None,
+                   help="measured backends: run the convergence arm for the K fastest measured layouts (default 3)")
+    p.add_argument("--reference", nargs="*", default=None, metavar="KEY=VALUE",
+                   help="the convergence reference layout (default: the simplest valid layout that fits)")
+    p.add_argument("--on-interrupted", choices=("retry", "skip"), default="retry",
+                   help="trials a killed tuner left running are marked failed; retry their layouts or skip them")
+    return p
+
+
+def show_parser():
+    p = argparse.ArgumentParser(prog="tune show", description="A study's trials: the ranked table (default), or "
+                                "one row per trial as CSV or JSON.")
+    add_storage(p)
+    p.add_argument("--limit", type=int, default=None,
+                   help="rows to print (default all): the best N of the table, the first N trials of csv/json")
+    p.add_argument("--format", choices=SHOW_FORMATS, default="table",
+                   help="table: ranked completed trials (default); csv, json: every trial, in trial order")
+    return p
+
+
+def export_parser():
+    p = argparse.ArgumentParser(prog="tune export", description="Write recipe YAMLs for a study's best layouts.")
+    add_storage(p)
+    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--out", required=True, help="folder; recipes go to OUT/<model>/<gpu>/<name>.yaml")
+    return p
+
+
+def predict_parser():
+    p = argparse.ArgumentParser(prog="tune predict", description="Predict memory, step time and throughput of "
+                                "one layout, from a recipe or from flags; or of many, one JSON request a line.")
+    p.add_argument("--recipe", help="a recipe YAML (its model, GPU, workload and layout)")
+    add_target(p, required=False)
+    add_workload(p)
+    add_layout(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--explain", action="store_true", help="print where the time and the memory go")
+    p.add_argument("--recipe-out", help="write the predicted recipe for this layout")
+    p.add_argument("--batch", metavar="REQUESTS.jsonl",
+                   help="one JSON request a line (keys: " + ", ".join(REQUEST_KEYS) + "); '-' reads stdin; "
+                        "prints one JSON result a line, in order; an invalid request gets an error field")
+    return p
+
+
+def models_parser():
+    p = argparse.ArgumentParser(prog="tune models", description="The model catalog.")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def gpus_parser():
+    p = argparse.ArgumentParser(prog="tune gpus", description="The GPU catalog, with the source of each figure.")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def profile_parser():
+    p = argparse.ArgumentParser(prog="tune profile", description="Measure this machine's GPUs (GEMM, grouped GEMM, "
+                                "attention, NCCL collectives, host transfers, CPU Adam) into a profile YAML, or "
+                                "derive a profile for another GPU type from a measured one.")
+    p.add_argument("--model", default=None, help="also measure this model's own GEMM and attention shapes")
+    p.add_argument("--out", default=None, help="output YAML (default profile-<gpu>.yaml)")
+    p.add_argument("--quick", action="store_true", help="small grids, for a smoke run")
+    p.add_argument("--derive", metavar="GPU", help="write a profile for GPU derived from a measured one")
+    p.add_argument("--from", dest="source", default="h200", help="the measured profile's GPU type (with --derive)")
+    return p
+
+
+def trial_parser():
+    p = argparse.ArgumentParser(prog="tune trial", description="Run one trial of one layout outside any study and "
+                                "print its result (measured by the chosen backend).")
+    add_target(p)
+    add_workload(p)
+    add_backend(p, default=None)
+    add_layout(p)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+PARSERS = {"run": run_parser, "show": show_parser, "export": export_parser, "predict": predict_parser,
+           "models": models_parser, "gpus": gpus_parser, "profile": profile_parser, "trial": trial_parser}

@@ -1,0 +1,116 @@
+"""The what-if commands: `tune predict` (the cost model's answer for one layout, or a batch of them) and
+`tune trial` (one measured trial of one layout, outside any study)."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+from cost_model.errors import AttuneError
+from cost_model.hardware import GpuSpec
+from cost_model.layout import Layout
+from cost_model.layout_codec import parse_pairs
+from cost_model.model_spec import ModelSpec
+from cost_model.predict import Prediction
+from cost_model.user_file import read_user_text
+from tuner.backends import make_runner, measured_window
+from tuner.options import CliError, profile, writing_user_file
+from tuner.predict_request import answer, resolve, result_dict
+
+
+def request_from_args(args) -> dict:
+    """The flags as one request (tuner.predict_request), so flags and a batch line are answered alike."""
+    if getattr(args, "recipe", None):
+        return {"recipe": args.recipe, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix}
+    if not (args.model and args.gpu):
+        raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
+    return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "seq_len": args.seq_len,
+            "global_batch": args.global_batch, "precision": args.precision, "routing": args.routing,
+            "framework": args.framework, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
+            "layout": parse_pairs(args.layout)}
+
+
+def cmd_predict(args) -> int:
+    hardware = profile(args)
+    if args.batch:
+        return predict_batch(args.batch, hardware)
+    case = resolve(request_from_args(args))
+    prediction = answer(case, hardware)
+    if args.recipe_out:
+        from recipes.recipe import build_recipe, write_recipe
+
+        recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction)
+        with writing_user_file():
+            write_recipe(recipe, Path(args.recipe_out))
+    if args.json:
+        print(json.dumps(result_dict(case, prediction)))
+    elif args.explain:
+        print(explain(case.model, case.gpu, case.layout, prediction))
+    else:
+        print(summary_line(case.model, case.gpu, case.layout, prediction))
+    return 0
+
+
+def predict_batch(path: str, hardware) -> int:
+    """One JSON result a line for one JSON request a line; a request that cannot be answered gets an error."""
+    stream = sys.stdin if path == "-" else io.StringIO(read_user_text(path, CliError, "request file"))
+    with stream:
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+                case = resolve(request)
+                out = result_dict(case, answer(case, hardware))
+            except json.JSONDecodeError as e:
+                out = {"error": f"line {number}: not JSON ({e.msg} at column {e.colno})"}
+            except AttuneError as e:
+                out = {"error": f"line {number}: {e.one_line()}"}
+            print(json.dumps(out))
+    return 0
+
+
+def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> str:
+    fits = "fits" if p.fits else "DOES NOT FIT: " + "; ".join(p.reasons)
+    return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
+            f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}, "
+            f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}; --explain for the breakdown)")
+
+
+def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> str:
+    """Where the time and the memory go, as two tables."""
+    lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
+             f"every figure is predicted ({p.source})",
+             f"fits: {'yes' if p.fits else 'NO: ' + '; '.join(p.reasons)}",
+             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f}   step {p.step_time_s:.2f} s   MFU {p.mfu:.1%}   "
+             f"$/1M tokens {p.usd_per_million_tokens:.3f}",
+             f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
+             "",
+             f"{'step time':<28}{'seconds':>9}{'share':>8}"]
+    for k, v in sorted(p.breakdown.items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            lines.append(f"  {k:<26}{v:9.2f}{v / p.step_time_s:8.1%}")
+    lines.append(f"  {'total':<26}{p.step_time_s:9.2f}{1:8.1%}")
+    lines += ["", f"{'memory per GPU':<28}{'GiB':>9}{'share':>8}"]
+    mem = p.memory.as_dict()
+    for k in ("weights", "grads", "optimizer", "activations", "buffers"):
+        lines.append(f"  {k:<26}{mem[k]:9.1f}{mem[k] / mem['total']:8.1%}")
+    lines.append(f"  {'total (most-loaded GPU)':<26}{mem['total']:9.1f}   of {p.gpu_memory_gib:.1f} usable")
+    lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "
+                 f"{p.host_memory_capacity_gib:.0f}")
+    return "\n".join(lines)
+
+
+def cmd_trial(args) -> int:
+    from experiments.runner import TrialSpec
+
+    case = resolve(request_from_args(args))
+    answer(case)  # the layout's rules, before any GPU is touched
+    runner = make_runner(args, profile(args))
+    result = runner.run(TrialSpec(case, steps=args.steps, window=measured_window(args.steps)))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(f"{case.layout.long_label}: {result.summary()}")
+    return 0 if result.status == "ok" else 1
