@@ -1,6 +1,6 @@
 """Are torch's fused attention kernels right for the shapes the megatron runner gives them? (GPU)
 
-The runner's torch-native core attention (experiments/torch_native_backend.TorchSDPAttention)
+The runner's torch-native core attention (experiments/megatron/torch_native.TorchSDPAttention)
 receives megatron's [s, b, heads, head_dim] tensors and hands SDPA their [b, heads, s, head_dim]
 permutation (not contiguous when b > 1), with GQA and causal masking; the gradient arriving at its
 output is a permutation too. For each kernel torch offers (flash, cuDNN, memory-efficient, math)
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from experiments.torch_native_backend import SDPA_KERNELS as KERNELS
+from experiments.megatron.torch_native import SDPA_KERNELS as KERNELS
 NAMES = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn"}
 
 

@@ -6,9 +6,10 @@ Two gloo processes on the CPU run megatron-core's own schedules, tensor-parallel
 dispatcher (allgather: the alltoall one needs CUDA streams) over tiny Llama- and Qwen3.6-shaped
 models built by the runner's torch-native block spec with CPU initialisation (fp32, so the comparison
 is exact up to summation order). The MoE case fails if a rank draws its local experts itself (the
-bug experiments/same_weights.init_experts_cpu fixed: losses 5.549 / 5.534 / 5.536 instead of one). This caught a real bug: with ModelParallelConfig's default batched
-p2p, the interleaved schedule at PP 2 swapped activations and gradients between the two ranks from
-the second micro-batch group on (grad norm ~1e5 instead of ~23 on 2 x H200).
+bug experiments/megatron/same_weights.init_experts_cpu fixed: losses 5.549 / 5.534 / 5.536 instead of
+one). This caught a real bug: with ModelParallelConfig's default batched p2p, the interleaved schedule
+at PP 2 swapped activations and gradients between the two ranks from the second micro-batch group on
+(grad norm ~1e5 instead of ~23 on 2 x H200).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from unittest import mock
 
 import pytest
 import torch
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 SEQ, VOCAB, MICROBATCHES = 32, 256, 4
 
@@ -62,27 +65,29 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    import experiments.megatron_runner as mr
-    import experiments.torch_native_backend as tnb
+    from cost_model.layout import Layout
     from cost_model.model_spec import load_model
     from cost_model.workload import Workload
-    from cost_model.layout import Layout
+    from experiments.megatron import torch_native as tnb
+    from experiments.megatron.config import transformer_config_kwargs
+    from experiments.megatron.model_run import trial_model
+    from experiments.megatron.train_loop import forward_step, step_loss
 
     parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                                              expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                                              create_gloo_process_groups=False)
     with _cpu_patches(tensor_parallel.get_cuda_rng_tracker()):
         if grid.get("moe"):
-            tiny = dataclasses.replace(mr.trial_model(load_model("qwen3.6-35b-a3b"), 2), hidden_size=64,
+            tiny = dataclasses.replace(trial_model(load_model("qwen3.6-35b-a3b"), 2), hidden_size=64,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
                                        num_experts_per_tok=2, moe_intermediate_size=32,
                                        shared_expert_intermediate_size=32, vocab_size=VOCAB)
         else:
-            tiny = dataclasses.replace(mr.trial_model(load_model("llama3-8b"), 4), hidden_size=64,
+            tiny = dataclasses.replace(trial_model(load_model("llama3-8b"), 4), hidden_size=64,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                        intermediate_size=128, vocab_size=VOCAB)
         layout = Layout(world, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp)
-        kw = mr.transformer_config_kwargs(tiny, layout, Workload(seq_len=SEQ, global_batch=MICROBATCHES),
+        kw = transformer_config_kwargs(tiny, layout, Workload(seq_len=SEQ, global_batch=MICROBATCHES),
                                           use_cpu_initialization=True)
         kw.update(bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32)
         if grid.get("moe"):
@@ -105,7 +110,7 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
                     "position_ids": torch.arange(SEQ).unsqueeze(0)} for i in range(MICROBATCHES)]
         its = [iter(batches) for _ in chunks]
         reduced = get_forward_backward_func()(
-            forward_step_func=mr.forward_step, data_iterator=its if vpp > 1 else its[0],
+            forward_step_func=forward_step, data_iterator=its if vpp > 1 else its[0],
             model=chunks if vpp > 1 else chunks[0], num_microbatches=MICROBATCHES, seq_length=SEQ,
             micro_batch_size=1, decoder_seq_length=SEQ, forward_only=False)
         # Gradients by global layer, with how TP holds them: a shard, or (sequence parallel) a partial sum
@@ -117,7 +122,7 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
                     kind = ("shard" if getattr(p, "tensor_model_parallel", False)
                             else "partial" if getattr(p, "sequence_parallel", False) and tp > 1 else "whole")
                     grads[f"{layer.layer_number}.{name}"] = (kind, p.main_grad.clone())
-        torch.save({"loss": mr.step_loss(reduced), "grads": grads}, f"{out}.{rank}.pt")
+        torch.save({"loss": step_loss(reduced), "grads": grads}, f"{out}.{rank}.pt")
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 

@@ -39,7 +39,7 @@ What cannot be swapped cleanly, and is refused with a reason (`unsupported`):
   runner does not build MLATransformerConfig).
 - FP8/FP4 expert GEMMs, TE's op-fuser (fused grouped MLP), delayed expert wgrad: TE-only.
 - Gated DeltaNet (Qwen3.5/3.6, Qwen3-Next): megatron's GDN needs fla (not importable here); the
-  runner replaces those layers by full attention and records it (megatron_runner.trial_model).
+  runner replaces those layers by full attention and records it (experiments.megatron.model_run.trial_model).
 
 `layer_spec(model, backend)` returns the TransformerLayer ModuleSpec for a catalog model and
 `block_spec(model, config, backend, ...)` the per-stage block spec the runner builds; both record
@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cost_model.model_spec import DENSE, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
-from experiments import same_weights
+from experiments.megatron import same_weights
 
 BACKENDS = ("auto", "te", "torch-native", "local")
 
@@ -162,7 +162,7 @@ def unsupported(model: ModelSpec, backend: str, cp: int = 1) -> list[str]:
     out = []
     if LINEAR_ATTENTION in model.layer_types:
         out.append("Gated DeltaNet layers need fla (megatron's GatedDeltaNet); replace them with full "
-                   "attention (megatron_runner.trial_model(..., replace_gdn=True))")
+                   "attention (experiments.megatron.model_run.trial_model(..., replace_gdn=True))")
     if MLA in model.layer_types:
         out.append("MLA models are not wired into this runner (needs MLATransformerConfig)")
     if backend == "torch-native":
