@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.megatron_results import rows_of
 from experiments.checks.convergence import Curve, CurveError, check
+from experiments.runner import TrialResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = ("date", "lr", "gpus", "model", "layers", "layout_label", "tp", "pp", "ep", "etp", "cp", "recompute",
@@ -29,13 +30,18 @@ COLUMNS = ("date", "lr", "gpus", "model", "layers", "layout_label", "tp", "pp", 
            "ratio_to_leaderboard_shape", "convergence", "convergence_detail", "trial")
 
 
+def facts(line: dict) -> dict:
+    """The runner's facts of a stored result line (old lines kept them in `detail`, new ones in `details`)."""
+    return TrialResult.from_dict(line).details
+
+
 def load(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
 def curve(r: dict, steps: int | None = None) -> Curve:
     losses = r["losses"][:steps] if steps else r["losses"]
-    norms = (r["detail"].get("grad_norms") or [])[:len(losses)] or None
+    norms = (facts(r).get("grad_norms") or [])[:len(losses)] or None
     return Curve(tuple(range(1, len(losses) + 1)), tuple(losses), tuple(norms) if norms else None, r["trial"])
 
 
@@ -62,7 +68,7 @@ def write_curves(rows: list[dict]) -> None:
             with open(out / f"{r['trial']}.csv", "w", newline="") as f:
                 w = csv.writer(f)
                 w.writerow(["step", "loss", "grad_norm"])
-                norms = r["detail"].get("grad_norms") or [""] * len(r["losses"])
+                norms = facts(r).get("grad_norms") or [""] * len(r["losses"])
                 for i, (loss, g) in enumerate(zip(r["losses"], norms), 1):
                     w.writerow([i, loss, g])
 
@@ -85,9 +91,9 @@ def _first_steps(runs: dict, ref_name: str, title: str) -> None:
     for name, r in runs.items():
         if r.get("status") != "ok" or not r.get("losses"):
             continue
-        g, g0 = r["detail"]["grad_norms"][0], ref["detail"]["grad_norms"][0]
+        g, g0 = facts(r)["grad_norms"][0], facts(ref)["grad_norms"][0]
         print(f"  {name:<24} loss {r['losses'][0]:.6f} ({r['losses'][0] / ref['losses'][0] - 1:+.1e})  "
-              f"grad norm {g:.4f} ({g / g0 - 1:+.1e})  sdpa {r['detail']['kernels_ran'].get('sdpa_backend')}")
+              f"grad norm {g:.4f} ({g / g0 - 1:+.1e})  sdpa {facts(r)['kernels_ran'].get('sdpa_backend')}")
 
 
 def _tuner_run(db: Path) -> None:
