@@ -1,6 +1,7 @@
 """Layouts train the same model: the megatron runner's configuration for PP 1, PP 2, the interleaved
 PP 2 x VPP 2 and TP 2 (with sequence parallelism) gives the same loss and the same gradients per layer;
-for a MoE model, EP 2 and TP 2 x ETP 2 give the same loss as EP 1.
+for a MoE model, EP 2 and TP 2 x ETP 2 give the same loss as EP 1; for a Qwen3.6-like model with
+megatron's Gated DeltaNet layers, TP 2 x ETP 2 and PP 2 give the same loss and gradients, EP 2 the same loss.
 
 Two gloo processes on the CPU run megatron-core's own schedules, tensor-parallel layers and token
 dispatcher (allgather: the alltoall one needs CUDA streams) over tiny Llama- and Qwen3.6-shaped
@@ -13,15 +14,14 @@ at PP 2 swapped activations and gradients between the two ranks from the second 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import socket
 import warnings
-from unittest import mock
 
 import pytest
 import torch
+from megatron_cpu import cpu_patches, tiny_qwen36_gdn
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -32,24 +32,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cpu_patches(tracker):
-    """What lets megatron's CUDA-minded schedule code run on CPU tensors."""
-    zeros = torch.zeros
-
-    def cpu_zeros(*a, **k):
-        if str(k.get("device")) == "cuda":
-            k["device"] = "cpu"
-        return zeros(*a, **k)
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(torch, "zeros", cpu_zeros))
-    stack.enter_context(mock.patch.object(torch.Tensor, "cuda", lambda self, *a, **k: self))
-    stack.enter_context(mock.patch.object(torch.cuda, "current_device", lambda: "cpu"))
-    stack.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
-    stack.enter_context(mock.patch.object(tracker, "fork", lambda *a, **k: contextlib.nullcontext()))
-    return stack
 
 
 def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
@@ -76,9 +58,12 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
     parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                                              expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
                                              create_gloo_process_groups=False)
-    with _cpu_patches(tensor_parallel.get_cuda_rng_tracker()):
-        if grid.get("moe"):
-            tiny = dataclasses.replace(trial_model(load_model("qwen3.6-35b-a3b"), 2), hidden_size=64,
+    torch._dynamo.config.disable = True  # as the runner's workers run (TORCHDYNAMO_DISABLE=1): jit_fuser eager
+    with cpu_patches(tensor_parallel.get_cuda_rng_tracker()):
+        if grid.get("gdn"):
+            tiny = tiny_qwen36_gdn()
+        elif grid.get("moe"):
+            tiny = dataclasses.replace(trial_model(load_model("qwen3.6-35b-a3b"), 2, replace_gdn=True), hidden_size=64,
                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
                                        num_experts_per_tok=2, moe_intermediate_size=32,
                                        shared_expert_intermediate_size=32, vocab_size=VOCAB)
@@ -90,7 +75,7 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
         kw = transformer_config_kwargs(tiny, layout, Workload(seq_len=SEQ, global_batch=MICROBATCHES),
                                           use_cpu_initialization=True)
         kw.update(bf16=False, params_dtype=torch.float32, pipeline_dtype=torch.float32)
-        if grid.get("moe"):
+        if grid.get("moe") or grid.get("gdn"):
             kw["moe_token_dispatcher_type"] = "allgather"
         cfg = TransformerConfig(**kw)
         torch.manual_seed(5)  # as the runner's worker does
@@ -129,7 +114,7 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
 
 def _run(tmp_path, **grid) -> tuple[float, dict]:
     """(loss, {layer.param: gradient norm, or the gradient itself where one rank holds it whole}) of
-    one layout (grid: tp, pp, vpp, ep, etp; moe=True for the MoE model)."""
+    one layout (grid: tp, pp, vpp, ep, etp; moe=True for the MoE model, gdn=True for the GDN + MoE one)."""
     import torch.multiprocessing as tmp
 
     world = max(grid.get("pp", 1) * grid.get("tp", 1), grid.get("ep", 1))
@@ -189,3 +174,30 @@ def test_expert_layouts_start_from_the_same_moe_model(tmp_path):
     assert 5.0 < loss1 < 6.5
     assert _run(tmp_path, moe=True, ep=2)[0] == pytest.approx(loss1, rel=1e-6)
     assert _run(tmp_path, moe=True, tp=2, etp=2)[0] == pytest.approx(loss1, rel=1e-6)
+
+
+def _assert_same_gradients(grads1: dict, grads: dict, what: str) -> None:
+    n1, n = _norms(grads1), _norms(grads)
+    assert grads.keys() == grads1.keys(), what
+    for name in grads1:
+        assert float(n[name]) == pytest.approx(float(n1[name]), rel=1e-4, abs=1e-9), f"{what}: {name}"
+
+
+def test_gated_deltanet_model_is_the_same_model_at_tp2_pp2_and_ep2(tmp_path):
+    """A tiny Qwen3.6-like model with megatron's GatedDeltaNet layers (3 GDN + 1 full attention, MoE;
+    the torch gated delta rule, as without fla): TP 2 (sequence parallel, GDN heads and in_proj
+    sections sharded, experts over ETP 2) and PP 2 compute the TP 1 loss and per-layer gradients, and
+    EP 2 its loss. Fails when a TP rank's in_proj is a contiguous slice of the full weight (megatron's
+    own CPU initialisation) or conv1d/A_log are drawn per rank (see same_weights.init_gdn_cpu)."""
+    pytest.importorskip("megatron.core")
+    loss1, grads1 = _run(tmp_path, gdn=True)
+    assert 5.0 < loss1 < 6.5
+    assert any(".self_attention.in_proj.weight" in k for k in grads1)
+    assert any(".self_attention.A_log" in k for k in grads1) and any(".self_attention.conv1d.weight" in k for k in grads1)
+    loss_tp, grads_tp = _run(tmp_path, gdn=True, tp=2, etp=2)
+    assert loss_tp == pytest.approx(loss1, rel=1e-6)
+    _assert_same_gradients(grads1, grads_tp, "TP 2")
+    loss_pp, grads_pp = _run(tmp_path, gdn=True, pp=2)
+    assert loss_pp == pytest.approx(loss1, rel=1e-6)
+    _assert_same_gradients(grads1, grads_pp, "PP 2")
+    assert _run(tmp_path, gdn=True, ep=2)[0] == pytest.approx(loss1, rel=1e-6)

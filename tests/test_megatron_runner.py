@@ -52,7 +52,7 @@ def test_this_machine_has_no_gpu():
 
 
 # ------------------------------------------------------------------------------ the model run
-def test_trial_model_truncates_and_replaces_gdn(qwen36):
+def test_trial_model_truncates_and_replaces_gdn_when_asked(qwen36):
     run = model_run.trial_model(qwen36, 4, replace_gdn=True)
     assert qwen36.layer_types[:4] == (LINEAR_ATTENTION,) * 3 + (FULL_ATTENTION,)
     assert run.num_hidden_layers == 4
@@ -73,14 +73,17 @@ def test_trial_model_truncates_and_replaces_gdn(qwen36):
                                 + 4 * full_layer.total)
     notes = model_run.trial_model_notes(qwen36, run, "--layers")
     assert notes == ["truncated: 4 of 40 layers (--layers)",
-                     "gdn: replaced by full attention (fla not importable): 3 of 4 layers",
+                     "gdn: replaced by full attention (replace_gdn asked for): 3 of 4 layers",
                      "mtp: 1 MTP layer(s) not built"]
 
 
-def test_trial_model_keep_gdn_and_full_depth(qwen36):
-    kept = model_run.trial_model(qwen36, 4, replace_gdn=False)
-    assert kept.layer_types == qwen36.layer_types[:4]
+def test_trial_model_keeps_gdn_by_default_and_full_depth(qwen36):
+    kept = model_run.trial_model(qwen36, 4)
+    assert kept.layer_types == qwen36.layer_types[:4] and kept.name == "qwen3.6-35b-a3b[L4]"
     assert kept.linear_num_value_heads == qwen36.linear_num_value_heads
+    assert model_run.trial_model_notes(qwen36, kept)[1] == (
+        "gdn: megatron-core GatedDeltaNet: 3 of 4 layers (kernel: details.kernels.linear_attention)")
+    assert kept.params.layers[0] == qwen36.params.layers[0]  # the catalog model's GDN layer, as predicted
     full = model_run.trial_model(qwen36, None, replace_gdn=True)
     assert full.num_hidden_layers == 40 and full.layer_types == (FULL_ATTENTION,) * 40
     assert full.name == "qwen3.6-35b-a3b[gdn->full]"
@@ -322,7 +325,7 @@ def test_backend_resolution_and_unsupported_models(qwen36):
     with pytest.raises(ValueError):
         tnb.resolve_backend("apex")
     assert tnb.unsupported(model_run.trial_model(qwen36, 4), "torch-native") == []
-    assert "Gated DeltaNet" in tnb.unsupported(qwen36, "torch-native")[0]
+    assert tnb.unsupported(qwen36, "torch-native") == []  # Gated DeltaNet: megatron's GatedDeltaNet (gdn.py)
     oss = tnb.unsupported(load_model("gpt-oss-20b"), "torch-native")
     assert any("sinks" in r for r in oss) and any("sliding-window" in r for r in oss)
     assert tnb.unsupported(load_model("gpt-oss-20b"), "local") == []
@@ -332,8 +335,6 @@ def test_backend_resolution_and_unsupported_models(qwen36):
     assert "grouped_mm" in spec.metainfo["attune_kernels"]["grouped_gemm"]
     assert spec.submodules.self_attention.submodules.core_attention is tnb.TorchSDPAttention
     assert tnb.layer_spec(model_run.trial_model(qwen36, 4), "local").metainfo["attune_backend"] == "local"
-    with pytest.raises(NotImplementedError, match="Gated DeltaNet"):
-        tnb.layer_spec(qwen36, "torch-native")
 
 
 # ------------------------------------------------------------------------------ a whole GPTModel on the CPU
@@ -362,7 +363,7 @@ def _cpu_megatron():
 
 
 def _tiny_qwen36():
-    run = model_run.trial_model(load_model("qwen3.6-35b-a3b"), 2)
+    run = model_run.trial_model(load_model("qwen3.6-35b-a3b"), 2, replace_gdn=True)
     return dataclasses.replace(run, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                shared_expert_intermediate_size=32, vocab_size=256)
@@ -595,16 +596,19 @@ def test_runner_without_gpus_returns_a_failed_result(qwen36):
     assert (res.status, res.kind, res.failure_class) == ("failed", "measured", "invalid_config")
     assert res.detail == "needs 1 GPU(s), 0 visible"
     d = res.details
-    assert d["model_run"]["name"] == "qwen3.6-35b-a3b[L4,gdn->full]"
-    assert GDN_NOTE_PREFIX in " ".join(d["notes"])
+    assert d["model_run"]["name"] == "qwen3.6-35b-a3b[L4]"  # Gated DeltaNet kept: the default
+    assert "gdn: megatron-core GatedDeltaNet: 3 of 4 layers" in " ".join(d["notes"])
     assert d["prediction_for_model_run"]["fits"] is True
+    replaced = mr.MegatronRunner(layers=4, replace_gdn=True).run(_spec(qwen36, Layout(1, max_tokens_per_gpu=4096)))
+    assert replaced.details["model_run"]["name"] == "qwen3.6-35b-a3b[L4,gdn->full]"
+    assert GDN_NOTE_PREFIX in " ".join(replaced.details["notes"])
     flex = runner.run(_spec(qwen36, Layout(2, ep=2, dispatcher="flex", max_tokens_per_gpu=4096)))
     assert flex.failure_class == "invalid_config" and "DeepEP" in flex.detail
     odd = runner.run(_spec(qwen36, Layout(2, ep=2, max_tokens_per_gpu=4096), global_batch=15))
     assert odd.failure_class == "invalid_config" and "not divisible by DP 2" in odd.detail
 
 
-GDN_NOTE_PREFIX = "gdn: replaced by full attention (fla not importable)"
+GDN_NOTE_PREFIX = "gdn: replaced by full attention (replace_gdn asked for)"
 
 
 def test_plan_scales_the_global_batch_to_the_time_budget(qwen36):

@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="catalog model name or config.json path")
     p.add_argument("--gpus", type=int, help="GPUs (world size)")
     p.add_argument("--layers", default="auto", help="layers to build ('auto': largest predicted to fit)")
-    p.add_argument("--keep-gdn", action="store_true", help="do not replace Gated DeltaNet layers (needs fla)")
+    p.add_argument("--replace-gdn", action="store_true",
+                   help="build Gated DeltaNet layers as full attention (default: megatron-core's GatedDeltaNet)")
+    p.add_argument("--keep-gdn", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old commands
     p.add_argument("--layout", nargs="*", default=[], metavar="KEY=VALUE", help="Layout fields, e.g. tp=2 ep=1")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--window", help="inclusive 0-based step window A:B (default 2:N-1)")
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not args.suite and (not args.model or not args.gpus):
         return _fail("give --suite FILE, or --model and --gpus")
+    if args.replace_gdn and args.keep_gdn:
+        return _fail("--replace-gdn and --keep-gdn contradict each other")
     try:
         layout = None
         if args.suite:
@@ -98,7 +102,7 @@ def _run_one(args, gpu, layout) -> int:
         a, _, b = args.window.partition(":")
         window = (int(a), int(b))
     layers = None if args.layers == "auto" else int(args.layers)
-    runner = MegatronRunner(layers=layers, replace_gdn=not args.keep_gdn, backend=args.backend, launcher=args.launcher,
+    runner = MegatronRunner(layers=layers, replace_gdn=args.replace_gdn, backend=args.backend, launcher=args.launcher,
                             timeout_s=args.timeout_s, hang_timeout_s=args.hang_timeout_s,
                             startup_grace_s=args.startup_grace_s, seed=args.seed, rows_file=args.rows,
                             log_dir=args.log_dir, torch_compile=args.torch_compile)

@@ -6,7 +6,7 @@ with TransformerConfig's own names.
 from __future__ import annotations
 
 from cost_model.layout import Layout
-from cost_model.model_spec import MLA, MOE, ModelSpec
+from cost_model.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
 from cost_model.workload import Workload
 
 
@@ -15,8 +15,8 @@ def transformer_config_kwargs(model: ModelSpec, layout: Layout, workload: Worklo
     """TransformerConfig keyword arguments for `model` under `layout` (the equivalents of
     search_space.megatron_args.model_args + parallel/recompute/dispatcher args)."""
     _check_supported(model, workload)
-    kw = {**_architecture_kwargs(model), **_precision_kwargs(use_cpu_initialization), **_parallel_kwargs(layout),
-          **_unfused_kwargs()}
+    kw = {**_architecture_kwargs(model), **_linear_attention_kwargs(model), **_precision_kwargs(use_cpu_initialization),
+          **_parallel_kwargs(layout), **_unfused_kwargs()}
     if layout.vpp > 1:
         # Megatron-LM training's default for the interleaved schedule (--no-overlap-p2p-communication
         # unset). ModelParallelConfig's own default, batched p2p, mixes activations and gradients at
@@ -65,6 +65,22 @@ def _architecture_kwargs(model: ModelSpec) -> dict:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=0.02,
+    )
+
+
+def _linear_attention_kwargs(model: ModelSpec) -> dict:
+    """Gated DeltaNet layers (Megatron-LM's --experimental-attention-variant gated_delta_net with
+    --linear-attention-freq as a per-layer list: 1 for GDN, 0 for full attention)."""
+    if LINEAR_ATTENTION not in model.layer_types:
+        return {}
+    return dict(
+        experimental_attention_variant="gated_delta_net",
+        linear_attention_freq=[1 if t == LINEAR_ATTENTION else 0 for t in model.layer_types],
+        linear_conv_kernel_dim=model.linear_conv_kernel_dim,
+        linear_key_head_dim=model.linear_key_head_dim,
+        linear_value_head_dim=model.linear_value_head_dim,
+        linear_num_key_heads=model.linear_num_key_heads,
+        linear_num_value_heads=model.linear_num_value_heads,
     )
 
 

@@ -249,13 +249,20 @@ class _Monitor:
             return {"status": "failed", "failure_class": first["failure_class"], "wall_s": wall,
                     "detail": f"rank {first['rank']} ({first.get('phase')}): {first.get('type')}: "
                               f"{first.get('message')}",
-                    "errors": [{k: e.get(k) for k in ("rank", "phase", "failure_class", "type", "message")}
-                               for e in self.errors],
+                    "errors": [_error_fields(e) for e in self.errors],
                     "progress": progress}
         if self.hang is not None:
             return {"status": "failed", "failure_class": "hang", "detail": self.hang, "wall_s": wall,
                     "progress": progress}
         return {"status": "ok", "ranks": self.results, "wall_s": wall}
+
+
+def _error_fields(error: dict) -> dict:
+    """An error as the result carries it; a rank's memory at a CUDA OOM when it could say."""
+    out = {k: error.get(k) for k in ("rank", "phase", "failure_class", "type", "message")}
+    if error.get("memory_gib"):
+        out["memory_gib"] = error["memory_gib"]
+    return out
 
 
 def _progress_text(progress: dict) -> str:

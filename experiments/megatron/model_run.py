@@ -1,7 +1,8 @@
 """The model a trial actually trains, and what the cost model predicts for it.
 
-A trial may build fewer layers than the catalog model and replaces Gated DeltaNet layers by full
-attention; the cost model's comparison must be for exactly that model, so both are built here.
+A trial may build fewer layers than the catalog model and, when asked (replace_gdn), replaces Gated
+DeltaNet layers by full attention; the cost model's comparison must be for exactly that model, so
+both are built here. By default GDN layers are megatron-core's GatedDeltaNet (see gdn.py).
 """
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from dataclasses import replace
 from cost_model.case import Case
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, ModelSpec
 
-GDN_NOTE = "gdn: replaced by full attention (fla not importable)"
+GDN_NOTE = "gdn: replaced by full attention (replace_gdn asked for)"
+GDN_KEPT_NOTE = "gdn: megatron-core GatedDeltaNet"
 
 
-def trial_model(model: ModelSpec, layers: int | None = None, replace_gdn: bool = True) -> ModelSpec:
+def trial_model(model: ModelSpec, layers: int | None = None, replace_gdn: bool = False) -> ModelSpec:
     """The ModelSpec a trial actually trains: the first `layers` layers of `model` (all when None),
     Gated DeltaNet layers replaced by full attention when `replace_gdn`, and no MTP layers.
 
@@ -51,6 +53,9 @@ def trial_model_notes(model: ModelSpec, run: ModelSpec, how: str = "") -> list[s
     replaced = sum(1 for a, b in zip(model.layer_types, run.layer_types) if a == LINEAR_ATTENTION and b != a)
     if replaced:
         notes.append(f"{GDN_NOTE}: {replaced} of {run.num_hidden_layers} layers")
+    elif run.count(LINEAR_ATTENTION):
+        notes.append(f"{GDN_KEPT_NOTE}: {run.count(LINEAR_ATTENTION)} of {run.num_hidden_layers} layers "
+                     f"(kernel: details.kernels.linear_attention)")
     if model.num_nextn_predict_layers:
         notes.append(f"mtp: {model.num_nextn_predict_layers} MTP layer(s) not built")
     return notes
@@ -66,7 +71,7 @@ def predict_run(case: Case):
     return predict(case.model, case.gpu, case.workload, case.layout, precision_aware_optimizer=te)
 
 
-def auto_layers(case: Case, replace_gdn: bool = True) -> tuple[int, str]:
+def auto_layers(case: Case, replace_gdn: bool = False) -> tuple[int, str]:
     """The largest layer count (a multiple of PP x VPP) the cost model predicts to fit the case's
     layout on its GPU; raises ValueError when not even the smallest does."""
     model, layout = case.model, case.layout

@@ -19,7 +19,7 @@ from cost_model.batching import rows_per_microbatch
 from cost_model.case import Case
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.layout import InvalidLayout
-from cost_model.model_spec import ModelError
+from cost_model.model_spec import LINEAR_ATTENTION, ModelError
 from experiments.megatron.data import load_rows  # noqa: F401 - the runner's rows reader (tuner.cli checks --rows)
 from experiments.megatron.launch import STARTUP_GRACE_S, free_port, ray_available, run_job
 from experiments.megatron.model_run import auto_layers, predict_run, trial_model, trial_model_notes
@@ -81,13 +81,36 @@ def _window(steps: int, window: tuple[int, int] | None) -> tuple[int, int]:
     return (min(2, steps - 1), steps - 1)
 
 
-def _worker_env(torch_compile: bool) -> dict:
+def _worker_env(torch_compile: bool, case: Case | None = None) -> tuple[dict, dict]:
+    """(the workers' environment, where its allocator setting came from). Set before the workers start,
+    hence before CUDA initialises in them."""
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NCCL_NVLS_ENABLE": "0",
            "CUDA_DEVICE_MAX_CONNECTIONS": "1", "PYTHONUNBUFFERED": "1",
            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
     if not torch_compile:
         env["TORCHDYNAMO_DISABLE"] = "1"  # megatron's jit_fuser (torch.compile) functions run eagerly
-    return env
+    sources = {}
+    conf, sources["PYTORCH_CUDA_ALLOC_CONF"] = allocator_conf(case)
+    if conf is not None:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    return env, sources
+
+
+def allocator_conf(case: Case | None) -> tuple[str | None, str]:
+    """(PYTORCH_CUDA_ALLOC_CONF for the workers, where it comes from): the user's, when set in this
+    environment; else what slime's recipe for the layout sets (recipes.slime_command.slime_env), the
+    one place that value is written."""
+    user = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    if user is not None:
+        return user, "user: PYTORCH_CUDA_ALLOC_CONF was set in the runner's environment"
+    if case is None:
+        return None, "none: no case to take the recipe's environment from"
+    from recipes.slime_command import slime_env
+
+    conf = slime_env(case.layout, case.gpu).get("PYTORCH_CUDA_ALLOC_CONF")
+    if conf is None:
+        return None, "none: the recipe's environment sets none"
+    return conf, "recipe: recipes.slime_command.slime_env (what slime's recipes run with)"
 
 
 # ================================================================================ the runner
@@ -96,10 +119,10 @@ class MegatronRunner(TrialRunner):
     """Runs a trial on the local GPUs with megatron-core (see the package docstring).
 
     layers: None -> the largest count the cost model predicts to fit; replace_gdn: Gated DeltaNet
-    layers become full attention (the only way to run Qwen3.5/3.6 without fla)."""
+    layers become full attention (only when asked: by default they are megatron's GatedDeltaNet)."""
 
     layers: int | None = None
-    replace_gdn: bool = True
+    replace_gdn: bool = False
     backend: str = "auto"
     launcher: str = "auto"          # auto: mp; "ray" only when asked for and importable
     timeout_s: float = 300.0
@@ -177,6 +200,7 @@ class MegatronRunner(TrialRunner):
             extras = self._extras(spec, plan, launcher, log_dir, window)
             extras["errors"] = out.get("errors", [])
             extras["progress"] = out.get("progress", {})
+            extras.update(_oom_details(extras["errors"]))
             return self._result(status="failed", source=self._source(None, spec, launcher),
                                 failure_class=out["failure_class"], detail_text=out["detail"], extras=extras,
                                 gpu_hours=metrics.gpu_hours(layout.world_size, wall))
@@ -191,10 +215,12 @@ class MegatronRunner(TrialRunner):
 
     def _job(self, spec: TrialSpec, plan: dict, log_dir: str) -> dict:
         """What every worker gets (pickled to it): the model run, the layout, the data and the limits."""
+        env, plan["env_sources"] = _worker_env(self.torch_compile, spec.case)
+        plan["env"] = {k: v for k, v in env.items() if k != "MASTER_PORT"}
         return {"model": plan["model"], "layout": spec.case.layout, "workload": spec.case.workload,
                 "steps": spec.steps, "global_batch": plan["global_batch"], "seed": self.seed, "lr": self.lr,
                 "backend": self.backend, "rows_file": self.rows_file, "cpu_init": self.cpu_init,
-                "sdpa_backend": self.sdpa_backend, "log_dir": log_dir, "env": _worker_env(self.torch_compile),
+                "sdpa_backend": self.sdpa_backend, "log_dir": log_dir, "env": env,
                 "nccl_timeout_s": self.nccl_timeout_s or max(30.0, self.hang_timeout_s - 15.0)}
 
     # ------------------------------------------------------------------ results
@@ -204,7 +230,7 @@ class MegatronRunner(TrialRunner):
                     f"x{spec.case.layout.world_size}, backend {self.backend}")
         r0 = ranks[min(ranks)]
         kern = r0.get("kernels", {})
-        kernels = ", ".join(f"{k} {v}" for k, v in kern.items() if k in ("experts", "attention"))
+        kernels = ", ".join(f"{k} {v}" for k, v in kern.items() if k in ("experts", "attention", "linear_attention"))
         return (f"megatron-core {r0.get('megatron_core')} runner on {r0.get('gpu_name')} x{spec.case.layout.world_size}, "
                 f"backend {r0.get('backend')}, kernels {kernels}")
 
@@ -217,6 +243,8 @@ class MegatronRunner(TrialRunner):
                                          "layer_types": sorted(set(m.layer_types)), "how": plan["layers_how"]},
                            "global_batch_rows": plan["global_batch"], "seq_len": spec.case.workload.seq_len,
                            "notes": plan["notes"], "prediction_for_model_run": plan["prediction"]})
+            if "env" in plan:
+                extras.update(env=plan["env"], env_sources=plan["env_sources"])
         return extras
 
     def _failed(self, cls: str, text: str, spec: TrialSpec, plan: dict | None = None) -> TrialResult:
@@ -242,27 +270,77 @@ class MegatronRunner(TrialRunner):
         mean = sum(win) / len(win)
         tps = plan["global_batch"] * workload.seq_len * len(win) / sum(win) / layout.world_size
         cv = (statistics.pstdev(win) / mean * 100) if len(win) > 1 else None
-        mem = {r: ranks[r]["memory_gib"] for r in sorted(ranks)}
         r0 = ranks[min(ranks)]
+        peak, allocated, memory = _memory_summary(ranks)
         extras = self._extras(spec, plan, launcher, log_dir, (w0, w1))
+        kernels = _kernels(r0, plan["model"], self.replace_gdn)
+        if plan["model"].count(LINEAR_ATTENTION):
+            notes.append(f"gdn kernel: {kernels['linear_attention']}")
         extras.update({
             "notes": notes, "backend": r0["backend"], "backend_reason": r0["backend_reason"],
-            "kernels": r0["kernels"], "kernels_ran": r0["kernels_ran"], "optimizer": r0["optimizer"],
-            "grad_norms": grad_norms, "num_microbatches": r0["num_microbatches"],
-            "memory_gib_per_rank": {str(r): {k: round(v, 2) for k, v in m.items()} for r, m in mem.items()},
-            "max_memory_allocated_gib_per_rank": [round(mem[r]["peak_allocated"], 2) for r in sorted(mem)],
+            "kernels": kernels, "kernels_ran": r0["kernels_ran"], "optimizer": r0["optimizer"],
+            "grad_norms": grad_norms, "num_microbatches": r0["num_microbatches"], **memory,
             "params_per_rank": [ranks[r]["params_local"] for r in sorted(ranks)],
             "torch": r0["torch"], "megatron_core": r0["megatron_core"], "gpu_name": r0["gpu_name"],
             "trial_wall_s": round(wall, 1), "steps_run": n,
         })
+        extras.update({k: r0[k] for k in ("env_seen", "fla", "fla_dispatch") if r0.get(k) is not None})
         return self._result(
             status="ok", source=self._source(ranks, spec, launcher), extras=extras,
-            tokens_per_s_per_gpu=tps, step_time_s=mean,
-            peak_memory_gib=max(m["peak_allocated"] for m in mem.values()),
+            tokens_per_s_per_gpu=tps, step_time_s=mean, peak_memory_gib=peak, peak_memory_gib_per_rank=allocated,
             mfu=metrics.mfu(plan["model"].params.active_non_embedding, tps, gpu.peak_tflops(workload.precision)),
             usd_per_million_tokens=metrics.usd_per_million_tokens(gpu.usd_per_gpu_hour, tps),
             step_times_s=tuple(step_times), losses=tuple(losses), step_time_cv_percent=cv,
             gpu_hours=metrics.gpu_hours(layout.world_size, wall))
+
+
+DEVICE_BASIS = "device (cuda mem_get_info)"
+ALLOCATOR_BASIS = "allocator (max_memory_allocated)"
+
+
+def _memory_summary(ranks: dict) -> tuple[float, tuple, dict]:
+    """(the trial's peak memory: the largest device-level peak over the ranks when every rank measured
+    one, else the largest allocator peak; max_memory_allocated by rank; the memory details)."""
+    mem = {r: ranks[r]["memory_gib"] for r in sorted(ranks)}
+    allocated = tuple(round(m["peak_allocated"], 2) for m in mem.values())
+    device = [m.get("device_peak") for m in mem.values()]
+    measured = all(d is not None for d in device)
+    peak = max(device) if measured else max(m["peak_allocated"] for m in mem.values())
+    return peak, allocated, {
+        "memory_gib_per_rank": {str(r): {k: round(v, 2) for k, v in m.items()} for r, m in mem.items()},
+        "max_memory_allocated_gib_per_rank": list(allocated),
+        "peak_memory_basis": DEVICE_BASIS if measured else ALLOCATOR_BASIS}
+
+
+def _kernels(r0: dict, run, replaced: bool) -> dict:
+    """The kernels a rank reported, with what ran for the linear-attention layers."""
+    kernels = dict(r0["kernels"])
+    if "linear_attention" not in kernels:
+        kernels["linear_attention"] = ("none: Gated DeltaNet layers replaced by full attention (replace_gdn)"
+                                       if replaced and "gdn->full" in run.name else
+                                       "none: no Gated DeltaNet layer in the model run")
+    return kernels
+
+
+def _oom_details(errors: list[dict]) -> dict:
+    """A CUDA OOM's figures per rank: PyTorch's message parsed, and what the rank said about its memory."""
+    from experiments.megatron.memory import parse_oom
+
+    per_rank, memory = {}, {}
+    for e in errors:
+        if e.get("failure_class") != "cuda_oom":
+            continue
+        figures = parse_oom(str(e.get("message") or ""))
+        if figures:
+            per_rank[str(e.get("rank"))] = figures
+        if e.get("memory_gib"):
+            memory[str(e.get("rank"))] = e["memory_gib"]
+    out = {}
+    if per_rank:
+        out["oom_per_rank"] = per_rank
+    if memory:
+        out["memory_gib_per_rank_at_failure"] = memory
+    return out
 
 
 def _batch_unit(case: Case, notes: list[str]) -> int:

@@ -5,13 +5,16 @@ Convergence arms compare layouts, so they must start from one model. megatron's 
 layouts agree; two things still depend on the layout, and are fixed here:
 - routed experts: a rank would draw only its local block (`init_experts_cpu` draws each global expert);
 - pipeline splits: a stage draws only its own layers, in construction order (`seeded_layer` reseeds
-  the generator per global layer).
+  the generator per global layer);
+- Gated DeltaNet layers: megatron slices in_proj contiguously (its TP shards are per section) and
+  draws conv1d and A_log per rank (`init_gdn_cpu` draws each whole and slices it per section).
 The megatron runner checks the result on GPUs by the step-1 losses of different layouts; the tests
 check the shards and the generator states on the CPU.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -92,3 +95,43 @@ def seed_layers(spec, init_seed: int | None):
         return spec
     spec.layer_specs = [dataclasses.replace(ls, module=seeded_layer(ls.module, init_seed)) for ls in spec.layer_specs]
     return spec
+
+
+def _draw(seed: int, shape, init) -> torch.Tensor:
+    """A full fp32 tensor drawn by `init` from the CPU generator seeded with `seed` (as megatron's
+    _initialize_affine_weight_cpu draws a master weight)."""
+    torch.default_generator.manual_seed(seed)
+    master = torch.empty(*shape, dtype=torch.float32)
+    init(master)
+    return master
+
+
+def _shard(full: torch.Tensor, sections: list[int], rank: int, size: int, dim: int = 0) -> torch.Tensor:
+    """This TP rank's part of a tensor made of `sections` along `dim`, each sharded evenly over TP."""
+    parts = torch.split(full, sections, dim=dim)
+    return torch.cat([p.chunk(size, dim=dim)[rank] for p in parts], dim=dim)
+
+
+def init_gdn_cpu(m, base: int) -> None:
+    """Every GDN parameter of module `m` drawn whole (the TP 1 layout: in_proj rows q|k|v|z|beta|alpha,
+    conv1d channels q|k|v) from generators seeded by `base`, and sliced as megatron shards it."""
+    cfg = m.config
+    rank, size = m.pg_collection.tp.rank(), m.tp_size
+    dtype = cfg.params_dtype
+    qk, v, nv = m.qk_dim, m.v_dim, m.num_value_heads
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        in_proj = _draw(base, (m.in_proj_dim, m.hidden_size), cfg.init_method)
+        m.in_proj.weight.copy_(_shard(in_proj, [qk, qk, v, v, nv, nv], rank, size).to(dtype))
+        conv_init = ((lambda t: torch.nn.init.uniform_(t, -m.conv_init, m.conv_init)) if m.conv_init is not None
+                     else (lambda t: torch.nn.init.kaiming_uniform_(t, a=math.sqrt(5))))  # nn.Conv1d's default
+        conv = _draw(base + 1, (m.conv_dim, 1, m.conv_kernel_dim), conv_init)
+        m.conv1d.weight.copy_(_shard(conv, [qk, qk, v], rank, size).to(dtype))
+        if m.conv1d.bias is not None:
+            bound = 1.0 / math.sqrt(m.conv_kernel_dim)
+            bias = _draw(base + 2, (m.conv_dim,), lambda t: torch.nn.init.uniform_(t, -bound, bound))
+            m.conv1d.bias.copy_(_shard(bias, [qk, qk, v], rank, size).to(dtype))
+        a = _draw(base + 3, (nv,), lambda t: t.uniform_(*m.A_init_range))
+        m.A_log.copy_(_shard(torch.log(a), [nv], rank, size).to(dtype))
+        m.dt_bias.fill_(1.0)
+        out = _draw(base + 4, (m.hidden_size, v), cfg.output_layer_init_method)
+        m.out_proj.weight.copy_(_shard(out, [v], rank, size, dim=1).to(dtype))

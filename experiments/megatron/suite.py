@@ -54,7 +54,8 @@ def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
     """A suite file (path or parsed dict): {"defaults": {...}, "trials": [{...}, ...]}.
 
     Each trial: name, gpus, layout (Layout fields; world_size = gpus), and optionally any default
-    overridden (model, layers ("auto" or int), replace_gdn, seq_len, global_batch, steps, window
+    overridden (model, layers ("auto" or int), replace_gdn (default false: GDN layers are megatron's
+    GatedDeltaNet), seq_len, global_batch, steps, window
     [a, b], timeout_s, hang_timeout_s, backend, routing, expect)."""
     data = _read_suite(source)
     if not isinstance(data, dict) or not isinstance(data.get("trials"), list) or not data["trials"]:
@@ -118,7 +119,7 @@ def _parse_trial(name: str, t: dict) -> SuiteTrial:
     if sdpa not in SDPA_BACKENDS:
         raise ValueError(f"trial {name}: sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, got {sdpa!r}")
     return SuiteTrial(name=name, model=str(t["model"]), gpus=gpus, layout=layout, layers=layers,
-                      replace_gdn=bool(t.get("replace_gdn", True)), workload=workload, steps=steps,
+                      replace_gdn=bool(t.get("replace_gdn", False)), workload=workload, steps=steps,
                       window=window, timeout_s=float(t.get("timeout_s", 150)),
                       hang_timeout_s=float(t.get("hang_timeout_s", 90)),
                       backend=backend, expect=str(t.get("expect", "")),

@@ -38,8 +38,10 @@ What cannot be swapped cleanly, and is refused with a reason (`unsupported`):
 - MLA (DeepSeek-V3, Moonlight): not wired here (MLASelfAttention would work with SDPA, but the
   runner does not build MLATransformerConfig).
 - FP8/FP4 expert GEMMs, TE's op-fuser (fused grouped MLP), delayed expert wgrad: TE-only.
-- Gated DeltaNet (Qwen3.5/3.6, Qwen3-Next): megatron's GDN needs fla (not importable here); the
-  runner replaces those layers by full attention and records it (experiments.megatron.model_run.trial_model).
+
+Gated DeltaNet layers (Qwen3.5/3.6, Qwen3-Next) are megatron's GatedDeltaNet on every backend, placed by
+the model's layer pattern (config.linear_attention_freq); see gdn.py for the spec, the kernel (fla, or
+megatron's torch gated delta rule) and the initial weights.
 
 `layer_spec(model, backend)` returns the TransformerLayer ModuleSpec for a catalog model and
 `block_spec(model, config, backend, ...)` the per-stage block spec the runner builds; both record
@@ -160,9 +162,6 @@ def resolve_backend(requested: str = "auto") -> tuple[str, str]:
 def unsupported(model: ModelSpec, backend: str, cp: int = 1) -> list[str]:
     """Why `backend` cannot build `model` (empty: it can)."""
     out = []
-    if LINEAR_ATTENTION in model.layer_types:
-        out.append("Gated DeltaNet layers need fla (megatron's GatedDeltaNet); replace them with full "
-                   "attention (experiments.megatron.model_run.trial_model(..., replace_gdn=True))")
     if MLA in model.layer_types:
         out.append("MLA models are not wired into this runner (needs MLATransformerConfig)")
     if backend == "torch-native":
@@ -589,28 +588,67 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
                pp_rank: int | None = None, init_seed: int | None = None):
     """(TransformerBlockSubmodules for this pipeline stage, metainfo) — what GPTModel is built from.
 
-    Dense/MoE layers follow config.moe_layer_freq (a per-layer 0/1 list), sliced to the stage as
-    megatron's get_gpt_decoder_block_spec slices it. With `init_seed` (and CPU initialisation) each
-    layer's weights depend on the seed and its global layer number only (same_weights.seeded_layer)."""
+    Dense/MoE layers follow config.moe_layer_freq and Gated DeltaNet / full attention layers
+    config.linear_attention_freq (per-layer lists), sliced to the stage as megatron's block spec
+    functions slice them. With `init_seed` (and CPU initialisation) each layer's weights depend on
+    the seed and its global layer number only (same_weights.seeded_layer)."""
     name, why = resolve_backend(backend)
     _check(model, name, config.context_parallel_size)
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-
-    if name in ("te", "local"):
+    info = _metainfo(name, why)
+    gdn_layers = model.count(LINEAR_ATTENTION)
+    if gdn_layers:
+        from experiments.megatron import gdn
+        info["attune_kernels"]["linear_attention"] = gdn.kernel_description()
+    if name == "te" and gdn_layers:
+        from experiments.megatron import gdn
+        return same_weights.seed_layers(gdn.te_block_layers(config, vp_stage, pp_rank), init_seed), info
+    if name == "te" or (name == "local" and not gdn_layers):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=name == "te", normalization="RMSNorm",
                                           vp_stage=vp_stage, pp_rank=pp_rank)
-        return same_weights.seed_layers(spec, init_seed), _metainfo(name, why)
+        return same_weights.seed_layers(spec, init_seed), info
+
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    provider = TorchNativeSpecProvider() if name == "torch-native" else LocalSpecProvider()
+    specs = _decoder_layer_specs(config, provider)
+    n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
+    norm = TorchNorm if name == "torch-native" else provider.layer_norm(rms_norm=True, for_qk=False)
+    spec = TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=norm)
+    return same_weights.seed_layers(spec, init_seed), info
+
+
+def _decoder_layer_specs(config, provider) -> list:
+    """One TransformerLayer spec per layer of the whole model: (Gated DeltaNet or full attention) x
+    (MoE or dense MLP), one spec object per kind."""
+    import dataclasses
 
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
-    from megatron.core.transformer.transformer_layer import TransformerLayer, get_transformer_layer_offset
+    from megatron.core.transformer.transformer_layer import TransformerLayer
 
-    provider = TorchNativeSpecProvider()
-    dense = ModuleSpec(module=TransformerLayer,
-                       submodules=_layer_submodules(provider, None, False, config.qk_layernorm))
-    moe = ModuleSpec(module=TransformerLayer,
-                     submodules=_layer_submodules(provider, config.num_moe_experts, config.moe_grouped_gemm,
-                                                  config.qk_layernorm)) if config.num_moe_experts else None
+    kinds: dict = {}
+
+    def layer(linear: int, moe: int):
+        if (linear, moe) not in kinds:
+            sub = _layer_submodules(provider, config.num_moe_experts if moe else None,
+                                    bool(moe and config.moe_grouped_gemm), config.qk_layernorm)
+            if linear:
+                from experiments.megatron import gdn
+                attn = gdn.gdn_attention_spec(config, provider)
+                sub = dataclasses.replace(sub, self_attention=attn)
+                if attn.metainfo["fuse_input_layernorm"]:
+                    from megatron.core.transformer.identity_op import IdentityOp
+                    sub = dataclasses.replace(sub, input_layernorm=IdentityOp)
+            kinds[linear, moe] = ModuleSpec(module=TransformerLayer, submodules=sub)
+        return kinds[linear, moe]
+
+    return [layer(a, m) for a, m in zip(_linear_attention_pattern(config), _moe_pattern(config))]
+
+
+def _moe_pattern(config) -> list[int]:
     freq = config.moe_layer_freq
     if not config.num_moe_experts:
         pattern = [0] * config.num_layers
@@ -620,8 +658,12 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
         pattern = list(freq)
     if len(pattern) != config.num_layers:
         raise ValueError(f"moe_layer_freq has {len(pattern)} entries for {config.num_layers} layers")
-    specs = [moe if p else dense for p in pattern]
-    n = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
-    spec = TransformerBlockSubmodules(layer_specs=specs[offset:offset + n], layer_norm=TorchNorm)
-    return same_weights.seed_layers(spec, init_seed), _metainfo(name, why)
+    return pattern
+
+
+def _linear_attention_pattern(config) -> list[int]:
+    """1 for a Gated DeltaNet layer, 0 for full attention (megatron's get_linear_attention_pattern)."""
+    if config.experimental_attention_variant != "gated_delta_net":
+        return [0] * config.num_layers
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import get_linear_attention_pattern
+    return list(get_linear_attention_pattern(config))

@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import time
 
+import os
+
+from cost_model.model_spec import LINEAR_ATTENTION
 from experiments.megatron.config import build_transformer_config
 from experiments.megatron.data import StepBatches, load_rows
+from experiments.megatron.memory import GIB, MemoryTracker, memory_report
 from experiments.megatron.model_run import padded_vocab
 
-GIB = 2**30
+# The environment a rank reports back (what it actually ran with, whoever set it).
+REPORTED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS", "TORCHDYNAMO_DISABLE",
+                "FLA_TILELANG", "FLA_FLASH_QLA", "CUDA_HOME")
 
 
 def train(rank: int, world: int, job: dict, send, state: dict, device_index: int) -> dict:
     """Run the job's steps on this rank; `send(kind, **fields)` reports progress to the parent."""
     gpu_name = _init_parallel(rank, world, job, device_index)
     send("hb", phase="config")
+    return {"gpu_name": gpu_name, **run_phases(job, send, state, device_index)}
 
+
+def run_phases(job: dict, send, state: dict, device_index: int) -> dict:
+    """Everything after the process groups: config, build, optimizer, the timed steps; what the rank
+    measured (the CPU tests run this on gloo with CUDA calls stubbed)."""
     import megatron.core
     import torch
 
@@ -28,14 +39,21 @@ def train(rank: int, world: int, job: dict, send, state: dict, device_index: int
 
     state["phase"] = "config"
     backend, why = tnb.resolve_backend(job["backend"])
+    gdn_layers = job["model"].count(LINEAR_ATTENTION)
+    fla_status = None
+    if gdn_layers:
+        from experiments.megatron import gdn
+        fla_status = gdn.configure_fla(device_index)  # before fla's first call; refuses a wrong kernel here
     # CPU initialisation draws each full weight once and slices it, so layouts start from the same weights.
     config = build_transformer_config(job["model"], job["layout"], job["workload"], backend=backend,
                                       use_cpu_initialization=bool(job.get("cpu_init")))
     tnb.reset_kernel_report()
 
     state["phase"] = "build"
+    memory = state["memory"] = MemoryTracker()
     chunks, info, n_params = _build_model(job, config, backend)
     mem_built = _allocated_gib()
+    memory.sample("after_build")
     send("hb", phase="optimizer")
 
     state["phase"] = "optimizer"
@@ -44,13 +62,19 @@ def train(rank: int, world: int, job: dict, send, state: dict, device_index: int
     config.grad_scale_func = optimizer.scale_loss
     config.finalize_model_grads_func = finalize_model_grads
     mem_opt = _allocated_gib()
+    memory.sample("after_optimizer_built")
     batches = _step_batches(job)
 
     state["phase"] = "train"
     send("hb", phase="train", params=n_params)
-    step_times, losses, grad_norms = _run_steps(chunks, optimizer, batches, job, send)
+    step_times, losses, grad_norms = _run_steps(chunks, optimizer, batches, job, send, memory)
+    extra = {}
+    if gdn_layers:
+        from experiments.megatron import gdn
+        extra = {"fla": fla_status, "fla_dispatch": gdn.fla_dispatches()}
     return {
-        "gpu_name": gpu_name,
+        **extra,
+        "env_seen": {k: os.environ.get(k) for k in REPORTED_ENV if os.environ.get(k) is not None},
         "megatron_core": getattr(megatron.core, "__version__", "?"),
         "torch": torch.__version__,
         "backend": backend,
@@ -63,7 +87,7 @@ def train(rank: int, world: int, job: dict, send, state: dict, device_index: int
         "grad_norms": grad_norms,
         "num_microbatches": batches.num_microbatches,
         "params_local": n_params,
-        "memory_gib": _memory_report(mem_built, mem_opt),
+        "memory_gib": memory_report(mem_built, mem_opt, memory),
     }
 
 
@@ -167,9 +191,11 @@ def _step_batches(job: dict) -> StepBatches:
                        rows=load_rows(job["rows_file"]) if job.get("rows_file") else None)
 
 
-def _run_steps(chunks, optimizer, batches: StepBatches, job: dict, send) -> tuple[list, list, list]:
-    """The timed steps: (step times, losses, gradient norms). Stops early, all ranks together, when
-    the next step would overrun the trial's deadline."""
+def _run_steps(chunks, optimizer, batches: StepBatches, job: dict, send,
+               memory: MemoryTracker | None = None) -> tuple[list, list, list]:
+    """The timed steps: (step times, losses, gradient norms); `memory` samples the device after each
+    step (outside the timed span). Stops early, all ranks together, when the next step would overrun
+    the trial's deadline."""
     import torch
     import torch.distributed as dist
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -193,6 +219,8 @@ def _run_steps(chunks, optimizer, batches: StepBatches, job: dict, send) -> tupl
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         step_times.append(dt)
+        if memory is not None:
+            memory.sample("after_optimizer_first_step" if step == 0 else None)
         loss = step_loss(reduced)
         losses.append(loss)
         grad_norms.append(None if grad_norm is None else float(grad_norm))
@@ -209,14 +237,6 @@ def _allocated_gib() -> float:
 
     torch.cuda.synchronize()
     return torch.cuda.memory_allocated() / GIB
-
-
-def _memory_report(after_build: float, after_optimizer: float) -> dict:
-    import torch
-
-    return {"after_build": after_build, "after_optimizer": after_optimizer,
-            "peak_allocated": torch.cuda.max_memory_allocated() / GIB,
-            "peak_reserved": torch.cuda.max_memory_reserved() / GIB}
 
 
 def loss_func(loss_mask, output_tensor):

@@ -13,6 +13,7 @@ import time
 import traceback
 
 from experiments.megatron.failures import classify_exception
+from experiments.megatron.memory import failure_snapshot
 from experiments.megatron.train_loop import train
 
 
@@ -39,8 +40,10 @@ def worker(rank: int, world_size: int, job: dict, report, device_index: int | No
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
-        send("error", phase=state["phase"], failure_class=classify_exception(exc, state["phase"]),
-             type=type(exc).__name__, message=" ".join(str(exc).split())[:2000], traceback=tb[-4000:])
+        failure = classify_exception(exc, state["phase"])
+        extra = {"memory_gib": failure_snapshot(state.get("memory"))} if failure == "cuda_oom" else {}
+        send("error", phase=state["phase"], failure_class=failure, type=type(exc).__name__,
+             message=" ".join(str(exc).split())[:2000], traceback=tb[-4000:], **extra)
     finally:
         _leave_process_group()
         sys.stdout.flush()
