@@ -98,9 +98,11 @@ def stated_memory(notes: str) -> tuple[str, float | None, str] | None:
 
 
 def memory_verdict(stated: tuple[str, float | None, str], r) -> str:
-    """How a row of the `evaluate` table's prediction compares with the memory its source states."""
-    kind, gib, _ = stated
-    peak = r.peak_gib
+    """How a row of the `evaluate` table's prediction compares with the memory its source states. A stated
+    allocator peak ('peak alloc') is compared with the predicted allocator peak, any other with the
+    predicted device-level peak (allocated + allocator reserve + memory outside PyTorch)."""
+    kind, gib, text = stated
+    peak = r.prediction.memory.allocated if "alloc" in text.lower() else r.peak_gib
     if kind == "oom":
         return "agrees (predicted not to fit)" if not r.fits else f"DISAGREES: predicted to fit ({peak:.1f} GiB)"
     if kind == "below":
@@ -204,7 +206,9 @@ def _say_memory(say, table: pd.DataFrame, unusable: list[tuple[dict, str]]) -> N
         if r is None:
             say(f"  {row['model']} {row['gpu']} x{row['num_gpus']}: states '{stated[2]}'; row unusable ({why})")
             continue
-        say(f"  {r.name}: states '{stated[2]}'; predicted peak {r.peak_gib:.1f} GiB of "
+        alloc = (f"allocator peak {r.prediction.memory.allocated:.1f} GiB, device " if "alloc" in stated[2].lower()
+                 else "")
+        say(f"  {r.name}: states '{stated[2]}'; predicted {alloc}peak {r.peak_gib:.1f} GiB of "
             f"{r.prediction.gpu_memory_gib:.1f} usable -> {memory_verdict(stated, r)}")
     if not found:
         say("  none")

@@ -2,6 +2,8 @@
 
 Bytes are those Megatron saves for the backward pass, per token of the GPU's shard; selective
 recompute drops the modules it rebuilds, full recompute keeps only each recomputed layer's input.
+The output layer and loss are counted in cost_model.loss_path; the allocator's reserve beyond these
+bytes in cost_model.device_memory.
 """
 from __future__ import annotations
 
@@ -26,15 +28,27 @@ def softmax_attention_bytes(model: ModelSpec, layout: Layout, mods: set, tokens:
     return a * tokens
 
 
-def linear_attention_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:
-    """Saved bytes of a Gated DeltaNet block."""
+def linear_attention_bytes(model: ModelSpec, layout: Layout, tokens: float, sharded: bool = False) -> float:
+    """Saved bytes of a Gated DeltaNet block. `sharded`: megatron-core's GatedDeltaNet, its heads over TP
+    (and over CP after a head all-to-all: the whole row with 1/(TP x CP) of the heads, the same bytes as
+    the CP shard with 1/TP of them); otherwise slime's HF module, the whole row on every TP and CP rank."""
     h = model.hidden_size
     qk = model.linear_num_key_heads * model.linear_key_head_dim
     v = model.linear_num_value_heads * model.linear_value_head_dim
     nv = model.linear_num_value_heads
-    # slime's Gated DeltaNet runs the whole row on every TP and CP rank (not sharded).
-    a = BF16 * (h + (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) + 2 * qk + 3 * v) + FP32 * 2 * nv
-    return a * (tokens * layout.cp)
+    # fla's chunk_gated_delta_rule also keeps the chunks' WY matrix A ([tokens, value heads, 64], bf16),
+    # and the l2-normalised q and k are kept by the norm's backward.
+    kernel_extra = BF16 * (64 * nv + 2 * qk)
+    if not sharded:
+        a = BF16 * (h + (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) + 2 * qk + 3 * v) + FP32 * 2 * nv + kernel_extra
+        return a * (tokens * layout.cp)
+    tp = layout.tp
+    # input norm's input and output (SP shards), in_proj's output, the conv's input and output, the
+    # kernel's q and k repeated to the value heads and v, its fp32 g and beta, then the core output,
+    # the gate and the gated norm's output.
+    a = (BF16 * (2 * h + (2 * qk + 2 * v + 2 * nv) + 2 * (2 * qk + v) + 3 * v + 3 * v) + FP32 * 2 * nv
+         + kernel_extra) / tp
+    return a * tokens
 
 
 def mla_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
@@ -78,12 +92,12 @@ def dense_mlp_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) 
 
 
 def layer_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, mods: set, tokens: float,
-                routed_rows_per_token: float) -> float:
+                routed_rows_per_token: float, gdn_sharded: bool = False) -> float:
     """Saved bytes of one layer for the micro-batch, with the given selective modules recomputed."""
     if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
         attention = softmax_attention_bytes(model, layout, mods, tokens)
     elif attn_kind == LINEAR_ATTENTION:
-        attention = linear_attention_bytes(model, layout, tokens)
+        attention = linear_attention_bytes(model, layout, tokens, gdn_sharded)
     else:  # MLA
         attention = mla_bytes(model, layout, mods, tokens)
     if mlp_kind == MOE:
@@ -91,8 +105,36 @@ def layer_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout,
     return attention + dense_mlp_bytes(model, layout, mods, tokens)
 
 
+def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, mods: set,
+                        tokens: float, routed_rows_per_token: float, gdn_sharded: bool = True) -> float:
+    """Bytes a layer saves beyond the fused count when its kernels are unfused torch ops (megatron
+    without TE and Apex, bias_activation_fusion off, jit_fuser not compiling): the SwiGLU's silu output
+    and its product kept for the backward (routed experts also keep the linear half's
+    `+ glu_linear_offset` copy and the product the router probabilities scale; experts.py TEGroupedMLP);
+    around SDPA the contiguous query it is given and the reshaped output, plus the output gate's sigmoid;
+    Gated DeltaNet's gated norm in eager mode (the norm's bf16 output and the fp32 gate and its silu)."""
+    tp = layout.tp
+    extra = 0.0
+    if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
+        q = model.num_attention_heads * model.head_dim
+        extra += BF16 * ((q if "core_attn" not in mods else 0) + q + (q if model.attn_output_gate else 0)) / tp
+    elif attn_kind == LINEAR_ATTENTION:
+        v = model.linear_num_value_heads * model.linear_value_head_dim
+        extra += (BF16 + 2 * FP32) * v * (1 / tp if gdn_sharded else layout.cp)
+    if mlp_kind == MOE:
+        if "moe" not in mods and "moe_act" not in mods:
+            fe = model.moe_intermediate_size / layout.etp
+            extra += BF16 * 3 * fe * routed_rows_per_token / tp
+        if "moe" not in mods and "shared_experts" not in mods:
+            extra += BF16 * model.shared_expert_intermediate_size / tp
+    elif "mlp" not in mods:
+        extra += BF16 * model.intermediate_size / tp
+    return extra * tokens
+
+
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
-                                    routed_rows_per_token: float) -> tuple[float, float]:
+                                    routed_rows_per_token: float, gdn_sharded: bool = False,
+                                    fused: bool = True) -> tuple[float, float]:
     """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
 
     `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the
@@ -102,9 +144,16 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
     saved = 0.0
     largest = 0.0
     for attn_kind, mlp_kind, count in rank.kinds:
-        saved += layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token) * count
+        layer = layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded)
+        whole = layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded)
+        if not fused:
+            layer += unfused_extra_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token,
+                                         gdn_sharded)
+            whole += unfused_extra_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token,
+                                         gdn_sharded)
+        saved += layer * count
         # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
-        largest = max(largest, layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token))
+        largest = max(largest, whole)
     if layout.recompute_granularity == "full":
         saved, largest = _full_recompute(rank, model, layout, tokens, saved, largest)
     if rank.has_embedding:
@@ -128,11 +177,6 @@ def _full_recompute(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: 
     return avg * (n - recomputed) + layer_input * recomputed, largest
 
 
-def logits_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:
-    """bf16 logits plus the fp32 copy the cross-entropy keeps, vocab-parallel over TP."""
-    return (BF16 + FP32) * tokens * model.vocab_size / layout.tp
-
-
 def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
     """Micro-batches whose activations the first pipeline rank holds at once."""
     pp, vpp = layout.pp, layout.vpp
@@ -144,15 +188,18 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
 
 
 def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, precision: str,
-                          tokens: float, routed_rows_per_token: float, in_flight: float, c: Constants) -> float:
-    """Peak activation bytes on one GPU of pipeline rank `index`, whose first rank holds `in_flight`
-    micro-batches at once (later ranks proportionally fewer, at least one)."""
-    saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token)
+                          tokens: float, routed_rows_per_token: float, in_flight: float, c: Constants,
+                          gdn_sharded: bool = False, fused: bool = True) -> tuple[float, float]:
+    """(saved, working) activation bytes on one GPU of pipeline rank `index`, whose first rank holds
+    `in_flight` micro-batches at once (later ranks proportionally fewer, at least one): what the
+    micro-batches in flight keep for the backward, and the largest layer's working set while it runs
+    its backward. The loss path is counted apart (cost_model.loss_path). fp8 keeps fp8 copies of the
+    linear layers' inputs. A stack without fused kernels (`fused` False, cost_model.runtime) keeps the
+    extra bytes `unfused_extra_bytes` counts, scaled by constants.yaml's unfused_activation_factor for
+    what that count misses."""
+    saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token, gdn_sharded,
+                                                     fused)
     pp = layout.pp
     in_flight_rank = in_flight if index == 0 else max(1.0, in_flight * (pp - index) / pp)
-    acts = saved * in_flight_rank + working
-    if rank.has_head:
-        acts += logits_bytes(model, layout, tokens)
-    if precision == "fp8":
-        acts *= c.fp8_activation_factor
-    return acts * c.fragmentation
+    scale = (1.0 if fused else c.unfused_activation_factor) * (c.fp8_activation_factor if precision == "fp8" else 1.0)
+    return saved * in_flight_rank * scale, working * scale

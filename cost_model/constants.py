@@ -38,11 +38,13 @@ class Constants:
     megatron_layer_launch_overhead_s: float
     megatron_step_overhead_s: float
     cuda_context_gib: float
-    nccl_buffers_gib_per_group: float
+    nccl_init_gib_per_communicator: float
+    nccl_buffers_gib_per_communicator: float
     deepep_buffers_gib: float
-    fragmentation: float
+    allocator_reserve_fraction: float
+    allocator_cache_fraction: float
     fp8_activation_factor: float
-    usable_memory_fraction: float
+    unfused_activation_factor: float
     host_base_gib_per_gpu: float
 
     @classmethod

@@ -39,6 +39,7 @@ def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
     for key in ("h2d_gb_s", "d2h_gb_s", "h2d_256mib_gb_s", "d2h_256mib_gb_s"):
         if mem.get(key) is not None:
             mem[key] = round(mem[key] * host, 2)
+    _derive_linear_and_device(out, bf16, target)
     for c in out.get("collectives") or []:
         c["busbw_gb_s"] = round(c["busbw_gb_s"] * nvlink, 2)
         c["algbw_gb_s"] = round(c.get("algbw_gb_s", 0) * nvlink, 2)
@@ -49,9 +50,27 @@ def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
         "collectives": f"x {nvlink:.3f} (NVLink {target.nvlink_gb_s:g} / {source.nvlink_gb_s:g} GB/s per direction)",
         "host_transfers": f"x {host:.3f} (host link {target.pcie_gb_s:g} / {source.pcie_gb_s:g} GB/s)",
         "cpu_adam": "unchanged (the host CPU is not modelled per GPU type)",
+        "linear_attention": f"measured kernel times / {bf16:.3f} (the dense bf16 ratio)",
+        "device_memory": "the visible capacity dropped (the catalog's memory_gib stands in); the memory outside "
+                         "the model's tensors (context, NCCL, allocator reserve) kept: it follows the software stack",
         "sources": "GPU catalog (cost_model/catalog/gpus.yaml), each figure with its datasheet source",
     }
     notes = list(out.get("notes") or [])
     notes.append(basis + "; not measured")
     out["notes"] = notes
     return out
+
+
+def _derive_linear_and_device(out: dict, bf16: float, target: GpuSpec) -> None:
+    """Measured Gated DeltaNet times scaled by the compute ratio; the device capacity is the target's."""
+    linear = out.get("linear_attention") or {}
+    for p in linear.get("points") or []:
+        for key in ("fwd_ms", "fwd_bwd_ms"):
+            if p.get(key) is not None:
+                p[key] = round(p[key] / bf16, 4)
+    if linear.get("points"):
+        linear["source"] = f"derived for {target.display_name} from: {linear.get('source', 'a measured profile')}"
+    device = out.get("device_memory")
+    if isinstance(device, dict):
+        device.pop("visible_gib", None)
+        device["provenance"] = f"derived for {target.display_name} (capacity from the catalog): {device.get('provenance')}"

@@ -76,23 +76,52 @@ def softmax_attention(t: LayerTime, kind: str, model: ModelSpec, layout: Layout,
     t.elementwise += _elementwise(model, r, c, tokens / tp)
 
 
+def gdn_kernel_seconds(model: ModelSpec, layout: Layout, r: Rates, tokens: float, sharded: bool = False) -> float:
+    """Forward+backward seconds of one Gated DeltaNet layer's delta-rule kernel (fla's
+    chunk_gated_delta_rule) for one micro-batch on one GPU.
+
+    The kernel sees whole rows: slime's HF module does not shard them, megatron's GatedDeltaNet gathers the
+    CP shards by a head all-to-all. Megatron shards the value heads over TP x CP; the HF module runs all of
+    them on every rank. The time is the profile's measured kernel time at that many tokens, scaled by the
+    heads this GPU runs (`Rates.gdn_kernel`), else the efficiency estimate on the recurrence's FLOPs."""
+    full_tokens = tokens * layout.cp
+    heads = model.linear_num_value_heads / (layout.tp * layout.cp if sharded else 1)
+    dk, dv = model.linear_key_head_dim, model.linear_value_head_dim
+    measured = r.gdn_kernel(full_tokens, heads, dk, dv)
+    if measured is not None:
+        return measured
+    return 3 * 2 * 4 * heads * dk * dv * full_tokens / r.linear_attention()
+
+
 def linear_attention(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
-                     tokens: float) -> None:
-    """Gated DeltaNet: projections, causal conv and the delta-rule recurrence."""
+                     tokens: float, sharded: bool = False) -> None:
+    """Gated DeltaNet: projections, causal conv and the delta-rule kernel. `sharded`: megatron-core's
+    GatedDeltaNet (in_proj column- and out_proj row-parallel over TP, a head all-to-all over CP);
+    otherwise slime's HF module, which runs the whole row on every TP and CP rank."""
     h, tp, cp = model.hidden_size, layout.tp, layout.cp
     qk = model.linear_num_key_heads * model.linear_key_head_dim
     v = model.linear_num_value_heads * model.linear_value_head_dim
     nv = model.linear_num_value_heads
-    dv = model.linear_value_head_dim
-    full_tokens = tokens * cp  # slime's GDN runs the whole row on every TP and CP rank
-    proj_flops = 2 * (h * (2 * qk + 2 * v + 2 * nv) + h * v)
-    t.linear_attention += 3 * proj_flops * full_tokens / r.gemm(full_tokens, 2 * qk + 2 * v, h)
-    rec_flops = 2 * (model.linear_conv_kernel_dim * (2 * qk + v) + 4 * nv * dv * dv)
-    t.linear_attention += 3 * rec_flops * full_tokens / r.linear_attention()
-    t.tp_comm += 2 * _tp_all_gather(model, layout, r, tokens)
-    if cp > 1:
-        t.cp_comm += 2 * r.collective("all_gather", hidden_state_bytes(model, tokens) * cp / tp, cp, tp * cp)
-    t.elementwise += _elementwise(model, r, c, full_tokens)
+    in_width = 2 * qk + 2 * v + 2 * nv
+    proj_flops = 2 * (h * in_width + h * v)
+    if sharded:
+        t.linear_attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, in_width / tp, h)
+        conv_work = tokens * (2 * qk + v) / tp
+        t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
+        if cp > 1:  # in_proj's output to head shards and the core output back, forward and backward
+            t.cp_comm += 2 * sum(r.collective("all_to_all", tokens * width / tp * BF16, cp, tp * cp)
+                                 for width in (in_width, v))
+        t.elementwise += _elementwise(model, r, c, tokens / tp)
+    else:
+        full_tokens = tokens * cp
+        t.linear_attention += 3 * proj_flops * full_tokens / r.gemm(full_tokens, 2 * qk + 2 * v, h)
+        conv_work = full_tokens * (2 * qk + v)
+        t.tp_comm += 2 * _tp_all_gather(model, layout, r, tokens)
+        if cp > 1:
+            t.cp_comm += 2 * r.collective("all_gather", hidden_state_bytes(model, tokens) * cp / tp, cp, tp * cp)
+        t.elementwise += _elementwise(model, r, c, full_tokens)
+    t.linear_attention += 3 * 2 * model.linear_conv_kernel_dim * conv_work / r.linear_attention()
+    t.linear_attention += gdn_kernel_seconds(model, layout, r, tokens, sharded)
 
 
 def mla(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, tokens: float, seq_len: int,
@@ -161,13 +190,14 @@ def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: 
 
 
 def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
-               tokens: float, seq_len: int, imbalance: float, mods: set) -> LayerTime:
-    """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals."""
+               tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool = False) -> LayerTime:
+    """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals.
+    `gdn_sharded`: Gated DeltaNet as megatron-core's GatedDeltaNet (see `linear_attention`)."""
     t = LayerTime()
     if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
         softmax_attention(t, attn_kind, model, layout, r, c, tokens, seq_len, mods)
     elif attn_kind == LINEAR_ATTENTION:
-        linear_attention(t, model, layout, r, c, tokens)
+        linear_attention(t, model, layout, r, c, tokens, gdn_sharded)
     else:  # MLA
         mla(t, model, layout, r, c, tokens, seq_len, mods)
     if mlp_kind == MOE:

@@ -5,59 +5,114 @@ run it: bf16 parameters, fp32 main gradients (--accumulate-allreduce-grads-in-fp
 DP-sharded optimizer holding a 16-bit master remainder plus fp32 moments (10 B per sharded
 parameter). CPU offload moves the offloaded share of the optimizer to host memory (16 B per
 sharded parameter: fp32 copies of parameter and gradient, and both moments).
-Activations are counted per layer kind in `cost_model.activations`.
+
+The GPU's peak is the device-level one, what `total - free` reaches: the allocator's peak (static
+memory plus the larger of the forward/backward peak and the optimizer step's), the allocator's reserve
+beyond it, and what the process holds outside PyTorch (cost_model.device_memory). Activations are
+counted per layer kind in `cost_model.activations`, the output layer and loss in `cost_model.loss_path`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cost_model.activations import in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
+from cost_model.device_memory import DeviceMemory, overheads
 from cost_model.hardware import GpuSpec
 from cost_model.layout import Layout
+from cost_model.loss_path import loss_path_bytes
 from cost_model.model_spec import ModelSpec
+from cost_model.runtime import Runtime
 from cost_model.stages import RankLayers
 from cost_model.units import BF16, FP32, GIB
 
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 HOST_BYTES_PER_OFFLOADED_PARAM = 16             # fp32 param + fp32 grad + two fp32 moments
 BACKUP_BYTES_PER_PARAM = 2                      # slime's bf16 weight backup in pinned host memory
+# The parts of a GPU's peak, in the order tables print them (MemoryBreakdown.as_dict adds the sums).
+ALLOCATED_PARTS = ("weights", "grads", "optimizer", "activations", "loss_path", "optimizer_step")
+OUTSIDE_PARTS = ("cuda_context", "nccl", "deepep")
 
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """GiB on the most-loaded GPU."""
+    """GiB on the most-loaded GPU: the allocator's peak by part, then what the device holds beyond it.
+
+    optimizer_step is what the optimizer step needs beyond the forward/backward peak (torch AdamW's
+    foreach temporary without a fused Adam; 0 when the forward/backward peak is the larger).
+    allocator_reserve is what the allocator needs beyond its allocated peak when memory is short;
+    allocator_cache what it keeps beyond that when the card has room (never past the usable capacity):
+    `total` (what the GPU must hold) decides the fit, `device_peak` is the device-level peak a run is
+    expected to show."""
 
     weights: float
     grads: float
     optimizer: float
     activations: float
-    buffers: float
+    loss_path: float = 0.0
+    optimizer_step: float = 0.0
+    allocator_reserve: float = 0.0
+    allocator_cache: float = 0.0
+    cuda_context: float = 0.0
+    nccl: float = 0.0
+    deepep: float = 0.0
+    usable: float = 0.0
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def allocated(self) -> float:
+        """The allocator's peak (torch.cuda.max_memory_allocated)."""
+        return sum(getattr(self, k) for k in ALLOCATED_PARTS)
+
+    @property
+    def outside_pytorch(self) -> float:
+        return sum(getattr(self, k) for k in OUTSIDE_PARTS)
+
+    @property
+    def buffers(self) -> float:
+        """The memory outside PyTorch's allocator (this breakdown's former name for it)."""
+        return self.outside_pytorch
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+        """What the GPU must hold at its peak: allocated + allocator reserve + outside PyTorch."""
+        return self.allocated + self.allocator_reserve + self.outside_pytorch
+
+    @property
+    def device_peak(self) -> float:
+        """The device-level peak a run shows (total - free): the total plus the allocator's cache where
+        the card has room for it."""
+        return self.total + self.allocator_cache
 
     def as_dict(self) -> dict:
-        return {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "buffers": self.buffers, "total": self.total}
+        """Every part and sum, GiB (numbers only)."""
+        out = {k: getattr(self, k) for k in ALLOCATED_PARTS}
+        out["allocated"] = self.allocated
+        out["allocator_reserve"] = self.allocator_reserve
+        out.update({k: getattr(self, k) for k in OUTSIDE_PARTS})
+        out.update(outside_pytorch=self.outside_pytorch, total=self.total, allocator_cache=self.allocator_cache,
+                   device_peak=self.device_peak, usable=self.usable)
+        return out
 
 
-def local_params(rank: RankLayers, layout: Layout) -> tuple[float, float]:
-    """(non-expert, expert) parameters held by one GPU of this pipeline rank."""
+def local_params(rank: RankLayers, layout: Layout, gdn_sharded: bool = False) -> tuple[float, float]:
+    """(non-expert, expert) parameters held by one GPU of this pipeline rank. Norms and routers are
+    replicated on every TP rank, and so is slime's Gated DeltaNet (HF module); megatron-core's
+    GatedDeltaNet (`gdn_sharded`) splits its projections, conv and gates over TP."""
     tp = layout.tp
-    # slime's Gated DeltaNet (HF module) and norms/routers are replicated on every TP rank.
+    gdn = rank.linear_attention / tp if gdn_sharded else rank.linear_attention
     dense = ((rank.attention + rank.dense_mlp + rank.shared_expert + rank.embedding + rank.lm_head) / tp
-             + rank.linear_attention + rank.replicated)
+             + gdn + rank.replicated)
     expert = rank.routed_experts / (layout.ep * layout.etp)
     return dense, expert
 
 
-def most_loaded_params(ranks: tuple[RankLayers, ...], layout: Layout) -> tuple[float, float]:
+def most_loaded_params(ranks: tuple[RankLayers, ...], layout: Layout,
+                       gdn_sharded: bool = False) -> tuple[float, float]:
     """(non-expert, expert) parameters of one GPU of the rank holding the most."""
     dense_max = expert_max = 0.0
     for r in ranks:
-        d, e = local_params(r, layout)
+        d, e = local_params(r, layout, gdn_sharded)
         if d + e > dense_max + expert_max:
             dense_max, expert_max = d, e
     return dense_max, expert_max
@@ -73,10 +128,11 @@ def backup_bytes(dense: float, expert: float) -> float:
     return (dense + expert) * BACKUP_BYTES_PER_PARAM
 
 
-def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True) -> tuple[float, float, float]:
+def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True,
+                  gdn_sharded: bool = False) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes on one GPU of this rank. Without the precision-aware optimizer
     (it needs Transformer Engine's FusedAdam) the shard holds an fp32 master and two fp32 moments."""
-    dense, expert = local_params(rank, layout)
+    dense, expert = local_params(rank, layout, gdn_sharded)
     params = dense + expert
     sharded = sharded_params(dense, expert, layout)
     # Precision-aware optimizer: a 16-bit master remainder beside the bf16 parameter, plus two moments.
@@ -85,26 +141,58 @@ def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True
     return params * BF16, params * FP32, optimizer
 
 
-def buffer_bytes(layout: Layout, c: Constants) -> float:
-    groups = sum(1 for size in (layout.tp, layout.cp, layout.ep, layout.etp, layout.dp, layout.edp, layout.pp)
-                 if size > 1)
-    gib = c.cuda_context_gib + c.nccl_buffers_gib_per_group * groups
-    if layout.dispatcher == "flex":
-        gib += c.deepep_buffers_gib
-    return gib * GIB
+def optimizer_step_bytes(rank: RankLayers, layout: Layout, runtime: Runtime) -> float:
+    """Bytes the optimizer step allocates beyond static memory: torch AdamW's foreach step (megatron's
+    Adam without TE or Apex) holds one fp32 temporary (the second moment's square root) the size of the
+    parameter group it is stepping; a fused Adam none. Megatron steps the experts with an optimizer of
+    their own when they have their own process groups (EP > 1 or ETP != TP: their `allreduce` is False),
+    one after the other, so the temporary is the larger shard; otherwise one optimizer holds both. The
+    offloaded share steps on the CPU."""
+    if runtime.fused_adam:
+        return 0.0
+    dense, expert = local_params(rank, layout, runtime.gdn_sharded)
+    dense_shard, expert_shard = dense / (layout.dp * layout.cp), expert / layout.edp
+    own_expert_groups = layout.ep > 1 or layout.etp != layout.tp
+    shard = max(dense_shard, expert_shard) if own_expert_groups else dense_shard + expert_shard
+    return FP32 * shard * (1.0 - layout.optimizer_offload_fraction)
 
 
-def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, precision: str, tokens: float,
-                routed_rows_per_token: float, num_microbatches: int, c: Constants,
-                precision_aware: bool = True) -> MemoryBreakdown:
-    """The memory of the most-loaded GPU over the pipeline ranks."""
-    in_flight = in_flight_microbatches(layout, num_microbatches)
-    buffers = buffer_bytes(layout, c)
+@dataclass(frozen=True)
+class MemoryInputs:
+    """What the GPU memory of a layout depends on beyond the model and the layout."""
+
+    precision: str
+    tokens: float                   # the micro-batch's tokens on one GPU (its CP shard)
+    routed_rows_per_token: float
+    num_microbatches: int
+    runtime: Runtime
+    gpu: GpuSpec
+    device: DeviceMemory | None
+    precision_aware: bool = True
+
+
+def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
+                c: Constants) -> MemoryBreakdown:
+    """The device-level peak of the most-loaded GPU over the pipeline ranks."""
+    rt = inputs.runtime
+    in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
     best = None
     for i, r in enumerate(ranks):
-        weights, grads, optimizer = static_memory(r, layout, precision_aware)
-        acts = rank_activation_bytes(i, r, model, layout, precision, tokens, routed_rows_per_token, in_flight, c)
-        mem = MemoryBreakdown(weights / GIB, grads / GIB, optimizer / GIB, acts / GIB, buffers / GIB)
+        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded)
+        saved, working = rank_activation_bytes(i, r, model, layout, inputs.precision, inputs.tokens,
+                                               inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
+                                               rt.fused_kernels)
+        loss = loss_path_bytes(model, layout, inputs.tokens, rt) if r.has_head else 0.0
+        # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.
+        acts = saved + max(0.0, working - loss)
+        step = max(0.0, optimizer_step_bytes(r, layout, rt) - acts - loss)
+        parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
+                     loss_path=loss / GIB, optimizer_step=step / GIB)
+        allocated = sum(parts.values())
+        over = overheads(layout, rt, model.is_moe, allocated, inputs.gpu, inputs.device, c)
+        mem = MemoryBreakdown(**parts, allocator_reserve=over.allocator_reserve,
+                              allocator_cache=over.allocator_cache(allocated), cuda_context=over.cuda_context,
+                              nccl=over.nccl, deepep=over.deepep, usable=over.usable, sources=over.sources)
         if best is None or mem.total > best.total:
             best = mem
     return best

@@ -11,12 +11,14 @@ from cost_model.batching import rows_per_microbatch, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
 from cost_model.hardware import GpuSpec
 from cost_model.layout import Layout
-from cost_model.memory import MemoryBreakdown, host_memory_gib_per_node, most_loaded_params, peak_memory
+from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_per_node, most_loaded_params,
+                               peak_memory)
 from cost_model.metrics import mfu as model_flops_utilisation
 from cost_model.metrics import usd_per_million_tokens
-from cost_model.model_spec import ModelSpec
+from cost_model.model_spec import LINEAR_ATTENTION, ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
+from cost_model.runtime import Runtime, default_runtime
 from cost_model.stages import rank_layers
 from cost_model.step_time import step_breakdown
 from cost_model.workload import Workload
@@ -26,8 +28,8 @@ from cost_model.workload import Workload
 class Prediction:
     fits: bool
     reasons: tuple[str, ...]            # why it does not fit; empty when it fits
-    memory: MemoryBreakdown             # GiB on the most-loaded GPU
-    gpu_memory_gib: float               # usable HBM of one GPU
+    memory: MemoryBreakdown             # GiB on the most-loaded GPU, device-level (see cost_model.memory)
+    gpu_memory_gib: float               # usable HBM of one GPU: its visible capacity
     host_memory_gib_per_node: float
     host_memory_capacity_gib: float
     step_time_s: float
@@ -54,6 +56,7 @@ class Prediction:
             "peak_memory_gib": self.peak_memory_gib,
             "gpu_memory_gib": self.gpu_memory_gib,
             "memory_gib": self.memory.as_dict(),
+            "memory_sources": dict(self.memory.sources),
             "host_memory_gib_per_node": self.host_memory_gib_per_node,
             "host_memory_capacity_gib": self.host_memory_capacity_gib,
             "mfu": self.mfu,
@@ -87,9 +90,12 @@ def fit_reasons(memory: MemoryBreakdown, capacity: float, host: float, gpu: GpuS
     """Why the layout does not fit the GPU (`capacity` GiB usable) or the node's host memory."""
     reasons = []
     if memory.total > capacity:
-        reasons.append(f"GPU memory {memory.total:.1f} GiB exceeds {capacity:.1f} GiB usable of {gpu.display_name} "
-                       f"(weights {memory.weights:.1f}, grads {memory.grads:.1f}, optimizer {memory.optimizer:.1f}, "
-                       f"activations {memory.activations:.1f}, buffers {memory.buffers:.1f})")
+        m = memory
+        reasons.append(f"GPU memory {m.total:.1f} GiB exceeds {capacity:.1f} GiB usable of {gpu.display_name} "
+                       f"(weights {m.weights:.1f}, grads {m.grads:.1f}, optimizer {m.optimizer:.1f}, "
+                       f"activations {m.activations:.1f}, loss path {m.loss_path:.1f}, optimizer step "
+                       f"{m.optimizer_step:.1f}, allocator reserve {m.allocator_reserve:.1f}, outside PyTorch "
+                       f"{m.outside_pytorch:.1f})")
     if host > gpu.host_memory_gib_per_node:
         reasons.append(f"host memory {host:.0f} GiB per node exceeds the node's {gpu.host_memory_gib_per_node:.0f} GiB")
     return reasons
@@ -97,35 +103,42 @@ def fit_reasons(memory: MemoryBreakdown, capacity: float, host: float, gpu: GpuS
 
 def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             constants: Constants | None = None, profile: HardwareProfile | None = None,
-            precision_aware_optimizer: bool = True) -> Prediction:
+            precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
     """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply.
-    `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer)."""
+    `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer).
+    `runtime`: the stack's memory behaviour (cost_model.runtime); by default the framework's, or the
+    megatron runner's without the precision-aware optimizer."""
     c = constants or default_constants()
-    rates = rates_for(gpu, c, workload.precision, profile or shipped_profile(gpu.name))
+    profile = profile or shipped_profile(gpu.name)
+    rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
+    rates = rates_for(gpu, c, workload.precision, profile)
     tokens, n_mb = microbatches(layout, workload)
     imbalance = routing_imbalance(model, workload, layout, c)
     ranks = rank_layers(model, layout.pp, layout.vpp)
     # Static memory and the optimizer step are set by the rank holding the most parameters.
-    dense, expert = most_loaded_params(ranks, layout)
+    dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
     breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,
-                               workload.framework, dense, expert)
+                               workload.framework, dense, expert, rt.gdn_sharded)
     step_time = sum(breakdown.values())
 
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp
-    memory = peak_memory(ranks, model, layout, workload.precision, tokens, routed_rows_per_token, n_mb, c,
-                         precision_aware_optimizer)
+    inputs = MemoryInputs(workload.precision, tokens, routed_rows_per_token, n_mb, rt, gpu,
+                          profile.device_memory if profile is not None else None, precision_aware_optimizer)
+    memory = peak_memory(ranks, model, layout, inputs, c)
     host = host_memory_gib_per_node(gpu, layout, workload.framework, dense, expert, c)
-    capacity = gpu.memory_gib * c.usable_memory_fraction
+    capacity = memory.usable
     reasons = fit_reasons(memory, capacity, host, gpu)
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
                                   gpu.peak_tflops(workload.precision))
     usd = usd_per_million_tokens(gpu.usd_per_gpu_hour, tokens_per_s_per_gpu)
+    source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
+    if LINEAR_ATTENTION in model.layer_types:
+        source += f"; GDN kernel {rates.gdn_source}"
     return Prediction(
         fits=not reasons, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,
         step_time_s=step_time, breakdown=breakdown, tokens_per_s_per_gpu=tokens_per_s_per_gpu, mfu=mfu,
-        usd_per_million_tokens=usd, num_microbatches=n_mb, tokens_per_microbatch=tokens,
-        source=f"attune cost model {c.version}, {gpu.display_name} {rates.source}",
+        usd_per_million_tokens=usd, num_microbatches=n_mb, tokens_per_microbatch=tokens, source=source,
     )

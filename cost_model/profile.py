@@ -16,8 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from cost_model.user_file import read_user_text
+from cost_model.device_memory import DeviceMemory, DeviceMemoryError, parse_device_memory
 from cost_model.errors import AttuneError
+from cost_model.user_file import read_user_text
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -84,6 +85,42 @@ def _bracket(grid: tuple[int, ...], x: float) -> tuple[int, int, float]:
 
 
 @dataclass(frozen=True)
+class GdnSeries:
+    """Measured Gated DeltaNet kernel (fla chunk_gated_delta_rule) times for one head configuration:
+    seconds per token over tokens (forward and forward+backward), interpolated in log2(tokens) and
+    held at the ends (time grows linearly with tokens outside the measured range)."""
+
+    qk_heads: int
+    v_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    fwd_s_per_token: Curve
+    fwd_bwd_s_per_token: Curve
+
+
+@dataclass(frozen=True)
+class GdnKernel:
+    """The profile's measured linear-attention kernel: its series and where they come from."""
+
+    series: tuple[GdnSeries, ...]
+    source: str
+
+    def series_for(self, v_heads: int) -> GdnSeries:
+        """Megatron and HF both call the kernel with q and k repeated to the value heads: prefer a series
+        measured that way, then the one with the most value heads."""
+        return max(self.series, key=lambda s: (s.qk_heads == s.v_heads, s.v_heads == v_heads, s.v_heads))
+
+    def seconds(self, tokens: float, v_heads: float, key_head_dim: int, value_head_dim: int,
+                backward: bool = True) -> float:
+        """Kernel seconds for `tokens` tokens over `v_heads` value heads, scaled from the measured
+        series by heads and by the state size (key x value head dims)."""
+        s = self.series_for(int(round(v_heads)))
+        per_token = (s.fwd_bwd_s_per_token if backward else s.fwd_s_per_token)(tokens)
+        scale = v_heads / s.v_heads * (key_head_dim * value_head_dim) / (s.key_head_dim * s.value_head_dim)
+        return per_token * tokens * scale
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     gpu_type: str
     provenance: str                   # measured or derived
@@ -103,6 +140,8 @@ class HardwareProfile:
     cpu_adam_threads: int
     collectives: dict                 # op -> Curve of bus bandwidth (GB/s) over message bytes
     collective_gpus: int              # GPUs the collective curves were measured on
+    gdn: GdnKernel | None = None      # measured Gated DeltaNet kernel times (None: the efficiency estimate)
+    device_memory: DeviceMemory | None = None   # measured capacity and memory outside the model's tensors
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def gemm_tflops(self, m: float, n: float, k: float, precision: str = "bf16") -> float:
@@ -164,15 +203,38 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
             gemm_bf16=grid, fp8_speedup=fp8,
             grouped={k: _curve(v) for k, v in grouped.items()},
             attention={k: _curve(v) for k, v in attention.items()},
-            linear_attention_efficiency=float(linear.get("efficiency", 0.15)),
+            linear_attention_efficiency=float(linear.get("efficiency") or 0.15),
             hbm_copy_tb_s=float(mem["hbm_copy_tb_s"]), h2d_gb_s=float(mem["h2d_gb_s"]),
             d2h_gb_s=float(mem["d2h_gb_s"]), cpu_adam_params_per_s=float(adam["params_per_s"]),
             cpu_adam_threads=int(adam.get("threads", 0)),
-            collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus, raw=data)
+            collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus,
+            gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data)
     except ProfileError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except DeviceMemoryError as e:
+        raise ProfileError(str(e)) from None
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
         raise ProfileError(f"{origin}: malformed profile ({type(e).__name__}: {e})") from None
+
+
+def _gdn_kernel(linear: dict) -> GdnKernel | None:
+    """The measured points of the linear_attention section (`points`: tokens, fwd_ms, fwd_bwd_ms and the
+    head configuration), grouped by head configuration; None when it holds only an estimate."""
+    rows = [p for p in linear.get("points") or [] if p.get("fwd_bwd_ms")]
+    if not rows:
+        return None
+    groups: dict = {}
+    for p in rows:
+        key = (int(p.get("qk_heads", linear.get("qk_heads"))), int(p.get("v_heads", linear.get("v_heads"))),
+               int(p.get("key_head_dim", linear.get("key_head_dim", 128))),
+               int(p.get("value_head_dim", linear.get("value_head_dim", 128))))
+        groups.setdefault(key, []).append(p)
+    series = []
+    for (qk, v, dk, dv), pts in sorted(groups.items()):
+        fb = [(float(p["tokens"]), float(p["fwd_bwd_ms"]) / 1e3 / float(p["tokens"])) for p in pts]
+        fwd = [(float(p["tokens"]), float(p["fwd_ms"]) / 1e3 / float(p["tokens"])) for p in pts if p.get("fwd_ms")]
+        series.append(GdnSeries(qk, v, dk, dv, _curve(fwd or fb), _curve(fb)))
+    return GdnKernel(tuple(series), str(linear.get("source") or linear.get("note") or "profile linear_attention"))
 
 
 def _curve(points: list[tuple[float, float]]) -> Curve:

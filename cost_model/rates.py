@@ -34,6 +34,12 @@ class Rates:
     def linear_attention(self) -> float:
         raise NotImplementedError
 
+    def gdn_kernel(self, tokens: float, v_heads: float, key_head_dim: int, value_head_dim: int) -> float | None:
+        """Measured forward+backward seconds of the Gated DeltaNet kernel (None: not measured)."""
+        return None
+
+    gdn_source = "estimate: linear_attention_efficiency x dense peak (not measured)"
+
     def _nvlink_time(self, op: str, nbytes: float, size: int) -> float:
         raise NotImplementedError
 
@@ -113,6 +119,20 @@ class ProfileRates(Rates):
 
     def linear_attention(self):
         return self.peak * self.profile.linear_attention_efficiency
+
+    def gdn_kernel(self, tokens, v_heads, key_head_dim, value_head_dim):
+        gdn = self.profile.gdn
+        if gdn is None:
+            return None
+        return self._remember(("gdn", tokens, v_heads, key_head_dim, value_head_dim),
+                              lambda: gdn.seconds(tokens, v_heads, key_head_dim, value_head_dim))
+
+    @property
+    def gdn_source(self):
+        if self.profile.gdn is None:
+            return (f"estimate: efficiency {self.profile.linear_attention_efficiency:g} x dense peak "
+                    f"({self.profile.provenance} profile has no measured kernel times)")
+        return f"measured: {self.profile.gdn.source}"
 
     def _nvlink_time(self, op, nbytes, size):
         # Bus bandwidth as NCCL tests define it already folds in latency at small messages.

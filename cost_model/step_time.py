@@ -69,7 +69,8 @@ def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: fl
 
 
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
-                          seq_len: int, imbalance: float, c: Constants, framework: str = "slime") -> dict[str, float]:
+                          seq_len: int, imbalance: float, c: Constants, framework: str = "slime",
+                          gdn_sharded: bool = False) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
@@ -78,7 +79,7 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     launch = (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
         c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
     for attn_kind, mlp_kind, count in rank.kinds:
-        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods)
+        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded)
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
@@ -92,10 +93,10 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
 
 def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants,
-                   framework: str) -> dict[str, float]:
+                   framework: str, gdn_sharded: bool = False) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
-    per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework)
-                      for r in ranks]
+    per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework,
+                                            gdn_sharded) for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
@@ -131,10 +132,11 @@ def step_overhead(rates: Rates, c: Constants, framework: str, dense: float, expe
 
 def step_breakdown(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants, framework: str,
-                   dense: float, expert: float) -> dict[str, float]:
+                   dense: float, expert: float, gdn_sharded: bool = False) -> dict[str, float]:
     """Seconds of one optimizer step by term, in TERMS order. `dense` and `expert` are the parameters
-    of one GPU of the rank holding the most."""
-    terms = pipeline_terms(ranks, model, rates, layout, tokens, num_microbatches, seq_len, imbalance, c, framework)
+    of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's GatedDeltaNet."""
+    terms = pipeline_terms(ranks, model, rates, layout, tokens, num_microbatches, seq_len, imbalance, c, framework,
+                           gdn_sharded)
     terms["dp_comm"] = data_parallel_time(layout, rates, c, framework, dense, expert)
     terms["optimizer"] = optimizer_time(layout, rates, dense, expert)
     terms["offload"] = offload_time(layout, rates, dense, expert)

@@ -1,5 +1,6 @@
 """The hardware profiler: shape grids, bus factors, the no-GPU exit, YAML output, and a CPU run of
 every measurement path (gloo for the collectives) so the GPU run only has CUDA specifics left."""
+import importlib.util
 import itertools
 import os
 import subprocess
@@ -71,7 +72,8 @@ def test_attention_and_collective_points(qwen36):
     assert len(model["attention"]) == 10                              # qwen3.6's pair is a default one
     llama = ps.profile_shapes(load_model("llama3-8b"))
     assert len(llama["attention"]) == 10 and (32, 128) in {(p["heads"], p["head_dim"]) for p in llama["attention"]}
-    assert model["linear_attention"] == dict(heads=32, key_head_dim=128, value_head_dim=128, seq=8192)
+    assert model["linear_attention"] == dict(qk_heads=16, v_heads=32, key_head_dim=128, value_head_dim=128,
+                                             tokens=[4096, 8192, 16384, 32768])
     coll = plain["collectives"]
     assert coll["ops"] == ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p"]
     assert coll["bytes"] == [64 * 2 ** 10, 256 * 2 ** 10, 2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20,
@@ -198,14 +200,14 @@ def test_cpu_run_of_every_measurement():
                 gemm_fp8=[dict(m=32, n=32, k=32)],
                 grouped_gemm=[dict(experts=4, rows_per_expert=16, k=32, n=48)],
                 attention=[dict(seq=64, heads=2, head_dim=32)],
-                linear_attention=dict(ps.LINEAR_ATTENTION_DEFAULT, seq=128),
+                linear_attention=dict(ps.LINEAR_ATTENTION_DEFAULT, tokens=[128]),
                 collectives=dict(ops=list(ps.COLLECTIVE_OPS), bytes=[65536, 2 ** 20]))
     prof = hp._profile(torch.device("cpu"), tiny, 2, 2, backend="gloo", memory_bytes=(2 ** 22, 2 ** 20),
                        adam_numel=2 ** 16, fp8=True, model_name="m")
     assert list(prof) == ["schema_version", "gpu_type", "provenance", "device", "count", "driver", "cuda",
                           "torch", "nccl", "date", "wall_time_s", "model", "source", "gemm_bf16", "gemm_fp8",
                           "grouped_gemm_bf16", "attention_bf16", "linear_attention", "memory", "cpu_adam",
-                          "collectives", "notes"]
+                          "collectives", "device_memory", "notes"]
     assert prof["schema_version"] == 1 and prof["provenance"] == "measured" and prof["count"] == 2
     failures = [n for n in prof["notes"] if "Error" in n or "failed" in n]
     assert not failures, failures
@@ -226,4 +228,172 @@ def test_cpu_run_of_every_measurement():
         assert c["gpus"] == 2 and c["time_us"] > 0
         assert c["algbw_gb_s"] == pytest.approx(c["bytes"] / (c["time_us"] * 1e-6) / 1e9, rel=2e-3)
         assert c["busbw_gb_s"] == pytest.approx(c["algbw_gb_s"] * collectives.bus_factor(c["op"], 2), rel=2e-3)
+    dm = prof["device_memory"]
+    assert dm["provenance"].startswith("not measured") and "visible_gib" not in dm
+    assert [r["ranks"] for r in dm["nccl_cpu_plumbing"]] == [2, 1]
     assert yaml.safe_load(yaml.safe_dump(prof, sort_keys=False)) == prof
+
+
+# ------------------------------------------------------------------------------ issue 12: GDN and device memory
+from experiments.checks import compute as compute_mod  # noqa: E402
+from experiments.checks import device_memory as dm  # noqa: E402
+from experiments.checks import nccl_memory  # noqa: E402
+
+
+def test_gdn_series_measures_the_models_heads_and_megatrons_call():
+    assert compute_mod.gdn_series(dict(qk_heads=16, v_heads=32)) == [(16, 32), (32, 32)]
+    assert compute_mod.gdn_series(dict(qk_heads=8, v_heads=8)) == [(8, 8)]
+
+
+def test_fla_tilelang_is_asked_for_on_hopper_only(monkeypatch):
+    monkeypatch.delenv("FLA_TILELANG", raising=False)
+    assert compute_mod.configure_fla_env((8, 0)) == "unset" and "FLA_TILELANG" not in os.environ
+    assert compute_mod.configure_fla_env((9, 0)).startswith("1 (set by tune profile")
+    assert os.environ["FLA_TILELANG"] == "1"
+    monkeypatch.setenv("FLA_TILELANG", "0")
+    assert compute_mod.configure_fla_env((9, 0)) == "0 (set by the user)"
+
+
+@pytest.mark.torch
+def test_gdn_timing_runs_a_kernel_as_megatron_calls_it():
+    """_time_gdn on the CPU with megatron-core's torch kernel standing in for fla's."""
+    torch = pytest.importorskip("torch")
+    from megatron.core.ssm.gated_delta_net.common import torch_chunk_gated_delta_rule
+    point = compute_mod._time_gdn(torch, torch_chunk_gated_delta_rule, 128, 2, 2, 16, 16, 2, torch.device("cpu"))
+    assert point["tokens"] == 128 and (point["qk_heads"], point["v_heads"]) == (2, 2)
+    assert 0 < point["fwd_ms"] < point["fwd_bwd_ms"]
+
+
+class _FakeQueue:
+    def __init__(self, messages):
+        self.messages = list(messages)
+
+    def get(self, timeout=None):
+        import queue
+        if not self.messages:
+            raise queue.Empty
+        return self.messages.pop(0)
+
+
+class _FakeProc:
+    exitcode = None
+
+
+def test_gdn_points_survive_a_timeout_and_the_section_reads_back():
+    info = dict(fla="0.6.0", triton="3.6.0", tilelang="0.1.7", capability="9.0", device="NVIDIA H200")
+    msgs = [dict(info=info), dict(point=dict(tokens=8192, qk_heads=16, v_heads=32, fwd_ms=0.58, fwd_bwd_ms=2.57)),
+            dict(point=dict(tokens=8192, qk_heads=32, v_heads=32, fwd_ms=0.6, fwd_bwd_ms=2.7),
+                 dispatch=["[FLA Backend] common.chunk_bwd_dqkwg -> tilelang"])]
+    got_info, points, dispatch, error = compute_mod._collect(_FakeQueue(msgs), _FakeProc(), 0.2)
+    assert got_info == info and len(points) == 2 and error.startswith("no result within")
+    shape = dict(qk_heads=16, v_heads=32, key_head_dim=128, value_head_dim=128, tokens=[8192])
+    section = compute_mod._linear_section(shape, points, info, dispatch, error, "h200")
+    assert section["kind"] == "measured" and section["fla"] == "0.6.0" and "backend_problem" not in section
+    assert section["efficiency"] == pytest.approx(3 * 8 * 32 * 128 * 128 * 8192 / 2.7e-3 / 1e12 / 989, rel=1e-2)
+    assert section["error"].startswith("stopped early")
+    triton_only = compute_mod._linear_section(shape, points, info, [], None, "h200")
+    assert "TileLang" in triton_only["backend_problem"]
+    from tests.test_profile import synthetic_profile
+    from cost_model.profile import profile_from_dict
+    prof = profile_from_dict(dict(synthetic_profile(), linear_attention=section))
+    assert prof.gdn.seconds(8192, 32, 128, 128) == pytest.approx(2.7e-3)   # megatron's call preferred
+
+
+def test_without_fla_the_linear_section_is_the_estimate():
+    if importlib.util.find_spec("fla") is not None:
+        pytest.skip("fla is importable here")
+    shape = dict(qk_heads=16, v_heads=32, key_head_dim=128, value_head_dim=128, tokens=[8192])
+    assert compute_mod.measure_linear_attention(shape, 2, "h200") == compute_mod.linear_attention_estimate()
+
+
+@pytest.mark.torch
+def test_device_memory_kernel_mix_and_pattern_run_on_cpu():
+    torch = pytest.importorskip("torch")
+    cpu = torch.device("cpu")
+    ran = []
+    for label, fn in dm._kernel_mix(torch, cpu, tokens=128, hidden=64, vocab=1000):
+        try:
+            fn()
+            ran.append(label)
+        except RuntimeError:
+            assert "SDPA" in label  # cuDNN / efficient SDPA have no CPU kernel
+    assert len(ran) >= 8
+    dm._micro_batch(torch, cpu, 64)
+
+
+def test_device_memory_section_reads_back_into_the_cost_model(h200):
+    early = dict(visible_gib=139.8, cuda_context_only_gib=0.52, context_gib=1.31, workspaces_gib=0.79,
+                 kernel_steps=[dict(after="bf16 GEMM (cuBLAS)", outside_gib=0.6)],
+                 allocator_reserve=dict(fraction=0.006, gib=0.4, expandable_segments=True))
+    nccl = dict(nccl=[dict(ranks=2, groups=4, init_gib=0.05, buffers_gib=0.31),
+                      dict(ranks=1, groups=4, init_gib=0.04, buffers_gib=0.5)],
+                nccl_default_group=dict(init_gib=0.1, buffers_gib=0.3), nccl_how="...")
+    section = dm.device_memory_section(early, nccl, cuda=True)
+    assert section["provenance"].startswith("measured by tune profile") and section["visible_gib"] == 139.8
+    section["date"] = "2026-12-01"
+    from cost_model.device_memory import parse_device_memory
+    dev = parse_device_memory(section, "p.yaml")
+    assert (dev.visible_gib, dev.context_gib, dev.reserve_fraction) == (139.8, 1.31, 0.006)
+    assert dev.nccl_at(2).buffers_gib == 0.31 and dev.nccl_at(1).init_gib == 0.04
+    failed = dm.device_memory_section(dict(error="RuntimeError: x"), {}, cuda=True)
+    assert failed["error"] == "RuntimeError: x" and parse_device_memory(failed).visible_gib is None
+    cpu = dm.device_memory_section(None, nccl, cuda=False)
+    assert "nccl" not in cpu and parse_device_memory(cpu).nccl == ()
+
+
+def test_nccl_memory_rows_are_per_communicator():
+    figures = [0.5, 0.9, 1.2, 1.4, 2.6, 2.8, 4.8]   # base, init, world use; then per size: created, used
+    default, rows = nccl_memory._rows(figures, [2, 1], 4)
+    assert default == dict(init_gib=0.4, buffers_gib=0.3)
+    assert rows == [dict(ranks=2, groups=4, init_gib=0.05, buffers_gib=0.3),
+                    dict(ranks=1, groups=4, init_gib=0.05, buffers_gib=0.5)]
+
+
+def test_only_some_sections_merge_into_an_existing_profile():
+    existing = _sample_profile()
+    measured = dict(date="2026-12-01", device="NVIDIA H200", torch="2.11", cuda="13.0", nccl="2.28.9",
+                    linear_attention=dict(kind="measured", points=[]), device_memory=dict(visible_gib=139.8))
+    merged = hp.merge_sections(existing, measured)
+    assert merged["linear_attention"]["kind"] == "measured" and merged["device_memory"]["visible_gib"] == 139.8
+    assert merged["gemm_bf16"] == existing["gemm_bf16"]
+    assert "re-measured 2026-12-01" in merged["notes"][-1] and "linear_attention, device_memory" in merged["notes"][-1]
+    assert hp.main(["--only", "gemm,bogus"]) == 2
+
+
+@pytest.mark.torch
+def test_only_the_sections_asked_for_are_measured():
+    torch = pytest.importorskip("torch")
+    tiny = dict(gemm=[dict(m=64, n=32, k=48)], gemm_fp8=[], grouped_gemm=[], attention=[],
+                linear_attention=dict(ps.LINEAR_ATTENTION_DEFAULT, tokens=[128]),
+                collectives=dict(ops=["all_reduce"], bytes=[65536]))
+    prof = hp._profile(torch.device("cpu"), tiny, 2, 1, backend="gloo", only=["linear_attention", "device_memory"])
+    assert [k for k in prof if k in hp.SECTIONS] == ["linear_attention", "device_memory"]
+    assert prof["linear_attention"]["kind"] in ("estimate", "measured") and "date" in prof
+
+
+def test_runner_probe_rows_from_the_runners_own_records():
+    from experiments.checks import runner_memory as rm
+    from experiments.runner import TrialResult
+    seen = []
+
+    class StandIn:
+        def __init__(self, limit):
+            self.limit = limit
+
+        def run(self, spec):
+            seen.append((spec.case.layout.world_size, spec.case.layout.ep, spec.case.workload.global_batch,
+                         spec.steps, spec.case.model.name))
+            if spec.case.layout.world_size == 1:
+                per_rank = {"0": {"peak_allocated": 40.0, "peak_reserved": 42.0, "device_peak": 51.1}}
+                return TrialResult(status="ok", kind="measured", source="x", details={
+                    "memory_gib_per_rank": per_rank, "kernels": {"linear_attention": "fla"}})
+            return TrialResult(status="failed", kind="measured", source="x", failure_class="crash", detail="boom")
+
+    from cost_model.hardware import load_gpu
+    out = rm.measure_runner_outside(2, gpu=load_gpu("h200"), runner_factory=StandIn)["runner_outside"]
+    assert seen == [(1, 1, 2, 3, "qwen3.6-35b-a3b"), (2, 2, 4, 3, "qwen3.6-35b-a3b")]
+    assert out[0]["outside_gib"] == pytest.approx(9.1) and out[0]["linear_attention"] == "fla"
+    assert out[1]["gpus"] == 2 and out[1]["error"] == "crash: boom"
+    section = dm.device_memory_section(dict(visible_gib=139.8), {}, True, {"runner_outside": out})
+    from cost_model.device_memory import parse_device_memory
+    assert parse_device_memory(section).runner_outside == ((1, 9.1),)

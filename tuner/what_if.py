@@ -92,14 +92,33 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> st
         if v > 0:
             lines.append(f"  {k:<26}{v:9.2f}{v / p.step_time_s:8.1%}")
     lines.append(f"  {'total':<26}{p.step_time_s:9.2f}{1:8.1%}")
-    lines += ["", f"{'memory per GPU':<28}{'GiB':>9}{'share':>8}"]
-    mem = p.memory.as_dict()
-    for k in ("weights", "grads", "optimizer", "activations", "buffers"):
-        lines.append(f"  {k:<26}{mem[k]:9.1f}{mem[k] / mem['total']:8.1%}")
-    lines.append(f"  {'total (most-loaded GPU)':<26}{mem['total']:9.1f}   of {p.gpu_memory_gib:.1f} usable")
+    lines += ["", *memory_lines(p)]
     lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "
                  f"{p.host_memory_capacity_gib:.0f}")
     return "\n".join(lines)
+
+
+MEMORY_ROWS = (("weights", "weights"), ("grads", "grads"), ("optimizer", "optimizer"),
+               ("activations", "activations"), ("loss_path", "loss path (logits)"),
+               ("optimizer_step", "optimizer step temporary"), ("allocated", "= allocator peak"),
+               ("allocator_reserve", "allocator reserve"), ("cuda_context", "CUDA context, workspaces"),
+               ("nccl", "NCCL communicators"), ("deepep", "DeepEP buffers"), ("outside_pytorch", "= outside PyTorch"),
+               ("total", "= total (decides the fit)"), ("allocator_cache", "allocator cache if room"),
+               ("device_peak", "= expected device peak"))
+
+
+def memory_lines(p: Prediction) -> list[str]:
+    """The device-level peak of the most-loaded GPU by part, and where the non-model parts come from."""
+    mem = p.memory.as_dict()
+    lines = [f"{'memory per GPU (device level)':<32}{'GiB':>9}{'share':>8}"]
+    for key, label in MEMORY_ROWS:
+        if mem.get(key) or key in ("allocated", "outside_pytorch", "total"):
+            lines.append(f"  {label:<30}{mem[key]:9.1f}{mem[key] / mem['total']:8.1%}")
+    lines.append(f"  {'usable (most-loaded GPU)':<30}{p.gpu_memory_gib:9.1f}   "
+                 f"{'fits' if mem['total'] <= p.gpu_memory_gib else 'does not fit'}")
+    for part, source in sorted(p.memory.sources.items()):
+        lines.append(f"    {part}: {source}")
+    return lines
 
 
 def cmd_trial(args) -> int:

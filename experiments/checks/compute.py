@@ -3,11 +3,12 @@ linear attention (fla, in a time-limited subprocess)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from experiments.checks.measure import load_torch, median_time, note_failure, sig
 
 LINEAR_ATTENTION_ESTIMATE = 0.15
-LINEAR_ATTENTION_TIMEOUT_S = 150
+LINEAR_ATTENTION_TIMEOUT_S = 420  # fla's TileLang backend compiles its kernels with nvcc on first use
 LINEAR_ESTIMATE_NOTE = "fla not importable on the profiling machine; documented estimate"
 
 
@@ -134,36 +135,141 @@ def measure_attention(points: list[dict], device, repeats: int, notes: list) -> 
     return rows
 
 
+def configure_fla_env(capability: tuple[int, int]) -> str:
+    """Before fla's first call: on Hopper, fla 0.6.0's Triton chunk_bwd_dqkwg is wrong with Triton 3.4 to
+    3.7.0 (fla #640) and its TileLang backend replaces it (fla.ops.common.backends.tilelang, enabled by
+    env FLA_TILELANG; it needs the tilelang package and an nvcc). Set FLA_TILELANG=1 on Hopper unless set."""
+    if "FLA_TILELANG" in os.environ:
+        return f"{os.environ['FLA_TILELANG']} (set by the user)"
+    if capability[0] == 9:
+        os.environ["FLA_TILELANG"] = "1"
+        return "1 (set by tune profile: fla's TileLang backend on Hopper)"
+    return "unset"
+
+
+def _fla_info(torch, fla_status: str) -> dict:
+    """What fla will run: versions, the optional backends' packages, nvcc, the device."""
+    import importlib.metadata as md
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+    try:
+        from fla.utils import has_usable_nvcc
+        nvcc = bool(has_usable_nvcc())
+    except Exception:  # noqa: BLE001 - an fla without the helper
+        nvcc = None
+    cap = torch.cuda.get_device_capability(0)
+    return dict(fla=version("fla-core") or version("flash-linear-attention"), triton=version("triton"),
+                tilelang=version("tilelang"), flash_qla=version("flash-qla") or version("flash_qla"),
+                nvcc=nvcc, FLA_TILELANG=fla_status, capability=f"{cap[0]}.{cap[1]}",
+                device=torch.cuda.get_device_name(0))
+
+
+class _DispatchLog:
+    """fla logs each backend it dispatches to ('[FLA Backend] op.fn -> backend') at INFO: keep them."""
+
+    def __init__(self):
+        import logging
+        self.lines: list[str] = []
+        log = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                text = record.getMessage()
+                if "[FLA Backend]" in text and text not in log.lines:
+                    log.lines.append(text)
+
+        logger = logging.getLogger("fla")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(Handler())
+
+
+def _gdn_inputs(torch, tokens: int, qk: int, v: int, dk: int, dv: int, device):
+    """q, k (l2-normalised), v, g (fp32 log decay), beta as megatron-core's GatedDeltaNet passes them."""
+    F = torch.nn.functional
+    bf = dict(device=device, dtype=torch.bfloat16)
+    q = F.normalize(torch.randn(1, tokens, qk, dk, device=device), dim=-1).to(torch.bfloat16)
+    k = F.normalize(torch.randn(1, tokens, qk, dk, device=device), dim=-1).to(torch.bfloat16)
+    vv = torch.randn(1, tokens, v, dv, **bf)
+    g = F.logsigmoid(torch.randn(1, tokens, v, device=device, dtype=torch.float32))
+    beta = torch.randn(1, tokens, v, **bf).sigmoid()
+    return q, k, vv, g, beta
+
+
+def _time_gdn(torch, kernel, tokens: int, qk: int, v: int, dk: int, dv: int, repeats: int, device) -> dict:
+    """Forward and forward+backward milliseconds of the kernel at one shape."""
+    q, k, vv, g, beta = _gdn_inputs(torch, tokens, qk, v, dk, dv, device)
+    kw = dict(use_qk_l2norm_in_kernel=False)
+    with torch.no_grad():
+        t_fwd = median_time(lambda: kernel(q, k, vv, g, beta, **kw), device, repeats)
+    leaves = [t.requires_grad_(True) for t in (q, k, vv, g, beta)]
+    grad = torch.randn(1, tokens, v, dv, device=device, dtype=torch.bfloat16)
+    t_fb = median_time(lambda: torch.autograd.grad(kernel(q, k, vv, g, beta, **kw)[0], leaves, grad), device, repeats)
+    return dict(tokens=tokens, qk_heads=qk, v_heads=v, fwd_ms=sig(t_fwd * 1e3), fwd_bwd_ms=sig(t_fb * 1e3))
+
+
 def _linear_attention_worker(shape: dict, repeats: int, queue) -> None:
-    """Subprocess body: time fla's chunk_gated_delta_rule fwd and fwd+bwd on GPU 0."""
+    """Subprocess body: time fla's chunk_gated_delta_rule fwd and fwd+bwd on GPU 0, point by point
+    (each point is reported as it is measured, so a timeout keeps the points already done)."""
     try:
         torch = load_torch()
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
-        b, s, h, dk, dv = 1, shape["seq"], shape["heads"], shape["key_head_dim"], shape["value_head_dim"]
-        bf = dict(device=device, dtype=torch.bfloat16)
-        q, k = torch.randn(b, s, h, dk, **bf), torch.randn(b, s, h, dk, **bf)
-        v = torch.randn(b, s, h, dv, **bf)
-        g = torch.nn.functional.logsigmoid(torch.randn(b, s, h, device=device, dtype=torch.float32))
-        beta = torch.randn(b, s, h, **bf).sigmoid()
-        kw = {"use_qk_l2norm_in_kernel": True}
-        try:
-            chunk_gated_delta_rule(q, k, v, g, beta, **kw)
-        except TypeError:
-            kw = {}
-        with torch.no_grad():
-            t_fwd = median_time(lambda: chunk_gated_delta_rule(q, k, v, g, beta, **kw), device, repeats)
-        leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta)]
-        grad = torch.randn(b, s, h, dv, **bf)
-
-        def fwd_bwd():
-            return torch.autograd.grad(chunk_gated_delta_rule(q, k, v, g, beta, **kw)[0], leaves, grad)
-
-        t_fb = median_time(fwd_bwd, device, repeats)
-        queue.put(dict(t_fwd=t_fwd, t_fwd_bwd=t_fb))
+        status = configure_fla_env(torch.cuda.get_device_capability(0))
+        log = _DispatchLog()
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        queue.put(dict(info=_fla_info(torch, status)))
+        dk, dv = shape["key_head_dim"], shape["value_head_dim"]
+        for qk, v in gdn_series(shape):
+            for tokens in shape["tokens"]:
+                point = _time_gdn(torch, chunk_gated_delta_rule, tokens, qk, v, dk, dv, repeats, device)
+                queue.put(dict(point=point, dispatch=list(log.lines)))
+        queue.put(dict(done=True, dispatch=list(log.lines)))
     except BaseException as e:  # noqa: BLE001 - report anything, the parent decides
         queue.put(dict(error=f"{type(e).__name__}: {str(e).strip()[:300]}"))
+
+
+def gdn_series(shape: dict) -> list[tuple[int, int]]:
+    """(q/k heads, value heads) to measure: the model's (grouped) heads, then q/k repeated to the value
+    heads, which is how megatron-core's GatedDeltaNet (and the HF module) call the kernel."""
+    pairs = [(shape["qk_heads"], shape["v_heads"])]
+    if shape["qk_heads"] != shape["v_heads"]:
+        pairs.append((shape["v_heads"], shape["v_heads"]))
+    return pairs
+
+
+def _collect(queue, proc, timeout_s: float) -> tuple[dict, list, list, str | None]:
+    """(info, points, dispatch lines, error) from the worker's messages until it is done or the time is up."""
+    import queue as queue_mod
+    import time
+    info, points, dispatch, error = {}, [], [], None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            msg = queue.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue_mod.Empty:
+            return info, points, dispatch, f"no result within {timeout_s:.0f} s (exit code {proc.exitcode})"
+        if "error" in msg:
+            return info, points, dispatch, msg["error"]
+        info = msg.get("info", info)
+        dispatch = msg.get("dispatch", dispatch)
+        if "point" in msg:
+            points.append(msg["point"])
+        if msg.get("done"):
+            return info, points, dispatch, error
+
+
+def _hopper_backend_problem(info: dict, dispatch: list[str]) -> str | None:
+    """On Hopper fla must run its TileLang backward (or FlashQLA): None when it did."""
+    if not str(info.get("capability", "")).startswith("9."):
+        return None
+    if any("-> tilelang" in line or "-> flash_qla" in line for line in dispatch):
+        return None
+    return ("fla did not dispatch to its TileLang backend (or FlashQLA) on Hopper: install tilelang and make "
+            "nvcc findable (CUDA_HOME or PATH), FLA_TILELANG=1")
 
 
 def measure_linear_attention(shape: dict, repeats: int, gpu_type: str,
@@ -177,28 +283,40 @@ def measure_linear_attention(shape: dict, repeats: int, gpu_type: str,
     queue = ctx.Queue()
     proc = ctx.Process(target=_linear_attention_worker, args=(shape, repeats, queue), daemon=True)
     proc.start()
-    try:
-        result = queue.get(timeout=timeout_s)
-    except Exception:  # noqa: BLE001 - queue.Empty: the worker hung or died
-        result = dict(error=f"no result within {timeout_s:.0f} s (exit code {proc.exitcode})")
+    info, points, dispatch, error = _collect(queue, proc, timeout_s)
     proc.join(timeout=10)
     if proc.is_alive():
         proc.terminate()
         proc.join(timeout=10)
-    if "error" in result:
+    if not points:
         return dict(estimate, note="fla chunk_gated_delta_rule failed on the profiling machine; "
-                    "documented estimate", error=result["error"])
-    s, h, dk, dv = shape["seq"], shape["heads"], shape["key_head_dim"], shape["value_head_dim"]
-    flops = 8 * h * dk * dv * s
-    fb_tflops = 3 * flops / result["t_fwd_bwd"] / 1e12
+                    "documented estimate", error=error or "no point measured", **({"fla_info": info} if info else {}))
+    return _linear_section(shape, points, info, dispatch, error, gpu_type)
+
+
+def _linear_section(shape: dict, points: list, info: dict, dispatch: list, error: str | None, gpu_type: str) -> dict:
+    """The profile's linear_attention section from the measured points."""
+    dk, dv = shape["key_head_dim"], shape["value_head_dim"]
+    best = [p for p in points if p["qk_heads"] == p["v_heads"]] or points
+    ref = min(best, key=lambda p: abs(p["tokens"] - 8192))
+    fb_tflops = 3 * 8 * ref["v_heads"] * dk * dv * ref["tokens"] / (ref["fwd_bwd_ms"] / 1e3) / 1e12
     try:
         from cost_model.hardware import load_gpu
         efficiency = sig(fb_tflops / load_gpu(gpu_type).bf16_tflops, 3)
     except Exception:  # noqa: BLE001 - a GPU type outside the catalog has no peak to compare with
         efficiency = None
-    return dict(kind="measured", op="fla.ops.gated_delta_rule.chunk_gated_delta_rule", **shape,
-                fwd_ms=sig(result["t_fwd"] * 1e3), fwd_bwd_ms=sig(result["t_fwd_bwd"] * 1e3),
-                fwd_tflops=sig(flops / result["t_fwd"] / 1e12), fwd_bwd_tflops=sig(fb_tflops),
-                efficiency=efficiency,
-                note="FLOPs/token fwd = 8*heads*key_head_dim*value_head_dim, fwd_bwd = 3 x fwd; "
-                     "efficiency = fwd_bwd_tflops / catalog dense bf16 peak")
+    out = dict(kind="measured", op="fla.ops.gated_delta_rule.chunk_gated_delta_rule",
+               source=f"tune profile on {info.get('device', 'GPU 0')}", **{k: info.get(k) for k in (
+                   "fla", "triton", "tilelang", "flash_qla", "nvcc", "FLA_TILELANG", "capability")},
+               dispatch=dispatch, qk_heads=shape["qk_heads"], v_heads=shape["v_heads"], key_head_dim=dk,
+               value_head_dim=dv, dtype="bfloat16", points=points, efficiency=efficiency,
+               note="batch 1, bf16 q/k/v (q and k l2-normalised before the call, use_qk_l2norm_in_kernel=False), fp32 "
+                    "g, bf16 beta, as megatron-core's GatedDeltaNet calls it; fwd under no_grad, fwd_bwd = forward + "
+                    "autograd backward for q, k, v, g, beta; efficiency = fwd_bwd TFLOP/s (3 x 8*v_heads*key_head_dim"
+                    "*value_head_dim FLOPs per token) near 8,192 tokens / the catalog's dense bf16 peak")
+    problem = _hopper_backend_problem(info, dispatch)
+    if problem:
+        out["backend_problem"] = problem
+    if error:
+        out["error"] = f"stopped early: {error}"
+    return out

@@ -24,11 +24,15 @@ back-to-back calls, `inner` chosen so a sample lasts >= ~1 ms; the L2 cache is n
   fwd_bwd_tflops = 3 x fwd FLOPs / time(fwd + bwd): the cost model's "training = 3 x forward"
   convention. Flash-style kernels execute ~3.5 x forward (the backward recomputes QK^T), so this is
   a model-FLOP rate, ~14% below the executed-FLOP rate.
-- linear_attention: fla's chunk_gated_delta_rule fwd+bwd (Gated DeltaNet) at seq 8192 when fla is
-  importable (in a subprocess with a time limit: Triton autotuning can be slow, and fla refuses the
-  backward on Hopper with Triton < 3.7.1); FLOPs per token fwd = 8 * heads * key_dim * value_dim
-  (the cost model's recurrence term without the conv), fwd_bwd = 3 x fwd; efficiency = fwd_bwd
-  TFLOP/s / the catalog's dense bf16 peak. Otherwise a documented estimate (efficiency 0.15).
+- linear_attention: fla's chunk_gated_delta_rule (Gated DeltaNet) forward and forward+backward at
+  4,096, 8,192, 16,384 and 32,768 tokens (batch 1), with the model's q/k and value heads and with q/k
+  repeated to the value heads (how megatron-core's GatedDeltaNet calls it), in a subprocess with a time
+  limit (fla's TileLang backend compiles with nvcc on first use; points already measured are kept). On
+  Hopper it sets FLA_TILELANG=1 unless set (fla 0.6.0's Triton backward is wrong there with Triton 3.4 to
+  3.7.0, fla #640, and its TileLang backend replaces it), records fla's, Triton's and TileLang's versions
+  and the backends fla dispatched to (its '[FLA Backend]' log lines), and says so when TileLang did not
+  run. efficiency = fwd_bwd TFLOP/s near 8,192 tokens / the catalog's dense bf16 peak. The cost model
+  uses the times (cost_model.profile.GdnKernel). Without fla: a documented estimate (efficiency 0.15).
 - memory: pinned host->device and device->host copies of 2 GiB and 256 MiB (GB/s = 1e9 B/s), and a
   device-to-device copy of 2 GiB counting read + write (TB/s = 1e12 B/s).
 - cpu_adam: torch.optim.Adam(foreach=True) step on 64 Mi fp32 CPU parameters (16 tensors), params/s.
@@ -38,6 +42,15 @@ back-to-back calls, `inner` chosen so a sample lasts >= ~1 ms; the L2 cache is n
   of 4 (`bytes` = the full buffer: all_gather's output, reduce_scatter's input). Every call is timed
   with CUDA events; time = the max over ranks of each rank's median. NCCL-tests bus bandwidth:
   algbw = bytes / time, busbw = algbw x factor (`bus_factor`).
+- device_memory: what a training process holds beyond its tensors (experiments.checks.device_memory,
+  first, in fresh processes, before this process touches a GPU): the visible capacity, the CUDA context,
+  the workspaces and kernels of a training step's kernel mix, the allocator's reserve under expandable
+  segments; what the megatron runner's own processes hold outside PyTorch in a few training steps on 1
+  GPU and on all of them (experiments.checks.runner_memory); then NCCL memory per communicator
+  (experiments.checks.nccl_memory): at creation and after its first collectives, for groups of all GPUs
+  and single-rank groups.
+
+`--only SECTIONS` measures some sections; `--update FILE` puts them into an existing profile.
 
 This module orchestrates and writes the profile; each section is measured in its own module of
 experiments.checks (profile_shapes: the grid; compute; memory; cpu_adam; collectives; measure: timing).
@@ -64,8 +77,11 @@ from experiments.checks.collectives import NCCL_ENV, measure_collectives
 from experiments.checks.compute import (linear_attention_estimate, measure_attention, measure_gemm,
                                         measure_gemm_fp8, measure_grouped_gemm, measure_linear_attention)
 from experiments.checks.cpu_adam import ADAM_NUMEL, measure_cpu_adam
+from experiments.checks.device_memory import device_memory_section, measure_device_memory
 from experiments.checks.measure import collapse_notes, load_torch, note_failure, sig, sync
 from experiments.checks.memory import MEMORY_BYTES, measure_memory
+from experiments.checks.nccl_memory import MESSAGE_BYTES, measure_nccl_memory
+from experiments.checks.runner_memory import measure_runner_outside
 from experiments.checks.profile_shapes import GEMM_M, GEMM_NK, MODEL_TOKENS, profile_shapes, quick_shapes
 
 SCHEMA_VERSION = 1
@@ -145,89 +161,136 @@ def _conventions() -> list[str]:
     ]
 
 
+SECTIONS = ("gemm_bf16", "gemm_fp8", "grouped_gemm_bf16", "attention_bf16", "linear_attention", "memory",
+            "cpu_adam", "collectives", "device_memory")
+
+
+class _Sections:
+    """Runs the profile's sections one by one: progress lines, one failure never loses the others, and
+    only the sections asked for (`only`; all by default) are measured."""
+
+    def __init__(self, device, t0: float, notes: list, only=None):
+        self.device, self.t0, self.notes, self.only = device, t0, notes, only
+
+    def wants(self, name: str) -> bool:
+        return self.only is None or name in self.only
+
+    def __call__(self, key: str | None, label: str, fn, default):
+        if key is not None and not self.wants(key):
+            return default
+        torch = load_torch()
+        _progress(self.t0, f"{label} ...")
+        start = time.perf_counter()
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - one section failing must not lose the others
+            note_failure(self.notes, f"{label} failed", e)
+            result = default
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        _progress(self.t0, f"{label} done in {time.perf_counter() - start:.1f} s")
+        return result
+
+
+def _compute_sections(run: _Sections, shapes: dict, repeats: int, gpu_type: str, fp8: bool | None) -> dict:
+    device, notes = run.device, run.notes
+    torch = load_torch()
+    out = dict(gemm_bf16=run("gemm_bf16", f"gemm_bf16 ({len(shapes['gemm'])} shapes)",
+                             lambda: measure_gemm(shapes["gemm"], device, repeats, notes), []))
+    if fp8 is None:
+        fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    if fp8:
+        out["gemm_fp8"] = run("gemm_fp8", f"gemm_fp8 ({len(shapes['gemm_fp8'])} shapes)",
+                              lambda: measure_gemm_fp8(shapes["gemm_fp8"], device, repeats, notes), [])
+    else:
+        out["gemm_fp8"] = []
+        notes.append("fp8_note: gemm_fp8 skipped: compute capability below 8.9 (no fp8 tensor cores)")
+    out["grouped_gemm_bf16"] = run("grouped_gemm_bf16", f"grouped_gemm_bf16 ({len(shapes['grouped_gemm'])} points)",
+                                   lambda: measure_grouped_gemm(shapes["grouped_gemm"], device, repeats, notes), [])
+    out["attention_bf16"] = run("attention_bf16", f"attention_bf16 ({len(shapes['attention'])} points)",
+                                lambda: measure_attention(shapes["attention"], device, repeats, notes), [])
+    out["linear_attention"] = run("linear_attention", "linear_attention (fla Gated DeltaNet)",
+                                  lambda: measure_linear_attention(shapes["linear_attention"], repeats, gpu_type),
+                                  linear_attention_estimate())
+    return out
+
+
+def _system_sections(run: _Sections, shapes: dict, repeats: int, world: int, backend: str,
+                     memory_bytes: tuple[int, int], adam_numel: int, early_memory: dict | None) -> dict:
+    """memory, cpu_adam, collectives, and device_memory (`early_memory`: its parts measured before this
+    process touched a GPU, under "early" and "probe")."""
+    device = run.device
+    out = dict(memory=run("memory", "memory", lambda: measure_memory(device, repeats, memory_bytes), {}),
+               cpu_adam=run("cpu_adam", "cpu_adam", lambda: measure_cpu_adam(repeats, adam_numel), {}))
+    if world >= 2:
+        ops, sizes = shapes["collectives"]["ops"], shapes["collectives"]["bytes"]
+        out["collectives"] = run("collectives", f"collectives ({world} ranks, {len(ops) * len(sizes)} points)",
+                                 lambda: measure_collectives(ops, sizes, world, repeats, backend), [])
+    else:
+        out["collectives"] = []
+        run.notes.append("collectives skipped: only 1 GPU visible")
+    cuda = device.type == "cuda"
+    nccl = run("device_memory", f"device_memory: NCCL communicators ({world} rank(s))",
+               lambda: measure_nccl_memory(world, backend, message_bytes=MESSAGE_BYTES if cuda else 2 ** 16), {})
+    if run.wants("device_memory"):
+        early = early_memory or {}
+        out["device_memory"] = device_memory_section(early.get("early"), nccl, cuda, early.get("probe"))
+    return out
+
+
 def _profile(device, shapes: dict, repeats: int, world: int, *, backend: str = "nccl",
              memory_bytes: tuple[int, int] = MEMORY_BYTES, adam_numel: int = ADAM_NUMEL,
-             model_name: str | None = None, fp8: bool | None = None, t0: float | None = None) -> dict:
-    """Measure everything on `device` (and `world` ranks for collectives); the profile dict."""
+             model_name: str | None = None, fp8: bool | None = None, t0: float | None = None,
+             early_memory: dict | None = None, only=None) -> dict:
+    """Measure everything on `device` (and `world` ranks for collectives); the profile dict.
+    `early_memory`: _early_device_memory's parts, measured before anything touched the GPU."""
     torch = load_torch()
     t0 = time.perf_counter() if t0 is None else t0
     cuda = device.type == "cuda"
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     gpu_type = gpu_type_from_name(device_name)
     notes = _conventions()
-
-    def section(name, fn, default):
-        _progress(t0, f"{name} ...")
-        start = time.perf_counter()
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - one section failing must not lose the others
-            note_failure(notes, f"{name} failed", e)
-            result = default
-        if cuda:
-            torch.cuda.empty_cache()
-        _progress(t0, f"{name} done in {time.perf_counter() - start:.1f} s")
-        return result
-
-    section("clock warm-up", lambda: _warm_up_clocks(device), None)
-    gemm = section(f"gemm_bf16 ({len(shapes['gemm'])} shapes)",
-                   lambda: measure_gemm(shapes["gemm"], device, repeats, notes), [])
-    if fp8 is None:
-        fp8 = cuda and torch.cuda.get_device_capability(device) >= (8, 9)
-    if fp8:
-        gemm_fp8 = section(f"gemm_fp8 ({len(shapes['gemm_fp8'])} shapes)",
-                           lambda: measure_gemm_fp8(shapes["gemm_fp8"], device, repeats, notes), [])
-    else:
-        gemm_fp8 = []
-        notes.append("fp8_note: gemm_fp8 skipped: compute capability below 8.9 (no fp8 tensor cores)")
-    grouped = section(f"grouped_gemm_bf16 ({len(shapes['grouped_gemm'])} points)",
-                      lambda: measure_grouped_gemm(shapes["grouped_gemm"], device, repeats, notes), [])
-    attention = section(f"attention_bf16 ({len(shapes['attention'])} points)",
-                        lambda: measure_attention(shapes["attention"], device, repeats, notes), [])
-    linear = section("linear_attention",
-                     lambda: measure_linear_attention(shapes["linear_attention"], repeats, gpu_type),
-                     linear_attention_estimate())
-    memory = section("memory", lambda: measure_memory(device, repeats, memory_bytes), {})
-    cpu_adam = section("cpu_adam", lambda: measure_cpu_adam(repeats, adam_numel), {})
-    if world >= 2:
-        ops, sizes = shapes["collectives"]["ops"], shapes["collectives"]["bytes"]
-        collectives = section(f"collectives ({world} ranks, {len(ops) * len(sizes)} points)",
-                              lambda: measure_collectives(ops, sizes, world, repeats, backend), [])
-    else:
-        collectives = []
-        notes.append("collectives skipped: only 1 GPU visible")
-
-    return dict(
-        schema_version=SCHEMA_VERSION,
-        gpu_type=gpu_type,
-        provenance="measured",
-        device=device_name,
-        count=max(world, 1),
-        driver=_driver_version() if cuda else None,
-        cuda=str(torch.version.cuda) if torch.version.cuda else None,
-        torch=str(torch.__version__),  # TorchVersion, a str subclass yaml.safe_dump refuses
-        nccl=_nccl_version(torch) if cuda else None,
-        date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
-        wall_time_s=sig(time.perf_counter() - t0),
-        model=model_name,
-        source=f"tune profile (experiments/checks/hardware_profile.py) on {socket.gethostname()}",
-        gemm_bf16=gemm,
-        gemm_fp8=gemm_fp8,
-        grouped_gemm_bf16=grouped,
-        attention_bf16=attention,
-        linear_attention=linear,
-        memory=memory,
-        cpu_adam=cpu_adam,
-        collectives=collectives,
-        notes=collapse_notes(notes),
-    )
+    run = _Sections(device, t0, notes, only)
+    if only is None or set(only) - {"device_memory", "linear_attention", "cpu_adam"}:
+        run(None, "clock warm-up", lambda: _warm_up_clocks(device), None)
+    compute = _compute_sections(run, shapes, repeats, gpu_type, fp8)
+    system = _system_sections(run, shapes, repeats, world, backend, memory_bytes, adam_numel, early_memory)
+    measured = dict(schema_version=SCHEMA_VERSION, gpu_type=gpu_type, provenance="measured", device=device_name,
+                    count=max(world, 1), driver=_driver_version() if cuda else None,
+                    cuda=str(torch.version.cuda) if torch.version.cuda else None,
+                    torch=str(torch.__version__),  # TorchVersion, a str subclass yaml.safe_dump refuses
+                    nccl=_nccl_version(torch) if cuda else None,
+                    date=datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+                    wall_time_s=sig(time.perf_counter() - t0), model=model_name,
+                    source=f"tune profile (experiments/checks/hardware_profile.py) on {socket.gethostname()}",
+                    **compute, **system, notes=collapse_notes(notes))
+    if "device_memory" in measured:
+        measured["device_memory"]["date"] = measured["date"]
+    if only is not None:
+        measured = {k: v for k, v in measured.items() if k not in SECTIONS or k in only}
+    return measured
 
 
-def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool = False) -> dict:
+def _early_device_memory(t0: float, world: int) -> dict:
+    """The device_memory parts measured in fresh processes before this one creates a CUDA context (a
+    device-level reading would count it): capacity, context, workspaces, allocator reserve; then the
+    megatron runner's own processes (experiments.checks.runner_memory)."""
+    _progress(t0, "device_memory: capacity, CUDA context, workspaces, allocator reserve ...")
+    out = {"early": measure_device_memory()}
+    _progress(t0, f"device_memory: the megatron runner's processes on 1 and {world} GPU(s) ...")
+    try:
+        out["probe"] = measure_runner_outside(world)
+    except Exception as e:  # noqa: BLE001 - the probe is one part; the others stand without it
+        out["probe"] = {"runner_outside": [dict(error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")]}
+    _progress(t0, "device_memory: first parts done")
+    return out
+
+
+def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool = False, only=None) -> dict:
     """Profile the local GPUs (compute on GPU 0, collectives over all of them); the profile dict.
 
     Raises NoGpuError when torch or a CUDA GPU is missing. quick=True shrinks the grids (smoke run).
-    """
+    `only`: the sections to measure (SECTIONS names); all by default."""
     t0 = time.perf_counter()
     for key, value in NCCL_ENV.items():  # forced, not setdefault: an inherited NCCL_NVLS_ENABLE=1 is wrong here
         os.environ[key] = value
@@ -244,12 +307,15 @@ def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool =
     if quick:
         shapes = quick_shapes(shapes)
         repeats = min(repeats, 5)
+    early = None
+    if only is None or "device_memory" in only:
+        early = _early_device_memory(t0, torch.cuda.device_count())
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     torch.manual_seed(0)
     return _profile(device, shapes, max(1, repeats), torch.cuda.device_count(),
                     adam_numel=ADAM_NUMEL // 8 if quick else ADAM_NUMEL,
-                    model_name=model.name if model is not None else None, t0=t0)
+                    model_name=model.name if model is not None else None, t0=t0, early_memory=early, only=only)
 
 
 def write_profile(profile: dict, path) -> None:
@@ -276,42 +342,59 @@ def summary(profile: dict) -> list[str]:
 
     lines = [f"{profile['device']} x{profile['count']} ({profile['gpu_type']}), "
              f"torch {profile['torch']}, CUDA {profile['cuda']}, NCCL {profile['nccl']}"]
-    gemm = profile["gemm_bf16"]
+    gemm = profile.get("gemm_bf16")
     if gemm:
         big = find(gemm, m=8192, n=8192, k=8192)
         best = max(gemm, key=lambda r: r["tflops"])
         lines.append(f"bf16 GEMM: {big['tflops'] if big else 'n/a'} TFLOP/s at 8192^3, best {best['tflops']} "
                      f"at {best['m']}x{best['n']}x{best['k']}")
-    if profile["gemm_fp8"]:
+    if profile.get("gemm_fp8"):
         best = max(profile["gemm_fp8"], key=lambda r: r["tflops"])
         lines.append(f"fp8 GEMM: best {best['tflops']} TFLOP/s at {best['m']}x{best['n']}x{best['k']}")
-    if profile["grouped_gemm_bf16"]:
+    if profile.get("grouped_gemm_bf16"):
         best = max(profile["grouped_gemm_bf16"], key=lambda r: r["fwd_tflops"])
         best_fb = max(profile["grouped_gemm_bf16"], key=lambda r: r["fwd_bwd_tflops"] or 0)
         lines.append(f"grouped GEMM: best fwd {best['fwd_tflops']} TFLOP/s (E={best['experts']}, "
                      f"rows={best['rows_per_expert']}), best fwd+bwd {best_fb['fwd_bwd_tflops']}")
-    if profile["attention_bf16"]:
+    if profile.get("attention_bf16"):
         best = max(profile["attention_bf16"], key=lambda r: r["fwd_bwd_tflops"] or 0)
         lines.append(f"attention: best fwd+bwd {best['fwd_bwd_tflops']} TFLOP/s (seq {best['seq']}, "
                      f"{best['heads']}x{best['head_dim']})")
-    la = profile["linear_attention"]
-    lines.append(f"linear attention: {la.get('kind')}, efficiency {la.get('efficiency')}")
+    lines += _summary_linear_and_device(profile)
     for op in ("all_reduce", "all_to_all"):
-        row = find(profile["collectives"], op=op, bytes=256 * 2 ** 20)
+        row = find(profile.get("collectives") or [], op=op, bytes=256 * 2 ** 20)
         if row:
             lines.append(f"{op} busbw at 256 MiB: {row['busbw_gb_s']} GB/s batched "
                          f"({row.get('synced_busbw_gb_s')} GB/s single synchronised calls)")
-    mem = profile["memory"]
+    mem = profile.get("memory")
     if mem:
         lines.append(f"H2D {mem.get('h2d_gb_s')} GB/s, D2H {mem.get('d2h_gb_s')} GB/s, "
                      f"HBM copy {mem.get('hbm_copy_tb_s')} TB/s")
-    if profile["cpu_adam"]:
+    if profile.get("cpu_adam"):
         lines.append(f"CPU Adam: {profile['cpu_adam']['params_per_s']:.4g} params/s "
                      f"({profile['cpu_adam']['threads']} threads)")
-    failures = [n for n in profile["notes"] if "Error" in n or "failed" in n]
+    failures = [n for n in profile.get("notes") or [] if "Error" in n or "failed" in n]
     if failures:
         lines.append(f"{len(failures)} failure note(s); see notes")
     lines.append(f"wall time: {profile['wall_time_s']} s")
+    return lines
+
+
+def _summary_linear_and_device(profile: dict) -> list[str]:
+    lines = []
+    la = profile.get("linear_attention") or {}
+    if la:
+        points = ", ".join(f"{p['tokens']}: {p['fwd_ms']}/{p['fwd_bwd_ms']} ms" for p in la.get("points") or []
+                           if p.get("qk_heads") == la.get("qk_heads"))
+        lines.append(f"linear attention: {la.get('kind')}, efficiency {la.get('efficiency')}"
+                     + (f"; fla {la.get('fla')}, fwd/fwd+bwd {points}" if points else "")
+                     + (f"; {la['backend_problem']}" if la.get("backend_problem") else ""))
+    dm = profile.get("device_memory") or {}
+    if dm.get("visible_gib") is not None:
+        nccl = ", ".join(f"{r['ranks']} rank(s) {r['init_gib']} + {r['buffers_gib']} GiB" for r in dm.get("nccl") or [])
+        lines.append(f"device memory: visible {dm['visible_gib']} GiB, context + workspaces {dm.get('context_gib')} GiB, "
+                     f"allocator reserve {(dm.get('allocator_reserve') or {}).get('fraction')}, NCCL per "
+                     f"communicator (init + buffers) {nccl or 'n/a'}")
     return lines
 
 
@@ -324,19 +407,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output YAML (default: profile-<gpu_type>.yaml)")
     parser.add_argument("--quick", action="store_true", help="small grids: a smoke run")
     parser.add_argument("--repeats", type=int, default=10, help="timed samples per point (median)")
+    parser.add_argument("--only", help=f"comma-separated sections to measure ({', '.join(SECTIONS)})")
+    parser.add_argument("--update", help="an existing profile YAML whose sections the measured ones replace (the "
+                                         "rest is kept); written to --out, by default back to this file")
     args = parser.parse_args(argv)
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    unknown = sorted(set(only or ()) - set(SECTIONS))
     try:
+        if unknown:
+            raise ValueError(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
         model = load_model(args.model) if args.model else None
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        existing = yaml.safe_load(Path(args.update).read_text()) if args.update else None
+    except (ValueError, OSError, yaml.YAMLError) as e:
+        print(f"error: {' '.join(str(e).split())[:300]}", file=sys.stderr)
         return 2
     try:
-        profile = run_profile(model, repeats=args.repeats, quick=args.quick)
+        profile = run_profile(model, repeats=args.repeats, quick=args.quick, only=only)
     except NoGpuError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    report_written(profile, args.out)
+    if existing is not None:
+        profile = merge_sections(existing, profile)
+    report_written(profile, args.out or args.update)
     return 0
+
+
+def merge_sections(existing: dict, measured: dict) -> dict:
+    """`existing` with the sections `measured` holds replaced, and a note saying which and when."""
+    out = dict(existing)
+    replaced = [k for k in SECTIONS if k in measured]
+    out.update({k: measured[k] for k in replaced})
+    notes = list(existing.get("notes") or [])
+    notes.append(f"sections {', '.join(replaced)} re-measured {measured.get('date')} on {measured.get('device')} "
+                 f"(torch {measured.get('torch')}, CUDA {measured.get('cuda')}, NCCL {measured.get('nccl')})")
+    out["notes"] = notes
+    return out
 
 
 def report_written(profile: dict, out: str | None) -> Path:

@@ -17,8 +17,8 @@ GROUPED_MAX_ROWS = 262_144
 DEFAULT_HIDDEN, DEFAULT_MOE_FFN = 2048, 512
 ATTENTION_SEQS = (2048, 4096, 8192, 16384, 32768)
 ATTENTION_DEFAULT_HEADS = ((32, 128), (16, 256))
-LINEAR_ATTENTION_SEQ = 8192
-LINEAR_ATTENTION_DEFAULT = dict(heads=32, key_head_dim=128, value_head_dim=128)  # Qwen3.5/3.6 GDN
+LINEAR_ATTENTION_TOKENS = (4096, 8192, 16384, 32768)  # tokens per GPU the GDN kernel sees (batch 1)
+LINEAR_ATTENTION_DEFAULT = dict(qk_heads=16, v_heads=32, key_head_dim=128, value_head_dim=128)  # Qwen3.5/3.6 GDN
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 COLLECTIVE_BYTES = tuple(64 * 1024 * 4 ** i for i in range(8))   # 64 KiB .. 1 GiB
 
@@ -69,9 +69,10 @@ def _attention_heads(model: ModelSpec | None) -> list[tuple[int, int]]:
 
 def _linear_attention_shape(model: ModelSpec | None) -> dict:
     if model is not None and LINEAR_ATTENTION in model.layer_types:
-        return dict(heads=model.linear_num_value_heads, key_head_dim=model.linear_key_head_dim,
-                    value_head_dim=model.linear_value_head_dim, seq=LINEAR_ATTENTION_SEQ)
-    return dict(LINEAR_ATTENTION_DEFAULT, seq=LINEAR_ATTENTION_SEQ)
+        return dict(qk_heads=model.linear_num_key_heads, v_heads=model.linear_num_value_heads,
+                    key_head_dim=model.linear_key_head_dim, value_head_dim=model.linear_value_head_dim,
+                    tokens=list(LINEAR_ATTENTION_TOKENS))
+    return dict(LINEAR_ATTENTION_DEFAULT, tokens=list(LINEAR_ATTENTION_TOKENS))
 
 
 def profile_shapes(model: ModelSpec | None) -> dict:
@@ -117,5 +118,6 @@ def quick_shapes(shapes: dict) -> dict:
     keep["grouped_gemm"] = [p for p in shapes["grouped_gemm"]
                             if p["experts"] in (8, 128) and p["rows_per_expert"] in (64, 1024)]
     keep["attention"] = [p for p in shapes["attention"] if p["seq"] in (2048, 8192)]
+    keep["linear_attention"] = dict(shapes["linear_attention"], tokens=[8192])
     keep["collectives"] = dict(ops=shapes["collectives"]["ops"], bytes=[2 ** 20, 256 * 2 ** 20])
     return keep

@@ -1,0 +1,184 @@
+"""The GPU memory beyond the allocator's peak, and the capacity everything shares.
+
+A layout fits when the allocator's peak (cost_model.memory) plus the allocator's reserve plus what the
+process holds outside PyTorch's allocator is at most the device's visible capacity:
+
+- usable: the capacity torch.cuda.mem_get_info reports at start (the profile's `device_memory.visible_gib`;
+  without it the catalog's memory_gib, which is what torch reports on the catalog's machine);
+- allocator reserve: with expandable segments the caching allocator needs little beyond its allocated
+  peak when memory is short (at the limit it gives back its cache and retries): the fraction `tune
+  profile` finds by capping the allocator under a training-like pattern. This decides the fit;
+- allocator cache: with room to spare the allocator keeps more (its free-running reserved peak), up to
+  what the card has left: part of the device-level peak a run shows, never of what it needs;
+- outside PyTorch: the CUDA context with cuBLAS/cuDNN workspaces and loaded kernels; the NCCL
+  communicators (one per process group megatron builds when they are created eagerly, each with base
+  memory at creation and channel/peer buffers on its first collectives; a single-rank communicator
+  allocates a 512 MiB shared buffer then, NCCL issue #2363); DeepEP's buffers for the flex dispatcher.
+
+Each figure comes from the hardware profile where `tune profile` measured it (with how and when), else
+from the documented fallback in constants.yaml; `Overheads.sources` says which. Pure: no I/O.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from cost_model.constants import Constants
+from cost_model.errors import AttuneError
+from cost_model.hardware import GpuSpec
+from cost_model.layout import Layout
+from cost_model.runtime import Runtime, communicators
+
+
+class DeviceMemoryError(AttuneError, ValueError):
+    """A profile's device_memory section that is malformed."""
+
+
+@dataclass(frozen=True)
+class NcclMemory:
+    """One measured communicator size: GiB per communicator at creation and added by its first collectives."""
+
+    ranks: int
+    init_gib: float
+    buffers_gib: float
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The profile's device_memory section (None: not measured there)."""
+
+    visible_gib: float | None = None
+    context_gib: float | None = None            # CUDA context + cuBLAS/cuDNN workspaces + loaded kernels
+    nccl: tuple[NcclMemory, ...] = ()
+    reserve_fraction: float | None = None       # slack over the allocated peak the allocator needs when capped
+    cache_fraction: float | None = None         # free-running reserved peak / allocated peak - 1
+    deepep_gib: float | None = None
+    runner_outside: tuple[tuple[int, float], ...] = ()   # (GPUs, GiB) the megatron runner held outside PyTorch
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def runner_outside_at(self, gpus: int) -> float | None:
+        """The runner probe's figure for `gpus` GPUs (the nearest measured GPU count), or None."""
+        if not self.runner_outside:
+            return None
+        return min(self.runner_outside, key=lambda r: (abs(math.log2(r[0]) - math.log2(gpus)), -r[0]))[1]
+
+    def nccl_at(self, ranks: int) -> NcclMemory | None:
+        """The measured entry for a communicator of `ranks` ranks: single-rank ones apart (they allocate
+        differently), otherwise the multi-rank entry nearest in log2 size."""
+        pool = [n for n in self.nccl if (n.ranks == 1) == (ranks == 1)]
+        if not pool:
+            return None
+        return min(pool, key=lambda n: (abs(math.log2(n.ranks) - math.log2(ranks)), -n.ranks))
+
+
+def _gib(value, what: str, origin: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a number, got {value!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a non-negative number, got {value!r}")
+    return x
+
+
+def parse_device_memory(data: dict | None, origin: str = "profile") -> DeviceMemory | None:
+    """The profile's `device_memory` mapping (as `tune profile` writes it) as a DeviceMemory."""
+    if data is None:
+        return None
+    if not isinstance(data, dict):
+        raise DeviceMemoryError(f"{origin}: device_memory must be a mapping")
+    how = str(data.get("provenance") or data.get("how") or "measured")
+    when = str(data.get("date") or "")
+    basis = f"{how}{' (' + when + ')' if when else ''}"
+    sources, kw = {}, {}
+    for key, part in (("visible_gib", "usable"), ("context_gib", "cuda_context"), ("deepep_gib", "deepep")):
+        if data.get(key) is not None:
+            kw[key] = _gib(data[key], key, origin)
+            sources[part] = f"profile device_memory.{key}: {basis}"
+    reserve = data.get("allocator_reserve") or {}
+    if reserve.get("fraction") is not None:
+        kw["reserve_fraction"] = _gib(reserve["fraction"], "allocator_reserve.fraction", origin)
+        sources["allocator_reserve"] = f"profile device_memory.allocator_reserve.fraction: {basis}"
+    if reserve.get("unconstrained_fraction") is not None:
+        kw["cache_fraction"] = _gib(reserve["unconstrained_fraction"], "allocator_reserve.unconstrained_fraction",
+                                    origin)
+        sources["allocator_cache"] = f"profile device_memory.allocator_reserve.unconstrained_fraction: {basis}"
+    nccl = []
+    for row in data.get("nccl") or []:
+        if not isinstance(row, dict) or "ranks" not in row:
+            raise DeviceMemoryError(f"{origin}: device_memory.nccl rows need ranks, init_gib, buffers_gib")
+        nccl.append(NcclMemory(int(row["ranks"]), _gib(row.get("init_gib", 0), "nccl.init_gib", origin),
+                               _gib(row.get("buffers_gib", 0), "nccl.buffers_gib", origin)))
+    if nccl:
+        sources["nccl"] = f"profile device_memory.nccl: {basis}"
+    runner = tuple((int(r["gpus"]), _gib(r["outside_gib"], "runner_outside.outside_gib", origin))
+                   for r in data.get("runner_outside") or [] if isinstance(r, dict) and r.get("outside_gib") is not None)
+    if runner:
+        sources["runner_outside"] = (f"profile device_memory.runner_outside ({', '.join(f'{g} GPU(s): {x:g} GiB' for g, x in runner)}): "
+                                     f"{basis}")
+    return DeviceMemory(nccl=tuple(nccl), runner_outside=runner, sources=sources, **kw)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """GiB one GPU holds beyond the allocator's peak, and the capacity; `sources` names each figure's origin."""
+
+    allocator_reserve: float
+    cuda_context: float
+    nccl: float
+    deepep: float
+    usable: float
+    communicators: int
+    cache_fraction: float = 0.0   # the allocator's free-running reserve over its allocated peak
+    sources: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def outside_pytorch(self) -> float:
+        return self.cuda_context + self.nccl + self.deepep
+
+    def allocator_cache(self, allocated_gib: float) -> float:
+        """GiB the allocator keeps beyond its reserve when the card has room: its free-running reserve
+        over the allocated peak, but never past the usable capacity (then it gives the cache back)."""
+        room = self.usable - (allocated_gib + self.allocator_reserve + self.outside_pytorch)
+        return max(0.0, min(allocated_gib * self.cache_fraction - self.allocator_reserve, room))
+
+
+def nccl_gib(created: tuple, used: tuple, dev: DeviceMemory | None, c: Constants) -> float:
+    """GiB of NCCL communicators: base memory for every one created, buffers for every one used."""
+    def per(ranks: int) -> NcclMemory:
+        measured = dev.nccl_at(ranks) if dev is not None else None
+        return measured or NcclMemory(ranks, c.nccl_init_gib_per_communicator, c.nccl_buffers_gib_per_communicator)
+    return sum(per(size).init_gib for _, size in created) + sum(per(size).buffers_gib for _, size in used)
+
+
+def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: float, gpu: GpuSpec,
+              dev: DeviceMemory | None, c: Constants) -> Overheads:
+    """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`."""
+    dev = dev or DeviceMemory()
+    src = dict(dev.sources)
+    fallback = "constants.yaml (no measured figure in the profile)"
+    created, used = communicators(layout, runtime, is_moe)
+    reserve = dev.reserve_fraction if dev.reserve_fraction is not None else c.allocator_reserve_fraction
+    cache = dev.cache_fraction if dev.cache_fraction is not None else c.allocator_cache_fraction
+    deepep = 0.0
+    if layout.dispatcher == "flex":
+        deepep = dev.deepep_gib if dev.deepep_gib is not None else c.deepep_buffers_gib
+    else:
+        src.pop("deepep", None)
+    context = dev.context_gib if dev.context_gib is not None else c.cuda_context_gib
+    usable = dev.visible_gib if dev.visible_gib is not None else gpu.memory_gib
+    for part in ("allocator_reserve", "allocator_cache", "cuda_context", "nccl") + (("deepep",) if deepep else ()):
+        src.setdefault(part, fallback)
+    src.setdefault("usable", f"GPU catalog memory_gib ({gpu.sources.get('memory_gib', 'catalog')})")
+    src["nccl"] = (f"{src['nccl']}; {len(created)} communicators ({runtime.nccl_init} init), "
+                   f"{len(used)} with buffers ({runtime.name})")
+    nccl = nccl_gib(created, used, dev, c)
+    floor = dev.runner_outside_at(layout.world_size) if runtime.name == "megatron-runner" else None
+    runner_src = src.pop("runner_outside", None)
+    if floor is not None and floor > context + nccl:
+        # The parts miss what a real step of the runner holds (communicators it uses, kernels it loads).
+        src["cuda_context"] += (f"; with NCCL raised by {floor - context - nccl:.2f} GiB to what the megatron "
+                                f"runner held outside PyTorch on {layout.world_size} GPU(s), {runner_src}")
+        context = floor - nccl
+    return Overheads(allocator_reserve=allocated_gib * reserve, cuda_context=context, nccl=nccl, deepep=deepep,
+                     usable=usable, communicators=len(created), cache_fraction=max(cache, reserve), sources=src)

@@ -1,0 +1,77 @@
+"""The profile's runner probe: what the megatron runner's own processes hold outside PyTorch's allocator.
+
+The parts of that memory are measured apart (experiments.checks.device_memory and nccl_memory), but
+which of megatron's ~20 communicators a training step really uses, and which kernels it loads, only a
+real step shows. So `tune profile` runs the megatron runner itself for a few steps of Qwen3.6-35B-A3B's
+first 4 layers (3 Gated DeltaNet, 1 attention; fla's kernels when importable) on 1 GPU (TP1) and on all
+GPUs (EP over all of them), before the profile's own process touches a GPU (a device-level reading
+would count it), and records per trial the largest `device peak - reserved peak` over the ranks (the
+runner's outside_pytorch figure). The cost model takes it as the floor of what a megatron-runner
+process holds outside PyTorch on that many GPUs (cost_model/device_memory.py).
+"""
+from __future__ import annotations
+
+from experiments.checks.measure import sig
+
+PROBE_MODEL, PROBE_LAYERS, PROBE_SEQ, PROBE_STEPS = "qwen3.6-35b-a3b", 4, 4096, 3
+PROBE_TIMEOUT_S = 300
+
+
+def probe_layouts(world: int) -> list:
+    from cost_model.layout import Layout
+    layouts = [Layout(1, max_tokens_per_gpu=PROBE_SEQ)]
+    if world > 1:
+        layouts.append(Layout(world, ep=world, max_tokens_per_gpu=PROBE_SEQ))
+    return layouts
+
+
+def _outside(per_rank: dict) -> list[float]:
+    out = []
+    for m in per_rank.values():
+        value = m.get("outside_pytorch")
+        if value is None and m.get("device_peak") is not None and m.get("peak_reserved") is not None:
+            value = m["device_peak"] - m["peak_reserved"]
+        if value is not None:
+            out.append(float(value))
+    return out
+
+
+def probe_row(layout, result) -> dict:
+    """One probe trial's row: the layout, and the largest outside-PyTorch figure over its ranks (or why not)."""
+    row = dict(gpus=layout.world_size, layout=layout.long_label,
+               model=f"{PROBE_MODEL}, first {PROBE_LAYERS} layers ({PROBE_STEPS} steps, {PROBE_SEQ}-token rows)")
+    if result.status != "ok":
+        return dict(row, error=f"{result.failure_class}: {' '.join(str(result.detail).split())[:200]}")
+    outside = _outside(result.details.get("memory_gib_per_rank") or {})
+    if not outside:
+        return dict(row, error="the runner recorded no device-level peak")
+    kernels = result.details.get("kernels") or {}
+    return dict(row, outside_gib=sig(max(outside), 4), per_rank_gib=[sig(x, 4) for x in outside],
+                linear_attention=kernels.get("linear_attention"))
+
+
+def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOUT_S, runner_factory=None) -> dict:
+    """Run the probe trials; {"runner_outside": [rows]}. `gpu`: the catalog GpuSpec (nvidia-smi's by
+    default); `runner_factory(timeout_s)` makes the runner (a MegatronRunner by default; the CPU tests
+    pass a stand-in)."""
+    from cost_model.case import Case
+    from cost_model.hardware import load_gpu
+    from cost_model.model_spec import load_model
+    from cost_model.workload import Workload
+    from experiments.runner import TrialSpec
+    if gpu is None:
+        from experiments.megatron.runner import detect_gpu
+        gpu = detect_gpu() or load_gpu("h200")
+    if runner_factory is None:
+        from experiments.megatron.runner import MegatronRunner
+
+        def runner_factory(limit):
+            return MegatronRunner(layers=PROBE_LAYERS, replace_gdn=False, timeout_s=limit,
+                                  scale_batch_to_budget=False)
+    rows = []
+    for layout in probe_layouts(world):
+        workload = Workload(seq_len=PROBE_SEQ, global_batch=2 * layout.dp, framework="megatron")
+        spec = TrialSpec(Case(load_model(PROBE_MODEL), gpu, workload, layout), steps=PROBE_STEPS,
+                         window=(1, PROBE_STEPS - 1))
+        rows.append(probe_row(layout, runner_factory(timeout_s).run(spec)))
+    return dict(runner_outside=rows)

@@ -1,0 +1,277 @@
+"""The device-level memory model (issue 12): the allocator's peak by part, the loss path, the optimizer
+step's temporary, the allocator's reserve and what a process holds outside PyTorch, against the code it
+models (megatron-core's process groups) and against the megatron runner's stored H200 measurements."""
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from cost_model.case import Case
+from cost_model.constants import default_constants
+from cost_model.device_memory import DeviceMemory, NcclMemory, nccl_gib, overheads, parse_device_memory
+from cost_model.layout import Layout
+from cost_model.loss_path import loss_path_bytes, padded_vocab
+from cost_model.model_spec import load_model
+from cost_model.predict import predict
+from cost_model.profile import ProfileError, profile_from_dict
+from cost_model.runtime import MEGATRON, MEGATRON_RUNNER, SLIME, communicators, default_runtime, \
+    megatron_process_groups
+from cost_model.units import GIB
+from cost_model.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+WL = Workload(seq_len=4096, global_batch=16, framework="megatron")
+FULL1 = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+
+
+def runner_prediction(model, h200, layers, layout, seq_len=4096, global_batch=16, replace_gdn=True):
+    """What the megatron runner predicts for its model run (no TE here or on the H200 machine)."""
+    from experiments.megatron.model_run import predict_run, trial_model
+    wl = Workload(seq_len=seq_len, global_batch=global_batch, framework="megatron")
+    return predict_run(Case(trial_model(model, layers, replace_gdn), h200, wl, layout))
+
+
+# ------------------------------------------------------------------------------------------ parts
+def test_the_parts_add_up_to_the_device_level_peak(qwen36, h200):
+    p = predict(qwen36, h200, WL, Layout(8, ep=8, **FULL1), precision_aware_optimizer=False)
+    m = p.memory
+    d = m.as_dict()
+    assert all(isinstance(v, float) for v in d.values())            # the runner rounds every value
+    assert d["allocated"] == pytest.approx(sum(d[k] for k in ("weights", "grads", "optimizer", "activations",
+                                                              "loss_path", "optimizer_step")))
+    assert d["outside_pytorch"] == pytest.approx(d["cuda_context"] + d["nccl"] + d["deepep"])
+    assert d["total"] == pytest.approx(d["allocated"] + d["allocator_reserve"] + d["outside_pytorch"])
+    assert d["device_peak"] == pytest.approx(d["total"] + d["allocator_cache"]) and d["device_peak"] <= d["usable"]
+    assert p.peak_memory_gib == m.total and p.gpu_memory_gib == m.usable == d["usable"]
+    assert p.to_dict()["memory_sources"]["nccl"].startswith("constants.yaml")
+
+
+def test_usable_is_the_measured_visible_capacity_else_the_catalog(qwen36, h200):
+    layout = Layout(8, ep=8, **FULL1)
+    shipped = predict(qwen36, h200, WL, layout)
+    from cost_model.profile import shipped_profile
+    assert shipped.gpu_memory_gib == shipped_profile("h200").device_memory.visible_gib
+    assert 139 < shipped.gpu_memory_gib < h200.memory_gib                # measured, below the catalog's figure
+    assert "device_memory.visible_gib" in shipped.memory.sources["usable"]
+    from tests.test_profile import synthetic_profile
+    bare = predict(qwen36, h200, WL, layout, profile=profile_from_dict(synthetic_profile()))
+    assert bare.gpu_memory_gib == h200.memory_gib and "catalog" in bare.memory.sources["usable"]
+
+
+def test_the_allocator_cache_fills_room_but_never_decides_the_fit(qwen36, h200):
+    from experiments.megatron.model_run import trial_model
+    small = predict(trial_model(qwen36, 4, True), h200, WL, Layout(2, ep=2, max_tokens_per_gpu=4096),
+                    precision_aware_optimizer=False)
+    c = default_constants()
+    assert small.memory.allocator_cache == pytest.approx(
+        small.memory.allocated * (c.allocator_cache_fraction - c.allocator_reserve_fraction))
+    big = predict(trial_model(qwen36, 7, True), h200, WL, Layout(1, max_tokens_per_gpu=4096),
+                  precision_aware_optimizer=False)
+    assert not big.fits and big.memory.allocator_cache == 0 and big.memory.device_peak == big.peak_memory_gib
+    for layers in range(4, 7):
+        p = predict(trial_model(qwen36, layers, True), h200, WL, Layout(1, max_tokens_per_gpu=4096),
+                    precision_aware_optimizer=False)
+        assert p.fits is (p.peak_memory_gib <= p.gpu_memory_gib)
+        assert p.memory.device_peak <= max(p.gpu_memory_gib, p.peak_memory_gib)
+
+
+def test_loss_path_counts_the_logits_tensors_alive_at_once(qwen36):
+    tokens, v = 8192, padded_vocab(qwen36.vocab_size, 1)
+    h = qwen36.hidden_size
+    # megatron: bf16 logits + their fp32 copy (forward); the fp32 gradient + its bf16 cast (backward)
+    assert loss_path_bytes(qwen36, Layout(1), tokens, MEGATRON) == pytest.approx(6 * tokens * v + 2 * tokens * h)
+    # slime: the model's bf16 logits, slime's clone, the fp32 upcast, plus fp32 per-token log-probs
+    assert loss_path_bytes(qwen36, Layout(1), tokens, SLIME) == pytest.approx(8 * tokens * v + 4 * tokens
+                                                                              + 2 * tokens * h)
+    tp2 = loss_path_bytes(qwen36, Layout(2, tp=2), tokens, MEGATRON)
+    assert tp2 == pytest.approx(6 * tokens * padded_vocab(qwen36.vocab_size, 2) / 2 + 2 * tokens * h * 1.5)
+    assert padded_vocab(128256, 1) == 128256 and padded_vocab(151936, 2) == 152064 and padded_vocab(1000, 4) == 1024
+
+
+def test_the_issue_12_loss_path_oom_is_counted(qwen36, h200):
+    """b1 (2 GPUs, DP2, 4 x 8,192-token rows): the OOM asked for 30.31 GiB (the fp32 copy of 32,768 x
+    248,320 logits) with 86.31 GiB allocated: the allocator's peak is at least their sum."""
+    layout = Layout(2, max_tokens_per_gpu=32768, rows_per_microbatch=4)
+    p = runner_prediction(qwen36, h200, 4, layout, seq_len=8192)
+    assert 32768 * 248320 * 4 / GIB == pytest.approx(30.31, abs=0.01)
+    assert p.memory.loss_path > 45.5
+    assert p.memory.allocated >= 86.31 + 30.31
+    # the 8-layer EP2 full-recompute layout: 84.9 GiB allocated when it asked for the same 30.31 GiB
+    ep2 = Layout(2, ep=2, max_tokens_per_gpu=32768, rows_per_microbatch=4, **FULL1)
+    assert runner_prediction(qwen36, h200, 8, ep2, seq_len=8192).memory.allocated >= 84.9 + 30.31 - 0.3
+
+
+def test_optimizer_step_temporary_only_without_a_fused_adam(qwen36, h200):
+    layout = Layout(1, max_tokens_per_gpu=4096)
+    runner = runner_prediction(qwen36, h200, 4, layout)
+    assert runner.memory.optimizer_step > 5                        # 1 GPU: the step, not the loss, sets the peak
+    # TP2 EP1 (experts have their own groups, ETP != TP): the temporary is the larger shard, the experts'
+    tp2 = runner_prediction(qwen36, h200, 4, Layout(2, tp=2, max_tokens_per_gpu=4096))
+    assert tp2.memory.allocated == pytest.approx(51.67, rel=0.01)
+    # measured on H200 (benchmarks/results/megatron-h200-suite.jsonl): 89.46 GiB allocated
+    assert runner.memory.allocated == pytest.approx(89.46, rel=0.01)
+    from experiments.megatron.model_run import trial_model
+    te = predict(trial_model(qwen36, 4, True), h200, WL, layout)
+    assert te.memory.optimizer_step == 0
+
+
+# ------------------------------------------------------------------------------------------ measured
+def _stored_results():
+    """(trial, suite) of the runner's stored H200 results with their suites."""
+    pairs = {"megatron-h200-suite.jsonl": "megatron_h200_suite.json",
+             "x2-h200-vs-leaderboard-suite.jsonl": "x2_vs_leaderboard_suite.json",
+             "sdpa-mbs-h200-suite.jsonl": "sdpa_mbs_suite.json",
+             "convergence-pipeline-h200-suite.jsonl": "convergence_pipeline_suite.json"}
+    from experiments.megatron.suite import parse_suite
+    for result, suite in pairs.items():
+        trials = {t.name: t for t in parse_suite(ROOT / "benchmarks" / suite)[0]}
+        for line in (RESULTS / result).read_text().splitlines():
+            yield json.loads(line), trials
+
+
+@pytest.mark.torch
+def test_allocated_peak_matches_the_runners_h200_measurements(qwen36, h200):
+    """Every stored layout that ran: the predicted allocator peak within a median 1% and each within
+    +3% / -1% of max_memory_allocated (the model leans to over-counting)."""
+    from experiments.runner import TrialResult
+    errors, seen = [], set()
+    for line, trials in _stored_results():
+        r = TrialResult.from_dict(line)
+        t, d = trials.get(line["trial"]), r.details
+        if r.status != "ok" or t is None or not d.get("memory_gib_per_rank"):
+            continue
+        gb, layers = d["global_batch_rows"], d["model_run"]["layers"]
+        key = (t.layout, layers, gb, t.workload.seq_len)
+        if key in seen:
+            continue
+        seen.add(key)
+        p = runner_prediction(load_model(t.model), h200, layers, t.layout, t.workload.seq_len, gb)
+        measured = max(m["peak_allocated"] for m in d["memory_gib_per_rank"].values())
+        errors.append(p.memory.allocated / measured - 1)
+    assert len(errors) >= 10
+    assert statistics.median(abs(e) for e in errors) < 0.01
+    assert all(-0.01 < e < 0.03 for e in errors), errors
+
+
+# ------------------------------------------------------------------------------------------ outside PyTorch
+@pytest.mark.torch
+@pytest.mark.parametrize("world, kw", [
+    (1, {}), (2, dict(ep=2)), (2, dict(tp=2)), (2, dict(pp=2)), (2, dict(cp=2)), (2, dict(tp=2, ep=2)),
+    (8, dict(tp=2, ep=4)), (8, dict(pp=2, ep=2, etp=2)), (8, dict(cp=2, ep=4)), (8, dict(pp=4, vpp=2, ep=2)),
+])
+def test_process_groups_are_megatrons(world, kw):
+    """The NCCL groups initialize_model_parallel makes rank 0 a member of (fake process group, no GPU)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    layout = Layout(world, **kw)
+    made = []
+    real = dist.new_group
+
+    def spy(*args, **kwargs):
+        ranks = kwargs["ranks"] if "ranks" in kwargs else args[0]
+        group = real(*args, **kwargs)
+        if kwargs.get("backend") != "gloo" and 0 in ranks:
+            made.append((kwargs.get("group_desc"), len(ranks)))
+        return group
+
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        dist.new_group = spy
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+            virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+            context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.etp, create_gloo_process_groups=False)
+    finally:
+        dist.new_group = real
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+    ours = megatron_process_groups(layout)
+    assert ours[0] == ("DEFAULT_PROCESS_GROUP", world)
+    assert sorted(ours[1:]) == sorted(made)
+
+
+def test_eager_initialisation_creates_every_group_lazy_only_the_used(qwen36):
+    layout = Layout(1)
+    created, used = communicators(layout, MEGATRON_RUNNER)
+    assert len(created) == 21 and len(used) == 4
+    lazy_created, lazy_used = communicators(layout, MEGATRON)
+    assert lazy_created == lazy_used == used
+    ep2 = communicators(Layout(2, ep=2), MEGATRON)[1]
+    assert {"EXPERT_MODEL_PARALLEL_GROUP", "DATA_PARALLEL_GROUP_WITH_CP"} <= {g for g, _ in ep2}
+    assert "EXPERT_DATA_PARALLEL_GROUP" not in {g for g, _ in communicators(Layout(2), MEGATRON, is_moe=False)[1]}
+    assert default_runtime("slime") is SLIME and default_runtime("megatron") is MEGATRON
+    assert default_runtime("megatron", precision_aware_optimizer=False) is MEGATRON_RUNNER
+
+
+def test_fallback_outside_pytorch_covers_the_issue_12_ooms(qwen36, h200):
+    """8.8-9.4 GiB outside PyTorch in the OOM messages (1 and 2 GPUs): the fallback is not below them."""
+    for layout in (Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=4),
+                   Layout(2, max_tokens_per_gpu=32768, rows_per_microbatch=4)):
+        p = runner_prediction(qwen36, h200, 4, layout)
+        assert 9.4 <= p.memory.outside_pytorch <= 11.0, p.memory.as_dict()
+
+
+def test_measured_nccl_rows_replace_the_fallback():
+    c = default_constants()
+    dev = DeviceMemory(nccl=(NcclMemory(1, 0.1, 0.5), NcclMemory(2, 0.2, 0.3), NcclMemory(8, 0.25, 0.4)))
+    assert dev.nccl_at(1).ranks == 1 and dev.nccl_at(2).ranks == 2 and dev.nccl_at(4).ranks == 8
+    assert dev.nccl_at(16).ranks == 8
+    created, used = (("A", 1), ("B", 2), ("C", 1)), (("B", 2),)
+    assert nccl_gib(created, used, dev, c) == pytest.approx(0.1 + 0.2 + 0.1 + 0.3)
+    assert nccl_gib(created, used, None, c) == pytest.approx(3 * c.nccl_init_gib_per_communicator
+                                                              + c.nccl_buffers_gib_per_communicator)
+
+
+def test_profile_device_memory_section_is_read_with_its_provenance(h200):
+    data = {"provenance": "measured by tune profile", "date": "2026-12-01", "visible_gib": 139.8,
+            "context_gib": 1.1, "allocator_reserve": {"fraction": 0.004},
+            "nccl": [{"ranks": 2, "init_gib": 0.05, "buffers_gib": 0.3}, {"ranks": 1, "init_gib": 0.02,
+                                                                          "buffers_gib": 0.5}]}
+    dev = parse_device_memory(data, "p.yaml")
+    over = overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, dev, default_constants())
+    assert over.usable == 139.8 and over.cuda_context == 1.1 and over.allocator_reserve == pytest.approx(0.4)
+    assert over.allocator_cache(100.0) == pytest.approx(100 * default_constants().allocator_cache_fraction - 0.4)
+    assert over.nccl == pytest.approx(21 * 0.02 + 4 * 0.5)
+    assert all("2026-12-01" in over.sources[k] for k in ("usable", "cuda_context", "allocator_reserve"))
+    assert over.sources["nccl"].startswith("profile device_memory.nccl") and "21 communicators" in over.sources["nccl"]
+    assert parse_device_memory({"provenance": "not measured: no CUDA device"}) == DeviceMemory()
+    from tests.test_profile import synthetic_profile
+    bad = dict(synthetic_profile(), device_memory={"visible_gib": "lots"})
+    with pytest.raises(ProfileError, match="visible_gib must be a number"):
+        profile_from_dict(bad, "p.yaml")
+
+
+def test_flex_adds_deepep_buffers(qwen36, h200):
+    base = Layout(8, ep=8, **FULL1)
+    a = predict(qwen36, h200, WL, base)
+    b = predict(qwen36, h200, WL, dataclasses.replace(base, dispatcher="flex"))
+    assert a.memory.deepep == 0 and b.memory.deepep == default_constants().deepep_buffers_gib
+    assert "deepep" in b.memory.sources and "deepep" not in a.memory.sources
+
+
+# ------------------------------------------------------------------------------------------ published runs
+def test_no_published_run_that_ran_becomes_a_refusal():
+    """The public rows all ran; the one predicted not to fit before issue 12 (r026) is the only one now."""
+    from benchmarks.public_data import load_cases
+    cases, _ = load_cases()
+    refused = [m.name for m in cases if not predict(m.case.model, m.case.gpu, m.case.workload, m.case.layout).fits]
+    assert refused == ["r026-moonlight-16b-a3b-h100x8"]
+
+
+def test_the_runner_probe_is_a_floor_for_the_runner_only(h200):
+    dev = parse_device_memory({"provenance": "measured", "context_gib": 0.8,
+                               "nccl": [{"ranks": 1, "init_gib": 0.05, "buffers_gib": 0.5}],
+                               "runner_outside": [{"gpus": 1, "outside_gib": 8.9}, {"gpus": 2, "outside_gib": 9.3}]})
+    c = default_constants()
+    one = overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, dev, c)
+    assert one.outside_pytorch == pytest.approx(8.9) and "raised by" in one.sources["cuda_context"]
+    assert overheads(Layout(2, ep=2), MEGATRON_RUNNER, True, 100.0, h200, dev, c).outside_pytorch == pytest.approx(9.3)
+    lazy = overheads(Layout(1), MEGATRON, True, 100.0, h200, dev, c)
+    assert lazy.outside_pytorch < 8.9 and "raised" not in lazy.sources["cuda_context"]
+    low = parse_device_memory({"context_gib": 5.0, "runner_outside": [{"gpus": 1, "outside_gib": 1.0}]})
+    assert overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, low, c).cuda_context == 5.0  # a floor only
