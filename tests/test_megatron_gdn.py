@@ -456,14 +456,16 @@ def test_runner_trains_a_tiny_gdn_model_on_cpu(monkeypatch, tmp_path, qwen36):
 def test_gdn_suite_runs_qwen36_with_its_gdn_layers_from_the_same_weights(h200, qwen36):
     trials, meta = suite.parse_suite(GDN_SUITE)
     by = {t.name: t for t in trials}
-    assert list(by) == ["gdn-1g-tp1-ep1", "gdn-ref-tp1-ep2", "gdn-cand-tp2-ep1"]
-    assert [(t.gpus, t.layout.tp, t.layout.ep) for t in trials] == [(1, 1, 1), (2, 1, 2), (2, 2, 1)]
+    assert list(by) == ["gdn-1g-tp1-ep1", "gdn-1g-tp1-mbs2", "gdn-1g-tp1-full1", "gdn-ref-tp1-ep2", "gdn-cand-tp2-ep1"]
+    assert [(t.gpus, t.layout.tp, t.layout.ep, t.layout.rows_per_microbatch) for t in trials] == [
+        (1, 1, 1, 1), (1, 1, 1, 2), (1, 1, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1)]
+    assert by["gdn-1g-tp1-full1"].layout.recompute_granularity == "full"
     assert meta["budget_s"] <= 600  # one device call
     for t in trials:
         assert (t.model, t.layers, t.replace_gdn, t.cpu_init, t.seed, t.lr) == ("qwen3.6-35b-a3b", 4, False, True,
                                                                                    1234, 1e-4)
         assert (t.workload.seq_len, t.workload.global_batch, t.steps, t.window) == (4096, 16, 20, (5, 19))
-        assert t.layout.rows_per_microbatch == 1 and t.rows_file == "/tmp/rows-learnable.jsonl"
+        assert t.rows_file == "/tmp/rows-learnable.jsonl"
         plan = mr.MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, timeout_s=t.timeout_s,
                                  cpu_init=t.cpu_init).plan(TrialSpec(Case(qwen36, h200, t.workload, t.layout),
                                                                      steps=t.steps, window=t.window))
