@@ -853,3 +853,27 @@ def test_trial_result_summary_is_one_labelled_line():
     line = failed.summary()
     assert "\n" not in line and line.startswith("failed (cuda_oom): rank 0 (train): OutOfMemoryError x")
     assert len(line) == len("failed (cuda_oom): ") + 500
+
+
+def test_a_taken_rendezvous_port_is_retried_once_on_a_fresh_port(monkeypatch, tmp_path):
+    """EADDRINUSE at init (seen on H200 in the memory boundary suite) is not the layout's failure."""
+    from experiments.megatron import runner as runner_mod
+
+    taken = {"status": "failed", "failure_class": "crash", "errors": [
+        "rank 0 (init): DistNetworkError: The server socket has failed to listen on any local network address. "
+        "port: 38945, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"], "detail": ""}
+    oom = {"status": "failed", "failure_class": "cuda_oom", "errors": ["rank 0 (train): OutOfMemoryError"],
+           "detail": ""}
+    assert runner_mod.port_taken(taken) and not runner_mod.port_taken(oom)
+    calls = []
+
+    def fake_run_job(job, world, *args, **kwargs):
+        calls.append(world)
+        return taken if len(calls) == 1 else oom
+
+    monkeypatch.setattr(runner_mod, "run_job", fake_run_job)
+    r = runner_mod.MegatronRunner(layers=1, log_dir=str(tmp_path))
+    model = load_model("llama3-8b")
+    spec = _spec(model, Layout(1))
+    out = r._launch(spec, r.plan(spec), str(tmp_path), "mp")
+    assert out is oom and len(calls) == 2

@@ -81,6 +81,12 @@ def _window(steps: int, window: tuple[int, int] | None) -> tuple[int, int]:
     return (min(2, steps - 1), steps - 1)
 
 
+def port_taken(out: dict) -> bool:
+    """A failed launch whose only problem was the rendezvous port: EADDRINUSE before any training step."""
+    text = " ".join(str(e) for e in out.get("errors", [])) + " " + str(out.get("detail", ""))
+    return out.get("status") != "ok" and "EADDRINUSE" in text and not out.get("ranks")
+
+
 def _worker_env(torch_compile: bool, case: Case | None = None) -> tuple[dict, dict]:
     """(the workers' environment, where its allocator setting came from). Set before the workers start,
     hence before CUDA initialises in them."""
@@ -193,8 +199,7 @@ class MegatronRunner(TrialRunner):
         launcher = self._launcher(plan)
         log_dir = self.log_dir or tempfile.mkdtemp(prefix="attune-megatron-")
         window = _window(spec.steps, spec.window)
-        out = run_job(self._job(spec, plan, log_dir), layout.world_size, launcher, self.timeout_s,
-                      self.hang_timeout_s, startup_grace_s=self.startup_grace_s)
+        out = self._launch(spec, plan, log_dir, launcher)
         wall = time.time() - t0
         if out["status"] != "ok":
             extras = self._extras(spec, plan, launcher, log_dir, window)
@@ -212,6 +217,17 @@ class MegatronRunner(TrialRunner):
             launcher = "mp"
             plan["notes"].append("launcher: ray requested but not importable; torch.multiprocessing spawn used")
         return launcher
+
+    def _launch(self, spec: TrialSpec, plan: dict, log_dir: str, launcher: str) -> dict:
+        """Run the job; once more on a fresh port when the rendezvous port was taken between `free_port`
+        picking it and rank 0 binding it (seen on H200: EADDRINUSE at init, no step run)."""
+        out = {}
+        for _ in range(2):
+            out = run_job(self._job(spec, plan, log_dir), spec.case.layout.world_size, launcher, self.timeout_s,
+                          self.hang_timeout_s, startup_grace_s=self.startup_grace_s)
+            if not port_taken(out):
+                break
+        return out
 
     def _job(self, spec: TrialSpec, plan: dict, log_dir: str) -> dict:
         """What every worker gets (pickled to it): the model run, the layout, the data and the limits."""
