@@ -5,13 +5,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
 import warnings
 
 from experiments.checks.measure import batch_times, load_torch, sig, synced_times
+from experiments.megatron.launch import free_port
 
 COLLECTIVE_WARMUP = 5
 COLLECTIVE_TIMEOUT_S = 240
@@ -61,20 +61,48 @@ def _collective_fn(op: str, nbytes: int, rank: int, world: int, device, dtype):
     return fn, numel * elem
 
 
-def _collective_worker(rank: int, world: int, port: int, plan: dict, result_path: str) -> None:
-    """One rank of the collective sweep; rank 0 writes [bytes, max-over-ranks median seconds] per point."""
+def rank_setup(rank: int, port: int, plan: dict):
+    """A spawned rank's environment, torch and device (GPU `rank` with NCCL, the CPU with gloo):
+    (torch, torch.distributed, device). The process group is created by `init_group`."""
     os.environ.update(NCCL_ENV)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     warnings.filterwarnings("ignore", category=FutureWarning)  # *_tensor collectives renamed in new torch
     torch = load_torch()
     import torch.distributed as dist
-    cuda = plan["backend"] == "nccl"
-    if cuda:
+    if plan["backend"] == "nccl":
         torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    kw = {"device_id": device} if cuda else {}
+        return torch, dist, torch.device("cuda", rank)
+    return torch, dist, torch.device("cpu")
+
+
+def init_group(dist, plan: dict, rank: int, world: int, device) -> None:
+    kw = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(plan["backend"], rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=plan["timeout_s"]), **kw)
+
+
+def spawn_ranks(worker, world: int, plan: dict, timeout_s: float, what: str, prefix: str):
+    """Run `worker(rank, world, port, plan, result_path)` on `world` spawned ranks and return the JSON rank 0
+    wrote; ranks still alive after `timeout_s` are killed and TimeoutError names `what`."""
+    import torch.multiprocessing as tmp
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmpdir:
+        path = os.path.join(tmpdir, "result.json")
+        ctx = tmp.spawn(worker, args=(world, free_port(), plan, path), nprocs=world, join=False)
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=2):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise TimeoutError(f"{what} did not finish within {timeout_s:.0f} s")
+        with open(path) as fh:
+            return json.load(fh)
+
+
+def _collective_worker(rank: int, world: int, port: int, plan: dict, result_path: str) -> None:
+    """One rank of the collective sweep; rank 0 writes [bytes, max-over-ranks median seconds] per point."""
+    torch, dist, device = rank_setup(rank, port, plan)
+    init_group(dist, plan, rank, world, device)
     try:
         dtype = getattr(torch, plan["dtype"])
         sizes, medians, synced = [], [], []
@@ -97,32 +125,13 @@ def _collective_worker(rank: int, world: int, port: int, plan: dict, result_path
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure_collectives(ops: list[str], sizes: list[int], world: int, repeats: int,
                         backend: str = "nccl", timeout_s: float = COLLECTIVE_TIMEOUT_S) -> list[dict]:
     """Spawn one process per GPU (or CPU rank with gloo) and sweep ops x sizes; NCCL-tests busbw."""
-    import torch.multiprocessing as tmp
     os.environ.update(NCCL_ENV)
     plan = dict(ops=list(ops), bytes=list(sizes), backend=backend, warmup=COLLECTIVE_WARMUP,
                 iters=max(repeats, 5), dtype="bfloat16", timeout_s=max(30, int(timeout_s / 2)))
-    with tempfile.TemporaryDirectory(prefix="attune-collectives-") as tmpdir:
-        path = os.path.join(tmpdir, "result.json")
-        ctx = tmp.spawn(_collective_worker, args=(world, _free_port(), plan, path), nprocs=world,
-                        join=False)
-        deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                raise TimeoutError(f"collective sweep did not finish within {timeout_s:.0f} s")
-        with open(path) as fh:
-            result = json.load(fh)
+    result = spawn_ranks(_collective_worker, world, plan, timeout_s, "collective sweep", "attune-collectives-")
     rows = []
     points = [(op, n) for op in ops for n in sizes]
     for (op, _), nbytes, t, ts in zip(points, result["bytes"], result["seconds"], result["synced_seconds"]):

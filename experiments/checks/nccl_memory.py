@@ -15,15 +15,11 @@ The figure per row is the largest over ranks. On a CPU (gloo) the plumbing runs 
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import tempfile
-import time
-import warnings
 
-from experiments.checks.collectives import NCCL_ENV, _free_port
-from experiments.checks.measure import load_torch, sig
+from experiments.checks.collectives import NCCL_ENV, init_group, rank_setup, spawn_ranks
+from experiments.checks.measure import sig
 
 GIB = 2 ** 30
 NCCL_MEMORY_GROUPS = 4
@@ -67,15 +63,8 @@ def _groups(size: int, world: int, rank: int, count: int):
 
 def _nccl_memory_worker(rank: int, world: int, port: int, plan: dict, result_path: str) -> None:
     """One rank: the figures, reduced to the largest over ranks; rank 0 writes them."""
-    os.environ.update(NCCL_ENV)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    warnings.filterwarnings("ignore", category=FutureWarning)  # *_tensor collectives renamed in new torch
-    torch = load_torch()
-    import torch.distributed as dist
-    cuda = plan["backend"] == "nccl"
-    if cuda:
-        torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    torch, dist, device = rank_setup(rank, port, plan)
+    cuda = device.type == "cuda"
 
     def outside() -> float:
         if not cuda:
@@ -85,9 +74,7 @@ def _nccl_memory_worker(rank: int, world: int, port: int, plan: dict, result_pat
         return (total - free - torch.cuda.memory_reserved(device)) / GIB
 
     figures = [outside()]
-    kw = {"device_id": device} if cuda else {}
-    dist.init_process_group(plan["backend"], rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=plan["timeout_s"]), **kw)
+    init_group(dist, plan, rank, world, device)
     try:
         figures.append(outside())
         dist.all_reduce(torch.ones(1024, device=device))
@@ -123,23 +110,12 @@ def _rows(figures: list[float], sizes: list[int], groups: int) -> tuple[dict, li
 def measure_nccl_memory(world: int, backend: str = "nccl", groups: int = NCCL_MEMORY_GROUPS,
                         timeout_s: float = NCCL_MEMORY_TIMEOUT_S, message_bytes: int = MESSAGE_BYTES) -> dict:
     """Spawn one process per GPU (or CPU rank with gloo); the NCCL part of the device_memory section."""
-    import torch.multiprocessing as tmp
     os.environ.update(NCCL_ENV)
     sizes = ([world] if world > 1 else []) + [1]
     plan = dict(backend=backend, groups=groups, sizes=sizes, timeout_s=max(30, int(timeout_s / 2)),
                 message_bytes=message_bytes)
-    with tempfile.TemporaryDirectory(prefix="attune-nccl-memory-") as tmpdir:
-        path = os.path.join(tmpdir, "result.json")
-        ctx = tmp.spawn(_nccl_memory_worker, args=(world, _free_port(), plan, path), nprocs=world, join=False)
-        deadline = time.monotonic() + timeout_s
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.kill()
-                raise TimeoutError(f"NCCL memory measurement did not finish within {timeout_s:.0f} s")
-        with open(path) as fh:
-            figures = json.load(fh)
+    figures = spawn_ranks(_nccl_memory_worker, world, plan, timeout_s, "NCCL memory measurement",
+                          "attune-nccl-memory-")
     default, rows = _rows(figures, sizes, groups)
     return dict(nccl=rows, nccl_default_group=default,
                 nccl_how=HOW.format(groups=groups, mib=sig(message_bytes / 2 ** 20, 3)))
