@@ -16,22 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import warnings
 
 import pytest
 import torch
+from experiments.megatron.launch import free_port
 from megatron_cpu import cpu_patches, tiny_qwen36_gdn
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 SEQ, VOCAB, MICROBATCHES = 32, 256, 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
@@ -119,7 +113,7 @@ def _run(tmp_path, **grid) -> tuple[float, dict]:
 
     world = max(grid.get("pp", 1) * grid.get("tp", 1), grid.get("ep", 1))
     out = str(tmp_path / "-".join(f"{k}{v}" for k, v in sorted(grid.items())))
-    tmp.spawn(_worker, args=(world, grid, _free_port(), out), nprocs=world, join=True)
+    tmp.spawn(_worker, args=(world, grid, free_port(), out), nprocs=world, join=True)
     loss, parts = None, {}
     for rank in range(world):
         d = torch.load(f"{out}.{rank}.pt")
