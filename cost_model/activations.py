@@ -134,11 +134,13 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
 
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
                                     routed_rows_per_token: float, gdn_sharded: bool = False,
-                                    fused: bool = True) -> tuple[float, float]:
+                                    unfused: tuple[float, float] | None = None) -> tuple[float, float]:
     """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
 
     `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the
-    expert rows this GPU receives per local token (top-k x routing imbalance).
+    expert rows this GPU receives per local token (top-k x routing imbalance). `unfused` (a stack
+    without fused kernels): the factors (dense-MLP layers, MoE layers) on the count with
+    `unfused_extra_bytes`, for what that count misses or over-counts, fitted per MLP kind.
     """
     mods = set(layout.selective_modules)
     saved = 0.0
@@ -146,11 +148,12 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
     for attn_kind, mlp_kind, count in rank.kinds:
         layer = layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded)
         whole = layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded)
-        if not fused:
-            layer += unfused_extra_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token,
-                                         gdn_sharded)
-            whole += unfused_extra_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token,
-                                         gdn_sharded)
+        if unfused is not None:
+            factor = unfused[1] if mlp_kind == MOE else unfused[0]
+            layer = factor * (layer + unfused_extra_bytes(attn_kind, mlp_kind, model, layout, mods, tokens,
+                                                          routed_rows_per_token, gdn_sharded))
+            whole = factor * (whole + unfused_extra_bytes(attn_kind, mlp_kind, model, layout, set(), tokens,
+                                                          routed_rows_per_token, gdn_sharded))
         saved += layer * count
         # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
         largest = max(largest, whole)
@@ -195,11 +198,12 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     micro-batches in flight keep for the backward, and the largest layer's working set while it runs
     its backward. The loss path is counted apart (cost_model.loss_path). fp8 keeps fp8 copies of the
     linear layers' inputs. A stack without fused kernels (`fused` False, cost_model.runtime) keeps the
-    extra bytes `unfused_extra_bytes` counts, scaled by constants.yaml's unfused_activation_factor for
-    what that count misses."""
+    extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
+    unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
+    unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor)
     saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token, gdn_sharded,
-                                                     fused)
+                                                     unfused)
     pp = layout.pp
     in_flight_rank = in_flight if index == 0 else max(1.0, in_flight * (pp - index) / pp)
-    scale = (1.0 if fused else c.unfused_activation_factor) * (c.fp8_activation_factor if precision == "fp8" else 1.0)
+    scale = c.fp8_activation_factor if precision == "fp8" else 1.0
     return saved * in_flight_rank * scale, working * scale

@@ -45,6 +45,7 @@ class Constants:
     allocator_cache_fraction: float
     fp8_activation_factor: float
     unfused_activation_factor: float
+    unfused_moe_activation_factor: float
     host_base_gib_per_gpu: float
 
     @classmethod

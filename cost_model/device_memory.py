@@ -170,15 +170,22 @@ def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: flo
     for part in ("allocator_reserve", "allocator_cache", "cuda_context", "nccl") + (("deepep",) if deepep else ()):
         src.setdefault(part, fallback)
     src.setdefault("usable", f"GPU catalog memory_gib ({gpu.sources.get('memory_gib', 'catalog')})")
+    unmeasured = sorted({size for _, size in created if dev.nccl_at(size) is None})
+    if unmeasured and "profile" in src["nccl"]:
+        src["nccl"] += f"; communicators of {', '.join(map(str, unmeasured))} ranks not measured there: {fallback}"
     src["nccl"] = (f"{src['nccl']}; {len(created)} communicators ({runtime.nccl_init} init), "
                    f"{len(used)} with buffers ({runtime.name})")
     nccl = nccl_gib(created, used, dev, c)
-    floor = dev.runner_outside_at(layout.world_size) if runtime.name == "megatron-runner" else None
+    runner = dev.runner_outside_at(layout.world_size) if runtime.name == "megatron-runner" else None
     runner_src = src.pop("runner_outside", None)
-    if floor is not None and floor > context + nccl:
-        # The parts miss what a real step of the runner holds (communicators it uses, kernels it loads).
-        src["cuda_context"] += (f"; with NCCL raised by {floor - context - nccl:.2f} GiB to what the megatron "
-                                f"runner held outside PyTorch on {layout.world_size} GPU(s), {runner_src}")
-        context = floor - nccl
+    exact = any(g == layout.world_size for g, _ in dev.runner_outside)
+    if runner is not None and (exact or runner > context + nccl):
+        # Measured on the runner itself at this GPU count, the whole is better than the sum of its parts
+        # (which count every communicator megatron creates at its multi-rank fallback size); at another
+        # count it is a floor: the parts miss what a real step holds (kernels it loads, buffers it uses).
+        how = "measured at this GPU count" if exact else "floor from the nearest measured GPU count"
+        src["cuda_context"] += (f"; CUDA context with NCCL set to {runner:.2f} GiB, what the megatron runner held "
+                                f"outside PyTorch ({how}), {runner_src}")
+        context = runner - nccl
     return Overheads(allocator_reserve=allocated_gib * reserve, cuda_context=context, nccl=nccl, deepep=deepep,
                      usable=usable, communicators=len(created), cache_fraction=max(cache, reserve), sources=src)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from cost_model import metrics
 from cost_model.batching import rows_per_microbatch
 from cost_model.case import Case
+from cost_model.constants import default_constants
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.layout import InvalidLayout
 from cost_model.model_spec import LINEAR_ATTENTION, ModelError
@@ -393,10 +394,14 @@ def _prediction(case: Case, run, rows: int) -> dict:
                                                                   framework="megatron")))
     except Exception as e:  # noqa: BLE001 - a prediction is a courtesy, not a requirement
         return {"error": f"{type(e).__name__}: {e}"}
+    c = default_constants()
     return {"fits": p.fits, "reasons": list(p.reasons), "peak_memory_gib": round(p.peak_memory_gib, 2),
             "step_time_s": round(p.step_time_s, 4), "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1),
             "memory_gib": {k: round(v, 2) for k, v in p.memory.as_dict().items()},
-            "global_batch": rows, "framework": "megatron", "source": p.source}
+            "global_batch": rows, "framework": "megatron", "source": p.source,
+            # what benchmarks/runner_activation_fit.py refits these activations from
+            "unfused_activation_factors": {"dense": c.unfused_activation_factor,
+                                           "moe": c.unfused_moe_activation_factor}}
 
 
 def _per_step(ranks: dict) -> tuple[list[float], list[float], list]:

@@ -1,0 +1,137 @@
+"""Fit the megatron runner's activation factors (constants.yaml unfused_activation_factor and
+unfused_moe_activation_factor) to its measured allocated peaks on H200.
+
+    python benchmarks/runner_activation_fit.py [RESULTS.jsonl ...]
+
+The runner's stack is unfused (no Transformer Engine): its layers keep more for the backward than the
+fused count, and cost_model.activations scales the count (fused + `unfused_extra_bytes`) by one factor
+for layers with a dense MLP and one for layers with a MoE MLP. Each result line carries the prediction
+it was made with (details.prediction_for_model_run: static parts, activations, loss path, and the
+factors then in force, `unfused_activation_factors`; 1.15 for both kinds before they were recorded). A run tells us the factor only where its peak is the
+activations' (no optimizer-step term in the prediction, activations at least MIN_ACTIVATIONS_GIB): then
+
+    factor = factor at measurement x (measured allocated peak - weights - grads - optimizer - loss path)
+             / predicted activations
+
+which takes the static parts and the loss path as right (the runs whose peak is the optimizer step or the
+loss path, printed as checks, show them within 0.3%). Models whose layers mix both MLP kinds are left
+out (their runs cannot split the factor).
+
+An OOM message is a lower bound: "Tried to allocate X GiB ... Y GiB allocated" in the forward's fp32 copy
+of the logits means the saved activations and the bf16 logits were all held, so
+
+    factor >= factor now x (Y - weights - grads - optimizer - bf16 logits) / predicted activations now
+
+(OOM_BOUNDS, re-predicted with the current model). The fitted factor is the largest of its kind's runs and
+bounds, so the boundary leans to refusing; the spread is printed beside it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_GLOBS = ("benchmarks/results/memory-boundary-h200-*.jsonl", "benchmarks/results/gdn-h200-*.jsonl")
+FACTOR_BEFORE_RECORDED = 1.15    # constants.yaml's one unfused_activation_factor before the runner recorded its factors
+MIN_ACTIVATIONS_GIB = 2.0
+# (model, layers, GPUs, seq_len, global batch rows, layout fields, GiB allocated at the OOM, where it is from)
+OOM_BOUNDS = (
+    ("qwen3.6-35b-a3b", 4, 2, 8192, 8, dict(max_tokens_per_gpu=32768, rows_per_microbatch=4), 86.31,
+     "x2-h200-vs-leaderboard-b1-rerun.jsonl b1-tp1-dp2-mt32768 (GDN replaced by full attention): 'Tried to "
+     "allocate 30.31 GiB' (the fp32 copy of 32,768 x 248,320 logits) with 86.31 GiB allocated"),
+)
+MOE_MODELS = ("qwen3-30b-a3b", "qwen3.6-35b-a3b", "qwen3.5-35b-a3b")
+DENSE_MODELS = ("llama3-8b",)
+
+
+def runs(paths: list[str]) -> list[dict]:
+    """The measured, activation-bound runs: name, kind, implied factor, and the figures behind it."""
+    out, seen = [], set()
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            r = json.loads(line)
+            d = r.get("details") or {}
+            pred = (d.get("prediction_for_model_run") or {}).get("memory_gib") or {}
+            ranks = r.get("peak_memory_gib_per_rank")
+            if r.get("status") != "ok" or not pred or not ranks:
+                continue
+            model = ((d.get("model_run") or {}).get("name") or "").split("[")[0]
+            key = (r.get("trial"), d.get("layout"), model)
+            if key in seen:
+                continue
+            seen.add(key)
+            kind = "moe" if model in MOE_MODELS else "dense" if model in DENSE_MODELS else None
+            measured = max(ranks)
+            static = pred["weights"] + pred["grads"] + pred["optimizer"]
+            bound = "optimizer step" if pred.get("optimizer_step", 0) > 0 else (
+                "loss path" if pred["activations"] < MIN_ACTIVATIONS_GIB else "activations")
+            row = dict(trial=r.get("trial"), model=model, kind=kind, layout=d.get("layout"), bound=bound,
+                       measured=measured, predicted=pred["allocated"], error=pred["allocated"] / measured - 1)
+            if bound == "activations" and kind:
+                then = ((d.get("prediction_for_model_run") or {}).get("unfused_activation_factors") or {}).get(
+                    kind, FACTOR_BEFORE_RECORDED)
+                row["factor"] = then * (measured - static - pred["loss_path"]) / pred["activations"]
+            out.append(row)
+    return out
+
+
+def oom_bounds() -> list[dict]:
+    """The lower bounds OOM_BOUNDS put on the factor of their model's MLP kind, with the current model."""
+    from cost_model.case import Case
+    from cost_model.constants import default_constants
+    from cost_model.hardware import load_gpu
+    from cost_model.layout import Layout
+    from cost_model.loss_path import padded_vocab
+    from cost_model.model_spec import load_model
+    from cost_model.units import BF16, GIB
+    from cost_model.workload import Workload
+    from experiments.megatron.model_run import predict_run, trial_model
+    c = default_constants()
+    out = []
+    for model_name, layers, gpus, seq_len, rows, fields, allocated, where in OOM_BOUNDS:
+        model = load_model(model_name)
+        layout = Layout(gpus, **fields)
+        run = trial_model(model, layers, replace_gdn=True)
+        p = predict_run(Case(run, load_gpu("h200"), Workload(seq_len=seq_len, global_batch=rows,
+                                                              framework="megatron"), layout))
+        m = p.memory
+        logits = BF16 * layout.max_tokens_per_gpu * padded_vocab(model.vocab_size, layout.tp) / layout.tp / GIB
+        kind = "moe" if model.is_moe else "dense"
+        now = c.unfused_moe_activation_factor if model.is_moe else c.unfused_activation_factor
+        out.append(dict(kind=kind, where=where, bound=now * (allocated - m.weights - m.grads - m.optimizer - logits)
+                        / m.activations))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    paths = argv or sorted(p for g in DEFAULT_GLOBS for p in glob.glob(str(ROOT / g)))
+    rows = runs(paths)
+    bounds = oom_bounds()
+    for b in bounds:
+        print(f"OOM bound ({b['kind']}): factor >= {b['bound']:.3f} from {b['where']}")
+    for r in rows:
+        f = f"factor {r['factor']:.3f}" if "factor" in r else "(check: static parts and loss path)"
+        print(f"{r['trial'] or '':40s} {r['model']:16s} {r['bound']:15s} measured {r['measured']:6.1f} "
+              f"predicted {r['predicted']:6.1f} ({r['error']:+.1%})  {f}")
+    fitted = {}
+    for kind in ("dense", "moe"):
+        fs = [r["factor"] for r in rows if r.get("kind") == kind and "factor" in r]
+        lows = [b["bound"] for b in bounds if b["kind"] == kind]
+        if fs or lows:
+            value = max(fs + lows)
+            fitted[kind] = dict(value=round(value, 3), runs=len(fs), oom_bounds=len(lows),
+                                median_of_runs=round(statistics.median(fs), 3) if fs else None)
+            spread = f"runs {min(fs):.3f}-{max(fs):.3f}, median {statistics.median(fs):.3f}" if fs else "no runs"
+            print(f"{kind}: factor {value:.3f} (the largest of {len(fs)} runs and {len(lows)} OOM bounds; {spread})")
+    checks = [abs(r["error"]) for r in rows if r["bound"] != "activations"]
+    if checks:
+        print(f"runs bound by the optimizer step or the loss path: {len(checks)}, |error| at most {max(checks):.1%}")
+    print(json.dumps({"fitted": fitted, "files": [str(Path(p).resolve().relative_to(ROOT)) for p in paths]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
