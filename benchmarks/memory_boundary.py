@@ -28,7 +28,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
@@ -167,7 +167,7 @@ def plan_trials(gpu_name: str = "h200", steps: int = 4, layouts=LAYOUTS) -> tupl
                                layout=dict(spec["layout"]),
                                expect=f"{verdict}: needs {p.memory.total:.1f} of {p.gpu_memory_gib:.1f} GiB "
                                       f"(expected device peak {p.memory.device_peak:.1f})",
-                               _step_s=p.step_time_s, _oom=not p.fits))
+                               _step_s=p.step_time_s, _oom=not p.fits, _prediction=p))
     return trials, notes
 
 
@@ -346,15 +346,60 @@ def report(paths: list[str], out=None) -> dict:
     return v
 
 
+def rejudge(paths: list[str], gpu_name: str = "h200", out=None) -> dict:
+    """The current model's plan judged by result lines already measured: each planned trial (the largest
+    layer count the model predicts to fit and the step up) takes the run of the same layout and layer
+    count from `paths` (whatever prediction it was made with) and the current prediction. Planned trials
+    no file measured are listed; the verdict then counts only the measured ones and says so."""
+    out = out or sys.stdout
+    measured = {}
+    for path in paths:
+        for x in Path(path).read_text().splitlines():
+            if x.strip():
+                t = read_trial(json.loads(x))
+                seen = measured.get((t.layout, t.layers))
+                if seen is None or not (seen.ran or seen.oom):   # a run that says something about memory wins
+                    measured[(t.layout, t.layers)] = t
+    trials, missing = [], []
+    for planned in plan_trials(gpu_name)[0]:
+        layout_id, role, p = planned["name"].split(SEP)[0], planned["name"].split(SEP)[2], planned["_prediction"]
+        t = measured.get((layout_id, planned["layers"]))
+        if t is None:
+            missing.append(planned["name"])
+            continue
+        trials.append(replace(t, role=role, predicted_fits=p.fits, predicted_peak=p.memory.device_peak,
+                              predicted_needed=p.memory.total, usable=p.gpu_memory_gib,
+                              predicted_allocated=p.memory.allocated))
+    print("the current model's plan, judged by runs measured earlier (predictions: this model; runs: the files)",
+          file=out)
+    for t in sorted(trials, key=lambda t: (t.layout, t.layers or 0)):
+        print(_row(t), file=out)
+    v = verdicts(trials)
+    v["not_measured"] = missing
+    if missing:
+        v["pass"] = False
+        print(f"not measured yet (run them to complete the verdict): {missing}", file=out)
+    print(f"false fits: {v['false_fits']} {v['false_fit_trials']}; false refusals: {v['false_refusals']} of "
+          f"{v['refusals']} ({v['false_refusal_rate']:.0%}) {v['false_refusal_trials']}; median |device peak error| "
+          f"{_fmt(v['median_device_peak_error'], '.1%')}; allocated {_fmt(v['median_allocated_error'], '.1%')}",
+          file=out)
+    print(json.dumps(v), file=out)
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", metavar="OUT.json", help="write the suite (split when longer than 9 minutes)")
     parser.add_argument("--gpu", default="h200")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--report", nargs="+", metavar="RESULTS.jsonl", help="judge a suite's result lines")
+    parser.add_argument("--rejudge", nargs="+", metavar="RESULTS.jsonl",
+                        help="judge the current model's plan by runs these files measured")
     args = parser.parse_args(argv)
-    if bool(args.plan) == bool(args.report):
-        parser.error("give --plan OUT.json or --report RESULTS.jsonl")
+    if sum(map(bool, (args.plan, args.report, args.rejudge))) != 1:
+        parser.error("give one of --plan OUT.json, --report RESULTS.jsonl, --rejudge RESULTS.jsonl")
+    if args.rejudge:
+        return 0 if rejudge(args.rejudge, args.gpu)["pass"] else 1
     if args.plan:
         write_plan(Path(args.plan), args.gpu, args.steps)
         return 0

@@ -22,8 +22,11 @@ of the logits means the saved activations and the bf16 logits were all held, so
 
     factor >= factor now x (Y - weights - grads - optimizer - bf16 logits) / predicted activations now
 
-(OOM_BOUNDS, re-predicted with the current model). The fitted factor is the largest of its kind's runs and
-bounds, so the boundary leans to refusing; the spread is printed beside it.
+(OOM_BOUNDS, re-predicted with the current model), printed as a check beside the fit. The fitted factor is
+the largest of its kind's runs, so the boundary leans to refusing; the spread is printed beside it. The one
+bound on record (a run with the GDN layers replaced by full attention, without expandable segments, in an
+earlier runner) sits 20% above the 12 MoE runs of the boundary and GDN suites (0.86-0.91): it is reported,
+not fitted, until a run with the current runner reproduces it.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_GLOBS = ("benchmarks/results/memory-boundary-h200-*.jsonl", "benchmarks/results/gdn-h200-*.jsonl")
+DEFAULT_GLOBS = ("benchmarks/results/memory-boundary-h200-*.jsonl", "benchmarks/results/gdn-h200-*.jsonl",
+                 "benchmarks/results/megatron-h200-gdn-suite.jsonl", "benchmarks/results/x2-h200-vs-leaderboard-gdn-suite.jsonl")
 FACTOR_BEFORE_RECORDED = 1.15    # constants.yaml's one unfused_activation_factor before the runner recorded its factors
 MIN_ACTIVATIONS_GIB = 2.0
 # (model, layers, GPUs, seq_len, global batch rows, layout fields, GiB allocated at the OOM, where it is from)
@@ -120,12 +124,13 @@ def main(argv: list[str]) -> int:
     for kind in ("dense", "moe"):
         fs = [r["factor"] for r in rows if r.get("kind") == kind and "factor" in r]
         lows = [b["bound"] for b in bounds if b["kind"] == kind]
-        if fs or lows:
-            value = max(fs + lows)
-            fitted[kind] = dict(value=round(value, 3), runs=len(fs), oom_bounds=len(lows),
-                                median_of_runs=round(statistics.median(fs), 3) if fs else None)
-            spread = f"runs {min(fs):.3f}-{max(fs):.3f}, median {statistics.median(fs):.3f}" if fs else "no runs"
-            print(f"{kind}: factor {value:.3f} (the largest of {len(fs)} runs and {len(lows)} OOM bounds; {spread})")
+        if fs:
+            value = max(fs)
+            fitted[kind] = dict(value=round(value, 3), runs=len(fs), median=round(statistics.median(fs), 3),
+                                oom_bounds_above=[round(b, 3) for b in lows if b > value])
+            print(f"{kind}: factor {value:.3f} (the largest of {len(fs)} runs: {min(fs):.3f}-{max(fs):.3f}, "
+                  f"median {statistics.median(fs):.3f})"
+                  + "".join(f"; an OOM bound of {b:.3f} is above it (reported, not fitted)" for b in lows if b > value))
     checks = [abs(r["error"]) for r in rows if r["bound"] != "activations"]
     if checks:
         print(f"runs bound by the optimizer step or the loss path: {len(checks)}, |error| at most {max(checks):.1%}")

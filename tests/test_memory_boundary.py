@@ -121,3 +121,19 @@ def test_report_reads_stored_runner_results():
     """The older suites' lines (runner facts under `detail`) read too."""
     v = mb.report([str(mb.ROOT / "benchmarks/results/megatron-h200-suite.jsonl")], out=open("/dev/null", "w"))
     assert v["trials"] == 9 and v["refusals"] == 1 and v["false_refusals"] == 0
+
+
+def test_rejudge_judges_the_current_plan_by_stored_runs(capsys):
+    """The stored H200 boundary runs judged with the current model's plan: every planned trial but the
+    listed ones was measured, nothing predicted to fit ran out of memory, and the verdict withholds a pass
+    while a planned trial is unmeasured."""
+    import glob
+    files = sorted(glob.glob(str(mb.ROOT / "benchmarks" / "results" / "memory-boundary-h200-*.jsonl")))
+    v = mb.rejudge(files)
+    planned = mb.plan_trials()[0]
+    assert v["judged"] + len(v["not_measured"]) + v["other_failures"] == len(planned)
+    assert v["judged"] >= 20 and v["false_fits"] == 0
+    assert v["median_allocated_error"] < 0.01
+    assert v["pass"] is (not v["not_measured"] and v["false_refusal_rate"] <= mb.MAX_FALSE_REFUSAL_RATE
+                         and v["median_device_peak_error"] <= mb.MAX_MEDIAN_PEAK_ERROR)
+    assert "the current model's plan" in capsys.readouterr().out
