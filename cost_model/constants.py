@@ -46,6 +46,7 @@ class Constants:
     fp8_activation_factor: float
     unfused_activation_factor: float
     unfused_moe_activation_factor: float
+    prediction_error_sd: float
     host_base_gib_per_gpu: float
 
     @classmethod

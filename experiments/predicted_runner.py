@@ -1,21 +1,28 @@
 """The runner that needs no GPU: the cost model answers, and says so."""
 from __future__ import annotations
 
+from cost_model.case import Case
 from cost_model.constants import Constants
-from cost_model.predict import predict
+from cost_model.predict import Prediction, predict
 from cost_model.profile import HardwareProfile
 from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
 
 class PredictedRunner(TrialRunner):
+    """Its stack is everything (the default RunnerStack): it predicts slime's image."""
+
     name = "predict"
+    figures = "predicted"
 
     def __init__(self, constants: Constants | None = None, profile: HardwareProfile | None = None):
         self.constants = constants
         self.profile = profile
 
+    def predict(self, case: Case, profile: HardwareProfile | None = None) -> Prediction:
+        return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
+
     def run(self, spec: TrialSpec) -> TrialResult:
-        p = predict(spec.case.model, spec.case.gpu, spec.case.workload, spec.case.layout, self.constants, self.profile)
+        p = self.predict(spec.case)
         if not p.fits:
             return TrialResult(status="failed", kind="predicted", source=p.source, failure_class="cuda_oom"
                                if p.memory.total > p.gpu_memory_gib else "host_oom",

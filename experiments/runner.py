@@ -17,6 +17,24 @@ from cost_model.errors import AttuneError
 
 # Failure classes a runner reports.
 FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config")
+# Failures that cannot change when the same layout runs again on the same runner (a timeout or a hang
+# may be the machine's, not the layout's, so those may be retried).
+PERMANENT_FAILURES = ("invalid_config", "crash", "cuda_oom")
+
+
+@dataclass(frozen=True)
+class RunnerStack:
+    """What a runner's software stack can run (the search space is narrowed to it before ranking).
+
+    Every field True is slime's image (and the cost model's default stack)."""
+    deepep: bool = True                      # the flex token dispatcher (DeepEP)
+    transformer_engine: bool = True          # TE kernels (grouped GEMM, fused attention)
+    precision_aware_optimizer: bool = True   # bf16 Adam moments on the GPU (TE's FusedAdam)
+    context_parallel: bool = True            # CP > 1 (TE's ring attention)
+    mla: bool = True                         # multi-latent attention models (DeepSeek-V3, Moonlight)
+    gdn_kernels: bool = True                 # fla's Gated DeltaNet kernels (else a slow torch rule)
+    optimizer_offload: bool = True           # optimizer CPU offload (HybridDeviceOptimizer)
+    source: str = "slime's training image"   # where these facts come from
 
 
 @dataclass(frozen=True)
@@ -113,9 +131,30 @@ class RunnerError(AttuneError, RuntimeError):
 
 
 class TrialRunner(abc.ABC):
-    """Runs one trial of a layout."""
+    """Runs one trial of a layout.
+
+    Besides `run`, a runner says what its stack can run (`stack`), which model a trial of a catalog
+    model trains (`model_run`) and what the cost model predicts for that (`predict`): the study ranks
+    layouts by `predict`, so what is ranked is what the runner measures."""
 
     name: str = ""
+    figures: str = "measured"    # what kind of figures `run` returns: "measured" or "predicted"
+
+    @property
+    def stack(self) -> RunnerStack:
+        """What this runner can run; by default everything (slime's image)."""
+        return RunnerStack()
+
+    def model_run(self, model):
+        """The model a trial of `model` trains (the same model unless the runner truncates it)."""
+        return model
+
+    def predict(self, case: Case, profile=None):
+        """The cost model's prediction for what a trial of `case` runs (cost_model.predict.Prediction).
+        Raises InvalidLayout when this runner cannot run the case's layout for its model run."""
+        from cost_model.predict import predict
+
+        return predict(case.model, case.gpu, case.workload, case.layout, profile=profile)
 
     @abc.abstractmethod
     def run(self, spec: TrialSpec) -> TrialResult:

@@ -26,6 +26,14 @@ class SpaceOptions:
     offload_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
     max_tp: int = 8          # TP beyond one NVLink domain is never worth it
     max_vpp: int = 4
+    # Narrowed to what a trial runner can run (search_space.runner_space); the defaults are everything.
+    dispatchers: tuple[str, ...] = ("alltoall", "flex")
+    exp_avg_dtypes: tuple[str, ...] = ("fp32", "bf16")   # Adam moments when not offloaded
+    max_cp: int | None = None                            # None: no limit
+
+
+# Fields a study's identity leaves out while at their defaults (studies made before they existed).
+NARROWING_FIELDS = ("dispatchers", "exp_avg_dtypes", "max_cp")
 
 
 def divisors(n: int) -> list[int]:
@@ -61,7 +69,7 @@ def offload_choices(options: SpaceOptions) -> list[dict]:
     for f in options.offload_fractions:
         if f == 0:
             out += [dict(optimizer_offload_fraction=0.0, overlap_d2h_h2d=False, exp_avg_dtype=d)
-                    for d in ("fp32", "bf16")]
+                    for d in ("fp32", "bf16") if d in options.exp_avg_dtypes]
         else:
             out += [dict(optimizer_offload_fraction=f, overlap_d2h_h2d=o) for o in (True, False)]
     return out
@@ -73,7 +81,7 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
     ds = divisors(world_size)
     expert_sizes = [e for e in ds if model.num_experts % e == 0] if model.is_moe else [1]
     for tp, pp, cp in product(ds, ds, ds):
-        if world_size % (tp * pp * cp) or tp > options.max_tp:
+        if world_size % (tp * pp * cp) or tp > options.max_tp or cp > (options.max_cp or cp):
             continue
         vpps = [1] + [v for v in range(2, options.max_vpp + 1) if pp > 1]
         etps = sorted({1, tp}) if model.is_moe else [tp]
@@ -92,7 +100,8 @@ def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, sta
     recomputes = recompute_choices(model, options)
     offloads = offload_choices(options)
     for shape in parallel_shapes(model, world_size, workload, stack, options):
-        dispatchers = ["alltoall"] + (["flex"] if shape["ep"] * shape["etp"] > 1 and stack.deepep else [])
+        dispatchers = [d for d in options.dispatchers
+                       if d == "alltoall" or (shape["ep"] * shape["etp"] > 1 and stack.deepep)]
         for rows, rc, off, disp in product(options.rows_per_microbatch, recomputes, offloads, dispatchers):
             max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
             try:

@@ -488,7 +488,7 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
     from candidates import fitting_candidates
     from search_space.enumerate import SpaceOptions
     from cost_model.stack import Stack
-    from tuner.proposer import AgentProposer
+    from tuner.agent import AgentProposer
     from cost_model.layout_codec import to_optuna_params
     from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 

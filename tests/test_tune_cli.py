@@ -381,7 +381,9 @@ def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
         "number": 1, "state": "complete", "kind": "measured", "label": records[1]["label"],
         "tokens_per_s_per_gpu": 1234.5, "step_time_s": 2.5, "peak_memory_gib": 60.25, "mfu": 0.125,
         "usd_per_million_tokens": 0.75, "predicted_tokens_per_s_per_gpu": records[1]["predicted_tokens_per_s_per_gpu"],
-        "source": "test runner", "backend": "megatron", "reason": None, "rationale": None}
+        "predicted_low": records[1]["predicted_low"], "predicted_high": records[1]["predicted_high"],
+        "source": "test runner", "backend": "megatron", "reason": None, "rationale": None, "learnt": None}
+    assert records[1]["predicted_low"] is None     # made by hand without an interval: none is invented
     assert records[3]["kind"] is None and records[3]["tokens_per_s_per_gpu"] is None
     assert records[0]["source"].startswith("attune cost model")
 

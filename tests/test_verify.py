@@ -9,7 +9,7 @@ from search_space.enumerate import SpaceOptions
 from cost_model.layout import Layout
 from cost_model.stack import Stack
 from tuner.export import export_rows
-from tuner.proposer import AgentProposer
+from tuner.agent import AgentProposer
 from tuner.report import ranked_rows
 from cost_model.layout_codec import to_optuna_params
 from tuner.study import StudyConfig, load_or_create, open_storage, run_study

@@ -1,11 +1,11 @@
 """The `tune` command line (also installed as `attune`, and run by `python -m tuner`).
 
     tune --model M --gpu G [--gpus N] [--trials K] [--study NAME] [--storage URL] [--backend predict]
-    tune show | export | predict | models | gpus | profile | trial | check-convergence | component-test
+    tune show | export | report | predict | models | gpus | profile | trial | check-convergence | component-test
 
 Every error the user can cause is an AttuneError; it ends here in one line on stderr and exit code 2.
-The flags live in tuner.options, the commands in tuner.study_commands, tuner.what_if and
-tuner.catalog_commands (imported only when run, so `tune models` never loads Optuna).
+The flags live in tuner.options, the commands in tuner.study_commands, tuner.report_html, tuner.what_if
+and tuner.catalog_commands (imported only when run, so `tune models` never loads Optuna).
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ DELEGATED = {"check-convergence": "experiments.checks.convergence",
              "component-test": "experiments.checks.adam_component_test"}
 # Each command: (module, function); the function takes the parsed arguments and returns the exit code.
 COMMANDS = {"run": ("tuner.study_commands", "cmd_run"), "show": ("tuner.study_commands", "cmd_show"),
-            "export": ("tuner.study_commands", "cmd_export"), "predict": ("tuner.what_if", "cmd_predict"),
+            "export": ("tuner.study_commands", "cmd_export"), "report": ("tuner.report_html", "cmd_report"),
+            "predict": ("tuner.what_if", "cmd_predict"),
             "trial": ("tuner.what_if", "cmd_trial"), "models": ("tuner.catalog_commands", "cmd_models"),
             "gpus": ("tuner.catalog_commands", "cmd_gpus"), "profile": ("tuner.catalog_commands", "cmd_profile")}
-STUDY_COMMANDS = ("run", "show", "export")
+STUDY_COMMANDS = ("run", "show", "export", "report")
 EXIT_USAGE = 2
 
 

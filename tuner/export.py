@@ -18,6 +18,7 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
     for row in rows:
         prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
         recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
+        recipe["result"]["predicted_interval"] = interval_block(config, row.layout)
         trial = trials.get(row.number)
         if row.kind == "measured" and trial is not None:
             _record_measurement(recipe, row, trial, config, study)
@@ -26,6 +27,20 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
             write_recipe(recipe, path)
         paths.append(path)
     return paths
+
+
+def interval_block(config, layout) -> dict:
+    """The layout's predicted tokens/s/GPU across the cost model's hypotheses (prior weights), for the recipe."""
+    from cost_model.hypotheses import default_hypotheses, predict_interval
+
+    iv = predict_interval(default_hypotheses(), config.model, config.gpu, config.workload, layout,
+                          profile=config.profile)
+    return {"tokens_per_s_per_gpu_low": round(iv.low), "tokens_per_s_per_gpu_median": round(iv.median),
+            "tokens_per_s_per_gpu_high": round(iv.high),
+            "note": (f"predicted: 90% interval over {len(iv.by_hypothesis)} hypotheses on slime's unexplained step "
+                     f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
+                     f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"
+                     f"{iv.spread_high:,.0f}")}
 
 
 def _record_measurement(recipe: dict, row, trial, config, study) -> None:

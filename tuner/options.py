@@ -16,7 +16,7 @@ from cost_model.stack import STACK_FIXES
 from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
 from tuner.predict_request import REQUEST_KEYS
 
-SUBCOMMANDS = ("show", "export", "predict", "models", "gpus", "profile", "trial")
+SUBCOMMANDS = ("show", "export", "report", "predict", "models", "gpus", "profile", "trial")
 SHOW_FORMATS = ("table", "csv", "json")
 
 
@@ -121,8 +121,11 @@ def run_parser():
     add_storage(p)
     p.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
     add_backend(p)
-    p.add_argument("--proposer", choices=("agent", "tpe"), default="agent",
-                   help="agent: reads predictions and measurements; tpe: Optuna's TPE sampler")
+    p.add_argument("--proposer", choices=("agent", "tpe", "gp", "random"), default="agent",
+                   help="agent: reads predictions and measurements (default); tpe: Optuna's TPE sampler; "
+                        "gp: Optuna's Gaussian-process sampler; random: Optuna's random sampler")
+    p.add_argument("--gpu-hours", type=float, default=None, metavar="FLOAT",
+                   help="stop when the measured trials have used this many GPU-hours (default: no limit)")
     p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
     p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -151,6 +154,14 @@ def export_parser():
     add_storage(p)
     p.add_argument("--top", type=int, default=3)
     p.add_argument("--out", required=True, help="folder; recipes go to OUT/<model>/<gpu>/<name>.yaml")
+    return p
+
+
+def report_parser():
+    p = argparse.ArgumentParser(prog="tune report", description="A study as a self-contained HTML page: "
+                                "OUT/index.html and its PNG figures (no JavaScript, no network).")
+    add_storage(p)
+    p.add_argument("--out", required=True, help="folder for index.html and its figures (made if missing)")
     return p
 
 
@@ -205,5 +216,6 @@ def trial_parser():
     return p
 
 
-PARSERS = {"run": run_parser, "show": show_parser, "export": export_parser, "predict": predict_parser,
+PARSERS = {"run": run_parser, "show": show_parser, "export": export_parser, "report": report_parser,
+           "predict": predict_parser,
            "models": models_parser, "gpus": gpus_parser, "profile": profile_parser, "trial": trial_parser}

@@ -7,6 +7,7 @@ routing, framework, usd_per_gpu_hour, stack_fix, layout {recipe layout keys}; or
 from __future__ import annotations
 
 from cost_model.hardware import load_gpu
+from cost_model.hypotheses import Interval, default_hypotheses, predict_interval
 from cost_model.model_spec import load_model
 from cost_model.predict import Prediction, predict
 from cost_model.profile import HardwareProfile
@@ -63,8 +64,19 @@ def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction
     return predict(resolved.model, resolved.gpu, resolved.workload, resolved.layout, profile=profile)
 
 
-def result_dict(resolved: Case, prediction: Prediction) -> dict:
+def interval_for(resolved: Case, profile: HardwareProfile | None = None) -> Interval:
+    """The layout's tokens/s/GPU across the cost model's hypotheses (cost_model.hypotheses), prior weights."""
+    return predict_interval(default_hypotheses(), resolved.model, resolved.gpu, resolved.workload, resolved.layout,
+                            profile=profile)
+
+
+def result_dict(resolved: Case, prediction: Prediction, interval: Interval | None = None) -> dict:
     out = prediction.to_dict()
+    if interval is not None:
+        out["interval"] = {**interval.to_dict(), "kind": "predicted",
+                           "by_hypothesis": [{"hypothesis": n, "weight": w, "tokens_per_s_per_gpu": v}
+                                             for n, w, v in interval.by_hypothesis],
+                           "drivers": interval.drivers()}
     out["model"] = resolved.model.name
     out["gpu"] = resolved.gpu.name
     out["gpus"] = resolved.layout.world_size

@@ -22,6 +22,8 @@ class Row:
     source: str
     predicted_tokens_per_s_per_gpu: float | None
     rationale: str
+    predicted_low: float | None = None      # the prediction's 90% interval (cost_model.hypotheses)
+    predicted_high: float | None = None
 
 
 def ranked_rows(study: optuna.Study) -> list[Row]:
@@ -36,20 +38,24 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             kind=result.get("kind", "predicted"), source=result.get("source", ""),
             predicted_tokens_per_s_per_gpu=prediction.get("tokens_per_s_per_gpu"),
             rationale=t.user_attrs.get("rationale", ""),
+            predicted_low=(prediction.get("interval") or {}).get("low"),
+            predicted_high=(prediction.get("interval") or {}).get("high"),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
 
 
 def format_table(rows: list[Row], limit: int | None = None) -> str:
-    header = ("#", "trial", "layout", "tokens/s/GPU", "peak GiB", "MFU", "$/1M tok", "figures")
+    header = ("#", "trial", "layout", "tokens/s/GPU", "predicted 90%", "peak GiB", "MFU", "$/1M tok", "figures")
     lines = []
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
-        lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}",
+        interval = (f"{r.predicted_low:,.0f}-{r.predicted_high:,.0f}" if r.predicted_low is not None
+                    and r.predicted_high is not None else "-")
+        lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}", interval,
                       _fmt(r.peak_memory_gib, "{:.1f}"), _fmt(r.mfu, "{:.1%}"),
                       _fmt(r.usd_per_million_tokens, "{:.3f}"), r.kind))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
-    right = {0, 1, 3, 4, 5, 6}
+    right = {0, 1, 3, 4, 5, 6, 7}
 
     def fmt_line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -72,8 +78,8 @@ def counts_line(study: optuna.Study) -> str:
 # One record per trial (`tune show --format csv|json`): its figures come from its result when it ran,
 # else from its prediction (a pruned trial), and `kind` says which.
 TRIAL_COLUMNS = ("number", "state", "kind", "label", "tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu",
-                 "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "source", "backend", "reason",
-                 "rationale")
+                 "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "predicted_low", "predicted_high",
+                 "source", "backend", "reason", "rationale", "learnt")
 FIGURES = ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu", "usd_per_million_tokens")
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
           TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
@@ -88,8 +94,11 @@ def trial_record(t: optuna.trial.FrozenTrial) -> dict:
             "kind": figures.get("kind", "predicted") if figures else None, "label": attrs.get("label"),
             **{k: figures.get(k) for k in FIGURES},
             "predicted_tokens_per_s_per_gpu": prediction.get("tokens_per_s_per_gpu"),
+            "predicted_low": (prediction.get("interval") or {}).get("low"),
+            "predicted_high": (prediction.get("interval") or {}).get("high"),
             "source": figures.get("source"), "backend": attrs.get("backend"),
-            "reason": attrs.get("prune_reason") or attrs.get("fail_reason"), "rationale": attrs.get("rationale")}
+            "reason": attrs.get("prune_reason") or attrs.get("fail_reason"), "rationale": attrs.get("rationale"),
+            "learnt": attrs.get("learnt")}
 
 
 def trials_frame(study: optuna.Study, limit: int | None = None):

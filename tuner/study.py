@@ -2,6 +2,17 @@
 
 Everything that could fail on the user's input (model, GPU, space, storage) is checked before
 the study is created or changed, so a bad command never touches what is already recorded.
+
+What a study ranks is what its runner runs: layouts its stack cannot run are pruned with the reason
+(search_space.runner_space), and each trial's `prediction` is the runner's own (`TrialRunner.predict`:
+for the megatron runner, its truncated model run). A layout that failed for a reason that cannot
+change (experiments.runner.PERMANENT_FAILURES) is not proposed again with that backend.
+
+One study holds one kind of figures (`check_figures`): Optuna's best trial is the largest objective
+value, so a measured study must never hold a predicted value. A backend whose figures differ from
+those already in the study (predict vs a measured backend) is refused in one line; pruned and failed
+trials keep their predictions in user attributes, without a value. Each trial also carries flat
+numeric attributes (peak_memory_gib, mfu, ..., `figures`) for optuna-dashboard.
 """
 from __future__ import annotations
 
@@ -9,6 +20,7 @@ import json
 import os
 import socket
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,14 +30,15 @@ from optuna.trial import TrialState
 from cost_model.case import Case
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
-from cost_model.predict import predict
 from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
-from experiments.runner import RunnerError, TrialResult, TrialRunner, TrialSpec
-from search_space.enumerate import SpaceOptions
+from experiments.runner import PERMANENT_FAILURES, RunnerError, TrialResult, TrialRunner, TrialSpec
+from search_space.enumerate import NARROWING_FIELDS, SpaceOptions
+from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
+from tuner.intervals import interval_dict
 from tuner.proposer import History, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
 from tuner.space_params import distributions
@@ -53,10 +66,12 @@ class StudyConfig:
 
     def identity(self) -> dict:
         """What a study is about; resuming with a different identity is refused."""
+        defaults = asdict(SpaceOptions())
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.options).items()
+                   if k not in NARROWING_FIELDS or v != defaults[k]}  # as studies made before those fields
         return {
             "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
-            "workload": asdict(self.workload), "stack": asdict(self.stack),
-            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.options).items()},
+            "workload": asdict(self.workload), "stack": asdict(self.stack), "options": options,
         }
 
     def case(self, layout: Layout) -> Case:
@@ -115,20 +130,47 @@ def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
             from None
 
 
-def load_or_create(storage: optuna.storages.BaseStorage, name: str, config: StudyConfig) -> optuna.Study:
+METRIC = "tokens_per_s_per_gpu"
+FIGURES = "figures"   # the study's user attribute: "predicted" or "measured"
+
+
+def load_or_create(storage: optuna.storages.BaseStorage, name: str, config: StudyConfig,
+                   figures: str | None = None) -> optuna.Study:
+    """The study `name`, created when new; refused when it was made for another configuration or, when
+    `figures` is given, holds figures of another kind (see `check_figures`)."""
     identity = config.identity()
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        with warnings.catch_warnings():  # experimental since Optuna 3.2; optuna-dashboard names the axis by it
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC])
         study.set_user_attr("config", identity)
+        if figures:
+            study.set_user_attr(FIGURES, figures)
         return study
     existing = study.user_attrs.get("config")
     if existing != identity:
         was = f"{existing['model']} on {existing['gpus']} x {existing['gpu']}" if existing else "something else"
         raise StudyError(f"study '{name}' was created for {was} with other settings; "
                          f"pass another --study to tune {config.describe()}")
+    if figures:
+        check_figures(study, figures)
     return study
+
+
+def check_figures(study: optuna.Study, figures: str) -> None:
+    """Refuse to add `figures` ("predicted" or "measured") trials to a study holding the other kind: its
+    best trial would mix a prediction with measurements. Studies made before the kind was recorded are
+    judged by their completed trials."""
+    kinds = {study.user_attrs.get(FIGURES)} - {None}
+    kinds |= {(t.user_attrs.get("result") or {}).get("kind", "predicted")
+              for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    other = sorted(kinds - {figures})
+    if other:
+        raise StudyError(f"study '{study.study_name}' holds {' and '.join(other)} figures; {figures} trials "
+                         f"go in a study of their own: pass another --study")
 
 
 INTERRUPTED = "interrupted: the tuner stopped while this trial ran"
@@ -136,7 +178,9 @@ INTERRUPTED = "interrupted: the tuner stopped while this trial ran"
 
 def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str | None = None) -> History:
     """What the study has tried with this backend (a layout predicted earlier can still be measured).
-    Failed trials may be proposed again, except interrupted ones when `skip_interrupted`."""
+    A layout that failed permanently (PERMANENT_FAILURES: invalid_config, crash, cuda_oom) is tried;
+    other failures (timeout, hang) may be proposed again, and interrupted ones unless `skip_interrupted`.
+    Every failure with a class is in `failed` as (layout key, failure class, predicted peak GiB)."""
     h = History()
     for t in study.get_trials(deepcopy=False):
         key = t.user_attrs.get("layout_key")
@@ -148,6 +192,11 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
                 str(t.user_attrs.get("fail_reason", "")).startswith("interrupted"):
             h.tried.add(key)
         result = t.user_attrs.get("result") or {}
+        if key and t.state == TrialState.FAIL and result.get("failure_class"):
+            peak = (t.user_attrs.get("prediction") or {}).get("peak_memory_gib")
+            h.failed.append((key, result["failure_class"], peak))
+            if result["failure_class"] in PERMANENT_FAILURES:
+                h.tried.add(key)
         if t.state == TrialState.COMPLETE and result.get("kind") == "measured":
             layout = layout_from_stored(t.user_attrs["layout"])
             predicted = (t.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
@@ -167,6 +216,7 @@ class RunSummary:
     pruned: int = 0
     failed: int = 0
     exhausted: bool = False
+    reason: str = ""          # why the loop stopped before its trials (proposer's stop rule, GPU-hour budget)
 
 
 def _owner() -> dict:
@@ -200,19 +250,46 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     return marked
 
 
+def runner_space(config: StudyConfig, runner: TrialRunner) -> RunnerSpace:
+    """The study's space narrowed to what `runner` can run (StudyError when it cannot run the model)."""
+    try:
+        run = runner.model_run(config.model)
+    except ValueError as e:
+        raise StudyError(f"the {runner.name} runner cannot run {config.model.display_name}: {e}") from None
+    return narrow(config.options, config.model, config.world_size, runner.stack, runner.name, run)
+
+
+def gpu_hours_used(study: optuna.Study, backend: str) -> float:
+    """GPU-hours of the study's trials run by `backend` (measured results carry theirs)."""
+    return sum(float((t.user_attrs.get("result") or {}).get("gpu_hours") or 0.0)
+               for t in study.get_trials(deepcopy=False) if t.user_attrs.get("backend") == backend)
+
+
 def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, proposer: Proposer,
-              trials: int, progress: bool = True, skip_interrupted: bool = False) -> RunSummary:
+              trials: int, progress: bool = True, skip_interrupted: bool = False,
+              gpu_hours: float | None = None) -> RunSummary:
+    """Run `trials` trials proposed by `proposer` through `runner`. The Optuna distributions are the
+    study's whole space (they must not change within a study); layouts the runner cannot run are pruned."""
     dists = distributions(config.model, config.world_size, config.options)
+    space = runner_space(config, runner)
+    check_figures(study, runner.figures)
+    if study.user_attrs.get(FIGURES) is None:
+        study.set_user_attr(FIGURES, runner.figures)
     summary = RunSummary()
     bar = _progress(trials, progress)
     if proposer.sampler() is not None:
         study.sampler = proposer.sampler()
     try:
         for _ in range(trials):
+            if gpu_hours is not None and gpu_hours_used(study, runner.name) >= gpu_hours:
+                summary.exhausted = True
+                summary.reason = f"stopped: the trials have used the --gpu-hours budget ({gpu_hours:g})"
+                break
             history = history_of(study, skip_interrupted, runner.name)
             proposal = proposer.propose(history)
             if proposal is None:
                 summary.exhausted = True
+                summary.reason = getattr(proposer, "stop_reason", None) or "every distinct fitting layout has been tried"
                 break
             if proposal.params is not None:
                 study.enqueue_trial(proposal.params)
@@ -221,8 +298,13 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
             trial.set_user_attr("backend", runner.name)
             trial.set_user_attr("proposer", proposer.name)
             trial.set_user_attr("rationale", proposal.rationale)
+            for key, value in proposal.attrs.items():
+                trial.set_user_attr(key, _jsonable(value))
+            _say(bar, f"trial {trial.number}: {proposal.rationale}")
             try:
-                state = _evaluate(study, trial, config, runner, history)
+                state = _evaluate(study, trial, config, runner, history, space,
+                                  learn=lambda t, layout, r: _learn(study, t, proposer, layout, r,
+                                                                    history_of(study, skip_interrupted, runner.name)))
             except KeyboardInterrupt:
                 trial.set_user_attr("fail_reason", "interrupted by the user")
                 study.tell(trial, state=TrialState.FAIL)
@@ -231,6 +313,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
                 trial.set_user_attr("fail_reason", f"runner: {e}")
                 study.tell(trial, state=TrialState.FAIL)
                 raise
+            _say(bar, "  -> " + _outcome(study, trial))
             if state == TrialState.COMPLETE:
                 summary.completed += 1
             elif state == TrialState.PRUNED:
@@ -249,10 +332,49 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
     return summary
 
 
+def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout, result: TrialResult,
+           history: History) -> None:
+    """What the trial's result taught the proposer, on the trial before it ends (and the weights on the study)."""
+    if result.status == "ok" and result.kind == "measured":
+        history.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
+    elif result.status != "ok":
+        peak = (trial.user_attrs.get("prediction") or {}).get("peak_memory_gib")
+        history.failed.append((layout.key(), result.failure_class, peak))
+    history.tried.add(layout.key())
+    taught = proposer.after_trial(history)
+    for key, value in taught.items():
+        trial.set_user_attr(key, _jsonable(value))
+    if "hypothesis_weights_after" in taught:
+        study.set_user_attr("hypothesis_weights", _jsonable(taught["hypothesis_weights_after"]))
+
+
+def _outcome(study: optuna.Study, trial: optuna.Trial) -> str:
+    """The ended trial in a few words: its figure, or why it was pruned or failed; what it taught."""
+    frozen = study._storage.get_trial(trial._trial_id)
+    result = frozen.user_attrs.get("result") or {}
+    if frozen.state == TrialState.COMPLETE and result.get("tokens_per_s_per_gpu"):
+        outcome = f"{result['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU {result.get('kind', '')}"
+    else:
+        outcome = str(frozen.user_attrs.get("prune_reason") or frozen.user_attrs.get("fail_reason")
+                      or frozen.state.name)[:160]
+    learnt = frozen.user_attrs.get("learnt")
+    return outcome + (f"; learnt: {learnt}" if learnt else "")
+
+
+def _say(bar, line: str) -> None:
+    """One line on stderr that does not break the progress bar."""
+    if hasattr(bar, "write"):
+        bar.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
+
+
 def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, runner: TrialRunner,
-              history: History) -> TrialState:
+              history: History, space: RunnerSpace | None = None, learn=None) -> TrialState:
+    """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value."""
     def prune(reason: str) -> TrialState:
         trial.set_user_attr("prune_reason", reason)
+        _flat_attrs(trial, trial.user_attrs.get("prediction"), None)
         study.tell(trial, state=TrialState.PRUNED)
         return TrialState.PRUNED
 
@@ -266,12 +388,23 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     trial.set_user_attr("label", layout.long_label)
     if layout.key() in history.tried:
         return prune("already evaluated in this study")
-    prediction = predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
-    trial.set_user_attr("prediction", _jsonable(prediction.to_dict()))
+    refusal = space.refusal(layout) if space is not None else None
+    if refusal:
+        return prune(f"the {runner.name} runner cannot run it: {refusal}")
+    try:  # what is ranked is what the runner runs (its model run, its stack)
+        prediction = runner.predict(config.case(layout), config.profile)
+    except InvalidLayout as e:
+        return prune(f"the {runner.name} runner cannot run it: {e}")
+    predicted = prediction.to_dict()
+    predicted["interval"] = interval_dict(config, runner, layout, prediction)
+    trial.set_user_attr("prediction", _jsonable(predicted))
     if not prediction.fits:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
     result = runner.run(TrialSpec(config.case(layout), steps=config.steps, window=config.window))
     trial.set_user_attr("result", result.to_dict())
+    _flat_attrs(trial, trial.user_attrs["prediction"], trial.user_attrs["result"])
+    if learn is not None:
+        learn(trial, layout, result)
     if result.status == "ok":
         study.tell(trial, result.tokens_per_s_per_gpu)
         return TrialState.COMPLETE
@@ -282,6 +415,27 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
 
 def _jsonable(value):
     return json.loads(json.dumps(value, default=str))
+
+
+FLAT_FIGURES = ("peak_memory_gib", "mfu", "usd_per_million_tokens")
+
+
+def _flat_attrs(trial: optuna.Trial, prediction: dict | None, result: dict | None) -> None:
+    """Flat attributes optuna-dashboard shows as columns: the figures (from the result when the trial ran,
+    else from its prediction), the prediction and its interval, and which kind of figures they are."""
+    prediction = prediction or {}
+    figures = result or prediction
+    if not figures:
+        return
+    flat = {k: figures.get(k) for k in FLAT_FIGURES}
+    flat["predicted_tokens_per_s_per_gpu"] = prediction.get("tokens_per_s_per_gpu")
+    interval = prediction.get("interval")
+    if isinstance(interval, dict):
+        flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
+    for k, v in flat.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            trial.set_user_attr(k, float(v))
+    trial.set_user_attr("figures", figures.get("kind", "predicted"))
 
 
 class _NoBar:

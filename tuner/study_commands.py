@@ -4,21 +4,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cost_model.layout import Layout
+from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_values, parse_pairs, to_optuna_params
 from cost_model.model_spec import load_model
 from cost_model.predict import Prediction, predict
 from cost_model.hardware import load_gpu
 from cost_model.stack import Stack
 from cost_model.workload import Workload
+from experiments.runner import TrialRunner
 from search_space.enumerate import SpaceOptions, enumerate_layouts
+from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.export import export_rows
 from tuner.options import CliError, profile, target, workload
-from tuner.proposer import AgentProposer, Candidate, SamplerProposer
+from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
-from tuner.study import (StudyConfig, default_study_name, load_or_create, load_study, open_storage,
-                         recover_interrupted, run_study, storage_url)
+from tuner.study import (StudyConfig, default_study_name, history_of, load_or_create, load_study, open_storage,
+                         recover_interrupted, run_study, runner_space, storage_url)
 
 
 def cmd_run(args) -> int:
@@ -27,33 +29,40 @@ def cmd_run(args) -> int:
     model, gpu, gpus = target(args)
     config = StudyConfig(model, gpu, gpus, workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions(),
                          profile(args), steps=args.steps, window=measured_window(args.steps))
-    candidates = score_space(config)
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
-    reference = parse_reference(args.reference, config) if args.reference else None
-    name = args.study or default_study_name(model, gpu, gpus)
+    space = runner_space(config, runner)         # what this runner's stack can run
+    candidates = score_space(config, runner, space)
+    reference = parse_reference(args.reference, config, space) if args.reference else None
+    # measured and predicted figures never share a study: a measuring backend gets a study of its own
+    name = args.study or default_study_name(model, gpu, gpus) + ("" if runner.figures == "predicted"
+                                                                 else f"-{args.backend}")
     url = storage_url(args.storage)
     storage = open_storage(url, create_dirs=args.storage is None)
-    study = load_or_create(storage, name, config)
-    proposer = (AgentProposer(proposer_candidates(candidates), to_optuna_params)
-                if args.proposer == "agent" else SamplerProposer())
+    study = load_or_create(storage, name, config, runner.figures)
+    proposer = make_proposer(args.proposer, candidates, config, runner)
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
           f"study '{name}' in {url}; backend {args.backend} (figures are {kind})", file=sys.stderr)
+    for line in space.reasons:
+        print(f"  search space narrowed: {line}", file=sys.stderr)
+    for line in space.notes:
+        print(f"  note: {line}", file=sys.stderr)
     interrupted = recover_interrupted(study)
     if interrupted:
         what = "skipped" if args.on_interrupted == "skip" else "retried when proposed again"
         print(f"trials {', '.join(map(str, interrupted))} were interrupted (the tuner stopped while they ran): "
               f"marked failed, their layouts {what}", file=sys.stderr)
-    summary = run_study(study, config, runner, proposer, args.trials,
-                        progress=not args.no_progress, skip_interrupted=args.on_interrupted == "skip")
+    summary = run_study(study, config, runner, proposer, args.trials, progress=not args.no_progress,
+                        skip_interrupted=args.on_interrupted == "skip", gpu_hours=args.gpu_hours)
     if summary.exhausted:
-        print("every distinct fitting layout has been tried", file=sys.stderr)
+        print(summary.reason, file=sys.stderr)
     rows = ranked_rows(study)
     print(counts_line(study))
     print(format_table(rows, limit=10))
     verify_top = args.verify_top if args.verify_top is not None else (0 if args.backend == "predict" else 3)
     if verify_top > 0 and args.backend != "predict":
-        _verify(study, config, runner, verify_top, reference or default_reference_of(candidates, gpus))
+        failed = history_of(study, backend=runner.name).failed
+        _verify(study, config, runner, verify_top, reference or default_reference_of(candidates, gpus, failed))
         rows = ranked_rows(study)
     if rows and args.top > 0:
         paths = export_rows(rows[:args.top], config, Path(args.out), study)
@@ -61,6 +70,23 @@ def cmd_run(args) -> int:
         for path in paths:
             print(f"  {path}")
     return 0
+
+
+def make_proposer(kind: str, candidates, config, runner):
+    """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers."""
+    if kind != "agent":
+        try:
+            return SamplerProposer(kind)
+        except ImportError as e:
+            raise CliError(str(e)) from None
+    from tuner.agent import AgentProposer
+    from tuner.intervals import hypothesis_predictor
+
+    hypotheses, predict_h = hypothesis_predictor(config, runner)
+    # the predict and slime backends are what the hypotheses were calibrated on; the megatron runner's
+    # level against its predictions is unknown until it measures (measured 0.6-0.8x on H200)
+    level_sd = 0.5 if runner.name == "megatron" else 0.25
+    return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, level_sd=level_sd)
 
 
 def _verify(study, config, runner, top: int, reference: Layout) -> None:
@@ -74,30 +100,54 @@ def _verify(study, config, runner, top: int, reference: Layout) -> None:
               f"pointwise failures {v['pointwise_failures']})")
 
 
-def default_reference_of(scored, gpus: int) -> Layout:
+def default_reference_of(scored, gpus: int, failed=()) -> Layout:
+    """The convergence arm's default reference among `scored` (score_space's candidates: layouts the
+    runner can run), leaving out layouts that failed permanently in the study (History.failed)."""
+    from experiments.runner import PERMANENT_FAILURES
     from tuner.verify import default_reference
 
-    return default_reference(proposer_candidates(scored), gpus)
+    exclude = {key for key, failure, _ in failed if failure in PERMANENT_FAILURES}
+    try:
+        return default_reference(proposer_candidates(scored), gpus, exclude)
+    except ValueError as e:
+        raise CliError(f"{e}; pass --reference") from None
 
 
 def proposer_candidates(scored) -> list[Candidate]:
     return [Candidate(l, p) for l, p in scored]
 
 
-def parse_reference(pairs: list[str], config) -> Layout:
+def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) -> Layout:
     from search_space.rules import check
 
     layout = layout_from_values(parse_pairs(pairs), config.world_size, config.workload.seq_len)
     check(layout, config.model, config.workload, config.stack)
+    refusal = space.refusal(layout) if space is not None else None
+    if refusal:
+        raise CliError(f"--reference {layout.label}: the runner cannot run it: {refusal}")
     return layout
 
 
-def score_space(config) -> list[tuple[Layout, Prediction]]:
-    """Every layout of the space that is predicted to fit, with its prediction; CliError when none does."""
-    scored = [(l, predict(config.model, config.gpu, config.workload, l, profile=config.profile))
-              for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
-                                         config.options)]
+def score_space(config, runner: TrialRunner | None = None,
+                space: RunnerSpace | None = None) -> list[tuple[Layout, Prediction]]:
+    """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
+    predicted to fit, with its prediction for what the runner runs (`runner.predict`; without a runner,
+    the cost model for the full model); CliError when none does."""
+    def prediction(layout: Layout):
+        if runner is None:
+            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
+        return runner.predict(config.case(layout), config.profile)
+
+    scored, refused = [], []
+    for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
+                               space.options if space is not None else config.options):
+        try:
+            scored.append((l, prediction(l)))
+        except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
+            refused.append(str(e))
     if not scored:
+        if refused:
+            raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")
         raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
                        f"model's heads, experts and layers)")
     fitting = [(l, p) for l, p in scored if p.fits]

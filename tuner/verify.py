@@ -19,14 +19,16 @@ VERDICTS = "convergence_verdicts"
 REFERENCES = "convergence_references"  # what each verdict's reference arm was, by trial number
 
 
-def default_reference(candidates: list, world_size: int) -> Layout:
+def default_reference(candidates: list, world_size: int, exclude=frozenset()) -> Layout:
     """The simplest valid layout that fits: the fewest model-parallel ranks (TP x PP x CP x EP x ETP),
-    TP 1 and PP 1 first; among those, the best prediction."""
+    TP 1 and PP 1 first; among those, the best prediction. `candidates` must be layouts the runner can
+    run (the tune command passes its candidates, narrowed to the runner's stack); layouts whose key is
+    in `exclude` (those that failed permanently in the study) are left out."""
     def simplicity(c):
         l = c.layout
         return (l.tp * l.pp * l.cp * l.ep * l.etp, l.tp, l.pp, -c.prediction.tokens_per_s_per_gpu)
 
-    fitting = [c for c in candidates if c.layout.world_size == world_size]
+    fitting = [c for c in candidates if c.layout.world_size == world_size and c.layout.key() not in exclude]
     if not fitting:
         raise ValueError(f"no fitting layout to serve as the convergence reference on {world_size} GPUs")
     return min(fitting, key=simplicity).layout

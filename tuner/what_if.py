@@ -16,7 +16,7 @@ from cost_model.predict import Prediction
 from cost_model.user_file import read_user_text
 from tuner.backends import make_runner, measured_window
 from tuner.options import CliError, profile, writing_user_file
-from tuner.predict_request import answer, resolve, result_dict
+from tuner.predict_request import interval_for, answer, resolve, result_dict
 
 
 def request_from_args(args) -> dict:
@@ -37,6 +37,7 @@ def cmd_predict(args) -> int:
         return predict_batch(args.batch, hardware)
     case = resolve(request_from_args(args))
     prediction = answer(case, hardware)
+    interval = interval_for(case, hardware)
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
@@ -44,11 +45,11 @@ def cmd_predict(args) -> int:
         with writing_user_file():
             write_recipe(recipe, Path(args.recipe_out))
     if args.json:
-        print(json.dumps(result_dict(case, prediction)))
+        print(json.dumps(result_dict(case, prediction, interval)))
     elif args.explain:
-        print(explain(case.model, case.gpu, case.layout, prediction))
+        print(explain(case.model, case.gpu, case.layout, prediction, interval))
     else:
-        print(summary_line(case.model, case.gpu, case.layout, prediction))
+        print(summary_line(case.model, case.gpu, case.layout, prediction, interval))
     return 0
 
 
@@ -62,7 +63,7 @@ def predict_batch(path: str, hardware) -> int:
             try:
                 request = json.loads(line)
                 case = resolve(request)
-                out = result_dict(case, answer(case, hardware))
+                out = result_dict(case, answer(case, hardware), interval_for(case, hardware))
             except json.JSONDecodeError as e:
                 out = {"error": f"line {number}: not JSON ({e.msg} at column {e.colno})"}
             except AttuneError as e:
@@ -71,20 +72,38 @@ def predict_batch(path: str, hardware) -> int:
     return 0
 
 
-def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> str:
+def interval_text(iv) -> str:
+    return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {len(iv.by_hypothesis)} hypotheses)" if iv is not None else ""
+
+
+def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
     fits = "fits" if p.fits else "DOES NOT FIT: " + "; ".join(p.reasons)
     return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
-            f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}, "
+            f"{p.tokens_per_s_per_gpu:,.0f} {interval_text(interval)} tokens/s/GPU, step {p.step_time_s:.2f} s, "
+            f"MFU {p.mfu:.1%}, "
             f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}; --explain for the breakdown)")
 
 
-def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> str:
-    """Where the time and the memory go, as two tables."""
+def interval_lines(iv) -> list[str]:
+    """The interval, what drives its spread, and each hypothesis's figure."""
+    if iv is None:
+        return []
+    lines = ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the hypotheses span "
+                 f"{iv.spread_low:,.0f}-{iv.spread_high:,.0f} (weighted 5-95%, median {iv.median:,.0f}), widened by the "
+                 f"model's residual error (log sd {iv.error_sd:.3f})",
+             "  the spread comes from (weighted mean per group): " + "; ".join(iv.drivers() or ["nothing: they agree"]),
+             f"  {'hypothesis':<30}{'weight':>7}{'tokens/s/GPU':>14}"]
+    lines += [f"  {n:<30}{w:7.2f}{v:14,.0f}" for n, w, v in sorted(iv.by_hypothesis, key=lambda x: -x[2])]
+    return lines
+
+
+def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
+    """Where the time and the memory go, as two tables; the interval across hypotheses."""
     lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
              f"every figure is predicted ({p.source})",
              f"fits: {'yes' if p.fits else 'NO: ' + '; '.join(p.reasons)}",
-             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f}   step {p.step_time_s:.2f} s   MFU {p.mfu:.1%}   "
-             f"$/1M tokens {p.usd_per_million_tokens:.3f}",
+             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f} {interval_text(interval)}   step {p.step_time_s:.2f} s   "
+             f"MFU {p.mfu:.1%}   $/1M tokens {p.usd_per_million_tokens:.3f}",
              f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
              "",
              f"{'step time':<28}{'seconds':>9}{'share':>8}"]
@@ -95,6 +114,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction) -> st
     lines += ["", *memory_lines(p)]
     lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "
                  f"{p.host_memory_capacity_gib:.0f}")
+    lines += interval_lines(interval)
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ See the package docstring (experiments/megatron/__init__.py) for what a trial ru
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from cost_model.model_spec import LINEAR_ATTENTION, ModelError
 from experiments.megatron.data import load_rows  # noqa: F401 - the runner's rows reader (tuner.cli checks --rows)
 from experiments.megatron.launch import STARTUP_GRACE_S, free_port, ray_available, run_job
 from experiments.megatron.model_run import auto_layers, predict_run, trial_model, trial_model_notes
-from experiments.runner import TrialResult, TrialRunner, TrialSpec
+from experiments.runner import RunnerStack, TrialResult, TrialRunner, TrialSpec
 
 RUNNER_NAME = "megatron"
 DEFAULT_LR = 1e-5
@@ -120,6 +121,24 @@ def allocator_conf(case: Case | None) -> tuple[str | None, str]:
     return conf, "recipe: recipes.slime_command.slime_env (what slime's recipes run with)"
 
 
+def detect_stack(backend: str = "auto") -> RunnerStack:
+    """What the megatron runner can run in this Python, found without importing torch: DeepEP for the
+    flex dispatcher; Transformer Engine for the precision-aware optimizer (TE's FusedAdam: without it
+    bf16 moments are not applied, train_loop.build_optimizer) and for CP (torch-native and local refuse
+    CP > 1, torch_native.unsupported); no MLA (not wired, ibid.); fla for the Gated DeltaNet kernels
+    (without it megatron's torch rule runs); optimizer offload through megatron's HybridDeviceOptimizer."""
+    def found(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    te = found("transformer_engine")
+    return RunnerStack(deepep=found("deep_ep"), transformer_engine=te, precision_aware_optimizer=te,
+                       context_parallel=te and backend in ("auto", "te"), mla=False, gdn_kernels=found("fla"),
+                       optimizer_offload=True, source=f"the megatron runner, backend {backend}, in {sys.executable}")
+
+
 # ================================================================================ the runner
 @dataclass
 class MegatronRunner(TrialRunner):
@@ -145,6 +164,32 @@ class MegatronRunner(TrialRunner):
     torch_compile: bool = False
     scale_batch_to_budget: bool = True
     name: str = field(default=RUNNER_NAME, init=False)
+
+    # ------------------------------------------------------------------ what it runs, what it predicts
+    @property
+    def stack(self) -> RunnerStack:
+        return detect_stack(self.backend)
+
+    def model_run(self, model):
+        """The model a trial trains: the first `layers` layers (GDN replaced when asked). With layers
+        None the runner picks the count per layout (auto_layers), so this is the whole model."""
+        return trial_model(model, self.layers, self.replace_gdn)
+
+    def predict(self, case: Case, profile=None):
+        """The runner's own prediction (predict_run: no precision-aware optimizer without TE) for its
+        model run at the case's global batch; InvalidLayout when PP x VPP does not divide its layers."""
+        run = self.model_run(case.model)
+        layout = case.layout
+        if run.num_hidden_layers % (layout.pp * layout.vpp):
+            raise InvalidLayout(f"the megatron runner's {run.num_hidden_layers} layers are not divisible by "
+                                f"PP x VPP = {layout.pp * layout.vpp}")
+        run_case = case.replace(model=run, workload=replace(case.workload, framework="megatron"))
+        if profile is None:
+            return predict_run(run_case)
+        from cost_model.predict import predict
+
+        return predict(run, case.gpu, run_case.workload, layout, profile=profile,
+                       precision_aware_optimizer=importlib.util.find_spec("transformer_engine") is not None)
 
     # ------------------------------------------------------------------ plan (CPU only)
     def plan(self, spec: TrialSpec) -> dict:

@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from experiments.runner import RunnerError, TrialResult, TrialRunner, TrialSpec
+from experiments.runner import RunnerError, RunnerStack, TrialResult, TrialRunner, TrialSpec
 from experiments.slime.summary import summarize
 from experiments.slime.watch import JobWatch, Limits, one_line
 from recipes.slime_command import (MODEL_ARGS, NVLS_EXPR, entry_words, flat, slime_env, slime_flag_lines,
@@ -104,6 +104,11 @@ class SlimeRunner(TrialRunner):
     """Runs a trial as a slime job on a Ray cluster (see the module docstring)."""
 
     name = "slime"
+
+    @property
+    def stack(self) -> RunnerStack:
+        """slime's training image: DeepEP, Transformer Engine, the precision-aware optimizer, every feature."""
+        return RunnerStack(source="slime's training image")
 
     def __init__(self, ray_address: str, slime_dir: str, entry_module: str = "train", *,
                  env: dict | None = None, hang_timeout_s: float = 900, timeout_s: float = 3600,

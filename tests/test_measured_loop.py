@@ -1,0 +1,234 @@
+"""The measured study loop ranks what its runner runs (issue 13): the space narrowed to the runner's
+stack, the runner's own prediction for its model run, no layout proposed again after a permanent
+failure, a runnable convergence reference, and a study optuna-dashboard shows well."""
+from dataclasses import replace
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import tuner.study_commands as study_commands
+from cost_model.hardware import load_gpu
+from cost_model.layout_codec import to_optuna_params
+from cost_model.model_spec import load_model
+from cost_model.stack import Stack
+from cost_model.workload import Workload
+from experiments.megatron.model_run import predict_run, trial_model
+from experiments.megatron.runner import MegatronRunner, detect_stack
+from experiments.predicted_runner import PredictedRunner
+from experiments.runner import RunnerStack, TrialResult
+from search_space.enumerate import SpaceOptions, enumerate_layouts
+from search_space.runner_space import RunnerSpaceError, narrow
+from tuner.cli import main
+from tuner.agent import AgentProposer
+from tuner.proposer import SamplerProposer
+from tuner.study import StudyConfig, StudyError, history_of, load_or_create, run_study, runner_space
+from tuner.verify import default_reference
+
+MODEL = "qwen3-30b-a3b"
+BARE = RunnerStack(deepep=False, transformer_engine=False, precision_aware_optimizer=False, context_parallel=False,
+                   mla=False, gdn_kernels=False, source="a test stack without DeepEP and TE")
+CLI = ["--model", MODEL, "--gpu", "h200", "--gpus", "2", "--backend", "megatron", "--layers", "4", "--seq-len",
+       "4096", "--global-batch", "16", "--steps", "10", "--top", "0", "--no-progress"]
+
+
+class BareMegatron(MegatronRunner):
+    """The megatron runner's planning and prediction on a stack without DeepEP and TE; `run` answers at
+    once: invalid_config for the layouts in `fail`, or for every layout when `fail` is None, else a
+    measured-looking result."""
+
+    def __init__(self, layers=4, fail=None):
+        super().__init__(layers=layers)
+        self.fail, self.ran = fail, []
+
+    @property
+    def stack(self):
+        return BARE
+
+    def run(self, spec):
+        layout = spec.case.layout
+        self.ran.append(layout.key())
+        if self.fail is None or layout.key() in self.fail:
+            return TrialResult(status="failed", kind="measured", source="stub", failure_class="invalid_config",
+                               detail="cannot build it here", runner=self.name)
+        speed = 1000.0 + 10 * len(self.ran)
+        return TrialResult(status="ok", kind="measured", source="stub", tokens_per_s_per_gpu=speed, step_time_s=1.0,
+                           peak_memory_gib=40.0, mfu=0.2, usd_per_million_tokens=1.5,
+                           losses=tuple(10.0 - 0.1 * i for i in range(10)), runner=self.name)
+
+
+@pytest.fixture(scope="module")
+def config():
+    return StudyConfig(load_model(MODEL), load_gpu("h200"), 2, Workload(seq_len=4096, global_batch=16), Stack(),
+                       SpaceOptions(), steps=10, window=(2, 9))
+
+
+@pytest.fixture(scope="module")
+def scored(config):
+    """The candidates `tune` ranks for the 4-layer megatron runner on the bare stack."""
+    runner = BareMegatron(layers=4)
+    return study_commands.score_space(config, runner, runner_space(config, runner))
+
+
+def study_for(storage, config, name="s", figures=None):
+    return load_or_create(storage, name, config, figures)
+
+
+@pytest.fixture
+def memory():
+    return optuna.storages.InMemoryStorage()
+
+
+def test_the_space_has_only_what_the_stack_can_run(config):
+    space = narrow(config.options, config.model, 2, BARE, "megatron")
+    assert space.options.dispatchers == ("alltoall",) and space.options.exp_avg_dtypes == ("fp32",)
+    assert space.options.max_cp == 1 and space.options.offload_fractions == config.options.offload_fractions
+    assert len(space.reasons) == 3 and all(BARE.source in r for r in space.reasons)
+    layouts = list(enumerate_layouts(config.model, 2, config.workload, config.stack, space.options))
+    assert layouts and not [l for l in layouts if l.dispatcher == "flex" or l.exp_avg_dtype == "bf16" or l.cp > 1]
+    full = list(enumerate_layouts(config.model, 2, config.workload, config.stack, config.options))
+    flex = next(l for l in full if l.dispatcher == "flex")
+    assert "DeepEP" in space.refusal(flex)
+    assert "precision-aware" in space.refusal(next(l for l in full if l.exp_avg_dtype == "bf16"))
+    assert space.refusal(layouts[0]) is None
+    # Everything runnable: nothing narrowed; a model the runner cannot build: one clear error.
+    assert narrow(config.options, config.model, 2, RunnerStack()).options == config.options
+    with pytest.raises(RunnerSpaceError, match="MLA"):
+        narrow(config.options, load_model("deepseek-v3"), 8, BARE, "megatron")
+
+
+def test_runners_declare_their_stacks():
+    assert PredictedRunner().stack == RunnerStack()
+    detected = detect_stack()
+    assert detected.mla is False and detected.optimizer_offload is True
+    assert detected.precision_aware_optimizer == detected.transformer_engine
+    assert detect_stack("torch-native").context_parallel is False
+    assert MegatronRunner().stack == detected
+
+
+def test_ranking_predicts_the_model_the_runner_runs(config, scored):
+    run = trial_model(config.model, 4)
+    for layout, prediction in scored[:: max(1, len(scored) // 20)]:
+        case = config.case(layout)
+        own = predict_run(case.replace(model=run, workload=replace(case.workload, framework="megatron")))
+        assert prediction.tokens_per_s_per_gpu == own.tokens_per_s_per_gpu
+        assert prediction.peak_memory_gib == own.peak_memory_gib
+    full = study_commands.score_space(config)
+    assert {l.key() for l, _ in full} != {l.key() for l, _ in scored}
+    layout, prediction = scored[0]
+    assert prediction.peak_memory_gib < PredictedRunner().predict(config.case(layout)).peak_memory_gib
+
+
+def test_a_permanently_failed_layout_is_never_proposed_again(memory, config, scored):
+    runner = BareMegatron(fail=None)  # every layout fails invalid_config, as flex did without DeepEP
+    study = study_for(memory, config)
+    agent = AgentProposer(study_commands.proposer_candidates(scored), to_optuna_params)
+    summary = run_study(study, config, runner, agent, trials=5, progress=False)
+    assert summary.failed == 5 and len(set(runner.ran)) == 5, runner.ran
+    history = history_of(study, backend=runner.name)
+    assert set(runner.ran) <= history.tried
+    assert sorted(k for k, _, _ in history.failed) == sorted(runner.ran)
+    assert {c for _, c, _ in history.failed} == {"invalid_config"} and all(p > 0 for _, _, p in history.failed)
+    # The default reference is runnable: narrowed candidates, never a layout that failed for good.
+    reference = study_commands.default_reference_of(scored, 2, history.failed)
+    assert reference.key() not in runner.ran and reference.dispatcher == "alltoall"
+    assert reference.exp_avg_dtype == "fp32" and reference.cp == 1
+    assert default_reference(study_commands.proposer_candidates(scored), 2).dispatcher == "alltoall"
+
+
+def test_a_hang_may_be_retried_a_crash_may_not(memory, config):
+    study = study_for(memory, config)
+    for n, failure in enumerate(("hang", "crash", "cuda_oom", "nccl_timeout")):
+        result = TrialResult(status="failed", kind="measured", source="t", failure_class=failure).to_dict()
+        study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={
+            "layout_key": f"k{n}", "backend": "megatron", "result": result, "prediction": {"peak_memory_gib": 9.5}}))
+    history = history_of(study, backend="megatron")
+    assert history.tried == {"k1", "k2"}
+    assert history.failed == [("k0", "hang", 9.5), ("k1", "crash", 9.5), ("k2", "cuda_oom", 9.5),
+                              ("k3", "nccl_timeout", 9.5)]
+
+
+def test_sampler_proposals_the_runner_cannot_run_are_pruned_with_the_reason(memory, config):
+    runner = BareMegatron(fail=())
+    study = study_for(memory, config)
+    run_study(study, config, runner, SamplerProposer(), trials=15, progress=False)
+    reasons = [t.user_attrs["prune_reason"] for t in study.trials if t.state == TrialState.PRUNED]
+    refused = [r for r in reasons if r.startswith("the megatron runner cannot run it")]
+    assert refused, reasons
+    assert not [k for k in runner.ran if "flex" in k or "bf16" in k]
+
+
+def test_study_is_named_for_the_dashboard_and_its_best_trial_is_measured(memory, config, scored):
+    runner = BareMegatron(fail=())
+    study = study_for(memory, config, figures=runner.figures)
+    assert study.metric_names == ["tokens_per_s_per_gpu"]
+    run_study(study, config, runner, SamplerProposer(), trials=8, progress=False)
+    run_study(study, config, runner, AgentProposer(study_commands.proposer_candidates(scored), to_optuna_params),
+              trials=3, progress=False)
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    assert len(complete) >= 3
+    for t in complete:
+        a = t.user_attrs
+        assert a["figures"] == "measured" and a["result"]["kind"] == "measured" and a["prediction"]["breakdown"]
+        assert (a["peak_memory_gib"], a["mfu"], a["usd_per_million_tokens"]) == (40.0, 0.2, 1.5)
+        assert a["predicted_tokens_per_s_per_gpu"] == a["prediction"]["tokens_per_s_per_gpu"] > 0
+    for t in study.trials:
+        if t.state == TrialState.PRUNED and "prediction" in t.user_attrs:
+            assert t.value is None and t.user_attrs["figures"] == "predicted"
+    assert study.best_trial.user_attrs["figures"] == "measured"
+    assert study.best_value == max(t.value for t in complete)
+    # Predicted trials never join a measured study (its best trial would mix the two): one error.
+    with pytest.raises(StudyError, match="holds measured figures"):
+        run_study(study, config, PredictedRunner(), SamplerProposer(), trials=1, progress=False)
+    with pytest.raises(StudyError, match="holds measured figures"):
+        study_for(memory, config, figures="predicted")
+
+
+def test_flat_attrs_carry_the_prediction_interval(memory, config, scored):
+    class IntervalRunner(BareMegatron):
+        def run(self, spec):
+            return TrialResult(status="ok", kind="measured", source="t", tokens_per_s_per_gpu=2.0, step_time_s=1.0)
+
+    runner = IntervalRunner()
+    study = study_for(memory, config)
+    run_study(study, config, runner, AgentProposer(study_commands.proposer_candidates(scored), to_optuna_params),
+              trials=1, progress=False)
+    attrs = study.trials[0].user_attrs
+    interval = attrs["prediction"]["interval"]     # tuner.intervals: the runner's prediction and the residual
+    assert (attrs["predicted_low"], attrs["predicted_high"], attrs["figures"]) == (interval["low"], interval["high"],
+                                                                                    "measured")
+    assert attrs["predicted_low"] < attrs["predicted_tokens_per_s_per_gpu"] < attrs["predicted_high"]
+    assert "peak_memory_gib" not in attrs  # a figure the run did not report is left out, not invented
+
+
+@pytest.mark.slow
+def test_tune_prints_the_narrowing_and_never_repeats_a_failed_layout(tmp_path, monkeypatch, capsys):
+    runners, real = [], study_commands.make_runner
+
+    def make(args, profile=None):
+        if args.backend == "predict":
+            return real(args, profile)
+        runners.append(BareMegatron(layers=args.layers, fail=None))
+        return runners[-1]
+
+    monkeypatch.setattr(study_commands, "make_runner", make)
+    storage = str(tmp_path / "s.db")
+    assert main(CLI + ["--trials", "5", "--verify-top", "1", "--storage", storage]) == 0
+    err = capsys.readouterr().err
+    assert "search space narrowed: no flex dispatcher: it needs DeepEP" in err
+    assert "search space narrowed: no bf16 Adam moments" in err
+    assert "note: ranked by predictions for Qwen3-30B-A3B [L4] (4 of 48 layers)" in err
+    ran = runners[0].ran
+    assert len(ran) == 5 and len(set(ran)) == 5, ran
+    assert not [k for k in ran if "flex" in k]
+    reference = next(l for l in err.splitlines() if l.startswith("convergence arm: reference"))
+    assert "alltoall" in reference and "flex" not in reference
+    # a measuring backend's default study is its own: measured and predicted figures never share one
+    study = optuna.load_study(study_name=f"{MODEL}-h200-x2-megatron", storage=f"sqlite:///{storage}")
+    assert study.user_attrs["figures"] == "measured" and study.metric_names == ["tokens_per_s_per_gpu"]
+    # The predict backend on that (measured) study is refused in one line, before anything is written.
+    assert main(["--model", MODEL, "--gpu", "h200", "--gpus", "2", "--seq-len", "4096", "--global-batch", "16",
+                 "--storage", storage, "--no-progress", "--top", "0", "--study", f"{MODEL}-h200-x2-megatron"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "holds measured figures" in lines[0] and "--study" in lines[0]
+    assert len(optuna.load_study(study_name=f"{MODEL}-h200-x2-megatron", storage=f"sqlite:///{storage}").trials) == 5

@@ -1,0 +1,311 @@
+"""The agent proposer: spends each real trial where it is expected to teach the most.
+
+It reads the cost model as a set of hypotheses (cost_model/hypotheses.py), each predicting every candidate
+layout, and the study's measurements:
+
+- belief: a measured layout's tokens/s is `level x family effect x prediction_h x noise`: log-normal noise
+  of sd `sigma` (layout to layout within a family), an unknown level per hypothesis (log-normal prior of sd
+  `level_sd`: the runner or cluster may run uniformly faster or slower than the model) and an effect per
+  layout family (sd `family_sd`: the model errs alike on one parallel shape and dispatcher). Each
+  measurement updates every hypothesis's level (conjugate normal in log space, family effects folded into
+  the noise) and weight (prior x marginal likelihood of all measurements), then the measured families'
+  effects from what the level leaves (shrunk towards 0); an unmeasured family keeps its prior spread, so
+  trying it has value of its own. Failures are information: a layout that ran out of
+  memory rules out the layouts of its family predicted to need as much or more.
+- value of a trial: P(fits) x expected improvement over the best measured tokens/s under the weighted
+  mixture; while the hypotheses still disagree on which layout is best, a layout whose outcome tells
+  them apart gains `discriminate` x its spread across hypotheses.
+- stop: when no untried layout's 95% upper bound beats the best measured by more than `stop_margin`.
+
+Everything it believes is recomputed from the study's trials, so a resumed study continues from the same
+posterior; each proposal carries what it tests, what it expects (interval) and the weights it used.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cost_model.hypotheses import Hypothesis, default_hypotheses
+from cost_model.layout import Layout
+from tuner.proposer import Candidate, History, Proposal, Proposer, family, family_label
+
+MEMORY_SD_FRACTION = 0.02   # predicted device peak vs measured: the boundary benchmark's median error, 1.7-3%
+SQRT2 = math.sqrt(2.0)
+
+
+def _phi(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _Phi(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / SQRT2))
+
+
+def lognormal_ei(mu: float, var: float, best: float) -> float:
+    """E[max(Y - best, 0)] for log Y ~ N(mu, var)."""
+    if best <= 0:
+        return math.exp(mu + var / 2)
+    s = math.sqrt(max(var, 1e-12))
+    d1 = (mu + var - math.log(best)) / s
+    return math.exp(mu + var / 2) * _Phi(d1) - best * _Phi(d1 - s)
+
+
+def coarse_group(layout: Layout) -> tuple:
+    """Layouts the hypotheses cannot rank differently enough to matter: one family, micro-batch, recompute
+    granularity and offload on/off. The agent evaluates every hypothesis on the best of each."""
+    return family(layout) + (layout.max_tokens_per_gpu, layout.recompute_granularity,
+                             layout.optimizer_offload_fraction > 0, layout.exp_avg_dtype)
+
+
+@dataclass
+class Table:
+    """The candidates and each hypothesis's predicted tokens/s/GPU for them."""
+
+    hypotheses: tuple[Hypothesis, ...]
+    candidates: list[Candidate]
+    values: list[list[float]]                      # values[h][i]
+    index: dict = field(default_factory=dict)      # layout key -> i
+
+    @classmethod
+    def build(cls, candidates: list[Candidate], hypotheses: tuple[Hypothesis, ...],
+              predict_h: Callable[[Hypothesis, Layout], float]) -> "Table":
+        """The best candidate (shipped prediction) of each coarse group, predicted under every hypothesis."""
+        best: dict[tuple, Candidate] = {}
+        for c in candidates:
+            g = coarse_group(c.layout)
+            if g not in best or c.prediction.tokens_per_s_per_gpu > best[g].prediction.tokens_per_s_per_gpu:
+                best[g] = c
+        t = cls(hypotheses, [], [[] for _ in hypotheses])
+        t._predict_h = predict_h
+        for c in sorted(best.values(), key=lambda c: -c.prediction.tokens_per_s_per_gpu):
+            t._append(c)
+        return t
+
+    def _append(self, c: Candidate) -> int:
+        i = len(self.candidates)
+        self.candidates.append(c)
+        self.index[c.layout.key()] = i
+        same = {}
+        for k, h in enumerate(self.hypotheses):
+            # hypotheses that differ only in the flex factor agree on layouts that do not use flex
+            key = (h.form, h.flex_overhead_factor if c.layout.dispatcher == "flex" else None)
+            if key not in same:
+                same[key] = self._predict_h(h, c.layout)
+            self.values[k].append(same[key])
+        return i
+
+    def ensure(self, c: Candidate) -> int:
+        """The index of `c`, predicting it under every hypothesis first if it is new (a measured layout)."""
+        i = self.index.get(c.layout.key())
+        return i if i is not None else self._append(c)
+
+
+@dataclass(frozen=True)
+class Belief:
+    weights: tuple[float, ...]        # per hypothesis, sums to 1
+    level_mean: tuple[float, ...]     # posterior mean of log level per hypothesis
+    level_var: tuple[float, ...]
+    sigma: float
+    measured: int
+    family_sd: float = 0.0
+    families: dict = field(default_factory=dict)   # family -> per hypothesis (mean, var) of its log effect
+
+
+def belief(table: Table, measured: list[tuple[int, float]], sigma: float, level_sd: float,
+           family_sd: float = 0.0) -> Belief:
+    """The posterior over hypotheses, levels and family effects from measured (candidate index, tokens/s)."""
+    n = len(measured)
+    s2, t2 = sigma ** 2 + family_sd ** 2, level_sd ** 2
+    logw, means, vars_ = [], [], []
+    for k, h in enumerate(table.hypotheses):
+        r = [math.log(y) - math.log(max(table.values[k][i], 1e-9)) for i, y in measured]
+        prec = n / s2 + 1 / t2
+        mean = (sum(r) / s2) / prec
+        means.append(mean)
+        vars_.append(1 / prec)
+        # marginal likelihood of r ~ N(0, s2 I + t2 11^T), in closed form
+        quad = sum(x * x for x in r) / s2 - (sum(r) / s2) ** 2 / prec
+        logdet = n * math.log(s2) + math.log(1 + n * t2 / s2)
+        logw.append(math.log(max(h.prior, 1e-300)) - 0.5 * (quad + logdet))
+    top = max(logw)
+    w = [math.exp(x - top) for x in logw]
+    total = sum(w)
+    families: dict = {}
+    if family_sd > 0:
+        by_family: dict = {}
+        for i, y in measured:
+            by_family.setdefault(family(table.candidates[i].layout), []).append((i, y))
+        for fam, pts in by_family.items():
+            per_h = []
+            for k in range(len(table.hypotheses)):
+                e = [math.log(y) - math.log(max(table.values[k][i], 1e-9)) - means[k] for i, y in pts]
+                prec = len(e) / sigma ** 2 + 1 / family_sd ** 2
+                per_h.append(((sum(e) / sigma ** 2) / prec, 1 / prec))
+            families[fam] = per_h
+    return Belief(tuple(x / total for x in w), tuple(means), tuple(vars_), sigma, n, family_sd, families)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What the agent expects of one candidate."""
+
+    index: int
+    mean: float
+    low: float
+    high: float
+    p_fit: float
+    ei: float
+    spread: float          # weighted sd of the hypotheses' log means
+    value: float
+
+
+def outlook(table: Table, b: Belief, i: int, best: float, p_fit: float, discriminate: float) -> Outlook:
+    fam = b.families.get(family(table.candidates[i].layout))
+    effect = fam or [(0.0, b.family_sd ** 2)] * len(b.weights)
+    mus = [math.log(max(table.values[k][i], 1e-9)) + b.level_mean[k] + effect[k][0] for k in range(len(b.weights))]
+    var = [b.sigma ** 2 + b.level_var[k] + effect[k][1] for k in range(len(b.weights))]
+    mean = sum(w * math.exp(m + v / 2) for w, m, v in zip(b.weights, mus, var))
+    ei = sum(w * lognormal_ei(m, v, best) for w, m, v in zip(b.weights, mus, var))
+    centre = sum(w * m for w, m in zip(b.weights, mus))
+    spread = math.sqrt(max(0.0, sum(w * (m - centre) ** 2 for w, m in zip(b.weights, mus))))
+    # a 90% band of the mixture: the weighted 5% and 95% points of its components
+    lows = sorted((m - 1.645 * math.sqrt(v), w) for w, m, v in zip(b.weights, mus, var))
+    highs = sorted((m + 1.645 * math.sqrt(v), w) for w, m, v in zip(b.weights, mus, var))
+    low, high = _quantile(lows, 0.05), _quantile(highs, 0.95)
+    value = p_fit * (ei + discriminate * mean * spread)
+    return Outlook(i, mean, math.exp(low), math.exp(high), p_fit, ei, spread, value)
+
+
+def _quantile(pairs: list[tuple[float, float]], q: float) -> float:
+    acc = 0.0
+    for x, w in pairs:
+        acc += w
+        if acc >= q - 1e-12:
+            return x
+    return pairs[-1][0]
+
+
+class AgentProposer(Proposer):
+    """Expected improvement under the hypotheses' weighted mixture, with trials that tell them apart."""
+
+    name = "agent"
+
+    def __init__(self, candidates: list[Candidate], layout_params, hypotheses: tuple[Hypothesis, ...] = (),
+                 predict_h: Callable[[Hypothesis, Layout], float] | None = None, sigma: float = 0.1,
+                 level_sd: float = 0.5, family_sd: float = 0.15, discriminate: float = 0.5, stop_margin: float = 0.03):
+        """`hypotheses`/`predict_h` default to one hypothesis: the candidates' own predictions."""
+        self.layout_params = layout_params
+        self.by_key = {c.layout.key(): c for c in candidates}
+        if predict_h is None:
+            hypotheses = tuple(h for h in default_hypotheses() if h.shipped)
+            predict_h = lambda h, layout: self.by_key[layout.key()].prediction.tokens_per_s_per_gpu  # noqa: E731
+        self.table = Table.build(candidates, hypotheses, predict_h)
+        self.sigma, self.level_sd, self.family_sd = sigma, level_sd, family_sd
+        self.discriminate, self.stop_margin = discriminate, stop_margin
+        self.total_candidates = len(candidates)
+        self.stop_reason: str | None = None
+        self.last: Belief | None = None
+
+    # -- what the study knows
+    def _measured(self, history: History) -> list[tuple[int, float]]:
+        out = []
+        for layout, value in getattr(history, "measured_layouts", []):
+            c = self.by_key.get(layout.key())
+            if c is None:
+                continue        # measured by another space (the study's options changed): not comparable
+            out.append((self.table.ensure(c), value))
+        return out
+
+    def _oom_limits(self, history: History) -> dict[tuple, float]:
+        """Per family, the smallest predicted peak that ran out of memory: nothing at or above it fits."""
+        limits: dict[tuple, float] = {}
+        for key, failure, peak in getattr(history, "failed", []):
+            c = self.by_key.get(key)
+            if failure == "cuda_oom" and c is not None:
+                fam = family(c.layout)
+                peak = peak if peak is not None else c.prediction.peak_memory_gib
+                limits[fam] = min(limits.get(fam, math.inf), peak)
+        return limits
+
+    def _p_fit(self, c: Candidate, limits: dict) -> float:
+        if c.prediction.peak_memory_gib >= limits.get(family(c.layout), math.inf):
+            return 0.0
+        usable = c.prediction.gpu_memory_gib
+        return _Phi((usable - c.prediction.peak_memory_gib) / (MEMORY_SD_FRACTION * usable))
+
+    def belief(self, history: History) -> Belief:
+        return belief(self.table, self._measured(history), self.sigma, self.level_sd, self.family_sd)
+
+    def outlooks(self, history: History) -> tuple[Belief, list[Outlook], float]:
+        b = self.belief(history)
+        measured = [v for _, v in getattr(history, "measured_layouts", [])]
+        best = max(measured) if measured else 0.0
+        limits = self._oom_limits(history)
+        # the discrimination bonus only while the weighted hypotheses disagree on the best layout
+        leaders = {max(range(len(self.table.candidates)), key=lambda i: self.table.values[k][i])
+                   for k, w in enumerate(b.weights) if w >= 0.05}
+        disc = self.discriminate if len(leaders) > 1 else 0.0
+        out = []
+        for i, c in enumerate(self.table.candidates):
+            if c.layout.key() in history.tried:
+                continue
+            out.append(outlook(self.table, b, i, best, self._p_fit(c, limits), disc))
+        return b, out, best
+
+    def propose(self, history: History) -> Proposal | None:
+        b, outs, best = self.outlooks(history)
+        self.last = b
+        if not outs:
+            self.stop_reason = "every distinct fitting layout has been tried"
+            return None
+        if best > 0:
+            live = [o for o in outs if o.p_fit >= 0.5]
+            top = max((o.high for o in live), default=0.0)
+            if top < best * (1 + self.stop_margin):
+                self.stop_reason = (f"stopped: no untried layout's 95% upper bound ({top:,.0f}) beats the best measured "
+                                    f"({best:,.0f} tokens/s/GPU) by more than {self.stop_margin:.0%}")
+                return None
+        choice = max(outs, key=lambda o: o.value)
+        c = self.table.candidates[choice.index]
+        return Proposal(params=self.layout_params(c.layout), rationale=self._explain(c, choice, b, best),
+                        attrs=self._attrs(choice, b))
+
+    def weights(self, b: Belief) -> dict[str, float]:
+        return {h.name: round(w, 4) for h, w in zip(self.table.hypotheses, b.weights)}
+
+    def _attrs(self, o: Outlook, b: Belief) -> dict:
+        return {"expected": {"mean": o.mean, "low": o.low, "high": o.high, "p_fit": o.p_fit},
+                "hypothesis_weights": self.weights(b)}
+
+    def _explain(self, c: Candidate, o: Outlook, b: Belief, best: float) -> str:
+        disc_part = self.discriminate * o.mean * o.spread
+        if b.measured == 0:
+            why = "nothing measured yet: the highest expected tokens/s over the hypotheses among untried layouts"
+        elif disc_part > o.ei:
+            why = (f"tells hypotheses apart: their predictions for it spread {o.spread:.0%} (log sd) and they "
+                   f"disagree on the best layout")
+        else:
+            why = f"highest expected improvement ({o.ei:,.0f} tokens/s/GPU over the best measured {best:,.0f})"
+        heavy = sorted(zip(b.weights, self.table.hypotheses), key=lambda x: -x[0])[:3]
+        weights = ", ".join(f"{h.name} {w:.0%}" for w, h in heavy)
+        p = c.prediction
+        terms = sorted(p.breakdown.items(), key=lambda kv: -kv[1])[:2]
+        top = ", ".join(f"{k} {v / p.step_time_s:.0%}" for k, v in terms)
+        fam = "" if b.measured == 0 else (" (its family measured)" if family(c.layout) in b.families
+                                          else " (an unmeasured family)")
+        return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu}{fam}: expects {o.mean:,.0f} "
+                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU, P(fits) {o.p_fit:.0%} (predicted peak "
+                f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); weights {weights}; largest terms {top}")
+
+    def after_trial(self, history: History) -> dict:
+        """What the last trial taught: the weights and levels after it, against those before."""
+        before = self.last
+        after = self.belief(history)
+        if before is None or after.measured == before.measured:
+            return {"hypothesis_weights_after": self.weights(after)}
+        moved = sorted(zip(self.table.hypotheses, before.weights, after.weights), key=lambda x: -abs(x[2] - x[1]))[:2]
+        level = math.exp(sum(w * m for w, m in zip(after.weights, after.level_mean)))
+        text = (f"level now x{level:.2f} of the predictions; "
+                + "; ".join(f"{h.name} {a:.0%} -> {z:.0%}" for h, a, z in moved))
+        return {"learnt": text, "hypothesis_weights_after": self.weights(after)}

@@ -1,0 +1,47 @@
+"""The interval a study records beside each prediction, and what the agent proposer predicts with.
+
+For a runner that predicts with the cost model's own framework (the predict backend, slime) the interval
+is the hypotheses' spread widened by the residual (cost_model.hypotheses). The megatron runner's model
+run is predicted in the Megatron framework, where only the flex factor varies; its interval is the residual
+around the runner's own prediction, and its level against measurements is what the agent learns.
+"""
+from __future__ import annotations
+
+import math
+
+from cost_model.constants import default_constants
+from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, predict_interval, predict_under
+from cost_model.layout import Layout
+from cost_model.predict import Prediction
+
+
+def uses_hypotheses(runner) -> bool:
+    """Whether the runner's predictions are the cost model's in its own framework (not a model run)."""
+    return runner.name != "megatron"
+
+
+def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dict:
+    """The predicted interval of tokens/s/GPU for a trial's layout, as the study stores it."""
+    if uses_hypotheses(runner):
+        iv = predict_interval(default_hypotheses(), config.model, config.gpu, config.workload, layout,
+                              profile=config.profile)
+        return {**iv.to_dict(), "kind": "predicted", "basis": "hypotheses (cost_model/hypotheses.py) and residual"}
+    sd = default_constants().prediction_error_sd
+    v = prediction.tokens_per_s_per_gpu
+    return {"low": v * math.exp(-Z90 * sd), "median": v, "high": v * math.exp(Z90 * sd), "spread_low": v,
+            "spread_high": v, "error_sd": sd, "hypotheses": 1, "kind": "predicted",
+            "basis": "the runner's own prediction and the model's residual (Megatron framework: one form)"}
+
+
+def hypothesis_predictor(config, runner):
+    """(hypotheses, predict_h) for the agent: tokens/s/GPU of a layout under a hypothesis."""
+    if uses_hypotheses(runner):
+        def predict_h(h: Hypothesis, layout: Layout) -> float:
+            return predict_under(h, config.model, config.gpu, config.workload, layout,
+                                 profile=config.profile).tokens_per_s_per_gpu
+        return default_hypotheses(), predict_h
+    shipped = tuple(h for h in default_hypotheses() if h.shipped)
+
+    def runner_h(h: Hypothesis, layout: Layout) -> float:
+        return runner.predict(config.case(layout), config.profile).tokens_per_s_per_gpu
+    return shipped, runner_h

@@ -1,0 +1,217 @@
+"""`tune report`: one study as a self-contained HTML page (DIR/index.html and its PNG figures in DIR).
+
+No JavaScript and no network: the page references its figures by relative path, so the folder can be
+copied or attached as it is. Every figure on it says whether it is predicted (the cost model) or measured
+(a real run). The trial figures come from tuner.report (trial records, ranked rows, the counts line).
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cost_model.layout_codec import layout_from_stored
+from tuner.options import CliError, writing_user_file
+from tuner.report import counts_line, ranked_rows, trial_record
+
+TOP_BREAKDOWN = 5
+FIGURES = {"best": "best.png", "interval": "interval.png", "pareto_memory": "pareto-memory.png",
+           "pareto_cost": "pareto-cost.png", "breakdown": "breakdown.png", "weights": "weights.png"}
+SECTIONS = ("1. Best tokens/s/GPU over trials", "2. Predicted interval vs measured, per trial",
+            "3. Pareto fronts", "4. Where the time goes: the top layouts",
+            "5. Hypothesis weights over trials", "6. The agent's reasons")
+STYLE = """body{font-family:sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ccc}
+img{max-width:100%;display:block;margin:.5em 0}.pair{display:flex;gap:12px}.pair>div{flex:1 1 0;min-width:0}
+.pair img{width:100%}
+p.caption,p.note{color:#444;font-size:.92em}table{border-collapse:collapse;font-size:.85em;width:100%}
+th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top;text-align:left}td.num{text-align:right;
+white-space:nowrap}th{background:#f0f0f0}
+col.layout{width:24%}col.rationale{width:50%}.predicted{color:#1f5f9f}.measured{color:#b35900;font-weight:bold}
+.reason{color:#a00}"""
+
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """What the report shows of one trial; `kind` says whether its figures are predicted or measured."""
+    number: int
+    state: str
+    kind: str | None                       # of value / peak / $: the result's when it ran, else the prediction's
+    label: str
+    short_label: str
+    value: float | None                    # tokens/s/GPU
+    peak_memory_gib: float | None
+    usd_per_million_tokens: float | None
+    predicted: float | None                # the prediction's tokens/s/GPU (central)
+    interval: tuple | None                 # (low, high, quantiles) of the predicted tokens/s/GPU
+    measured: float | None                 # a measured run's tokens/s/GPU
+    measured_step_s: float | None
+    ran: bool                              # the trial has a result (ok or failed)
+    breakdown: dict = field(default_factory=dict)   # predicted seconds per term of the step
+    weights: dict | None = None            # the proposer's hypothesis weights when it proposed this trial
+    rationale: str = ""
+    learnt: str = ""
+    reason: str = ""
+    proposer: str = ""
+
+
+def trial_facts(t) -> TrialFacts:
+    record = trial_record(t)
+    attrs = t.user_attrs
+    prediction = attrs.get("prediction") or {}
+    result = attrs.get("result") or {}
+    interval = prediction.get("interval")
+    measured = result.get("kind") == "measured" and result.get("status", "ok") == "ok"
+    return TrialFacts(
+        number=t.number, state=record["state"], kind=record["kind"], label=record["label"] or "",
+        short_label=_short_label(attrs.get("layout")), value=record["tokens_per_s_per_gpu"],
+        peak_memory_gib=record["peak_memory_gib"], usd_per_million_tokens=record["usd_per_million_tokens"],
+        predicted=prediction.get("tokens_per_s_per_gpu"),
+        interval=(interval["low"], interval["high"], tuple(interval.get("quantiles") or ()))
+        if isinstance(interval, dict) and "low" in interval and "high" in interval else None,
+        measured=result.get("tokens_per_s_per_gpu") if measured else None,
+        measured_step_s=result.get("step_time_s") if measured else None, ran=bool(result),
+        breakdown=dict(prediction.get("breakdown") or {}), weights=attrs.get("hypothesis_weights") or None,
+        rationale=record["rationale"] or "", learnt=str(attrs.get("learnt") or ""), reason=record["reason"] or "",
+        proposer=str(attrs.get("proposer") or ""))
+
+
+def _short_label(stored) -> str:
+    if not stored:
+        return ""
+    layout = layout_from_stored(stored)
+    return f"{layout.label}\nmt {layout.max_tokens_per_gpu} | rc {layout.recompute_label} | {layout.dispatcher}"
+
+
+# ---------------------------------------------------------------- the command
+
+def cmd_report(args) -> int:
+    from tuner.study_commands import open_existing
+
+    study = open_existing(args)
+    out = Path(args.out)
+    with writing_user_file():
+        out.mkdir(parents=True, exist_ok=True)
+        page = write_report(study, out)
+    print(page)
+    return 0
+
+
+def write_report(study, out: Path) -> Path:
+    """Write OUT/index.html and its figures; the page's path."""
+    try:
+        from tuner import report_figures as figs
+    except ImportError as e:
+        raise CliError(f"tune report needs matplotlib ({e}); pip install 'matplotlib>=3.8'") from None
+    for name in FIGURES.values():  # figures of an earlier report that this one may not draw
+        (out / name).unlink(missing_ok=True)
+    facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
+    by_number = {f.number: f for f in facts}
+    top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
+    capacity = next((t.user_attrs["prediction"].get("gpu_memory_gib") for t in study.get_trials(deepcopy=False)
+                     if t.user_attrs.get("prediction")), None)
+    captions = {
+        "best": figs.best_over_trials(facts, out / FIGURES["best"]),
+        "interval": figs.interval_vs_measured(facts, out / FIGURES["interval"]),
+        "pareto_memory": figs.pareto(facts, out / FIGURES["pareto_memory"], "peak_memory_gib", "peak memory (GiB)",
+                                     "tokens/s/GPU vs peak memory", capacity),
+        "pareto_cost": figs.pareto(facts, out / FIGURES["pareto_cost"], "usd_per_million_tokens",
+                                   "$ per 1M tokens", "tokens/s/GPU vs $ per 1M tokens"),
+        "breakdown": figs.breakdown(top, out / FIGURES["breakdown"]),
+        "weights": figs.hypothesis_weights(facts, out / FIGURES["weights"]),
+    }
+    page = out / "index.html"
+    page.write_text(render_page(study, facts, captions))
+    return page
+
+
+# ---------------------------------------------------------------- the page
+
+def render_page(study, facts: list[TrialFacts], captions: dict) -> str:
+    e = html.escape
+    proposers = sorted({f.proposer for f in facts if f.proposer})
+    proposer_text = f"proposer {', '.join(proposers)}" if proposers else "proposer not recorded"
+    no_trial = "no completed trial yet"
+    body = [
+        f"<h1>attune report: study {e(study.study_name)}</h1>", _summary(study, facts),
+        _section(0, [_figure("best", captions, no_trial)],
+                 "Solid: the best so far of the kind that decides (measured when any trial was measured). "
+                 "Predicted-only studies show the best predicted."),
+        _section(1, [_figure("interval", captions, "no trial has run yet")],
+                 "Each trial that ran: its predicted tokens/s/GPU (central), the predicted interval as a bar when "
+                 "the prediction records one, and the measured figure as a separate marker."
+                 + ("" if any(f.interval for f in facts) else " No trial records a predicted interval: points alone.")
+                 + ("" if any(f.measured is not None for f in facts) else " No trial was measured.")),
+        _section(2, ['<div class="pair">' + _figure("pareto_memory", captions, no_trial)
+                     + _figure("pareto_cost", captions, no_trial) + "</div>"],
+                 "Completed trials; the Pareto-optimal ones (no other layout of the same kind is both faster and "
+                 "cheaper in memory or dollars) are outlined and joined."),
+        _section(3, [_figure("breakdown", captions, no_trial)],
+                 f"The {TOP_BREAKDOWN} best completed trials: the cost model's predicted seconds per term of one "
+                 "step (they sum to the predicted step time); a black tick is a measured step time."),
+        _section(4, [_figure("weights", captions, f"no hypothesis weights recorded ({proposer_text})")]),
+        _section(5, [_reasons_table(facts)]),
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>attune report: {e(study.study_name)}</title><style>{STYLE}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def _summary(study, facts: list[TrialFacts]) -> str:
+    e = html.escape
+    config = study.user_attrs.get("config") or {}
+    lines = []
+    if config:
+        w = config.get("workload") or {}
+        lines.append(f"{e(str(config.get('model')))} on {config.get('gpus')} x {e(str(config.get('gpu')))}; "
+                     f"sequence {w.get('seq_len')}, global batch {w.get('global_batch')}, "
+                     f"{e(str(w.get('precision')))}, framework {e(str(w.get('framework')))}")
+    lines.append(e(counts_line(study)))
+    rows = ranked_rows(study)
+    if rows:
+        best = rows[0]
+        lines.append(f"best: trial {best.number}, {_kind_value(best.tokens_per_s_per_gpu, best.kind)} "
+                     f"({e(best.layout.long_label)})")
+    measured = [r for r in rows if r.kind == "measured"]
+    if measured and measured[0] is not rows[0]:
+        lines.append(f"best measured: trial {measured[0].number}, "
+                     f"{_kind_value(measured[0].tokens_per_s_per_gpu, 'measured')}")
+    sources = sorted({r.source for r in rows if r.source})
+    lines += [f"figures from: {e(s)}" for s in sources]
+    return "<p>" + "<br>\n".join(lines) + "</p>"
+
+
+def _section(index: int, parts: list[str], caption: str = "") -> str:
+    note = f'<p class="note">{html.escape(caption)}</p>' if caption else ""
+    return f"<h2>{html.escape(SECTIONS[index], quote=False)}</h2>\n" + "\n".join(parts) + "\n" + note
+
+
+def _figure(key: str, captions: dict, missing: str) -> str:
+    caption = captions.get(key)
+    if caption is None:
+        return f'<p class="note">{html.escape(missing)}</p>'
+    return (f'<div><img src="{FIGURES[key]}" alt="{html.escape(key)}">'
+            f'<p class="caption">{html.escape(caption)}</p></div>')
+
+
+def _kind_value(value: float | None, kind: str | None) -> str:
+    if value is None:
+        return "-"
+    return f'<span class="{kind}">{value:,.0f} tokens/s/GPU ({kind})</span>'
+
+
+def _reasons_table(facts: list[TrialFacts]) -> str:
+    e = html.escape
+    head = ("trial", "state", "layout", "figures", "tokens/s/GPU", "rationale")
+    rows = []
+    for f in facts:
+        why = e(f.rationale)
+        if f.learnt:
+            why += f"<br><b>learnt:</b> {e(f.learnt)}"
+        if f.reason:
+            why += f'<br><span class="reason">{e(f.state)}: {e(f.reason)}</span>'
+        rows.append(f"<tr><td class=\"num\">{f.number}</td><td>{e(f.state)}</td><td>{e(f.label)}</td>"
+                    f"<td class=\"{e(f.kind or '')}\">{e(f.kind or '-')}</td>"
+                    f"<td class=\"num\">{_kind_value(f.value, f.kind)}</td><td>{why}</td></tr>")
+    cols = '<colgroup><col><col><col class="layout"><col><col><col class="rationale"></colgroup>'
+    return ("<table>" + cols + "<tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>\n" + "\n".join(rows) + "</table>")
