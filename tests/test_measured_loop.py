@@ -224,11 +224,38 @@ def test_tune_prints_the_narrowing_and_never_repeats_a_failed_layout(tmp_path, m
     reference = next(l for l in err.splitlines() if l.startswith("convergence arm: reference"))
     assert "alltoall" in reference and "flex" not in reference
     # a measuring backend's default study is its own: measured and predicted figures never share one
-    study = optuna.load_study(study_name=f"{MODEL}-h200-x2-megatron", storage=f"sqlite:///{storage}")
+    study = optuna.load_study(study_name=f"{MODEL}-h200-x2-megatron-L4", storage=f"sqlite:///{storage}")
     assert study.user_attrs["figures"] == "measured" and study.metric_names == ["tokens_per_s_per_gpu"]
     # The predict backend on that (measured) study is refused in one line, before anything is written.
     assert main(["--model", MODEL, "--gpu", "h200", "--gpus", "2", "--seq-len", "4096", "--global-batch", "16",
-                 "--storage", storage, "--no-progress", "--top", "0", "--study", f"{MODEL}-h200-x2-megatron"]) == 2
+                 "--storage", storage, "--no-progress", "--top", "0", "--study", f"{MODEL}-h200-x2-megatron-L4"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "holds measured figures" in lines[0] and "--study" in lines[0]
-    assert len(optuna.load_study(study_name=f"{MODEL}-h200-x2-megatron", storage=f"sqlite:///{storage}").trials) == 5
+    assert len(optuna.load_study(study_name=f"{MODEL}-h200-x2-megatron-L4", storage=f"sqlite:///{storage}").trials) == 5
+
+
+class HourRunner(BareMegatron):
+    """Every layout runs, each trial costing 0.5 GPU-hours."""
+
+    def run(self, spec):
+        self.ran.append(spec.case.layout.key())
+        return TrialResult(status="ok", kind="measured", source="stub", tokens_per_s_per_gpu=900.0 + len(self.ran),
+                           step_time_s=1.0, gpu_hours=0.5, runner=self.name)
+
+
+def test_the_agent_writes_what_it_expects_and_learnt_and_the_loop_keeps_the_gpu_hour_budget(memory, config,
+                                                                                         scored, capsys):
+    runner = HourRunner()
+    study = study_for(memory, config, figures="measured")
+    agent = study_commands.make_proposer("agent", scored, config, runner)
+    summary = run_study(study, config, runner, agent, trials=5, progress=False, gpu_hours=1.0)
+    assert len(runner.ran) == 2 and summary.exhausted and "--gpu-hours" in summary.reason
+    first, second = study.trials
+    for t in (first, second):
+        assert t.user_attrs["expected"]["low"] < t.user_attrs["expected"]["high"]
+        assert abs(sum(t.user_attrs["hypothesis_weights"].values()) - 1) < 0.01
+        assert "level now" in t.user_attrs["learnt"]
+    assert study.user_attrs["hypothesis_weights"]
+    err = capsys.readouterr().err
+    # one line of reasoning per trial, and one with its outcome and what it taught
+    assert err.count("trial 0: ") == 1 and err.count("trial 1: ") == 1 and err.count("; learnt: level now") == 2

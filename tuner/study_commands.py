@@ -34,8 +34,10 @@ def cmd_run(args) -> int:
     candidates = score_space(config, runner, space)
     reference = parse_reference(args.reference, config, space) if args.reference else None
     # measured and predicted figures never share a study: a measuring backend gets a study of its own
-    name = args.study or default_study_name(model, gpu, gpus) + ("" if runner.figures == "predicted"
-                                                                 else f"-{args.backend}")
+    # (and one per --layers: a truncated model run is another model)
+    layers = getattr(args, "layers", None)
+    name = args.study or default_study_name(model, gpu, gpus) + (
+        "" if runner.figures == "predicted" else f"-{args.backend}" + (f"-L{layers}" if layers else ""))
     url = storage_url(args.storage)
     storage = open_storage(url, create_dirs=args.storage is None)
     study = load_or_create(storage, name, config, runner.figures)
