@@ -10,6 +10,10 @@ then batching; offload flags between `--use-distributed-optimizer` and
 
 The model's architecture flags are `${MODEL_ARGS[@]}`, as in the reference. The first line of the
 command is a comment naming the slime script that defines them (`slime_model_script`).
+
+The recipe keeps the leaderboard's format byte for byte; a job submitted to slime translates its shorthand
+(`job_entry_words`: `--async` is the train_async.py entry, not a flag; `job_flags`: DEPRECATED_FLAGS replaced;
+SHELL_ENV_INPUTS: what a shell env value needs computed on the cluster first). experiments.slime.runner does it.
 """
 from __future__ import annotations
 
@@ -118,6 +122,43 @@ def entry_words(python: str, entry_module: str) -> tuple[str, ...]:
     if entry_module.endswith(".py"):
         return (python, entry_module, "--async")
     return (python, "-m", entry_module, "--async")
+
+
+# --- the recipe's format as a job slime accepts ------------------------------------------------------------
+# The format's `--async` is no slime flag (slime ignores unknown flags): it names slime's asynchronous entry,
+# which slime's run scripts launch as `python3 train_async.py` from the checkout.
+ASYNC_ENTRY = "train_async.py"
+
+# Flags current Megatron-LM deprecates, as the job passes them instead (the recipe keeps the leaderboard's):
+# TransformerConfig warns "moe_enable_deepep is deprecated. Please use --moe-flex-dispatcher-backend=deepep
+# instead." (megatron/core/transformer/transformer_config.py, NVIDIA/Megatron-LM main and 1dcf0da, the commit
+# slime's image pins), and sets moe_flex_dispatcher_backend = "deepep" from it.
+DEPRECATED_FLAGS = {"--moe-enable-deepep": ("--moe-flex-dispatcher-backend", "deepep")}
+
+# Environment values the format writes as shell, and the lines that compute their inputs on the cluster first,
+# as slime's run scripts do (e.g. scripts/run-qwen3.5-35B-A3B-sft.sh): NVLINK_COUNT from `nvidia-smi topo -m`.
+SHELL_ENV_INPUTS = {NVLS_EXPR: "NVLINK_COUNT=$(nvidia-smi topo -m 2>/dev/null | grep -o 'NV[0-9][0-9]*' | wc -l)"}
+
+
+def job_entry_words(python: str, entry: str | None = None) -> tuple[str, ...]:
+    """The job's first words for the format's `PYTHON -m <entry> --async`: `PYTHON train_async.py` (the
+    entry `--async` names) by default; `PYTHON ENTRY` for a script path (.py), `PYTHON -m ENTRY` for a module.
+    `--async` itself is dropped: slime has no such flag."""
+    entry = entry or ASYNC_ENTRY
+    return (python, entry) if entry.endswith(".py") else (python, "-m", entry)
+
+
+def job_flags(words: list[str]) -> tuple[list[str], list[str]]:
+    """The flags with each deprecated one replaced (DEPRECATED_FLAGS), and a note per replacement."""
+    out, notes = [], []
+    for word in words:
+        if word in DEPRECATED_FLAGS:
+            replacement = DEPRECATED_FLAGS[word]
+            out += replacement
+            notes.append(f"{word} (deprecated in Megatron-LM) passed as {' '.join(replacement)}")
+        else:
+            out.append(word)
+    return out, notes
 
 
 def slime_flag_lines(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, *, num_rollout: int,

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from types import SimpleNamespace
 
@@ -29,11 +30,12 @@ from cost_model.case import Case
 from cost_model.workload import Workload
 from experiments.runner import FAILURE_CLASSES, TrialSpec
 from experiments.slime.log import SlimeLog
-from experiments.slime.runner import HOOK_PATH, MODEL_ARGS_MARK, STARTUP_GRACE_S, RunnerError, SlimeRunner
+from experiments.slime.runner import (ASYNC_ENTRY, HOOK_PATH, MODEL_ARGS_MARK, STARTUP_GRACE_S, RunnerError,
+                                      SlimeRunner)
 from experiments.slime.sft_rows import build_rows, write_rows
 from experiments.slime.summary import summarize
 from experiments.slime.watch import JobWatch, Limits
-from recipes.slime_command import slime_run
+from recipes.slime_command import NVLS_EXPR, slime_run
 from cost_model.layout import Layout
 from toy_tokenizer import ToyTokenizer
 
@@ -65,18 +67,15 @@ def _runner(tmp_path, **kw):
 def _reference_words(run_text: str, runner: SlimeRunner) -> list[str]:
     """The recipe's command words, with the $VARS replaced by the runner's paths (test-side only)."""
     body = run_text.split("\n\n", 1)[1].replace("\\\n", " ")
-    words = shlex.split(body)
     subst = {"$HF_CKPT": runner.paths["HF_CKPT"], "$TORCH_DIST": runner.paths["TORCH_DIST"],
-             "$SFT_DATA": runner.paths["SFT_DATA"], "$PROFILE_DIR": runner.paths["PROFILE_DIR"],
-             "python3": runner.python, "<slime": None, "entry": None, "module>": None}
-    out = []
-    for w in words:
-        if w in subst:
-            if subst[w] is not None:
-                out.append(subst[w])
-        else:
-            out.append(w)
-    return out
+             "$SFT_DATA": runner.paths["SFT_DATA"], "$PROFILE_DIR": runner.paths["PROFILE_DIR"]}
+    return [subst.get(w, w) for w in shlex.split(body)]
+
+
+# What the job does with the format's shorthand, written out here independently of the runner.
+FORMAT_HEAD = ["python3", "-m", "<slime", "entry", "module>", "--async"]
+REPLACED = {"--moe-enable-deepep": ["--moe-flex-dispatcher-backend", "deepep"]}
+TRAIN_ENV = ["--train-env-vars", '{"NCCL_NVLS_ENABLE": "$NCCL_NVLS_ENABLE"}']
 
 
 @pytest.mark.parametrize("layout", [
@@ -85,18 +84,27 @@ def _reference_words(run_text: str, runner: SlimeRunner) -> list[str]:
            recompute_granularity="selective", recompute_modules=("moe_act", "layernorm"),
            optimizer_offload_fraction=1.0, overlap_d2h_h2d=True, dispatcher="flex"),
 ])
-def test_command_is_the_recipes_run_line_for_line(tmp_path, qwen36, h200, workload, layout):
+def test_command_is_the_recipes_run_in_the_form_slime_accepts(tmp_path, qwen36, h200, workload, layout):
     runner = _runner(tmp_path)
-    spec = TrialSpec(Case(qwen36, h200, workload, layout))
-    cmd = runner.command(spec)
-    expected = _reference_words(slime_run(qwen36, h200, workload, layout, num_rollout=20), runner)
-    expected = [w for w in expected if w]
-    got = [w for w in cmd.argv]
-    assert got[-2:] == ["--custom-megatron-before-train-step-hook-path", HOOK_PATH]
-    assert got[:2] == ["python3", "-m"] and got[2] == "train"
-    assert expected[:2] == ["python3", "-m"]
-    assert got[3:-2] == expected[2:]          # the recipe's entry module is a placeholder; ours is "train"
+    cmd = runner.command(TrialSpec(Case(qwen36, h200, workload, layout)))
+    recipe = _reference_words(slime_run(qwen36, h200, workload, layout, num_rollout=20), runner)
+    assert recipe[:6] == FORMAT_HEAD
+    body = [x for w in recipe[6:] for x in REPLACED.get(w, [w])]
+    # `--async` names slime's train_async.py; no --async flag reaches slime
+    assert cmd.argv == ["python3", ASYNC_ENTRY, *body, "--custom-megatron-before-train-step-hook-path",
+                        HOOK_PATH, *TRAIN_ENV]
+    assert "--async" not in cmd.argv and "--moe-enable-deepep" not in cmd.argv
+    assert ("--moe-flex-dispatcher-backend" in cmd.argv) is (layout.dispatcher == "flex")
+    assert any("--moe-enable-deepep" in n for n in cmd.notes) is (layout.dispatcher == "flex")
     assert cmd.model_script == os.path.join(str(tmp_path), "scripts/models/qwen3.5-35B-A3B.sh")
+
+
+def test_entry_and_the_synchronous_train(tmp_path, qwen36, h200, workload):
+    spec = TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT))
+    assert _runner(tmp_path).command(spec).argv_before[:2] == ("python3", "train_async.py")
+    cmd = _runner(tmp_path, entry_module="train").command(spec)
+    assert cmd.argv_before[:3] == ("python3", "-m", "train")
+    assert any("synchronous" in n for n in cmd.notes)
 
 
 def test_entrypoint_is_shlex_joined_and_splices_model_args(tmp_path, qwen36, h200, workload):
@@ -106,8 +114,108 @@ def test_entrypoint_is_shlex_joined_and_splices_model_args(tmp_path, qwen36, h20
     assert words[:2] == ["bash", "-c"] and words[4] == str(tmp_path)
     assert words[words.index(MODEL_ARGS_MARK) - 1] == "8"           # after --actor-num-gpus-per-node 8
     assert "/data/it's; rm -rf ~.jsonl" in words                      # one word, never shell text
-    assert cmd.env["NCCL_NVLS_ENABLE"] == "1" and cmd.env["RAY_DEDUP_LOGS"] == "0"
-    assert all("$(" not in v for v in cmd.env.values())
+    # NCCL_NVLS_ENABLE is computed by the job on the cluster, never passed to Ray as shell text
+    assert "NCCL_NVLS_ENABLE" not in cmd.env and cmd.on_cluster == (("NCCL_NVLS_ENABLE", NVLS_EXPR),)
+    assert cmd.env["RAY_DEDUP_LOGS"] == "0" and all("$(" not in v for v in cmd.env.values())
+    assert "nvidia-smi topo -m" in words[2]
+    given = _runner(tmp_path, env={"NCCL_NVLS_ENABLE": "0"}).command(TrialSpec(Case(qwen36, h200, workload,
+                                                                                     REFERENCE_LAYOUT)))
+    assert given.env["NCCL_NVLS_ENABLE"] == "0" and given.on_cluster == ()
+    assert "nvidia-smi" not in given.entrypoint and "--train-env-vars" not in given.argv
+
+
+def _run_wrapper(tmp_path, cmd, nvidia_smi: str | None):
+    """Run the job's entrypoint here with bash: PATH has a fake nvidia-smi printing `nvidia_smi` (none when
+    None); the entry prints its argv and NCCL_NVLS_ENABLE as JSON."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir(exist_ok=True)
+    smi = fake_bin / "nvidia-smi"
+    if nvidia_smi is None:
+        smi.unlink(missing_ok=True)
+    else:
+        smi.write_text(f"#!/bin/sh\ncat <<'EOF'\n{nvidia_smi}\nEOF\n")
+        smi.chmod(0o755)
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run(cmd.entrypoint, shell=True, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_prelude_computes_nvls_as_slime_scripts_do_and_passes_it_to_the_actors(tmp_path, qwen36, h200,
+                                                                                      workload):
+    import json
+    slime = tmp_path / "slime"
+    (slime / "scripts" / "models").mkdir(parents=True)
+    (slime / "scripts" / "models" / "qwen3.5-35B-A3B.sh").write_text('MODEL_ARGS=(\n  --num-layers 40\n)\n')
+    entry = tmp_path / "echo_entry.py"
+    entry.write_text("import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(), "
+                     "'nvls': os.environ.get('NCCL_NVLS_ENABLE')}))\n")
+    runner = SlimeRunner("127.0.0.1:1", str(slime), str(entry), python=sys.executable, client=_NoClient(),
+                         hf_ckpt="/h", torch_dist="/t", sft_data="/s", profile_dir="/p")
+    cmd = runner.command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT)))
+    topo = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X "
+    for smi, expected in ((topo, "1"), ("\tGPU0\nGPU0\t X ", "0"), (None, "0")):
+        done = _run_wrapper(tmp_path, cmd, smi)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout.splitlines()[-1])
+        assert out["nvls"] == expected and out["cwd"] == str(slime)
+        argv = out["argv"]
+        assert argv[argv.index("--actor-num-gpus-per-node") + 2:][:2] == ["--num-layers", "40"]   # MODEL_ARGS
+        assert argv[-2:] == ["--train-env-vars", json.dumps({"NCCL_NVLS_ENABLE": expected})]
+    (slime / "scripts" / "models" / "qwen3.5-35B-A3B.sh").unlink()
+    done = _run_wrapper(tmp_path, cmd, topo)
+    assert done.returncode == 2 and done.stdout.count("\n") == 1          # only the prelude's line
+    assert done.stderr.strip() == (f"attune: the slime checkout {slime} has no "
+                                   f"{slime}/scripts/models/qwen3.5-35B-A3B.sh (the model's MODEL_ARGS script)")
+
+
+def test_model_scripts_are_checked_against_slimes_list(tmp_path, qwen36, h200, workload):
+    from cost_model.model_spec import load_model
+    from experiments.slime.model_scripts import SLIME_COMMIT, SLIME_MODEL_SCRIPTS
+    from recipes.slime_command import _MODEL_SCRIPTS
+    assert len(SLIME_MODEL_SCRIPTS) == 39 and "scripts/models/qwen3.5-35B-A3B.sh" in SLIME_MODEL_SCRIPTS
+    missing = sorted(n for n, s in _MODEL_SCRIPTS.items() if s not in SLIME_MODEL_SCRIPTS)
+    assert missing == ["qwen3.5-397b-a17b"]                  # on a pull-request branch only
+    big = load_model("qwen3.5-397b-a17b")
+    layout = Layout(world_size=64, ep=64, recompute_granularity="full", recompute_method="uniform",
+                    recompute_num_layers=1)
+    with pytest.raises(RunnerError, match=r"^slime @624b824 has no scripts/models/qwen3.5-397B-A17B.sh "):
+        _runner(tmp_path).command(TrialSpec(Case(big, h200, workload, layout)))
+    with pytest.raises(RunnerError, match="qwen3.5-397B-A17B.sh"):
+        _runner(tmp_path, slime_commit=SLIME_COMMIT[:9]).check_model(big)
+    _runner(tmp_path, slime_commit="abcdef0").check_model(big)   # another checkout: checked on the cluster
+    _runner(tmp_path).check_model(qwen36)
+
+
+def test_deprecated_replacements_agree_with_megatrons_own_table():
+    import json
+    from recipes.slime_command import DEPRECATED_FLAGS
+    data = json.loads(open(os.path.join(HERE, "data", "slime_megatron_args.json")).read())
+    for old, (flag, value) in DEPRECATED_FLAGS.items():
+        assert data["deprecated"][old] == f"{flag}={value}"
+        assert value in data["options"][flag]["choices"]
+
+
+def test_job_request_is_what_submit_sends(tmp_path, qwen36, h200, workload):
+    from experiments.slime.runner import SHIPPED_FILES
+
+    class Recorder(_NoClient):
+        def submit_job(self, **kw):
+            import pathlib
+            self.kw = kw
+            self.files = sorted(p.name for p in pathlib.Path(kw["runtime_env"]["working_dir"]).iterdir())
+            return kw["submission_id"]
+
+    runner = _runner(tmp_path, env={"HF_TOKEN": "secret", "WANDB_MODE": "offline"})
+    runner.client = Recorder()
+    spec = TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT))
+    cmd = runner.command(spec)
+    request = runner.job_request(spec, cmd)
+    runner.submit(spec, cmd)
+    sent = runner.client.kw
+    assert sent["entrypoint"] == request["entrypoint"] == cmd.entrypoint
+    assert sent["runtime_env"]["env_vars"] == cmd.env and sent["metadata"] == request["metadata"]
+    assert request["runtime_env"]["env_vars"] == dict(cmd.env, HF_TOKEN="<redacted>")
+    assert runner.client.files == sorted(SHIPPED_FILES) == sorted(request["working_dir_files"])
+    assert list(request["computed_on_cluster"]) == ["NCCL_NVLS_ENABLE"]
 
 
 def test_recorded_env_hides_credentials():
@@ -117,7 +225,8 @@ def test_recorded_env_hides_credentials():
 
 
 def test_command_checks_paths_and_window(tmp_path, qwen36, h200, workload):
-    with pytest.raises(RunnerError, match="SFT_DATA"):
+    with pytest.raises(RunnerError, match=r"^the slime backend needs the cluster path sft_data \(\$SFT_DATA, "
+                                          r"slime's --prompt-data; or --sft-data\)"):
         _runner(tmp_path, sft_data=None).command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT)))
     with pytest.raises(RunnerError, match="window"):
         _runner(tmp_path).command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT), steps=5, window=(5, 19)))
@@ -223,6 +332,65 @@ def test_the_overall_limit_counts_from_submission():
     watch, _ = _watch(job, timeout_s=300)
     assert watch.stopped == "stopped at the overall limit of 300 s (steps up to 10 logged)"
     assert job.stopped_at == pytest.approx(301)
+
+
+class _StreamingJob:
+    """A client whose job streams `chunks` through tail_job_logs (an async generator, as Ray's) and ends;
+    `break_at`: the stream fails with Ray's error before that chunk. get_job_logs returns the whole log."""
+
+    def __init__(self, chunks, break_at=None):
+        self.chunks, self.break_at = chunks, break_at
+        self.finished = threading.Event()
+        self.get_job_logs_calls = 0
+
+    def get_job_status(self, job_id):
+        from ray.job_submission import JobStatus
+        return JobStatus.SUCCEEDED if self.finished.is_set() else JobStatus.RUNNING
+
+    async def tail_job_logs(self, job_id):
+        import asyncio
+        for i, chunk in enumerate(self.chunks):
+            if i == self.break_at:
+                threading.Timer(0.3, self.finished.set).start()
+                raise RuntimeError("WebSocket connection closed unexpectedly with close code 1006")
+            await asyncio.sleep(0.02)
+            yield chunk
+        self.finished.set()
+
+    def get_job_logs(self, job_id):
+        self.get_job_logs_calls += 1
+        return "".join(self.chunks) if self.finished.is_set() else "".join(self.chunks[:self.break_at])
+
+    def stop_job(self, job_id):
+        raise AssertionError("a job within its limits is never stopped")
+
+
+def _step_chunks(n):
+    return [f"[2026-10-13 08:00:00] model.py:918 - step {k}: {{'train/loss': 2.0}}\n" for k in range(n)]
+
+
+def test_the_log_is_streamed_not_downloaded_again():
+    chunks = _step_chunks(12)
+    job = _StreamingJob(chunks)
+    watch = JobWatch(job, "job-1", Limits(startup_grace_s=60, hang_timeout_s=30, timeout_s=120, poll_interval_s=0.05),
+                     submitted=time.monotonic(), where="http://head:8265")
+    t = time.monotonic()
+    assert watch.follow().value == "SUCCEEDED"
+    assert watch.drain() == "".join(chunks) and watch.log.last_step == 11
+    assert job.get_job_logs_calls == 0 and watch.log_source == "tail_job_logs"
+    assert time.monotonic() - t < 30
+    assert not any(th.name.startswith("attune-log-tail") for th in threading.enumerate())
+
+
+def test_a_broken_stream_falls_back_to_the_rest_of_the_log():
+    chunks = _step_chunks(10)
+    job = _StreamingJob(chunks, break_at=4)
+    watch = JobWatch(job, "job-1", Limits(startup_grace_s=60, hang_timeout_s=30, timeout_s=120, poll_interval_s=0.05),
+                     submitted=time.monotonic(), where="http://head:8265")
+    assert watch.follow().value == "SUCCEEDED"
+    assert watch.drain() == "".join(chunks)                     # each line once: read on from the offset
+    assert watch.log.last_step == 9 and job.get_job_logs_calls >= 1
+    assert watch.log_source.startswith("get_job_logs (the stream broke: WebSocket connection closed")
 
 
 def test_start_up_grace_defaults_to_at_least_the_step_hang_timeout(tmp_path):

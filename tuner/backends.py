@@ -53,10 +53,22 @@ def _check_rows(path: str) -> None:
 
 
 def _slime_runner(args):
+    """The slime runner for the --cluster file and the flags over it; every missing or bad field fails here
+    in one line, before any job (a --dry-run never connects to Ray)."""
+    from cost_model.model_spec import load_model
+    from experiments.slime.cluster import ClusterConfig, load_cluster
     from experiments.slime.runner import SlimeRunner
 
-    if not args.ray_address or not args.slime_dir:
-        raise CliError("--backend slime needs --ray-address and --slime-dir")
+    cluster = load_cluster(args.cluster) if getattr(args, "cluster", None) else ClusterConfig()
+    cluster = cluster.with_overrides(ray_address=args.ray_address, slime_dir=args.slime_dir,
+                                     hf_checkpoint=args.hf_checkpoint, torch_dist=args.torch_dist,
+                                     sft_data=args.sft_data, profile_dir=getattr(args, "profile_dir", None),
+                                     entry_module=args.entry_module)
+    if not cluster.ray_address or not cluster.slime_dir:
+        raise CliError("--backend slime needs --ray-address and --slime-dir (or ray_address and slime_dir in "
+                       "a --cluster file)")
     kwargs = {"hang_timeout_s": args.hang_timeout} if args.hang_timeout else {}
-    return SlimeRunner(args.ray_address, args.slime_dir, args.entry_module, hf_ckpt=args.hf_checkpoint,
-                       torch_dist=args.torch_dist, sft_data=args.sft_data, **kwargs)
+    runner = SlimeRunner(**cluster.runner_kwargs(), connect=not getattr(args, "dry_run", False), **kwargs)
+    cluster.check_paths()
+    runner.check_model(load_model(args.model))
+    return runner

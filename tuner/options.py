@@ -73,12 +73,16 @@ def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
                    help="megatron: run the first L layers (default: the most that fit the local GPUs)")
     p.add_argument("--rows", help="megatron: token rows (JSONL {\"tokens\": [...]}) for measured trials and "
                                   "convergence arms (default: random tokens, nothing to learn)")
+    p.add_argument("--cluster", metavar="FILE", help="slime: the cluster file (YAML: ray_address, slime_dir, "
+                   "hf_checkpoint, torch_dist, sft_data, profile_dir, env, ...); the flags below override its fields")
     p.add_argument("--ray-address", help="slime: the Ray cluster's Jobs API address (http://HEAD:8265)")
     p.add_argument("--slime-dir", help="slime: the slime checkout on the cluster")
-    p.add_argument("--entry-module", default="train", help="slime: the training entry (default train)")
+    p.add_argument("--entry-module", default=None,
+                   help="slime: the training entry (default train_async.py, what the recipe's --async names)")
     p.add_argument("--hf-checkpoint", help="slime: $HF_CKPT on the cluster")
     p.add_argument("--torch-dist", help="slime: $TORCH_DIST on the cluster")
     p.add_argument("--sft-data", help="slime: pre-tokenised rows (JSONL) on the cluster")
+    p.add_argument("--profile-dir", help="slime: $PROFILE_DIR on the cluster (slime's --tensorboard-dir)")
     p.add_argument("--hang-timeout", type=float, default=None, help="seconds without a new step before a trial "
                    "is stopped as hung")
 
@@ -213,6 +217,8 @@ def trial_parser():
     add_backend(p, default=None)
     add_layout(p)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--dry-run", action="store_true",
+                   help="slime: print the Ray job the trial would submit (JSON) and submit nothing")
     return p
 
 

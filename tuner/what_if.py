@@ -144,10 +144,17 @@ def memory_lines(p: Prediction) -> list[str]:
 def cmd_trial(args) -> int:
     from experiments.runner import TrialSpec
 
+    dry_run = getattr(args, "dry_run", False)
+    if dry_run and args.backend != "slime":
+        raise CliError("--dry-run prints the Ray job of --backend slime; the other backends submit no job")
     case = resolve(request_from_args(args))
     answer(case)  # the layout's rules, before any GPU is touched
     runner = make_runner(args, profile(args))
-    result = runner.run(TrialSpec(case, steps=args.steps, window=measured_window(args.steps)))
+    spec = TrialSpec(case, steps=args.steps, window=measured_window(args.steps))
+    if dry_run:  # the job as submit_job would get it; no Ray connection, nothing submitted
+        print(json.dumps(runner.job_request(spec), indent=2))
+        return 0
+    result = runner.run(spec)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:

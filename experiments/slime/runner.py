@@ -2,21 +2,32 @@
 
 What it runs is the reference recipes' command as an argument list: `recipes.slime_command.slime_flag_lines`,
 the one builder behind the recipe's `run` text too, so the same flags in the same order, with `$HF_CKPT`,
-`$TORCH_DIST`, `$SFT_DATA` and `$PROFILE_DIR` replaced by the runner's paths, `--num-rollout` = the trial's
-steps (rollout batch = global batch, so one optimizer step per rollout), plus
-`--custom-megatron-before-train-step-hook-path peak_memory_hook.record_peak_memory`.
+`$TORCH_DIST`, `$SFT_DATA` and `$PROFILE_DIR` replaced by the cluster's paths (`experiments.slime.cluster`),
+`--num-rollout` = the trial's steps (rollout batch = global batch, so one optimizer step per rollout), plus
+`--custom-megatron-before-train-step-hook-path peak_memory_hook.record_peak_memory`. The recipe's format is
+shorthand in three places, and the job is what slime accepts (recipes.slime_command):
+- `python3 -m <entry> --async`: slime has no `--async` flag; it names slime's train_async.py, so the job runs
+  `PYTHON train_async.py` (another entry only when asked for);
+- `NCCL_NVLS_ENABLE=$(...)`: a shell value is never put in Ray's runtime_env; the job's bash prelude computes
+  NVLINK_COUNT from `nvidia-smi topo -m` on the driver's node, as slime's run scripts do, exports the value and
+  hands it to slime's training actors with slime's `--train-env-vars` (Ray actors do not inherit the driver's
+  environment; the cluster file's env can set it instead);
+- a flag current Megatron-LM deprecates (`--moe-enable-deepep`) is passed as its replacement.
+A model whose slime MODEL_ARGS script slime does not ship (experiments.slime.model_scripts) is refused
+before anything is submitted.
 
-The job's entrypoint is `shlex.join` of an argument list: a fixed bash script (`_WRAPPER`) that enters the
-slime checkout, sources slime's `scripts/models/*.sh` for MODEL_ARGS (as the recipe's comment says) and
-execs `PYTHON -m ENTRY --async ARGS...` with `${MODEL_ARGS[@]}` spliced in where the recipe puts it. Every
-value reaches the script as a positional argument, never pasted into shell text. The job's working
-directory (uploaded by Ray, on PYTHONPATH of the driver and of every actor) holds two self-contained files:
-`pretokenized_sft_rollout.py` (the recipe's `--rollout-function-path`) and `peak_memory_hook.py`.
+The job's entrypoint is `shlex.join` of an argument list: a fixed bash script (`wrapper_script`) that enters
+the slime checkout, sources slime's `scripts/models/*.sh` for MODEL_ARGS (as the recipe's comment says; a
+missing script stops the job in one line) and execs `PYTHON ENTRY ARGS...` with `${MODEL_ARGS[@]}` spliced in
+where the recipe puts it. Every value reaches the script as a positional argument, never pasted into shell
+text. The job's working directory (uploaded by Ray, on PYTHONPATH of the driver and of every actor) holds two
+self-contained files: `pretokenized_sft_rollout.py` (the recipe's `--rollout-function-path`) and
+`peak_memory_hook.py`. `job_request` is the job as submitted (what `tune trial --dry-run` prints).
 
-A run is: wait for a free cluster, submit, watch (`experiments.slime.watch`: the log streamed into
-`experiments.slime.log.SlimeLog`, the job stopped when no first step line came within the start-up grace
-`startup_grace_s`, no new step line within `hang_timeout_s`, or the run passed `timeout_s`), then summarise
-(`experiments.slime.summary.summarize`: the window's throughput, the failure class).
+A run is: wait for a free cluster, submit, watch (`experiments.slime.watch`: the log streamed with Ray's
+`tail_job_logs` into `experiments.slime.log.SlimeLog`, the job stopped when no first step line came within the
+start-up grace `startup_grace_s`, no new step line within `hang_timeout_s`, or the run passed `timeout_s`),
+then summarise (`experiments.slime.summary.summarize`: the window's throughput, the failure class).
 
 Before submitting it waits until no other job it submitted (metadata `attune_runner`) is PENDING or RUNNING.
 An unreachable Ray address raises `RunnerError` at construction, and so does a cluster with Ray token
@@ -25,6 +36,7 @@ authentication when the tuner's environment lacks the token (set RAY_AUTH_MODE=t
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -35,10 +47,12 @@ import uuid
 from dataclasses import dataclass
 
 from experiments.runner import RunnerError, RunnerStack, TrialResult, TrialRunner, TrialSpec
+from experiments.slime.cluster import missing_paths_message
+from experiments.slime.model_scripts import SLIME_COMMIT, listed, same_commit
 from experiments.slime.summary import summarize
 from experiments.slime.watch import JobWatch, Limits, one_line
-from recipes.slime_command import (MODEL_ARGS, NVLS_EXPR, entry_words, flat, slime_env, slime_flag_lines,
-                                   slime_model_script)
+from recipes.slime_command import (ASYNC_ENTRY, MODEL_ARGS, SHELL_ENV_INPUTS, flat, job_entry_words, job_flags,
+                                   slime_env, slime_flag_lines, slime_model_script)
 from search_space.megatron_args import model_args
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,36 +64,59 @@ SHIPPED_FILES = {
 }
 METADATA_KEY = "attune_runner"
 MODEL_ARGS_MARK = "--attune-model-args-here"
+# slime's flag for the training actors' environment (slime/utils/arguments.py, slime/ray/actor_group.py).
+TRAIN_ENV_FLAG = "--train-env-vars"
 # The least start-up grace by default: a real slime job pulls its image and loads the model first.
 STARTUP_GRACE_S = 900.0
+# The runner's path fields -> the cluster file's.
+PATH_FIELDS = {"HF_CKPT": "hf_checkpoint", "TORCH_DIST": "torch_dist", "SFT_DATA": "sft_data",
+               "PROFILE_DIR": "profile_dir"}
 
 # $1 slime checkout, $2 model script ("" = none), then the command; MODEL_ARGS go where the mark is.
-_WRAPPER = r"""set -e
-cd -- "$1"
-MODEL_ARGS=()
-if [ -n "$2" ]; then source "$2"; fi
+_WRAPPER_BODY = r"""MODEL_ARGS=()
+if [ -n "$2" ]; then
+  if [ ! -f "$2" ]; then echo "attune: the slime checkout $1 has no $2 (the model's MODEL_ARGS script)" >&2; exit 2; fi
+  source "$2"
+fi
 shift 2
 pre=()
 while [ "$#" -gt 0 ] && [ "$1" != "__MARK__" ]; do pre+=("$1"); shift; done
 [ "$#" -gt 0 ] && shift
-exec "${pre[@]}" "${MODEL_ARGS[@]}" "$@"
 """.replace("__MARK__", MODEL_ARGS_MARK)
+
+
+def wrapper_script(on_cluster: dict[str, str]) -> str:
+    """The job's bash script: the prelude computing `on_cluster` (name -> the format's shell value, one of
+    SHELL_ENV_INPUTS: fixed text, never a user's value), then the command, which passes them to slime's
+    training actors with --train-env-vars."""
+    lines, inputs = ["set -e", 'cd -- "$1"'], []
+    for name, expr in on_cluster.items():
+        if SHELL_ENV_INPUTS[expr] not in inputs:
+            inputs.append(SHELL_ENV_INPUTS[expr])
+            lines.append(SHELL_ENV_INPUTS[expr])
+        lines += [f"export {name}={expr}", f'echo "attune: {name}=${name} computed on the cluster"']
+    run = 'exec "${pre[@]}" "${MODEL_ARGS[@]}" "$@"'
+    if on_cluster:
+        pairs = ", ".join(f'\\"{name}\\": \\"${name}\\"' for name in on_cluster)
+        run += f' {TRAIN_ENV_FLAG} "{{{pairs}}}"'
+    return "\n".join(lines) + "\n" + _WRAPPER_BODY + run + "\n"
 
 
 @dataclass(frozen=True)
 class SlimeCommand:
-    argv_before: tuple[str, ...]        # python -m entry --async --actor-num-nodes N --actor-num-gpus-per-node G
+    argv_before: tuple[str, ...]        # python train_async.py --actor-num-nodes N --actor-num-gpus-per-node G
     model_script: str | None            # absolute path on the cluster of slime's MODEL_ARGS script, or None
     model_args: tuple[str, ...]         # MODEL_ARGS given as a list (when there is no script)
     argv_after: tuple[str, ...]         # the rest of the recipe's flags, then the hook flag
-    env: dict
+    env: dict                           # Ray's runtime_env env_vars: literal values only
     slime_dir: str
     notes: tuple[str, ...] = ()
+    on_cluster: tuple[tuple[str, str], ...] = ()     # (name, the format's shell value) computed by the prelude
 
     @property
     def entrypoint_argv(self) -> list[str]:
-        return ["bash", "-c", _WRAPPER, "attune-slime", self.slime_dir, self.model_script or "",
-                *self.argv_before, MODEL_ARGS_MARK, *self.model_args, *self.argv_after]
+        return ["bash", "-c", wrapper_script(dict(self.on_cluster)), "attune-slime", self.slime_dir,
+                self.model_script or "", *self.argv_before, MODEL_ARGS_MARK, *self.model_args, *self.argv_after]
 
     @property
     def entrypoint(self) -> str:
@@ -87,9 +124,13 @@ class SlimeCommand:
 
     @property
     def argv(self) -> list[str]:
-        """The command as run, with MODEL_ARGS shown as the `${MODEL_ARGS[@]}` the script defines."""
+        """The command as run, with MODEL_ARGS shown as the `${MODEL_ARGS[@]}` the script defines and the
+        values computed on the cluster as `$NAME`."""
         middle = [str(MODEL_ARGS)] if self.model_script else list(self.model_args)
-        return [*self.argv_before, *middle, *self.argv_after]
+        extra = []
+        if self.on_cluster:
+            extra = [TRAIN_ENV_FLAG, "{" + ", ".join(f'"{n}": "${n}"' for n, _ in self.on_cluster) + "}"]
+        return [*self.argv_before, *middle, *self.argv_after, *extra]
 
 
 @dataclass(frozen=True)
@@ -110,24 +151,28 @@ class SlimeRunner(TrialRunner):
         """slime's training image: DeepEP, Transformer Engine, the precision-aware optimizer, every feature."""
         return RunnerStack(source="slime's training image")
 
-    def __init__(self, ray_address: str, slime_dir: str, entry_module: str = "train", *,
+    def __init__(self, ray_address: str, slime_dir: str, entry_module: str | None = None, *,
                  env: dict | None = None, hang_timeout_s: float = 900, timeout_s: float = 3600,
                  startup_grace_s: float | None = None, steps: int | None = None,
                  window: tuple[int, int] | None = None, hf_ckpt: str | None = None, torch_dist: str | None = None,
                  sft_data: str | None = None, profile_dir: str | None = None, python: str = "python3",
                  model_args: list[str] | None = None, poll_interval_s: float = 5.0,
-                 queue_timeout_s: float = 3600, log_dir: str | None = None, client=None):
+                 queue_timeout_s: float = 3600, log_dir: str | None = None, slime_commit: str | None = None,
+                 client=None, connect: bool = True):
         """ray_address: the cluster's dashboard / Jobs API address (http://HEAD:8265; a bare host:port
-        gets http://). slime_dir: the slime checkout on the cluster (where train.py and scripts/models are).
-        entry_module: run as `python -m ENTRY` from slime_dir, or a path ending in .py run as a script.
-        env: environment overrides for the job (merged over `slime_env`; Ray passes them to the driver and
-        every actor). hang_timeout_s: the most seconds between two step lines. startup_grace_s: the most
-        seconds from the job's start to its first step line (None: the larger of STARTUP_GRACE_S and
-        hang_timeout_s). timeout_s: the most seconds from submission to the end. steps / window: override
-        the TrialSpec's when given. hf_ckpt, torch_dist, sft_data, profile_dir: the recipe's $HF_CKPT,
-        $TORCH_DIST, $SFT_DATA (pre-tokenized rows JSONL), $PROFILE_DIR on the cluster. model_args:
-        MODEL_ARGS as a list instead of sourcing slime's script. log_dir: where to save each job's full log
-        (optional). client: a JobSubmissionClient-like object (tests)."""
+        gets http://). slime_dir: the slime checkout on the cluster (where train_async.py and scripts/models
+        are). entry_module: None for the recipe's `--async` (slime's train_async.py); a path ending in .py
+        is run as a script from slime_dir, anything else as `python -m ENTRY`. env: environment overrides for
+        the job (merged over `slime_env`; Ray passes them to the driver and every actor). hang_timeout_s: the
+        most seconds between two step lines. startup_grace_s: the most seconds from the job's start to its
+        first step line (None: the larger of STARTUP_GRACE_S and hang_timeout_s). timeout_s: the most seconds
+        from submission to the end. steps / window: override the TrialSpec's when given. hf_ckpt, torch_dist,
+        sft_data, profile_dir: the recipe's $HF_CKPT, $TORCH_DIST, $SFT_DATA (pre-tokenized rows JSONL),
+        $PROFILE_DIR on the cluster. model_args: MODEL_ARGS as a list instead of sourcing slime's script.
+        log_dir: where to save each job's full log (optional). slime_commit: the checkout's commit, when
+        known (model scripts are checked against experiments.slime.model_scripts for that commit).
+        client: a JobSubmissionClient-like object (tests); connect=False: no client at all (`job_request`
+        only, for a dry run)."""
         self.ray_address = ray_address if "://" in ray_address else f"http://{ray_address}"
         self.slime_dir = slime_dir
         self.entry_module = entry_module
@@ -144,7 +189,8 @@ class SlimeRunner(TrialRunner):
         self.poll_interval_s = poll_interval_s
         self.queue_timeout_s = queue_timeout_s
         self.log_dir = log_dir
-        self.client = client if client is not None else self._connect()
+        self.slime_commit = slime_commit
+        self.client = client if client is not None or not connect else self._connect()
 
     # -- connection ----------------------------------------------------------------------------------
 
@@ -171,29 +217,46 @@ class SlimeRunner(TrialRunner):
                               f"(steps count from 0; step 0 has no previous step to time it from)")
         return steps, window
 
-    def command(self, spec: TrialSpec) -> SlimeCommand:
-        """The slime command for the trial's layout, as argument lists (the recipe's `run`, line for line)."""
-        missing = [f"${k}" for k, v in self.paths.items() if not v]
+    def check_paths(self) -> None:
+        """RunnerError naming each cluster path (hf_checkpoint, torch_dist, sft_data, profile_dir) not given."""
+        missing = [PATH_FIELDS[k] for k, v in self.paths.items() if not v]
         if missing:
-            raise RunnerError(f"SlimeRunner needs the cluster paths for {', '.join(missing)} "
-                              f"(hf_ckpt, torch_dist, sft_data, profile_dir)")
+            raise RunnerError(missing_paths_message(missing))
+
+    def check_model(self, model) -> None:
+        """RunnerError when slime (at the listed commit) has no MODEL_ARGS script the model maps to."""
+        script = slime_model_script(model)
+        if self.model_args is None and script and same_commit(self.slime_commit) and not listed(script):
+            raise RunnerError(
+                f"slime @{SLIME_COMMIT[:7]} has no {script} (the MODEL_ARGS of {model.display_name}), so `source` "
+                f"would fail on the cluster; if your slime checkout has it, give its commit as slime_commit in "
+                f"the --cluster file")
+
+    def command(self, spec: TrialSpec) -> SlimeCommand:
+        """The slime command for the trial's layout, as argument lists (the recipe's `run`, line for line,
+        in the form slime accepts: see the module docstring)."""
+        self.check_paths()
         case = spec.case
         steps, _ = self.trial_steps(spec)
         lines = slime_flag_lines(case.model, case.gpu, case.workload, case.layout, num_rollout=steps,
                                  paths=self.paths)
         mark = lines.index((MODEL_ARGS,))
-        before = [*entry_words(self.python, self.entry_module), *flat(lines[:mark])]
-        after = [*flat(lines[mark + 1:]), "--custom-megatron-before-train-step-hook-path", HOOK_PATH]
-        script_path, margs, notes = self._model_flags(case.model)
-        env, env_notes = self.job_env(spec)
+        before = [*job_entry_words(self.python, self.entry_module), *flat(lines[:mark])]
+        after, notes = job_flags([*flat(lines[mark + 1:]), "--custom-megatron-before-train-step-hook-path",
+                                  HOOK_PATH])
+        if self.entry_module in ("train", "train.py"):
+            notes.append("the recipe's --async names train_async.py; slime's synchronous train ran, as asked")
+        script_path, margs, model_notes = self._model_flags(case.model)
+        env, on_cluster, env_notes = self.job_env(spec)
         return SlimeCommand(argv_before=tuple(before), model_script=script_path, model_args=margs,
                             argv_after=tuple(after), env=env, slime_dir=self.slime_dir,
-                            notes=tuple(notes + env_notes))
+                            notes=tuple(notes + model_notes + env_notes), on_cluster=tuple(on_cluster.items()))
 
     def _model_flags(self, model) -> tuple[str | None, tuple[str, ...], list[str]]:
         """Where MODEL_ARGS come from: (slime's script on the cluster or None, the flags as a list, notes)."""
         if self.model_args is not None:
             return None, tuple(self.model_args), ["MODEL_ARGS given to the runner"]
+        self.check_model(model)
         script = slime_model_script(model)
         if script:
             return os.path.join(self.slime_dir, script), (), []
@@ -201,22 +264,52 @@ class SlimeRunner(TrialRunner):
             f"slime has no scripts/models script for {model.display_name}: MODEL_ARGS from "
             f"search_space.megatron_args.model_args (no --spec, RoPE base or router options)"]
 
-    def job_env(self, spec: TrialSpec) -> tuple[dict, list[str]]:
-        """The job's environment: `slime_env` (NCCL_NVLS_ENABLE resolved from the GPU's NVLink domain unless
-        given), the runner's overrides, RAY_DEDUP_LOGS=0 (Ray would fold the per-rank hook lines, which
-        differ only in numbers) and PYTHONUNBUFFERED=1."""
-        env, notes = {}, []
+    def job_env(self, spec: TrialSpec) -> tuple[dict, dict, list[str]]:
+        """(Ray's env_vars, the values computed on the cluster, notes): `slime_env` with each shell value of
+        the format (NCCL_NVLS_ENABLE) left to the job's prelude unless the runner's env gives it, the
+        runner's overrides, RAY_DEDUP_LOGS=0 (Ray would fold the per-rank hook lines, which differ only in
+        numbers) and PYTHONUNBUFFERED=1."""
+        env, on_cluster, notes = {}, {}, []
         for name, value in slime_env(spec.case.layout, spec.case.gpu).items():
-            if value == NVLS_EXPR:
-                value = "1" if spec.case.gpu.nvlink_domain > 1 else "0"
-                if name not in self.env:
-                    notes.append(f"{name}={value} from the GPU catalog's NVLink domain "
-                                 f"({spec.case.gpu.nvlink_domain} GPUs); the recipe computes it with nvidia-smi")
-            env[name] = value
+            if name in self.env:
+                continue
+            if value.startswith("$("):
+                if value not in SHELL_ENV_INPUTS:
+                    raise RunnerError(f"{name}={value}: no rule to compute it on the cluster; set it in the "
+                                      f"cluster file's env")
+                on_cluster[name] = value
+            else:
+                env[name] = value
         env.update({str(k): str(v) for k, v in self.env.items()})
         env.setdefault("RAY_DEDUP_LOGS", "0")
         env.setdefault("PYTHONUNBUFFERED", "1")
-        return env, notes
+        shell = sorted(k for k, v in env.items() if "$(" in v or "`" in v)
+        if shell:
+            raise RunnerError(f"env {', '.join(shell)}: a shell command would reach Ray's runtime_env as text; "
+                              f"give the value")
+        return env, on_cluster, notes
+
+    def job_request(self, spec: TrialSpec, cmd: SlimeCommand | None = None) -> dict:
+        """The Ray job the trial submits, as JSON-ready data: submit_job's entrypoint, submission_id,
+        runtime_env (the working_dir is a folder made at submission holding `working_dir_files`) and
+        metadata, plus the command as run and what the prelude computes on the cluster. Credential-like
+        env values are shown as <redacted>."""
+        cmd = cmd or self.command(spec)
+        files = {name: {"from": path, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
+                 for name, path in SHIPPED_FILES.items()}
+        return {
+            "ray_address": self.ray_address,
+            "submission_id": f"attune-{_slug(spec.case.layout.label)}-{uuid.uuid4().hex[:8]}",
+            "entrypoint": cmd.entrypoint,
+            "runtime_env": {"working_dir": "<a folder made at submission holding working_dir_files>",
+                            "env_vars": _redacted(cmd.env)},
+            "working_dir_files": files,
+            "metadata": {METADATA_KEY: self.name, "layout": spec.case.layout.key()[:200]},
+            "command": " ".join(w if w == str(MODEL_ARGS) else shlex.quote(w) for w in cmd.argv),
+            "model_script": cmd.model_script,
+            "computed_on_cluster": {name: f"{SHELL_ENV_INPUTS[expr]}; {name}={expr}" for name, expr in cmd.on_cluster},
+            "notes": list(cmd.notes),
+        }
 
     # -- running -------------------------------------------------------------------------------------
 
@@ -250,6 +343,8 @@ class SlimeRunner(TrialRunner):
     def run(self, spec: TrialSpec) -> TrialResult:
         """Submit the trial's job, watch it to its end (or stop it), and summarise its log."""
         from ray.job_submission import JobStatus
+        if self.client is None:
+            raise RunnerError("the slime runner was made without a Ray connection (a dry run); it cannot run trials")
         steps, window = self.trial_steps(spec)
         cmd = self.command(spec)
         job = self.submit(spec, cmd)
@@ -260,6 +355,7 @@ class SlimeRunner(TrialRunner):
         info = self._job_info(job.job_id)
         wall_s = _wall_s(info, job.wall, finished_wall)
         details = self._job_facts(job, status, info, wall_s, steps, window, cmd)
+        details["log_source"] = watch.log_source
         if self.log_dir:
             details["log_path"] = self._save_log(job.job_id, text)
         return summarize(spec, watch.log, text, window=window, steps=steps, exit_code=details["exit_code"],
@@ -268,9 +364,10 @@ class SlimeRunner(TrialRunner):
                          runner=self.name, details=details)
 
     def submit(self, spec: TrialSpec, cmd: SlimeCommand) -> _Submitted:
-        """Wait for a free cluster, then submit the job with the shipped files as its working directory."""
+        """Wait for a free cluster, then submit `job_request`'s job with the shipped files as its working
+        directory."""
         queued_s = self.wait_for_free_cluster()
-        submission_id = f"attune-{_slug(spec.case.layout.label)}-{uuid.uuid4().hex[:8]}"
+        request = self.job_request(spec, cmd)
         stage = tempfile.mkdtemp(prefix="attune-slime-job-")
         try:
             for name, path in SHIPPED_FILES.items():
@@ -279,9 +376,8 @@ class SlimeRunner(TrialRunner):
             submitted = time.monotonic()
             try:
                 job_id = self.client.submit_job(
-                    entrypoint=cmd.entrypoint, submission_id=submission_id,
-                    runtime_env={"working_dir": stage, "env_vars": cmd.env},
-                    metadata={METADATA_KEY: self.name, "layout": spec.case.layout.key()[:200]})
+                    entrypoint=request["entrypoint"], submission_id=request["submission_id"],
+                    runtime_env={"working_dir": stage, "env_vars": cmd.env}, metadata=request["metadata"])
             except Exception as e:
                 raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
         finally:
@@ -303,7 +399,8 @@ class SlimeRunner(TrialRunner):
             "job_status": str(getattr(status, "value", status)), "exit_code": getattr(info, "driver_exit_code", None),
             "job_message": one_line(getattr(info, "message", "") or "")[:500],
             "queued_s": round(job.queued_s, 3), "wall_s": round(wall_s, 3), "steps_requested": steps,
-            "window": list(window), "entrypoint_argv": cmd.argv, "env": _redacted(cmd.env), "notes": list(cmd.notes),
+            "window": list(window), "entrypoint_argv": cmd.argv, "env": _redacted(cmd.env),
+            "computed_on_cluster": [name for name, _ in cmd.on_cluster], "notes": list(cmd.notes),
         }
 
     def _save_log(self, job_id: str, text: str) -> str:
@@ -322,6 +419,11 @@ def _wall_s(info, submitted_wall: float, finished_wall: float) -> float:
     return finished_wall - submitted_wall
 
 
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:60] or "trial"
 
@@ -333,4 +435,4 @@ def _redacted(env: dict) -> dict:
 
 
 __all__ = ["SlimeRunner", "SlimeCommand", "RunnerError", "summarize", "HOOK_PATH", "SHIPPED_FILES",
-           "STARTUP_GRACE_S"]
+           "STARTUP_GRACE_S", "ASYNC_ENTRY", "wrapper_script"]

@@ -7,10 +7,20 @@ Three limits, each settable (`Limits`):
 - overall timeout: from submission to the end, whatever the job printed.
 A job the runner stopped that still has not ended after `STOP_GRACE_S` is given up on.
 
-The clock and the sleep are injected, so that the limits can be tested without waiting for them.
+The log is streamed: Ray's `JobSubmissionClient.tail_job_logs` (an async generator over a websocket) runs in a
+thread of its own (`LogTail`) and the watch takes what arrived at each poll, so a long log is never
+downloaded again. A client without it, or a stream that breaks, falls back to `get_job_logs`, whose text
+past what was already read is fed on. The status is polled every `poll_interval_s`; the wait ends early
+when the stream ends (the job ended).
+
+The clock and the sleep are injected, so that the limits can be tested without waiting for them (a client
+without `tail_job_logs` keeps the watch on them alone).
 """
 from __future__ import annotations
 
+import asyncio
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +31,64 @@ from experiments.slime.log import SlimeLog
 STOP_GRACE_S = 120.0
 # An unreachable cluster is tolerated this long (or 12 polls, when longer) before the trial is given up.
 LOST_CLUSTER_S = 60.0
+# After the job ended, the most seconds to wait for the log stream to deliver its last lines and close.
+DRAIN_S = 30.0
+
+
+class LogTail:
+    """`client.tail_job_logs(job_id)` pumped on an event loop in a daemon thread; chunks wait in a queue."""
+
+    def __init__(self, client, job_id: str):
+        self._chunks: queue.SimpleQueue = queue.SimpleQueue()
+        self.ended = threading.Event()      # the stream ended: the job ended, it broke, or it was closed
+        self.error: str | None = None       # why it broke, if it did
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"attune-log-tail-{job_id}",
+                                        daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._pump(client, job_id), self._loop)
+
+    async def _pump(self, client, job_id: str) -> None:
+        try:
+            async for chunk in client.tail_job_logs(job_id):
+                self._chunks.put(chunk)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:          # a broken stream: the watch falls back to get_job_logs
+            self.error = one_line(e) or type(e).__name__
+        finally:
+            self.ended.set()
+
+    def take(self) -> str:
+        """Everything that arrived since the last take."""
+        parts = []
+        while True:
+            try:
+                parts.append(self._chunks.get_nowait())
+            except queue.Empty:
+                return "".join(parts)
+
+    def close(self) -> None:
+        """Stop the stream if it still runs (its session closed), then the loop and the thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout=10)
+        except Exception:               # it did not stop in time: the daemon thread is left to the process
+            return
+        self.ended.set()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+
+async def _cancel_others() -> None:
+    """Cancel every other task of the running loop and wait until they have finished."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -44,10 +112,13 @@ class JobWatch:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     log: SlimeLog = field(default_factory=SlimeLog)
+    stream: bool = True          # stream the log with tail_job_logs when the client has it
     status: object = None        # the last JobStatus seen
     stopped: str | None = None   # why the runner stopped the job; None while it has not
+    log_source: str = "get_job_logs"   # how the log was read (tail_job_logs, or why it fell back)
     _parts: list[str] = field(default_factory=list)
-    _seen: int = 0
+    _seen: int = 0               # characters of the log read so far
+    _tail: LogTail | None = None
     _stop_requested: float = 0.0
     _running_since: float | None = None
     _last_progress: float | None = None
@@ -62,6 +133,16 @@ class JobWatch:
     def follow(self):
         """Poll until the job ends (or ignores a stop for STOP_GRACE_S); returns its last JobStatus.
         Raises RunnerError when the cluster stays unreachable."""
+        if self.stream and self._tail is None and hasattr(self.client, "tail_job_logs"):
+            self._tail = LogTail(self.client, self.job_id)
+            self.log_source = "tail_job_logs"
+        try:
+            return self._follow()
+        except BaseException:
+            self._close_tail()
+            raise
+
+    def _follow(self):
         from ray.job_submission import JobStatus
         while True:
             status = self._poll_status()
@@ -81,14 +162,37 @@ class JobWatch:
                     self._stop(now)
             if self.stopped is not None and now - self._stop_requested > STOP_GRACE_S:
                 break                      # the job ignores the stop: give up on it
-            self.sleep(self.limits.poll_interval_s)
+            self._wait()
         return self.status
 
     def drain(self) -> str:
         """Read what the job printed last, close the log and return its whole text."""
-        self._read_log()
+        if self._tail is not None:
+            ended = self.status is not None and self.status.is_terminal()
+            self._tail.ended.wait(DRAIN_S if ended else 1.0)
+            complete = self._tail.ended.is_set()
+            self._read_log()           # a broken stream falls back to get_job_logs here
+            if self._tail is not None:
+                self._close_tail()
+                if not complete:       # the stream had not delivered the end: read the rest once
+                    self.log_source += " (the end from get_job_logs)"
+                    self._read_log()
+        else:
+            self._read_log()
         self.log.feed_text("", final=True)
         return self.text
+
+    def _wait(self) -> None:
+        """A poll interval; it ends early when the log stream ends (the job ended)."""
+        if self._tail is not None and not self._tail.ended.is_set():
+            self._tail.ended.wait(self.limits.poll_interval_s)
+        else:
+            self.sleep(self.limits.poll_interval_s)
+
+    def _close_tail(self) -> None:
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
 
     def _poll_status(self):
         """The job's status, or None (after a poll interval's sleep) while the cluster is unreachable."""
@@ -106,13 +210,26 @@ class JobWatch:
         return self.status
 
     def _read_log(self) -> None:
+        """Feed what the job printed since the last read: the stream's chunks, or (without a stream, or
+        after it broke) get_job_logs' text past what was read."""
+        if self._tail is not None:
+            self._feed(self._tail.take())
+            ended = self.status is not None and self.status.is_terminal()
+            if not self._tail.ended.is_set() or (self._tail.error is None and ended):
+                return
+            why = self._tail.error or "it closed while the job ran"
+            self.log_source = f"get_job_logs (the stream broke: {why[:200]})"
+            self._close_tail()
         try:
             logs = self.client.get_job_logs(self.job_id)
         except Exception:          # the next poll reads it again
             return
         if len(logs) > self._seen:
-            chunk = logs[self._seen:]
-            self._seen = len(logs)
+            self._feed(logs[self._seen:])
+
+    def _feed(self, chunk: str) -> None:
+        if chunk:
+            self._seen += len(chunk)
             self._parts.append(chunk)
             self.log.feed_text(chunk)
 
