@@ -58,8 +58,10 @@ def offload_args(layout: Layout) -> list[str]:
 
 def dispatcher_args(layout: Layout) -> list[str]:
     # alltoall is already in the model's MODEL_ARGS; flex overrides it (argparse keeps the later value).
+    # DeepEP is named by --moe-flex-dispatcher-backend: Megatron-LM deprecates --moe-enable-deepep for it
+    # (TransformerConfig, at slime's pin 1dcf0da and in megatron-core 0.19).
     if layout.dispatcher == "flex":
-        return ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"]
+        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     return []
 
 

@@ -183,7 +183,7 @@ LAYOUTS = {
     "two-nodes": Layout(world_size=16, tp=2, pp=2, ep=8, **FULL),
 }
 EXPECTED = {
-    "flex": {"--moe-token-dispatcher-type": [("flex",)], "--moe-enable-deepep": [()]},
+    "flex": {"--moe-token-dispatcher-type": [("flex",)], "--moe-flex-dispatcher-backend": [("deepep",)]},
     "tp2": {"--tensor-model-parallel-size": [("2",)], "--sequence-parallel": [()]},
     "vpp": {"--pipeline-model-parallel-size": [("2",)], "--num-virtual-stages-per-pipeline-rank": [("2",)],
             "--expert-model-parallel-size": [("4",)]},
@@ -240,7 +240,7 @@ def test_flag_positions_follow_reference():
         "--expert-tensor-parallel-size 1", "--recompute-granularity full", "--use-dynamic-batch-size",
         "--use-distributed-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
         "--use-precision-aware-optimizer", "--attention-backend flash", "--moe-token-dispatcher-type flex",
-        "--moe-enable-deepep", "--distributed-timeout-minutes 30")]
+        "--moe-flex-dispatcher-backend deepep", "--distributed-timeout-minutes 30")]
     assert order == sorted(order)
     assert run.endswith('--tensorboard-dir "$PROFILE_DIR"\n')
 

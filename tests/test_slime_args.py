@@ -47,12 +47,8 @@ ALLOWED = {
 
 # What the project generates today that it should not: (kind, flag) -> reason. Each is a strict xfail below
 # (an XPASS fails: remove the entry once the generation is fixed); the other tests skip exactly these.
-KNOWN_ISSUES = {
-    ("exported", "--moe-enable-deepep"):
-        "issue 14: --moe-enable-deepep is deprecated in Megatron-LM 1dcf0da (TransformerConfig.__post_init__: "
-        "'moe_enable_deepep is deprecated. Please use --moe-flex-dispatcher-backend=deepep instead.'), replaced by "
-        "--moe-flex-dispatcher-backend deepep; search_space.megatron_args.dispatcher_args emits it for flex",
-}
+KNOWN_ISSUES: dict = {}   # none left: exported recipes name DeepEP with --moe-flex-dispatcher-backend since issue 14
+
 
 MODEL = "qwen3.6-35b-a3b"
 TOP = 10
@@ -299,12 +295,15 @@ def test_no_deprecated_option_is_generated(generated, kind):
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("kind, flag", [
-    pytest.param(kind, flag, id=f"{kind}{flag}", marks=pytest.mark.xfail(strict=True, reason=reason))
-    for (kind, flag), reason in KNOWN_ISSUES.items()])
-def test_known_issue_is_fixed(generated, kind, flag):
-    found = [cmd.name for cmd in of_kind(generated, kind) if any(f == flag for f, _ in pairs(cmd.words))]
-    assert not found, f"{flag} in {len(found)} {kind} command(s), e.g. {found[0]}"
+def test_flex_layouts_name_deepep_with_the_current_flag(generated):
+    """What the exported recipes once got wrong (issue 14): flex layouts name DeepEP with
+    --moe-flex-dispatcher-backend deepep, never the deprecated --moe-enable-deepep."""
+    flex = [cmd for kind in KINDS for cmd in of_kind(generated, kind)
+            if ("--moe-token-dispatcher-type", ["flex"]) in pairs(cmd.words)]
+    assert flex, "the generated commands cover the flex dispatcher"
+    for cmd in flex:
+        flags = dict((f, v) for f, v in pairs(cmd.words))
+        assert flags.get("--moe-flex-dispatcher-backend") == ["deepep"] and "--moe-enable-deepep" not in flags, cmd.name
 
 
 def test_the_parsing_of_a_command():

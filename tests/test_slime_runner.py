@@ -95,7 +95,7 @@ def test_command_is_the_recipes_run_in_the_form_slime_accepts(tmp_path, qwen36, 
                         HOOK_PATH, *TRAIN_ENV]
     assert "--async" not in cmd.argv and "--moe-enable-deepep" not in cmd.argv
     assert ("--moe-flex-dispatcher-backend" in cmd.argv) is (layout.dispatcher == "flex")
-    assert any("--moe-enable-deepep" in n for n in cmd.notes) is (layout.dispatcher == "flex")
+    assert not any("--moe-enable-deepep" in n for n in cmd.notes)   # recipes no longer carry it
     assert cmd.model_script == os.path.join(str(tmp_path), "scripts/models/qwen3.5-35B-A3B.sh")
 
 
