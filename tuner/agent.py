@@ -26,16 +26,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cost_model.hypotheses import Hypothesis, default_hypotheses
+from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, weighted_quantile
 from cost_model.layout import Layout
 from tuner.proposer import Candidate, History, Proposal, Proposer, family, family_label
 
 MEMORY_SD_FRACTION = 0.02   # predicted device peak vs measured: the boundary benchmark's median error, 1.7-3%
 SQRT2 = math.sqrt(2.0)
-
-
-def _phi(x: float) -> float:
-    return math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
 
 
 def _Phi(x: float) -> float:
@@ -65,6 +61,7 @@ class Table:
     hypotheses: tuple[Hypothesis, ...]
     candidates: list[Candidate]
     values: list[list[float]]                      # values[h][i]
+    predict_h: Callable[[Hypothesis, Layout], float]
     index: dict = field(default_factory=dict)      # layout key -> i
 
     @classmethod
@@ -76,8 +73,7 @@ class Table:
             g = coarse_group(c.layout)
             if g not in best or c.prediction.tokens_per_s_per_gpu > best[g].prediction.tokens_per_s_per_gpu:
                 best[g] = c
-        t = cls(hypotheses, [], [[] for _ in hypotheses])
-        t._predict_h = predict_h
+        t = cls(hypotheses, [], [[] for _ in hypotheses], predict_h)
         for c in sorted(best.values(), key=lambda c: -c.prediction.tokens_per_s_per_gpu):
             t._append(c)
         return t
@@ -91,7 +87,7 @@ class Table:
             # hypotheses that differ only in the flex factor agree on layouts that do not use flex
             key = (h.form, h.flex_overhead_factor if c.layout.dispatcher == "flex" else None)
             if key not in same:
-                same[key] = self._predict_h(h, c.layout)
+                same[key] = self.predict_h(h, c.layout)
             self.values[k].append(same[key])
         return i
 
@@ -170,20 +166,10 @@ def outlook(table: Table, b: Belief, i: int, best: float, p_fit: float, discrimi
     centre = sum(w * m for w, m in zip(b.weights, mus))
     spread = math.sqrt(max(0.0, sum(w * (m - centre) ** 2 for w, m in zip(b.weights, mus))))
     # a 90% band of the mixture: the weighted 5% and 95% points of its components
-    lows = sorted((m - 1.645 * math.sqrt(v), w) for w, m, v in zip(b.weights, mus, var))
-    highs = sorted((m + 1.645 * math.sqrt(v), w) for w, m, v in zip(b.weights, mus, var))
-    low, high = _quantile(lows, 0.05), _quantile(highs, 0.95)
+    low = weighted_quantile([m - Z90 * math.sqrt(v) for m, v in zip(mus, var)], list(b.weights), 0.05)
+    high = weighted_quantile([m + Z90 * math.sqrt(v) for m, v in zip(mus, var)], list(b.weights), 0.95)
     value = p_fit * (ei + discriminate * mean * spread)
     return Outlook(i, mean, math.exp(low), math.exp(high), p_fit, ei, spread, value)
-
-
-def _quantile(pairs: list[tuple[float, float]], q: float) -> float:
-    acc = 0.0
-    for x, w in pairs:
-        acc += w
-        if acc >= q - 1e-12:
-            return x
-    return pairs[-1][0]
 
 
 class AgentProposer(Proposer):

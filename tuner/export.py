@@ -31,10 +31,9 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
 
 def interval_block(config, layout) -> dict:
     """The layout's predicted tokens/s/GPU across the cost model's hypotheses (prior weights), for the recipe."""
-    from cost_model.hypotheses import default_hypotheses, predict_interval
+    from tuner.predict_request import interval_for
 
-    iv = predict_interval(default_hypotheses(), config.model, config.gpu, config.workload, layout,
-                          profile=config.profile)
+    iv = interval_for(config.case(layout), config.profile)
     return {"tokens_per_s_per_gpu_low": round(iv.low), "tokens_per_s_per_gpu_median": round(iv.median),
             "tokens_per_s_per_gpu_high": round(iv.high),
             "note": (f"predicted: 90% interval over {len(iv.by_hypothesis)} hypotheses on slime's unexplained step "

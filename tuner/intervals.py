@@ -7,10 +7,8 @@ around the runner's own prediction, and its level against measurements is what t
 """
 from __future__ import annotations
 
-import math
-
 from cost_model.constants import default_constants
-from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, predict_interval, predict_under
+from cost_model.hypotheses import Hypothesis, default_hypotheses, interval_of, predict_interval, predict_under
 from cost_model.layout import Layout
 from cost_model.predict import Prediction
 
@@ -26,10 +24,9 @@ def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dic
         iv = predict_interval(default_hypotheses(), config.model, config.gpu, config.workload, layout,
                               profile=config.profile)
         return {**iv.to_dict(), "kind": "predicted", "basis": "hypotheses (cost_model/hypotheses.py) and residual"}
-    sd = default_constants().prediction_error_sd
-    v = prediction.tokens_per_s_per_gpu
-    return {"low": v * math.exp(-Z90 * sd), "median": v, "high": v * math.exp(Z90 * sd), "spread_low": v,
-            "spread_high": v, "error_sd": sd, "hypotheses": 1, "kind": "predicted",
+    shipped = next(h for h in default_hypotheses() if h.shipped)
+    iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], default_constants().prediction_error_sd)
+    return {**iv.to_dict(), "kind": "predicted",
             "basis": "the runner's own prediction and the model's residual (Megatron framework: one form)"}
 
 
