@@ -423,6 +423,32 @@ def test_torch_native_gptmodel_matches_local_backend_on_cpu():
         assert sum(v for k, v in report.items() if "grouped_mm" in k) == 2  # fc1 + fc2 forward of the MoE layer
 
 
+def test_selective_layernorm_and_moe_act_recompute_run_without_te():
+    """megatron-core 0.19.2's CheckpointWithoutOutput takes fp8=False as FP8 (`fp8 is not None`) and
+    calls FP8GlobalStateManager, a TE-only name: selective `layernorm` / `moe_act` recompute crashed
+    with NameError without TE. The non-TE block spec turns that FP8 path off; forward and backward run."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if getattr(mrandom, "HAVE_TE", False):
+        pytest.skip("transformer_engine is importable: the FP8 path exists")
+    tiny = _tiny_qwen36()
+    layout = Layout(1, recompute_granularity="selective", recompute_modules=("layernorm", "moe_act"))
+    kw = config.transformer_config_kwargs(tiny, layout, Workload(seq_len=32, global_batch=2),
+                                          use_cpu_initialization=True)
+    kw.update(moe_token_dispatcher_type="allgather", bf16=False, params_dtype=torch.float32,
+              pipeline_dtype=torch.float32, moe_layer_freq=[1, 0])
+    assert kw["recompute_modules"] == ["layernorm", "moe_act"]
+    with _cpu_megatron():
+        from megatron.core.transformer.transformer_config import TransformerConfig
+        tnb.block_spec(tiny, TransformerConfig(**kw), "torch-native")
+        ckpt = mrandom.CheckpointWithoutOutput()
+        assert ckpt.fp8 is False
+        # The forward megatron runs for the checkpointed norm / activation (CUDA RNG capture aside).
+        x = torch.randn(4, 8, requires_grad=True)
+        out = mrandom.CheckpointWithoutOutputFunction.apply(torch.nn.functional.silu, ckpt, x)
+        torch.testing.assert_close(out, torch.nn.functional.silu(x.detach()))
+
+
 def test_seeded_layers_draw_the_same_weights_whatever_was_built_before_them():
     """CPU initialisation with init_seed: a layer's weights depend on the seed and its global layer
     number only (a PP 2 stage building layer 2 alone gets the PP 1 model's layer 2), and the generator

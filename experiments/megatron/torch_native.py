@@ -136,6 +136,30 @@ def torch_native_available() -> tuple[bool, str]:
     return True, f"{name} + torch.nn.functional.scaled_dot_product_attention"
 
 
+def disable_te_checkpoint_fp8() -> bool:
+    """Make megatron's CheckpointWithoutOutput skip its FP8 path when TE is absent; True when patched.
+
+    megatron-core 0.19.2 sets `self.fp8 = fp8 is not None` (tensor_parallel/random.py), so the default
+    fp8=False is taken as FP8 and the forward calls `FP8GlobalStateManager.is_fp8_enabled()`, a name only
+    imported with TE: every selective recompute through CheckpointWithoutOutput (`layernorm`, `moe_act`)
+    crashes with NameError without TE. Without TE there is no FP8, so fp8 is forced off (idempotent)."""
+    from megatron.core.tensor_parallel import random as mrandom
+    if getattr(mrandom, "HAVE_TE", False):
+        return False
+    cls = mrandom.CheckpointWithoutOutput
+    if getattr(cls.__init__, "_attune_no_fp8", False):
+        return True
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.fp8 = False
+
+    __init__._attune_no_fp8 = True
+    cls.__init__ = __init__
+    return True
+
+
 def resolve_backend(requested: str = "auto") -> tuple[str, str]:
     """(backend, why): te when transformer_engine is importable, else torch-native, else local."""
     if requested not in BACKENDS:
@@ -594,6 +618,8 @@ def block_spec(model: ModelSpec, config, backend: str = "auto", *, vp_stage: int
     the seed and its global layer number only (same_weights.seeded_layer)."""
     name, why = resolve_backend(backend)
     _check(model, name, config.context_parallel_size)
+    if name != "te":
+        disable_te_checkpoint_fp8()  # selective layernorm / moe_act recompute without TE
     info = _metainfo(name, why)
     gdn_layers = model.count(LINEAR_ATTENTION)
     if gdn_layers:
