@@ -259,3 +259,21 @@ def test_the_agent_writes_what_it_expects_and_learnt_and_the_loop_keeps_the_gpu_
     err = capsys.readouterr().err
     # one line of reasoning per trial, and one with its outcome and what it taught
     assert err.count("trial 0: ") == 1 and err.count("trial 1: ") == 1 and err.count("; learnt: level now") == 2
+
+
+def test_the_agent_proposes_from_the_studys_measurements(memory, config, scored):
+    """What the study measured reaches the agent's next proposal: its belief counts the trials (found on a
+    2 x H200 run where every trial said "nothing measured yet"), and a resumed study starts from them."""
+    runner = HourRunner()
+    study = study_for(memory, config, figures="measured")
+    agent = study_commands.make_proposer("agent", scored, config, runner)
+    run_study(study, config, runner, agent, trials=3, progress=False)
+    history = history_of(study, backend=runner.name)
+    assert sorted(v for _, v in history.measured_layouts) == [901.0, 902.0, 903.0]
+    assert {layout.key() for layout, _ in history.measured_layouts} == set(runner.ran)
+    first, *later = [t.user_attrs["rationale"] for t in study.trials]
+    assert first.startswith("nothing measured yet")
+    assert later and not [r for r in later if r.startswith("nothing measured yet")], later
+    assert all(" rc " in r for r in [first, *later])   # the recompute a trial tests is named
+    resumed = study_commands.make_proposer("agent", scored, config, runner)
+    assert resumed.belief(history).measured == 3

@@ -280,7 +280,7 @@ class AgentProposer(Proposer):
         top = ", ".join(f"{k} {v / p.step_time_s:.0%}" for k, v in terms)
         fam = "" if b.measured == 0 else (" (its family measured)" if family(c.layout) in b.families
                                           else " (an unmeasured family)")
-        return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu}{fam}: expects {o.mean:,.0f} "
+        return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu} rc {c.layout.recompute_label}{fam}: expects {o.mean:,.0f} "
                 f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU, P(fits) {o.p_fit:.0%} (predicted peak "
                 f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); weights {weights}; largest terms {top}")
 

@@ -205,6 +205,7 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
             if (facts.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
                 predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
+            h.measured_layouts.append((layout, result["tokens_per_s_per_gpu"]))
     best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     h.best_value = max(best) if best else None
     return h
