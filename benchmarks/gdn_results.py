@@ -30,7 +30,9 @@ ARMS = (("gdn-h200-1g-suite.jsonl", "gdn-1g-tp1-ep1", "gdn-1g-tp1-mbs2"),
         ("gdn-h200-2g-suite.jsonl", "gdn-ref-tp1-ep2", "gdn-cand-tp2-ep1"))
 GRIDS = (("grid (first 4 layers, 8 steps)", "megatron-h200-suite.jsonl", "megatron-h200-gdn-suite.jsonl"),
          ("leaderboard shape vs tuner families (first 4 layers, 8k rows, 20 steps)",
-          "x2-h200-vs-leaderboard-suite.jsonl", "x2-h200-vs-leaderboard-gdn-suite.jsonl"))
+          ("x2-h200-vs-leaderboard-suite.jsonl", "x2-h200-vs-leaderboard-b1-rerun.jsonl"),
+          ("x2-h200-vs-leaderboard-gdn-suite.jsonl",
+                                                 "x2-h200-vs-leaderboard-gdn-b1b2.jsonl")))
 
 
 def lines(name: str) -> list[dict]:
@@ -78,10 +80,19 @@ def tune_trials() -> None:
               f"GDN: {d['kernels']['linear_attention']}")
 
 
+def short_run(r: dict) -> str | None:
+    """A run that ended before its measuring window (first TileLang compile of new shapes took the trial)."""
+    d = r.get("details") or {}
+    ran, asked = d.get("steps_run"), d.get("steps_requested")
+    return f"{ran} of {asked} steps" if ran is not None and asked and ran < min(asked, 3) else None
+
+
 def ranking(rows: list[dict]) -> dict[str, dict]:
     out = {}
     for r in rows:
-        if r.get("status") == "ok" and r.get("tokens_per_s_per_gpu") and not r["trial"].endswith("lr1e-4"):
+        if r.get("status") == "ok" and short_run(r):
+            out.setdefault(r["trial"], dict(failed=f"compile-only ({short_run(r)})", gpus=r.get("gpus")))
+        elif r.get("status") == "ok" and r.get("tokens_per_s_per_gpu") and not r["trial"].endswith("lr1e-4"):
             pred = (r.get("details") or {}).get("prediction_for_model_run") or {}
             out[r["trial"]] = dict(measured=r["tokens_per_s_per_gpu"], predicted=pred.get("tokens_per_s_per_gpu"),
                                    gpus=r["gpus"])
@@ -91,13 +102,15 @@ def ranking(rows: list[dict]) -> dict[str, dict]:
 
 
 def grids() -> None:
-    for title, replaced_name, real_name in GRIDS:
-        replaced, real = ranking(lines(replaced_name)), ranking(lines(real_name))
-        print(f"  {title}: {replaced_name} (GDN replaced) vs {real_name} (real layers)")
+    for title, replaced_names, real_names in GRIDS:
+        replaced_names, real_names = ((n,) if isinstance(n, str) else n for n in (replaced_names, real_names))
+        replaced = ranking([r for n in replaced_names for r in lines(n)])
+        real = ranking([r for n in real_names for r in lines(n)])
+        print(f"  {title}: {' + '.join(replaced_names)} (GDN replaced) vs {' + '.join(real_names)} (real layers)")
         for trial in sorted(set(replaced) | set(real), key=lambda t: -(real.get(t, {}).get("measured") or 0)):
             a, b = replaced.get(trial, {}), real.get(trial, {})
             fmt = lambda x: (f"{x['measured']:9,.0f}" if "measured" in x  # noqa: E731
-                             else f"{'failed ' + str(x['failed']) if 'failed' in x else 'not run':>9}")
+                             else f"{str(x['failed']) if 'failed' in x else 'not run':>9}")
             pred = f"predicted {b['predicted']:,.0f}" if b.get("predicted") else ""
             ratio = f"{b['measured'] / a['measured']:.2f}x" if "measured" in a and "measured" in b else ""
             print(f"    {trial:38s} replaced {fmt(a)}  real {fmt(b)} {ratio:>6}  {pred}")
