@@ -9,11 +9,13 @@ from __future__ import annotations
 import copy
 
 from cost_model.hardware import GpuSpec
+from cost_model.profile import ProfileError
 
 
 def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
-    if measured.get("provenance") != "measured":
-        raise ValueError("derive a profile from a measured one, not from another derived profile")
+    if measured.get("provenance") != "measured":   # a user error (--from names a derived profile): one line
+        raise ProfileError(f"the {source.name} profile is {measured.get('provenance')!r}, not measured: derive a "
+                           f"profile from a measured one (--from a GPU whose shipped profile was measured)")
     bf16 = target.bf16_tflops / source.bf16_tflops
     fp8 = target.fp8_tflops / source.fp8_tflops
     hbm = target.hbm_tb_s / source.hbm_tb_s

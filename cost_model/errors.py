@@ -12,5 +12,8 @@ class AttuneError(Exception):
     The message names the problem and the failing values in one line."""
 
     def one_line(self) -> str:
+        from cost_model.names import printable
+
         text = str(self).strip() or type(self).__name__
-        return " ".join(text.split())
+        # user text inside a message (a name, a path) must not add a line or send terminal escapes
+        return printable(" ".join(text.split()))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -40,8 +41,8 @@ class GpuSpec:
     def with_price(self, usd_per_gpu_hour: float | None) -> "GpuSpec":
         if usd_per_gpu_hour is None:
             return self
-        if usd_per_gpu_hour <= 0:
-            raise HardwareError(f"--usd-per-gpu-hour must be positive, got {usd_per_gpu_hour}")
+        if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
+            raise HardwareError(f"--usd-per-gpu-hour must be a positive finite number, got {usd_per_gpu_hour}")
         sources = dict(self.sources, usd_per_gpu_hour="given by the user")
         return dataclasses.replace(self, usd_per_gpu_hour=usd_per_gpu_hour, sources=sources)
 
@@ -58,9 +59,12 @@ def gpu_names() -> list[str]:
 
 def load_gpu(name: str) -> GpuSpec:
     entries = _catalog()
+    if not isinstance(name, str):   # a recipe's or a batch line's gpu field may hold anything
+        raise HardwareError(f"GPU type must be a string, got {type(name).__name__}; known: {', '.join(sorted(entries))}")
     key = name.strip().lower()
     if key not in entries:
-        raise HardwareError(f"unknown GPU '{name}'; known: {', '.join(sorted(entries))}")
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise HardwareError(f"unknown GPU '{shown}'; known: {', '.join(sorted(entries))}")
     entry = dict(entries[key], sources=dict(entries[key].get("sources", {})))  # callers must not share the cache
     return GpuSpec(name=key, **entry)
 

@@ -6,8 +6,10 @@ block (display name, hf_repo, sources).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from cost_model.names import clean_name
 from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelError,
                                    ModelSpec)
 
@@ -29,6 +31,18 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 _MISSING = object()
 
 
+# Bounds on what a config.json may say: far above every model trained today, low enough that the work
+# to score a layout stays bounded (the cost model walks the layers).
+MAX_LAYERS = 1024
+MAX_FIELD = 1 << 24          # any size, count or dimension (vocabularies reach ~260k, hidden sizes ~20k)
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short (a field may hold a megabyte list)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class _Reader:
     """Typed access to a config dict, raising one-line ModelErrors that name the field."""
 
@@ -43,7 +57,7 @@ class _Reader:
     def has(self, key: str) -> bool:
         return self.cfg.get(key) is not None
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1, maximum: int = MAX_FIELD) -> int:
         value = self.cfg.get(key)
         if value is None:
             if default is _MISSING:
@@ -52,9 +66,11 @@ class _Reader:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ModelError(f"{self._where(key)} must be an integer, got {value!r}")
+            raise ModelError(f"{self._where(key)} must be an integer, got {_shown(value)}")
         if value < minimum:
             raise ModelError(f"{self._where(key)} must be >= {minimum}, got {value}")
+        if value > maximum:
+            raise ModelError(f"{self._where(key)} must be <= {maximum:,}, got {str(value)[:40]}")
         return value
 
     def bool(self, key: str, default: bool) -> bool:
@@ -62,7 +78,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ModelError(f"{self._where(key)} must be true or false, got {value!r}")
+            raise ModelError(f"{self._where(key)} must be true or false, got {_shown(value)}")
         return value
 
     def float(self, key: str, default: float) -> float:
@@ -70,8 +86,14 @@ class _Reader:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelError(f"{self._where(key)} must be a number, got {value!r}")
-        return float(value)
+            raise ModelError(f"{self._where(key)} must be a number, got {_shown(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ModelError(f"{self._where(key)} must be a finite number, got {str(value)[:40]}")
+        return number
 
     def str_list(self, key: str, n: int, allowed: tuple[str, ...]) -> list[str] | None:
         value = self.cfg.get(key)
@@ -96,12 +118,17 @@ class _Reader:
 
 
 def _rope_factor(r: _Reader) -> float:
-    if r.has("partial_rotary_factor"):
-        return r.float("partial_rotary_factor", 1.0)
-    rope = r.cfg.get("rope_parameters")
-    if isinstance(rope, dict) and isinstance(rope.get("partial_rotary_factor"), (int, float)):
-        return float(rope["partial_rotary_factor"])
-    return 1.0
+    """The rotary share of a head: top level or under rope_parameters, in (0, 1]."""
+    reader = r
+    if not r.has("partial_rotary_factor"):
+        rope = r.cfg.get("rope_parameters")
+        if not (isinstance(rope, dict) and rope.get("partial_rotary_factor") is not None):
+            return 1.0
+        reader = _Reader(rope, r.origin, f"{r.prefix}rope_parameters.")
+    factor = reader.float("partial_rotary_factor", 1.0)
+    if not 0 < factor <= 1:
+        raise ModelError(f"{reader._where('partial_rotary_factor')} must be in (0, 1], got {factor}")
+    return factor
 
 
 def _qwen_mlp_types(r: _Reader, n: int, num_experts: int) -> tuple[str, ...]:
@@ -240,12 +267,12 @@ def _family(config: dict, cfg: dict, prefix: str, origin: str) -> tuple[str, str
     if model_type is None:
         raise ModelError(f"{origin}: field '{prefix}model_type' is missing")
     if not isinstance(model_type, str):
-        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {model_type!r}")
+        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {_shown(model_type)}")
     family = _FAMILIES.get(model_type)
     if family is None and prefix and isinstance(config.get("model_type"), str):
         family = _FAMILIES.get(config["model_type"])  # a text model_type we do not know, a wrapper we do
     if family is None:
-        raise ModelError(f"{origin}: unsupported model_type '{model_type}' "
+        raise ModelError(f"{origin}: unsupported model_type {_shown(model_type)} "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     return model_type, family
 
@@ -253,14 +280,14 @@ def _family(config: dict, cfg: dict, prefix: str, origin: str) -> tuple[str, str
 def _common_fields(r: _Reader, config: dict, model_type: str) -> dict[str, Any]:
     """The fields every family has: sizes, vocabulary, tying, attention bias, rotary fraction."""
     h = r.int("hidden_size")
-    n = r.int("num_hidden_layers")
+    n = r.int("num_hidden_layers", maximum=MAX_LAYERS)
     heads = r.int("num_attention_heads")
     kv_heads = r.int("num_key_value_heads", heads)
     vocab = r.int("vocab_size")
     tie = r.bool("tie_word_embeddings", False)
     head_dim = r.int("head_dim", 0, minimum=0) or (h // heads)
     # The checkpoint's own model_type (the VLM wrapper's, e.g. qwen3_5_moe, when there is one).
-    top_type = config.get("model_type") if isinstance(config.get("model_type"), str) else model_type
+    top_type = clean_name(config["model_type"]) if isinstance(config.get("model_type"), str) else model_type
     return dict(
         model_type=top_type, hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
         num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, tie_word_embeddings=tie,
@@ -300,9 +327,14 @@ def from_hf_config(config: dict, name: str = "", sources: dict | None = None, *,
     kw.update(_FAMILY_FIELDS[family](r, kw["num_hidden_layers"]))
     _check_consistency(kw, family, origin, prefix)
 
-    display = attune.get("display_name") or name or model_type
-    hf_repo = attune.get("hf_repo") or ""
-    src = dict(attune.get("sources") or {})
+    # names reach commands, comments, file names and the terminal: no control characters
+    display = clean_name(attune.get("display_name") or name or model_type) or clean_name(model_type) or "model"
+    hf_repo = clean_name(attune.get("hf_repo") or "")
+    name = clean_name(name)
+    sources_in = attune.get("sources") or {}
+    if not isinstance(sources_in, dict):
+        raise ModelError(f"{origin}: field '_attune.sources' must be a mapping")
+    src = dict(sources_in)
     if sources:
         src.update(sources)
     return ModelSpec(name=name, display_name=str(display), hf_repo=str(hf_repo), sources=src, **kw)

@@ -90,7 +90,7 @@ def parse_pairs(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, raw = str(pair).partition("=")
         if not sep:
-            raise InvalidLayout(f"layout value '{_short(pair)}' is not KEY=VALUE")
+            raise InvalidLayout(f"layout value {_short(pair)} is not KEY=VALUE")
         key = key.strip().replace("-", "_")
         if key in values:
             raise InvalidLayout(f"layout key '{key}' is given twice")

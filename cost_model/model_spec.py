@@ -35,7 +35,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from cost_model.user_file import read_user_text
+from cost_model.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
 from cost_model.errors import AttuneError
 
 # Layer kinds used in `ModelSpec.layer_types`.
@@ -337,23 +337,11 @@ def _catalog_keys() -> frozenset[str]:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml  # local import: keep module import free of I/O and heavy deps
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ModelError(f"{path}: malformed YAML{where}: {problem}") from None
+    return parse_yaml(read_user_text(path, ModelError, "model file"), str(path), ModelError)
 
 
 def _read_json(path: Path) -> Any:
-    text = read_user_text(path, ModelError, "config.json")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    return parse_json(read_user_text(path, ModelError, "config.json"), str(path), ModelError)
 
 
 def _from_hf_config(data: Any, name: str, origin: str) -> ModelSpec:
@@ -376,6 +364,11 @@ def _load_path(path: Path, mtime_ns: int) -> ModelSpec:
     return _from_hf_config(data, name=stem, origin=str(path))
 
 
+def _short(text: str) -> str:
+    """A name or path for an error message, cut short."""
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
     """A catalog name (see `catalog_names()`) or a path to a Hugging Face config.json."""
     if isinstance(name_or_path, ModelSpec):
@@ -385,18 +378,23 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
     text = os.fspath(name_or_path).strip()
     if not text:
         raise ModelError(f"empty model name; known: {', '.join(catalog_names())}")
+    if "\x00" in text:   # no path holds one; Path would raise ValueError on it
+        raise ModelError(f"{_short(text)!r}: not a catalog name or a path (NUL byte)")
     key = text.lower()
     if isinstance(name_or_path, str) and key in _catalog_keys():
         return _load_catalog(key)
     path = Path(text).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise ModelError(f"{path.parent}: directory has no config.json")
-    if path.is_file():
-        resolved = path.resolve()
-        return _load_path(resolved, resolved.stat().st_mtime_ns)
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+            if not path.is_file():
+                raise ModelError(f"{path.parent}: directory has no config.json")
+        if path.exists():
+            resolved = check_regular_file(path, ModelError, "config.json").resolve()
+            return _load_path(resolved, resolved.stat().st_mtime_ns)
+    except OSError as e:   # a name too long, a folder we may not enter
+        raise ModelError(f"{_short(text)}: cannot read: {e.strerror or type(e).__name__}") from None
     if os.sep in text or "/" in text or path.suffix in (".json", ".yaml", ".yml"):
-        raise ModelError(f"{text}: no such file")
-    raise ModelError(f"unknown model '{text}'; known: {', '.join(catalog_names())} "
+        raise ModelError(f"{_short(text)}: no such file")
+    raise ModelError(f"unknown model '{_short(text)}'; known: {', '.join(catalog_names())} "
                      f"(or pass a path to a config.json)")

@@ -14,11 +14,11 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-import yaml
 
 from cost_model.device_memory import DeviceMemory, DeviceMemoryError, parse_device_memory
 from cost_model.errors import AttuneError
-from cost_model.user_file import read_user_text
+from cost_model.names import clean_name
+from cost_model.user_file import parse_yaml, read_user_text, unique_containers
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
@@ -173,33 +173,96 @@ class HardwareProfile:
         return out
 
 
+# Measured rates and sizes the model divides by or takes the log of: each must be a positive finite number.
+POSITIVE_FIELDS = frozenset({"tflops", "fwd_tflops", "fwd_bwd_tflops", "hbm_copy_tb_s", "h2d_gb_s", "d2h_gb_s",
+                             "params_per_s", "busbw_gb_s", "fwd_ms", "fwd_bwd_ms", "tokens", "bytes", "m", "n", "k",
+                             "seq", "rows_per_expert", "head_dim", "gpus", "count", "qk_heads", "v_heads",
+                             "key_head_dim", "value_head_dim", "fp8_speedup", "efficiency"})
+# The numbers a rate of at most this much is a typo (or an attack) rather than a measurement.
+MAX_PROFILE_NUMBER = 1e18
+
+
+def _check_number(value, key, where: str, origin: str) -> None:
+    if key in POSITIVE_FIELDS and value is not None and (isinstance(value, bool)
+                                                          or not isinstance(value, (int, float))):
+        shown = repr(value) if isinstance(value, (str, bool)) else type(value).__name__
+        raise ProfileError(f"{origin}: {where} must be a number, got {shown[:40]}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, int) and abs(value) > MAX_PROFILE_NUMBER:
+        raise ProfileError(f"{origin}: {where} is {str(value)[:40]}, larger than {MAX_PROFILE_NUMBER:g}")
+    if not math.isfinite(value):
+        raise ProfileError(f"{origin}: {where} is {value}, not a finite number")
+    if key in POSITIVE_FIELDS and value <= 0:
+        raise ProfileError(f"{origin}: {where} must be positive, got {value}")
+    if key == "efficiency" and value > 1:
+        raise ProfileError(f"{origin}: {where} is a share of the peak, at most 1, got {value}")
+
+
+def _size(point: dict, key: str, origin: str) -> int:
+    """A dimension of a measured point (k, n, head_dim): a whole number of at least 1."""
+    value = point[key]
+    if value is None or value < 1 or value != int(value):
+        raise ProfileError(f"{origin}: {key} must be a whole number of at least 1, got {repr(value)[:40]}")
+    return int(value)
+
+
+def check_numbers(data, origin: str) -> None:
+    """Every number in the profile finite; the rates and sizes in POSITIVE_FIELDS numbers above zero
+    (a string or a boolean where one belongs is refused, not converted)."""
+    for container, path in unique_containers(data):
+        pairs = container.items() if isinstance(container, dict) else enumerate(container)
+        for key, value in pairs:
+            if isinstance(value, (dict, list)):
+                continue
+            where = (f"{path}.{key}" if path else str(key)) if isinstance(container, dict) else f"{path}[{key}]"
+            _check_number(value, key if isinstance(container, dict) else None, where, origin)
+
+
+def _require_curves(grouped: dict, attention: dict, collectives: dict, origin: str) -> None:
+    """The sections the model reads a rate from at every layout: each needs a measured point."""
+    for section, found in (("grouped_gemm_bf16", grouped), ("attention_bf16", attention)):
+        if not found:
+            raise ProfileError(f"{origin}: {section} has no point with fwd_bwd_tflops")
+    missing = [op for op in COLLECTIVE_OPS if op not in collectives]
+    if missing and "all_gather" not in collectives:   # an op without a curve reads all_gather's
+        raise ProfileError(f"{origin}: collectives has no curve for {', '.join(missing)} and no all_gather "
+                           f"curve to stand in for them")
+
+
 def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
     try:
         if data.get("schema_version") != 1:
-            raise ProfileError(f"{origin}: unknown schema_version {data.get('schema_version')!r} (expected 1)")
+            raise ProfileError(f"{origin}: unknown schema_version {repr(data.get('schema_version'))[:40]} (expected 1)")
+        check_numbers(data, origin)
+        if not [p for p in data["gemm_bf16"] or [] if not p.get("label")]:
+            raise ProfileError(f"{origin}: gemm_bf16 has no measured points")
         grid = _grid(data["gemm_bf16"], origin)
         fp8 = _fp8_speedup(data, grid)
         grouped: dict = {}
         for p in data["grouped_gemm_bf16"]:
             if p.get("fwd_bwd_tflops") is None:
                 continue
-            grouped.setdefault((int(p["k"]), int(p["n"])), []).append((float(p["rows_per_expert"]),
-                                                                        float(p["fwd_bwd_tflops"])))
+            shape = (_size(p, "k", origin), _size(p, "n", origin))
+            grouped.setdefault(shape, []).append((float(p["rows_per_expert"]), float(p["fwd_bwd_tflops"])))
         attention: dict = {}
         for p in data["attention_bf16"]:
             if p.get("fwd_bwd_tflops") is None:
                 continue
-            attention.setdefault(int(p["head_dim"]), []).append((float(p["seq"]), float(p["fwd_bwd_tflops"])))
+            attention.setdefault(_size(p, "head_dim", origin), []).append((float(p["seq"]), float(p["fwd_bwd_tflops"])))
         collectives: dict = {}
         gpus = max([int(c["gpus"]) for c in data.get("collectives", [])], default=1)
         for c in data.get("collectives", []):
             if int(c["gpus"]) == gpus:
                 collectives.setdefault(c["op"], []).append((float(c["bytes"]), float(c["busbw_gb_s"])))
+        _require_curves(grouped, attention, collectives, origin)
         linear = data.get("linear_attention") or {}
         mem, adam = data["memory"], data["cpu_adam"]
         return HardwareProfile(
-            gpu_type=str(data["gpu_type"]), provenance=str(data["provenance"]), source=str(data.get("source", "")),
-            date=str(data.get("date", "")), device=str(data.get("device", "")), count=int(data.get("count", 1)),
+            # the names reach the terminal, reports and recipes: no control characters
+            gpu_type=clean_name(data["gpu_type"]), provenance=clean_name(data["provenance"]),
+            source=clean_name(data.get("source", ""), 400), date=clean_name(data.get("date", "")),
+            device=clean_name(data.get("device", "")), count=int(data.get("count", 1)),
             gemm_bf16=grid, fp8_speedup=fp8,
             grouped={k: _curve(v) for k, v in grouped.items()},
             attention={k: _curve(v) for k, v in attention.items()},
@@ -213,7 +276,7 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
         raise
     except DeviceMemoryError as e:
         raise ProfileError(str(e)) from None
-    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, IndexError, OverflowError) as e:
         raise ProfileError(f"{origin}: malformed profile ({type(e).__name__}: {e})") from None
 
 
@@ -262,10 +325,7 @@ def _fp8_speedup(data: dict, grid: GemmGrid) -> float:
 
 
 def parse_profile(text: str, origin: str) -> HardwareProfile:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{origin}: not valid YAML ({' '.join(str(e).split())[:160]})") from None
+    data = parse_yaml(text, origin, ProfileError)
     if not isinstance(data, dict):
         raise ProfileError(f"{origin}: a profile must be a YAML mapping")
     return profile_from_dict(data, origin)

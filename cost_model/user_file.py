@@ -1,25 +1,151 @@
 """Reading a file a user named: its text, or one line naming the file and the problem.
 
-Every loader of user input (config.json, recipes, profiles, loss curves) reads through this, so a
-missing file, a folder, unreadable or non-UTF-8 bytes all end in the same kind of one-line error,
-raised as the loader's own error class."""
+Every loader of user input (config.json, recipes, profiles, loss curves, cluster files, batch
+requests) reads through this, so a missing file, a folder, a device or FIFO (/dev/zero, a named
+pipe), a file over the size limit, unreadable or non-UTF-8 bytes all end in the same kind of
+one-line error, raised as the loader's own error class. `parse_json` / `parse_yaml` bound the
+nesting and turn the parsers' own failures (deep nesting, integers of thousands of digits) into
+that error too.
+"""
 from __future__ import annotations
 
+import json
 import os
+import stat
+import sys
 from pathlib import Path
+from typing import Any
+
+MAX_USER_FILE_BYTES = 16 * 1024 * 1024     # far above any config, recipe, profile or curve
+MAX_NESTING = 64                           # config.json nests 3 deep, recipes 4, profiles 5
 
 
-def read_user_text(path: str | os.PathLike, error: type[Exception], what: str = "file") -> str:
+def read_user_text(path: str | os.PathLike, error: type[Exception], what: str = "file",
+                   limit: int = MAX_USER_FILE_BYTES) -> str:
     """The UTF-8 text of `path` (a leading byte-order mark dropped); `error` with one line otherwise."""
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise error(f"{name}: no such file") from None
     except IsADirectoryError:
         raise error(f"{name}: is a directory, not a {what}") from None
-    except UnicodeDecodeError as e:
-        raise error(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise error(" ".join(f"{name}: cannot read: {e.strerror or e}".split())) from None
+    except ValueError:   # a NUL byte in the path (from a batch line or a recipe, never from argv)
+        raise error(f"{name!r}: not a valid path (NUL byte)") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise error(f"{name}: is a directory, not a {what}")
+        raise error(f"{name}: not a regular file (a device, pipe or socket), not a {what}")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise error(" ".join(f"{name}: cannot read: {e.strerror or e}".split())) from None
+    if len(data) > limit:
+        raise error(f"{name}: larger than {limit // (1024 * 1024)} MiB, too large for a {what}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return text.lstrip("\ufeff")
+
+
+def check_regular_file(path: str | os.PathLike, error: type[Exception], what: str = "file") -> Path:
+    """`path` when it names a regular file; `error` saying what it is otherwise."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except OSError as e:
+        raise error(" ".join(f"{path}: cannot read: {e.strerror or e}".split())) from None
+    except ValueError:
+        raise error(f"{str(path)!r}: not a valid path (NUL byte)") from None
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: is a directory, not a {what}")
+    if not stat.S_ISREG(mode):
+        raise error(f"{path}: not a regular file (a device, pipe or socket), not a {what}")
+    return p
+
+
+def nesting_depth(data: Any, limit: int = MAX_NESTING) -> int:
+    """The nesting depth of parsed JSON/YAML data, counted without recursion, stopping past `limit`.
+
+    YAML aliases share one object between many places (a "billion laughs" bomb is 10 references to 10
+    references...): a container is walked again only when reached deeper than before, so the walk stays
+    linear in the distinct containers instead of exponential in the references."""
+    deepest, stack, seen = 0, [(data, 1)], {}
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list, tuple)):
+            if seen.get(id(value), 0) >= depth:
+                continue
+            seen[id(value)] = depth
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((v, depth + 1) for v in items)
+    return deepest
+
+
+def unique_containers(data: Any):
+    """(container, path) once per distinct dict/list in `data` (aliases visited once), without recursion."""
+    stack, seen = [(data, "")], set()
+    while stack:
+        value, where = stack.pop()
+        if not isinstance(value, (dict, list)) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        yield value, where
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k)) for k, v in value.items())
+        else:
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _bounded(data: Any, name: str, error: type[Exception]) -> Any:
+    if nesting_depth(data) > MAX_NESTING:
+        raise error(f"{name}: nested deeper than {MAX_NESTING} levels")
+    return data
+
+
+def _value_error(e: ValueError, name: str, error: type[Exception]) -> Exception:
+    """The parsers' ValueErrors as one line: Python's limit on integer digits named as such."""
+    if "integer string conversion" in str(e):
+        return error(f"{name}: an integer longer than {sys.get_int_max_str_digits():,} digits")
+    return error(f"{name}: {' '.join(str(e).split())[:160]}")
+
+
+def parse_json(text: str, name: str, error: type[Exception]) -> Any:
+    """JSON with bounded nesting; malformed JSON, deep nesting or huge integers as one-line `error`."""
+    try:
+        return _bounded(json.loads(text), name, error)
+    except json.JSONDecodeError as e:
+        raise error(f"{name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise error(f"{name}: nested deeper than {MAX_NESTING} levels") from None
+    except ValueError as e:   # Python's limit on integer digits
+        raise _value_error(e, name, error) from None
+
+
+def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
+    """YAML (safe_load) with bounded nesting; failures as one-line `error`."""
+    import yaml
+
+    try:
+        return _bounded(yaml.safe_load(text), name, error)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise error(f"{name}: malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise error(f"{name}: nested deeper than {MAX_NESTING} levels") from None
+    except (ValueError, OverflowError) as e:
+        raise _value_error(e, name, error) from None

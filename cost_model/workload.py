@@ -9,6 +9,9 @@ ROUTINGS = ("natural", "balanced")
 # Which training loop runs the layout. slime: slime's eager Megatron step (the leaderboard's stack).
 # megatron: Megatron-LM / Megatron-Bridge tuned pretraining (CUDA graphs, fused kernels, no slime step).
 FRAMEWORKS = ("slime", "megatron")
+# Far above any job trained today; bounds keep every derived size (tokens per step) small.
+MAX_SEQ_LEN = 1 << 20
+MAX_GLOBAL_BATCH = 1 << 20
 
 
 class WorkloadError(AttuneError, ValueError):
@@ -24,8 +27,12 @@ class Workload:
     framework: str = "slime"
 
     def __post_init__(self):
-        if self.seq_len <= 0 or self.global_batch <= 0:
-            raise WorkloadError(f"seq_len and global_batch must be positive, got {self.seq_len} and {self.global_batch}")
+        for name, high in (("seq_len", MAX_SEQ_LEN), ("global_batch", MAX_GLOBAL_BATCH)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise WorkloadError(f"{name} must be an integer, got {str(value)[:40]!r}")
+            if not 1 <= value <= high:
+                raise WorkloadError(f"{name} must be between 1 and {high:,}, got {str(value)[:40]}")
         if self.precision not in PRECISIONS:
             raise WorkloadError(f"precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
         if self.framework not in FRAMEWORKS:

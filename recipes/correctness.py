@@ -10,14 +10,33 @@ its convergence arm passed, and no component test failed). Nothing else makes a 
 """
 from __future__ import annotations
 
+from cost_model.errors import AttuneError
+
 CONVERGENCE_RULES = ("convergence: Megatron-Bridge validate_convergence rules and pipeline thresholds "
                      "(experiments/checks/convergence.py)")
+
+
+class CorrectnessError(AttuneError, ValueError):
+    """A recipe whose correctness block is not the format's mapping (a hand-edited or hostile file). One line."""
+
+
+def correctness_block(recipe: dict) -> dict:
+    """The recipe's correctness block, checked: a mapping whose component_tests is a list of mappings."""
+    block = recipe.get("correctness") if isinstance(recipe, dict) else None
+    if not isinstance(block, dict):
+        raise CorrectnessError(f"recipe field 'correctness' must be a mapping, got {type(block).__name__}")
+    tests = block.get("component_tests") or []
+    if not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
+        raise CorrectnessError("recipe field 'correctness.component_tests' must be a list of mappings")
+    if not isinstance(block.get("convergence") or {}, dict):
+        raise CorrectnessError("recipe field 'correctness.convergence' must be a mapping")
+    return block
 
 
 def record_component_test(recipe: dict, entry: dict) -> dict:
     """Add a component test result (replacing an earlier result of the same test), then update the
     block's result, summary and the recipe's status."""
-    block = recipe["correctness"]
+    block = correctness_block(recipe)
     tests = [t for t in (block.get("component_tests") or []) if t.get("test") != entry["test"]]
     block["component_tests"] = tests + [entry]
     return _settle(recipe)
@@ -26,7 +45,7 @@ def record_component_test(recipe: dict, entry: dict) -> dict:
 def record_convergence(recipe: dict, verdict: dict, reference: str) -> dict:
     """Set the convergence verdict of the recipe's measured run against `reference` (a description of
     the reference arm), then update the block's result, summary and the recipe's status."""
-    block = recipe["correctness"]
+    block = correctness_block(recipe)
     block["convergence"] = dict(verdict)
     block["reference"] = reference
     block["rules"] = CONVERGENCE_RULES
@@ -34,7 +53,7 @@ def record_convergence(recipe: dict, verdict: dict, reference: str) -> dict:
 
 
 def _settle(recipe: dict) -> dict:
-    block = recipe["correctness"]
+    block = correctness_block(recipe)
     tests = block.get("component_tests") or []
     failed_tests = [t for t in tests if t.get("result") != "pass"]
     conv = (block.get("convergence") or {}).get("result")

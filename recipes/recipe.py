@@ -22,11 +22,14 @@ from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_recipe_block, recipe_block
 from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
+from cost_model.names import file_name
 from cost_model.predict import Prediction
 from cost_model.stack import Stack
-from cost_model.user_file import read_user_text
+from cost_model.user_file import parse_yaml, read_user_text
 from cost_model.workload import Workload, WorkloadError
+from recipes.correctness import CorrectnessError, correctness_block
 from recipes.slime_command import actor_placement, slime_env, slime_run
+from search_space.enumerate import MAX_GPUS
 from search_space.rules import STACK, violations
 
 SCHEMA_VERSION = 1
@@ -273,8 +276,9 @@ def recipe_name(layout: Layout) -> str:
 
 def recipe_path(out_dir: str | os.PathLike, model: ModelSpec, gpu: GpuSpec, name: str) -> Path:
     """out_dir/<model>/<gpu>/<name>.yaml, as the leaderboard lays recipes out."""
-    file = name if name.endswith(".yaml") else f"{name}.yaml"
-    return Path(out_dir) / model.name / gpu.name / file
+    # the model's name may come from a user's config.json (its folder's name): one safe path component each
+    stem = name[:-len(".yaml")] if name.endswith(".yaml") else name
+    return Path(out_dir) / file_name(model.name, "model") / file_name(gpu.name, "gpu") / f"{file_name(stem)}.yaml"
 
 
 class _Dumper(yaml.SafeDumper):
@@ -305,6 +309,10 @@ def write_recipe(recipe: dict, path: str | os.PathLike) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        # mkstemp makes the file 0600; a recipe is shared like any file written with open(): 0666 - umask
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -375,6 +383,11 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
     """
     path = Path(path)
     top = _Fields(path, _read_mapping(path))
+    if "correctness" in top.data:   # checked now: a command that records a result must not fail after its run
+        try:
+            correctness_block(top.data)
+        except CorrectnessError as e:
+            top.fail(str(e))
     model = _model(top)
     gpu, world_size = _gpu(top)
     workload = _workload(top)
@@ -395,13 +408,7 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
 
 def _read_mapping(path: Path) -> dict:
     text = read_user_text(path, RecipeError, "recipe file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise RecipeError(_one_line(f"{path}: malformed YAML{where}: {problem}")) from None
+    data = parse_yaml(text, str(path), RecipeError)
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: expected a mapping of recipe fields at the top level, got {_kind(data)}")
     return data
@@ -411,7 +418,8 @@ def _model(top: _Fields) -> ModelSpec:
     name = top.str("model")
     key = _catalog_index().get(name.strip().lower())
     if key is None:
-        top.fail(f"field 'model': unknown model '{name}'; known: "
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        top.fail(f"field 'model': unknown model '{shown}'; known: "
                  f"{', '.join(sorted({load_model(n).display_name for n in catalog_names()}))}")
     try:
         return load_model(key)
@@ -427,7 +435,10 @@ def _gpu(top: _Fields) -> tuple[GpuSpec, int]:
         gpu = load_gpu(gpu_type)
     except HardwareError as e:
         top.fail(f"field 'gpu.type': {e}")
-    return gpu, gpu_fields.int("count")
+    count = gpu_fields.int("count")
+    if not 1 <= count <= MAX_GPUS:
+        top.fail(f"field 'gpu.count' must be between 1 and {MAX_GPUS:,}, got {str(count)[:40]}")
+    return gpu, count
 
 
 def _workload(top: _Fields) -> Workload:

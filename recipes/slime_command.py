@@ -21,10 +21,12 @@ import re
 import shlex
 from collections.abc import Mapping
 
+from cost_model.errors import AttuneError
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import Layout
+from cost_model.names import clean_name
 from search_space.megatron_args import (batch_args, dispatcher_args, moment_args, offload_args, parallel_args,
                                         recompute_args)
 
@@ -61,6 +63,14 @@ _MISC_LINES = (
     ("--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"),
     ("--attention-backend", "flash"),
 )
+
+
+class CommandError(AttuneError, ValueError):
+    """A value that would change the shape of the shell command (a newline or other control character)."""
+
+
+# A control character in a word would add a line (a newline) or hide text (an escape) in the command.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Raw(str):
@@ -210,16 +220,21 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     if script:
         comment = f"# MODEL_ARGS: source <slime>/{script}"
     else:
-        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {model.display_name}; "
+        # the display name comes from a user's config.json: one printable line, never a shell line of its own
+        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {clean_name(model.display_name)}; "
                    f"define MODEL_ARGS (see search_space.megatron_args.model_args)")
     out = [comment]
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
-    entry = Raw(entry_module) if re.fullmatch(r"<[^<>]*>", entry_module) else entry_module
+    entry = Raw(entry_module) if re.fullmatch(r"<[\w .-]*>", entry_module) else entry_module
     out.append(_words(entry_words("python3", entry)) + " \\")
     body = [_words(line) for line in lines]
     out += [f"  {text} \\" for text in body[:-1]]
     out.append(f"  {body[-1]}")
+    # every line of the command is one of the lines above: no field may have added one
+    bad = [line for line in out if _CONTROL.search(line)]
+    if bad:
+        raise CommandError(f"slime command line has a control character: {bad[0][:80]!r}")
     return "\n".join(out) + "\n"
 
 
@@ -240,9 +255,15 @@ def per_flag(args: list[str]) -> list[tuple[str, ...]]:
 
 
 def _words(words) -> str:
+    """The words as shell text: each quoted (shlex) unless Raw; a control character in any word refused."""
+    for w in words:
+        if _CONTROL.search(str(w)):
+            raise CommandError(f"slime command word {str(w)[:80]!r} has a control character (a newline would "
+                               f"add a shell line)")
     return " ".join(w if isinstance(w, Raw) else shlex.quote(str(w)) for w in words)
 
 
 def _env_value(value: str) -> str:
-    # A command substitution (NCCL_NVLS_ENABLE) is evaluated by the shell, as in the reference.
-    return value if value.startswith("$(") and value.endswith(")") else shlex.quote(value)
+    # A known command substitution (NCCL_NVLS_ENABLE) is evaluated by the shell, as in the reference;
+    # any other value is quoted.
+    return value if value in SHELL_ENV_INPUTS else shlex.quote(value)

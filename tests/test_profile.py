@@ -97,5 +97,5 @@ def test_malformed_profiles_raise_one_line(mutate, needle):
     with pytest.raises(ProfileError) as e:
         parse_profile(yaml.safe_dump(data), "p.yaml")
     assert needle in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(ProfileError, match="not valid YAML"):
+    with pytest.raises(ProfileError, match="malformed YAML at line 1"):
         parse_profile("a: [", "p.yaml")

@@ -44,11 +44,15 @@ import platform
 import sys
 import time
 
-import torch
-
 from cost_model.errors import AttuneError
 from cost_model.model_spec import ModelError, ModelSpec, load_model
-from experiments.checks.adam_arms import ARMS, Hyper, Fp32Math, fp64_reference, run_arms
+
+try:  # torch runs the test; parsing its flags (`tune component-test --help`) must not need it
+    import torch
+
+    from experiments.checks.adam_arms import ARMS, Hyper, Fp32Math, fp64_reference, run_arms
+except ModuleNotFoundError as _e:
+    torch, _MISSING = None, _e.name
 
 BOUND = 1e-3
 DEFAULT_MODEL = "qwen3.6-35b-a3b"
@@ -169,9 +173,13 @@ def _arm_verdicts(worst: dict, steps: tuple[int, ...], bound: float) -> dict:
 
 def run(model_name: str | ModelSpec = DEFAULT_MODEL, device: str = "cuda", steps: tuple[int, ...] = (1, 3),
         seed: int = 0, *, ep: int = DEFAULT_EP, max_elements: int = MAX_ELEMENTS,
-        shapes: list[tuple[str, int, int]] | None = None, hyper: Hyper = Hyper(),
+        shapes: list[tuple[str, int, int]] | None = None, hyper: Hyper | None = None,
         bound: float = BOUND) -> dict:
     """Run every arm on every tensor; errors are the worst tensor's, per recorded step."""
+    if torch is None:
+        raise ComponentTestError(f"the component test needs the Python package '{_MISSING}', which is not "
+                                 f"installed (pip install 'attune-llm[megatron]' brings torch)")
+    hyper = hyper if hyper is not None else Hyper()
     steps = tuple(sorted(set(int(s) for s in steps)))
     if not steps or steps[0] < 1:
         raise ComponentTestError(f"steps must be positive integers, got {steps}")
@@ -304,17 +312,31 @@ def recipe_component_block(result: dict, gpu_name: str | None = None) -> dict:
     }
 
 
+def _int_in(low: int, high: int):
+    """An argparse type: an integer in [low, high] (EP 0 would divide by zero; a seed must fit torch's)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer from {low:,} to {high:,}, got {text[:40]!r}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tune component-test adam",
         description="Precision-aware Adam (BF16 param + int16 remainder) against FP64 Adam, with negative controls. "
                     "Exit 0 pass, 1 fail, 2 unusable (no GPU, bad model).")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"catalog name or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--ep", type=int, default=DEFAULT_EP, help=f"expert-parallel size (default {DEFAULT_EP})")
+    p.add_argument("--ep", type=_int_in(1, 4096), default=DEFAULT_EP, help=f"expert-parallel size (default {DEFAULT_EP})")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cuda (default); cpu only for test runs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-elements", type=int, default=MAX_ELEMENTS,
+    p.add_argument("--seed", type=_int_in(0, 2 ** 63 - 1), default=0)
+    p.add_argument("--max-elements", type=_int_in(1, 1 << 31), default=MAX_ELEMENTS,
                    help=f"cap on the elements tested (default {MAX_ELEMENTS:,})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--recipe", help="record the result in this recipe's correctness.component_tests (checked "
@@ -327,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "adam":
         argv = argv[1:]
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)   # before torch is needed; under `tune`, a bad flag is one line
     from recipes.recipe import RecipeError, load_recipe
 
     try:
@@ -338,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ComponentTestError(f"--max-elements must be positive, got {args.max_elements}")
         result = run(args.model, args.device, seed=args.seed, ep=args.ep, max_elements=args.max_elements)
     except (ComponentTestError, RecipeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.one_line()}", file=sys.stderr)   # a path may hold a newline or an escape
         return 2
     if recipe is not None:
         from recipes.correctness import record_component_test

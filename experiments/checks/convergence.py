@@ -45,6 +45,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from cost_model.names import printable
 from experiments.checks.loss_curve import Curve, CurveError, load_curve
 
 __all__ = ["Curve", "CurveError", "Thresholds", "Verdict", "check", "load_curve", "main", "recipe_convergence_block"]
@@ -428,10 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         reference = load_curve(args.reference)
         verdict = check(candidate, reference, thresholds)
     except CurveError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e.one_line()}", file=sys.stderr)   # a file name may hold a newline or an escape
         return 2
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(' '.join(str(e).split()))}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from cost_model.errors import AttuneError
-from cost_model.user_file import read_user_text
+from cost_model.user_file import parse_json, read_user_text
 
 
 class CurveError(AttuneError, ValueError):
@@ -52,18 +52,30 @@ class Curve:
         return cls(tuple(range(first_step, first_step + len(losses))), losses, norms, source)
 
 
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short (a CSV cell may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _number(value: Any, what: str, where: str) -> float:
     """A loss or grad norm: a JSON number or a numeric string; NaN/Inf are data (the check fails on them)."""
     if isinstance(value, bool) or value is None:
         raise CurveError(f"{where}: non-numeric {what} {json.dumps(value)}")
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, int):
+        # an integer past float's range is an overflowing loss: data (Inf), as a float literal would be
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    if isinstance(value, float):
+        return value
     if isinstance(value, str):
         try:
             return float(value.strip())
         except ValueError:
             pass
-    raise CurveError(f"{where}: non-numeric {what} {value!r}")
+    raise CurveError(f"{where}: non-numeric {what} {_shown(value)}")
 
 
 def _step(value: Any, where: str) -> int:
@@ -82,11 +94,11 @@ def _step(value: Any, where: str) -> int:
             try:
                 number = float(text)
             except ValueError:
-                raise CurveError(f"{where}: non-numeric step {value!r}") from None
+                raise CurveError(f"{where}: non-numeric step {_shown(value)}") from None
     if number is None:
-        raise CurveError(f"{where}: non-numeric step {value!r}")
+        raise CurveError(f"{where}: non-numeric step {_shown(value)}")
     if not math.isfinite(number) or number != int(number):
-        raise CurveError(f"{where}: step {value!r} is not an integer")
+        raise CurveError(f"{where}: step {_shown(value)} is not an integer")
     return int(number)
 
 
@@ -113,11 +125,14 @@ def _build(path: str, rows: list[tuple[str, Any, Any, Any]], has_norm: bool) -> 
 
 
 def _parse_csv(path: str, text: str) -> Curve:
-    reader = csv.reader(io.StringIO(text))
+    try:
+        records = list(csv.reader(io.StringIO(text)))
+    except csv.Error as e:   # a field over csv's size limit, a NUL byte: malformed, in one line
+        raise CurveError(f"{path}: malformed CSV: {' '.join(str(e).split())[:120]}") from None
     header: list[str] | None = None
     rows: list[tuple[str, Any, Any, Any]] = []
     cols: dict[str, int] = {}
-    for line_no, record in enumerate(reader, start=1):
+    for line_no, record in enumerate(records, start=1):
         if not record or all(not cell.strip() for cell in record):
             continue
         if header is None:
@@ -125,7 +140,7 @@ def _parse_csv(path: str, text: str) -> Curve:
             for name in ("step", "loss"):
                 if name not in header:
                     raise CurveError(f"{path}: missing column '{name}' in the header line "
-                                     f"(found: {', '.join(header) or 'nothing'}; expected step,loss[,grad_norm])")
+                                     f"(found: {_shown(', '.join(header)) if header else 'nothing'}; expected step,loss[,grad_norm])")
             for name in ("step", "loss", "grad_norm"):
                 if header.count(name) > 1:
                     raise CurveError(f"{path}: column '{name}' appears twice in the header")
@@ -145,10 +160,7 @@ def _parse_csv(path: str, text: str) -> Curve:
 
 
 def _parse_json(path: str, text: str) -> Curve:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CurveError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    data = parse_json(text, path, CurveError)
     rows: list[tuple[str, Any, Any, Any]] = []
     if isinstance(data, list):
         has_norm = bool(data) and isinstance(data[0], dict) and "grad_norm" in data[0]

@@ -25,10 +25,9 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-import yaml
 
 from cost_model.errors import AttuneError
-from cost_model.user_file import read_user_text
+from cost_model.user_file import parse_yaml, read_user_text
 
 # The recipe's cluster paths: field -> (its recipe variable, the slime flag it feeds).
 PATHS = {
@@ -117,13 +116,7 @@ def load_cluster(path: str) -> ClusterConfig:
     """The --cluster FILE as a ClusterConfig; ClusterError (one line) for anything wrong with it."""
     where = f"--cluster {path}"
     text = read_user_text(path, ClusterError, "cluster file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or type(e).__name__
-        raise ClusterError(f"{where}: not valid YAML{at}: {problem}") from None
+    data = parse_yaml(text, where, ClusterError)
     if data is None:
         data = {}
     if not isinstance(data, dict):
