@@ -10,6 +10,7 @@ from itertools import product
 from typing import Iterator
 
 from cost_model.batching import max_tokens_per_gpu
+from cost_model.errors import AttuneError
 from cost_model.model_spec import MLA, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
@@ -36,8 +37,24 @@ class SpaceOptions:
 NARROWING_FIELDS = ("dispatchers", "exp_avg_dtypes", "max_cp")
 
 
+# The most GPUs a space is built for: the layouts grow with the count's divisors (1,024 GPUs: ~1,500
+# parallel shapes before the other dimensions), and no job today uses more.
+MAX_GPUS = 4096
+# The most layouts one space may hold, counted before any is built or scored (each scored one costs
+# ~70 us and ~2.4 KB): every catalog model fits under it up to MAX_GPUS (the largest, Qwen3-30B-A3B on
+# 4,096 GPUs with a global batch of 4,096 rows, has ~3.2 million); a config.json with unusual expert and
+# layer counts asks for more (4,096 experts and 512 layers: ~4.8 million) and is refused in one line, in
+# under a second, instead of growing for hours.
+MAX_SPACE_LAYOUTS = 4_000_000
+
+
+class SpaceTooLarge(AttuneError, ValueError):
+    """A search space with more layouts than MAX_SPACE_LAYOUTS."""
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def selective_module_sets(model: ModelSpec) -> list[tuple[str, ...]]:
@@ -95,13 +112,29 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
                 yield dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp)
 
 
+def shape_dispatchers(shape: dict, stack: Stack, options: SpaceOptions) -> list[str]:
+    return [d for d in options.dispatchers if d == "alltoall" or (shape["ep"] * shape["etp"] > 1 and stack.deepep)]
+
+
+def space_size(shapes: list[dict], model: ModelSpec, stack: Stack, options: SpaceOptions) -> int:
+    """How many layouts the enumeration builds over these parallel shapes (an upper bound on what it yields)."""
+    per_shape = len(options.rows_per_microbatch) * len(recompute_choices(model, options)) * len(offload_choices(options))
+    return per_shape * sum(len(shape_dispatchers(s, stack, options)) for s in shapes)
+
+
 def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
                       options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
+    """Every valid layout; SpaceTooLarge (before the first one) when the space would exceed MAX_SPACE_LAYOUTS."""
     recomputes = recompute_choices(model, options)
     offloads = offload_choices(options)
-    for shape in parallel_shapes(model, world_size, workload, stack, options):
-        dispatchers = [d for d in options.dispatchers
-                       if d == "alltoall" or (shape["ep"] * shape["etp"] > 1 and stack.deepep)]
+    shapes = list(parallel_shapes(model, world_size, workload, stack, options))
+    size = space_size(shapes, model, stack, options)
+    if size > MAX_SPACE_LAYOUTS:
+        raise SpaceTooLarge(f"the search space of {model.display_name} on {world_size:,} GPUs would hold {size:,} "
+                            f"layouts ({len(shapes):,} parallel shapes), more than the {MAX_SPACE_LAYOUTS:,} one "
+                            f"study scores; use fewer GPUs (--gpus) or a model with fewer layers or experts")
+    for shape in shapes:
+        dispatchers = shape_dispatchers(shape, stack, options)
         for rows, rc, off, disp in product(options.rows_per_microbatch, recomputes, offloads, dispatchers):
             max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
             try:

@@ -162,6 +162,12 @@ def _batching_rules(out: list[Violation], layout: Layout, workload: Workload) ->
         # calculator (built at start-up by slime) asserts GBS % (MBS x DP) == 0.
         out.append(Violation("global_batch_divisible_by_dp", MEGATRON,
                              f"global batch {gbs} rows is not divisible by DP {dp}"))
+    if gbs >= dp and layout.rows_per_microbatch > gbs // dp:
+        # slime accepts it, but a micro-batch can only pack the rows its rank gets: the layout would be
+        # the one with the smaller micro-batch, costed as if it were bigger
+        out.append(Violation("microbatch_within_rank_rows", CANONICAL,
+                             f"rows_per_microbatch {layout.rows_per_microbatch} is more than the {gbs // dp} rows "
+                             f"each DP rank gets per step (global batch {gbs} / DP {dp})"))
 
 
 def check(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> None:

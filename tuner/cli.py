@@ -13,7 +13,7 @@ import importlib
 import sys
 
 from cost_model.errors import AttuneError
-from tuner.options import PARSERS, SUBCOMMANDS
+from tuner.options import OWN_PARSER_SUBCOMMANDS, PARSERS, SUBCOMMANDS, CliError, one_line_usage_errors
 
 # Subcommands whose module parses its own arguments and returns its own exit code.
 DELEGATED = {"check-convergence": "experiments.checks.convergence",
@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in DELEGATED:
-            return importlib.import_module(DELEGATED[argv[0]]).main(argv[1:])
+            module = _delegated(argv[0])
+            with one_line_usage_errors():
+                return module.main(argv[1:])
         return _run_command(argv)
     except AttuneError as e:
         print(f"tune: error: {e.one_line()}", file=sys.stderr)
@@ -43,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_command(argv: list[str]) -> int:
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        raise CliError(_unknown_command(argv[0]))
     command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
     if command != "run":
         argv = argv[1:]
@@ -53,6 +57,25 @@ def _run_command(argv: list[str]) -> int:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     module, function = COMMANDS[command]
     return getattr(importlib.import_module(module), function)(args)
+
+
+def _delegated(command: str):
+    """The module of a subcommand that parses its own arguments; one line when what it needs is missing."""
+    try:
+        return importlib.import_module(DELEGATED[command])
+    except ModuleNotFoundError as e:
+        raise CliError(f"tune {command} needs the Python package '{e.name}', which is not installed "
+                       f"(pip install 'attune-llm[megatron]' brings torch and megatron-core)") from None
+
+
+def _unknown_command(word: str) -> str:
+    """A first word that is no subcommand and no flag: name it and the nearest subcommand."""
+    import difflib
+
+    known = SUBCOMMANDS + OWN_PARSER_SUBCOMMANDS
+    near = difflib.get_close_matches(word, known, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return f"unknown command '{word[:40]}'{hint}; commands: {', '.join(known)}; or flags: tune --model M --gpu G"
 
 
 if __name__ == "__main__":

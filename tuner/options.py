@@ -6,6 +6,8 @@ act on what they parse.
 from __future__ import annotations
 
 import argparse
+import math
+import re
 from contextlib import contextmanager
 
 from cost_model.errors import AttuneError
@@ -13,15 +15,91 @@ from cost_model.hardware import GpuSpec, load_gpu
 from cost_model.layout_codec import LAYOUT_KEYS
 from cost_model.model_spec import ModelSpec, load_model
 from cost_model.stack import STACK_FIXES
-from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
-from tuner.predict_request import REQUEST_KEYS
+from cost_model.workload import FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, PRECISIONS, ROUTINGS, Workload
+from search_space.enumerate import MAX_GPUS
+from tuner.predict_request import MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, MAX_USD_PER_GPU_HOUR, REQUEST_KEYS
 
 SUBCOMMANDS = ("show", "export", "report", "predict", "models", "gpus", "profile", "trial")
+# Subcommands whose own module parses their arguments (tuner.cli.DELEGATED).
+OWN_PARSER_SUBCOMMANDS = ("check-convergence", "component-test")
+
+# Upper bounds on what flags may ask for: far above any job trained today, low enough that the work
+# before the first answer stays bounded (the search space grows with the GPU count's divisors).
+MAX_LAYERS = 1024
+MAX_TRIALS = 100_000
+MAX_STEPS = 100_000
+MAX_GPU_HOURS = 10_000_000
+MAX_HANG_TIMEOUT_S = 7 * 24 * 3600
 SHOW_FORMATS = ("table", "csv", "json")
 
 
 class CliError(AttuneError):
     """A flag value, or a combination of flags, the command cannot run with."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (CliError: `tune: error: ...`, exit 2), not a usage dump."""
+
+    def error(self, message):
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
+@contextmanager
+def one_line_usage_errors():
+    """Parsers built elsewhere (the delegated subcommands' own argparse) end in one line too, not a usage dump."""
+    saved = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = Parser.error
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = saved
+
+
+def bounded_int(low: int, high: int):
+    """An argparse type: a decimal integer in [low, high], named in the error (no 0x10, 1_0 or other digits)."""
+    def parse(text: str) -> int:
+        digits = text.strip()
+        if not re.fullmatch(r"[+-]?[0-9]+", digits):
+            raise argparse.ArgumentTypeError(f"expected an integer, got {_shown(text)}")
+        # a 5,000-digit number is out of range, not a reason to convert it
+        value = int(digits) if len(digits.lstrip("+-0")) <= 30 else None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low:,} and {high:,}, got {_shown(text)}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def bounded_number(high: float):
+    """An argparse type: a finite number above zero and at most `high` (no nan, inf, negatives or 1e308)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 40 else float("nan")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {_shown(text)}") from None
+        if not (math.isfinite(value) and 0 < value <= high):
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0 and at most {high:,g}, "
+                                             f"got {_shown(text)}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def stop_margin(text: str) -> float | None:
+    """An argparse type: the agent's stop margin, a fraction in [0, 10], or `off` (None: never stop early)."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text) if len(text) <= 40 else float("nan")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction or 'off', got {_shown(text)}") from None
+    if not (math.isfinite(value) and 0 <= value <= 10):
+        raise argparse.ArgumentTypeError(f"must be a fraction from 0 to 10 or 'off', got {_shown(text)}")
+    return value
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 @contextmanager
@@ -39,18 +117,22 @@ def writing_user_file():
 def add_target(p: argparse.ArgumentParser, required: bool = True):
     p.add_argument("--model", required=required, help="catalog name (see `tune models`) or path to a config.json")
     p.add_argument("--gpu", required=required, help="GPU type (see `tune gpus`)")
-    p.add_argument("--gpus", type=int, default=None, help="number of GPUs (default: one node)")
+    p.add_argument("--gpus", type=bounded_int(1, MAX_GPUS), default=None,
+                   help=f"number of GPUs (default: one node; at most {MAX_GPUS:,})")
 
 
 def add_workload(p: argparse.ArgumentParser):
-    p.add_argument("--seq-len", type=int, default=8192, help="tokens per row (default 8192)")
-    p.add_argument("--global-batch", type=int, default=128, help="rows per optimizer step (default 128)")
+    p.add_argument("--seq-len", type=bounded_int(1, MAX_SEQ_LEN), default=8192,
+                   help=f"tokens per row (default 8192; at most {MAX_SEQ_LEN:,})")
+    p.add_argument("--global-batch", type=bounded_int(1, MAX_GLOBAL_BATCH), default=128,
+                   help=f"rows per optimizer step (default 128; at most {MAX_GLOBAL_BATCH:,})")
     p.add_argument("--precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--routing", choices=ROUTINGS, default="natural",
                    help="natural: real data, unbalanced experts; balanced: forced router balance")
     p.add_argument("--framework", choices=FRAMEWORKS, default="slime",
                    help="slime: slime's eager Megatron step (default); megatron: a tuned Megatron-LM/Bridge step")
-    p.add_argument("--usd-per-gpu-hour", type=float, default=None, help="override the GPU's catalog price")
+    p.add_argument("--usd-per-gpu-hour", type=bounded_number(MAX_USD_PER_GPU_HOUR), default=None,
+                   help=f"override the GPU's catalog price (above 0, at most {MAX_USD_PER_GPU_HOUR:,})")
     p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
                    help="a fix your training image has (repeatable)")
     p.add_argument("--profile", default=None,
@@ -68,9 +150,11 @@ def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
     p.add_argument("--backend", choices=choices if default else choices[1:], default=default, required=not default,
                    help="predict: the cost model answers (no GPU; figures labelled predicted); megatron: short "
                         "megatron-core trials on this machine's GPUs; slime: slime jobs on a Ray cluster")
-    p.add_argument("--steps", type=int, default=20, help="steps of a measured trial (default 20)")
-    p.add_argument("--layers", type=int, default=None,
-                   help="megatron: run the first L layers (default: the most that fit the local GPUs)")
+    p.add_argument("--steps", type=bounded_int(1, MAX_STEPS), default=20,
+                   help=f"steps of a measured trial (default 20; at most {MAX_STEPS:,})")
+    p.add_argument("--layers", type=bounded_int(1, MAX_LAYERS), default=None,
+                   help=f"megatron: run the first L layers (default: the most that fit the local GPUs; at most "
+                        f"{MAX_LAYERS:,})")
     p.add_argument("--rows", help="megatron: token rows (JSONL {\"tokens\": [...]}) for measured trials and "
                                   "convergence arms (default: random tokens, nothing to learn)")
     p.add_argument("--cluster", metavar="FILE", help="slime: the cluster file (YAML: ray_address, slime_dir, "
@@ -83,13 +167,15 @@ def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
     p.add_argument("--torch-dist", help="slime: $TORCH_DIST on the cluster")
     p.add_argument("--sft-data", help="slime: pre-tokenised rows (JSONL) on the cluster")
     p.add_argument("--profile-dir", help="slime: $PROFILE_DIR on the cluster (slime's --tensorboard-dir)")
-    p.add_argument("--hang-timeout", type=float, default=None, help="seconds without a new step before a trial "
-                   "is stopped as hung")
+    p.add_argument("--hang-timeout", type=bounded_number(MAX_HANG_TIMEOUT_S), default=None,
+                   help=f"seconds without a new step before a trial is stopped as hung (at most {MAX_HANG_TIMEOUT_S:,})")
 
 
 def add_layout(p: argparse.ArgumentParser):
-    p.add_argument("--layout", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="layout fields: " + ", ".join(LAYOUT_KEYS))
+    # extend, not the default store: `--layout ep=8 --layout ep=4` reaches parse_pairs, which refuses the
+    # repeated key, instead of the last flag silently replacing the first
+    p.add_argument("--layout", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="layout fields (each key once): " + ", ".join(LAYOUT_KEYS))
 
 
 # ---------------------------------------------------------------- what the shared flags become
@@ -118,22 +204,29 @@ def profile(args):
 # ---------------------------------------------------------------- one parser per subcommand
 
 def run_parser():
-    p = argparse.ArgumentParser(prog="tune", description="Find the fastest training layout for a model on a GPU "
-                                "cluster. Subcommands: " + ", ".join(SUBCOMMANDS) + ".")
+    p = Parser(prog="tune", formatter_class=argparse.RawDescriptionHelpFormatter,
+               description="Find the fastest training layout for a model on a GPU cluster.\nSubcommands: "
+                           + ", ".join(SUBCOMMANDS + OWN_PARSER_SUBCOMMANDS) + "\n(tune SUBCOMMAND --help).")
     add_target(p)
     add_workload(p)
     add_storage(p)
-    p.add_argument("--trials", type=int, default=20, help="trials to add to the study (default 20)")
+    p.add_argument("--trials", type=bounded_int(1, MAX_TRIALS), default=20,
+                   help=f"trials to add to the study (default 20; at most {MAX_TRIALS:,})")
     add_backend(p)
     p.add_argument("--proposer", choices=("agent", "tpe", "gp", "random"), default="agent",
                    help="agent: reads predictions and measurements (default); tpe: Optuna's TPE sampler; "
                         "gp: Optuna's Gaussian-process sampler; random: Optuna's random sampler")
-    p.add_argument("--gpu-hours", type=float, default=None, metavar="FLOAT",
-                   help="stop when the measured trials have used this many GPU-hours (default: no limit)")
-    p.add_argument("--top", type=int, default=3, help="recipes to export for the best layouts (default 3)")
+    p.add_argument("--stop-margin", type=stop_margin, default=0.03, metavar="FRACTION|off",
+                   help="agent: stop once no untried layout's 95%% upper bound beats the best measured by more than "
+                        "this fraction (default 0.03); off: run every --trials")
+    p.add_argument("--gpu-hours", type=bounded_number(MAX_GPU_HOURS), default=None, metavar="FLOAT",
+                   help="stop when the measured trials have used this many GPU-hours (default: no limit; at most "
+                        f"{MAX_GPU_HOURS:,})")
+    p.add_argument("--top", type=bounded_int(0, 1000), default=3,
+                   help="recipes to export for the best layouts (default 3; 0: none; at most 1,000)")
     p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--verify-top", type=int, default=None,
+    p.add_argument("--verify-top", type=bounded_int(0, 1000), default=None,
                    help="measured backends: run the convergence arm for the K fastest measured layouts (default 3)")
     p.add_argument("--reference", nargs="*", default=None, metavar="KEY=VALUE",
                    help="the convergence reference layout (default: the simplest valid layout that fits)")
@@ -143,26 +236,27 @@ def run_parser():
 
 
 def show_parser():
-    p = argparse.ArgumentParser(prog="tune show", description="A study's trials: the ranked table (default), or "
+    p = Parser(prog="tune show", description="A study's trials: the ranked table (default), or "
                                 "one row per trial as CSV or JSON.")
     add_storage(p)
-    p.add_argument("--limit", type=int, default=None,
-                   help="rows to print (default all): the best N of the table, the first N trials of csv/json")
+    p.add_argument("--limit", type=bounded_int(1, 10**9), default=None,
+                   help="rows to print, at least 1 (default all): the best N of the table, the first N trials of "
+                        "csv/json")
     p.add_argument("--format", choices=SHOW_FORMATS, default="table",
                    help="table: ranked completed trials (default); csv, json: every trial, in trial order")
     return p
 
 
 def export_parser():
-    p = argparse.ArgumentParser(prog="tune export", description="Write recipe YAMLs for a study's best layouts.")
+    p = Parser(prog="tune export", description="Write recipe YAMLs for a study's best layouts.")
     add_storage(p)
-    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--top", type=bounded_int(1, 1000), default=3, help="recipes to write, 1 to 1,000 (default 3)")
     p.add_argument("--out", required=True, help="folder; recipes go to OUT/<model>/<gpu>/<name>.yaml")
     return p
 
 
 def report_parser():
-    p = argparse.ArgumentParser(prog="tune report", description="A study as a self-contained HTML page: "
+    p = Parser(prog="tune report", description="A study as a self-contained HTML page: "
                                 "OUT/index.html and its PNG figures (no JavaScript, no network).")
     add_storage(p)
     p.add_argument("--out", required=True, help="folder for index.html and its figures (made if missing)")
@@ -170,7 +264,7 @@ def report_parser():
 
 
 def predict_parser():
-    p = argparse.ArgumentParser(prog="tune predict", description="Predict memory, step time and throughput of "
+    p = Parser(prog="tune predict", description="Predict memory, step time and throughput of "
                                 "one layout, from a recipe or from flags; or of many, one JSON request a line.")
     p.add_argument("--recipe", help="a recipe YAML (its model, GPU, workload and layout)")
     add_target(p, required=False)
@@ -181,24 +275,28 @@ def predict_parser():
     p.add_argument("--recipe-out", help="write the predicted recipe for this layout")
     p.add_argument("--batch", metavar="REQUESTS.jsonl",
                    help="one JSON request a line (keys: " + ", ".join(REQUEST_KEYS) + "); '-' reads stdin; "
-                        "prints one JSON result a line, in order; an invalid request gets an error field")
+                        "prints one JSON object a line, in order, each with its request's line number: the result, "
+                        "or {\"line\": N, \"error\": ...} for a request that cannot be answered (blank lines are "
+                        f"skipped; lines up to {MAX_REQUEST_CHARS:,} characters, at most {MAX_BATCH_REQUESTS:,} "
+                        "requests). Exit 0: every request answered with a result; 1: at least one error object; "
+                        "2: the file cannot be read")
     return p
 
 
 def models_parser():
-    p = argparse.ArgumentParser(prog="tune models", description="The model catalog.")
+    p = Parser(prog="tune models", description="The model catalog.")
     p.add_argument("--json", action="store_true")
     return p
 
 
 def gpus_parser():
-    p = argparse.ArgumentParser(prog="tune gpus", description="The GPU catalog, with the source of each figure.")
+    p = Parser(prog="tune gpus", description="The GPU catalog, with the source of each figure.")
     p.add_argument("--json", action="store_true")
     return p
 
 
 def profile_parser():
-    p = argparse.ArgumentParser(prog="tune profile", description="Measure this machine's GPUs (GEMM, grouped GEMM, "
+    p = Parser(prog="tune profile", description="Measure this machine's GPUs (GEMM, grouped GEMM, "
                                 "attention, NCCL collectives, host transfers, CPU Adam) into a profile YAML, or "
                                 "derive a profile for another GPU type from a measured one.")
     p.add_argument("--model", default=None, help="also measure this model's own GEMM and attention shapes")
@@ -210,7 +308,7 @@ def profile_parser():
 
 
 def trial_parser():
-    p = argparse.ArgumentParser(prog="tune trial", description="Run one trial of one layout outside any study and "
+    p = Parser(prog="tune trial", description="Run one trial of one layout outside any study and "
                                 "print its result (measured by the chosen backend).")
     add_target(p)
     add_workload(p)

@@ -6,6 +6,8 @@ routing, framework, usd_per_gpu_hour, stack_fix, layout {recipe layout keys}; or
 """
 from __future__ import annotations
 
+import json
+
 from cost_model.hardware import load_gpu
 from cost_model.hypotheses import Interval, default_hypotheses, predict_interval
 from cost_model.model_spec import load_model
@@ -14,12 +16,19 @@ from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
 from cost_model.case import Case
 from cost_model.layout_codec import layout_from_values, layout_values
+from search_space.enumerate import MAX_GPUS
 from search_space.rules import check
-from cost_model.stack import Stack
+from cost_model.stack import STACK_FIXES, Stack
 from cost_model.errors import AttuneError
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework",
                 "usd_per_gpu_hour", "stack_fix", "layout", "recipe")
+# Far above any cloud price; a bound keeps $/1M tokens a finite, printable figure.
+MAX_USD_PER_GPU_HOUR = 1000
+# `predict --batch`: one request is a few hundred characters; the bounds keep what one line or one
+# batch can make the command read (and answer) finite, stdin included.
+MAX_REQUEST_CHARS = 64 * 1024
+MAX_BATCH_REQUESTS = 100_000
 
 
 class RequestError(AttuneError, ValueError):
@@ -32,6 +41,7 @@ def resolve(request: dict) -> Case:
     unknown = sorted(set(request) - set(REQUEST_KEYS))
     if unknown:
         raise RequestError(f"unknown request key(s) {unknown}; known: {', '.join(REQUEST_KEYS)}")
+    _check_types(request)
     fixes = request.get("stack_fix") or []
     if isinstance(fixes, str):
         fixes = [fixes]
@@ -46,9 +56,9 @@ def resolve(request: dict) -> Case:
         raise RequestError("a request needs a recipe, or a model, a gpu and a layout")
     model = load_model(request["model"])
     gpu = load_gpu(request["gpu"]).with_price(request.get("usd_per_gpu_hour"))
-    gpus = request.get("gpus") or gpu.gpus_per_node
-    if not isinstance(gpus, int) or gpus < 1:
-        raise RequestError(f"gpus must be a positive integer, got {gpus!r}")
+    gpus = request["gpus"] if request.get("gpus") is not None else gpu.gpus_per_node   # 0 is refused, not a node
+    if not 1 <= gpus <= MAX_GPUS:
+        raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {str(gpus)[:40]}")
     workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework")
                            if request.get(k) is not None})
     raw_layout = request.get("layout") or {}
@@ -56,6 +66,40 @@ def resolve(request: dict) -> Case:
         raise RequestError("layout must be a mapping of layout keys to values")
     layout = layout_from_values(raw_layout, gpus, workload.seq_len)
     return Case(model, gpu, workload, layout, Stack.with_fixes(list(fixes)))
+
+
+# The JSON type each request key takes (layout: a mapping, checked by the layout codec).
+_TEXT = ("recipe", "model", "gpu", "precision", "routing", "framework")
+_INTS = ("gpus", "seq_len", "global_batch")
+
+
+def _check_types(request: dict) -> None:
+    """Each field of the JSON type it takes, named in one line when not (a bad line is answered in place)."""
+    for key in _TEXT:
+        if request.get(key) is not None and not isinstance(request[key], str):
+            raise RequestError(f"{key} must be a string, got {_shown(request[key])}")
+    for key in _INTS:
+        value = request.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise RequestError(f"{key} must be an integer, got {_shown(value)}")
+    price = request.get("usd_per_gpu_hour")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))
+                              or not 0 < price <= MAX_USD_PER_GPU_HOUR):   # NaN fails the comparison too
+        raise RequestError(f"usd_per_gpu_hour must be a number above 0 and at most {MAX_USD_PER_GPU_HOUR:,}, "
+                           f"got {_shown(price)}")
+    fixes = request.get("stack_fix")
+    if fixes is not None and not isinstance(fixes, str) and not (
+            isinstance(fixes, list) and all(isinstance(f, str) for f in fixes)):
+        raise RequestError(f"stack_fix must be a string or a list of strings, got {_shown(fixes)}")
+    unknown = [f for f in ([fixes] if isinstance(fixes, str) else fixes or []) if f not in STACK_FIXES]
+    if unknown:
+        raise RequestError(f"unknown stack_fix {_shown(unknown)}; known: {', '.join(STACK_FIXES)}")
+
+
+def _shown(value) -> str:
+    """A request's value as JSON, cut short: NaN and Infinity stay readable, a long value stays one short line."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction:

@@ -13,10 +13,11 @@ from cost_model.layout import Layout
 from cost_model.layout_codec import parse_pairs
 from cost_model.model_spec import ModelSpec
 from cost_model.predict import Prediction
-from cost_model.user_file import read_user_text
+from cost_model.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
 from tuner.options import CliError, profile, writing_user_file
-from tuner.predict_request import interval_for, answer, resolve, result_dict
+from tuner.predict_request import (MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
+                                   result_dict)
 
 
 def request_from_args(args) -> dict:
@@ -54,22 +55,68 @@ def cmd_predict(args) -> int:
 
 
 def predict_batch(path: str, hardware) -> int:
-    """One JSON result a line for one JSON request a line; a request that cannot be answered gets an error."""
-    stream = sys.stdin if path == "-" else io.StringIO(read_user_text(path, CliError, "request file"))
+    """One JSON object a line for one JSON request a line, in order: the result, or {"line": N, "error": ...}
+    in place of a request that cannot be answered; a bad line never ends the batch. Exit 0 when every request
+    got a result, 1 when any got an error object (the file that cannot be read at all: CliError, exit 2)."""
+    stream = _stdin() if path == "-" else io.StringIO(read_user_text(path, CliError, "request file"))
+    failed = asked = 0
     with stream:
-        for number, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            try:
-                request = json.loads(line)
-                case = resolve(request)
-                out = result_dict(case, answer(case, hardware), interval_for(case, hardware))
-            except json.JSONDecodeError as e:
-                out = {"error": f"line {number}: not JSON ({e.msg} at column {e.colno})"}
-            except AttuneError as e:
-                out = {"error": f"line {number}: {e.one_line()}"}
-            print(json.dumps(out))
-    return 0
+        for number, line in _request_lines(stream):
+            asked += 1
+            if asked > MAX_BATCH_REQUESTS:   # a bound on the work, said in place of the first request left out
+                out = _error(number, f"more than {MAX_BATCH_REQUESTS:,} requests in one batch; this line and the "
+                                     f"rest are not read (split the file)")
+            elif line is None:
+                out = _error(number, f"longer than {MAX_REQUEST_CHARS:,} characters")
+            else:
+                out = _answer_line(line, number, hardware)
+            failed += "error" in out
+            print(json.dumps(out), flush=True)
+            if asked > MAX_BATCH_REQUESTS:
+                break
+    return 1 if failed else 0
+
+
+def _stdin():
+    """stdin as UTF-8 text whose undecodable bytes become U+FFFD: such a line gets an error object, the
+    batch goes on (a strict decoder would end it with a traceback)."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    return io.TextIOWrapper(buffer, encoding="utf-8", errors="replace") if buffer is not None else sys.stdin
+
+
+def _request_lines(stream):
+    """(line number, text) of each non-blank line; text None for a line over MAX_REQUEST_CHARS characters,
+    of which no more than that is ever held (the rest is read and dropped)."""
+    number = 0
+    while True:
+        line = stream.readline(MAX_REQUEST_CHARS + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_REQUEST_CHARS and not line.endswith("\n"):
+            rest = line
+            while rest and not rest.endswith("\n"):
+                rest = stream.readline(MAX_REQUEST_CHARS + 1)
+            yield number, None
+        elif line.strip():
+            yield number, line
+
+
+def _error(number: int, message: str) -> dict:
+    return {"line": number, "error": f"line {number}: {message}"}
+
+
+def _answer_line(line: str, number: int, hardware) -> dict:
+    """One request's answer, or an error object naming the line: a bad line never ends the batch."""
+    try:
+        case = resolve(parse_json(line, f"line {number}", CliError))
+        return {"line": number, **result_dict(case, answer(case, hardware), interval_for(case, hardware))}
+    except AttuneError as e:
+        text = e.one_line()
+        return _error(number, text[len(f"line {number}: "):] if text.startswith(f"line {number}: ") else text)
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError, ZeroDivisionError) as e:
+        # a value no check above caught: still one answer for this line, and the batch goes on
+        return _error(number, f"invalid request ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
 
 
 def interval_text(iv) -> str:
