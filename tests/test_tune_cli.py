@@ -139,10 +139,10 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "bogus=1"], "unknown layout key"),
         (["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", "postgresql://nobody@127.0.0.1:1/x"],
          "cannot open study storage"),
-        (["show", "--study", "nope", "--storage", str(tmp_path / "empty.db")], "no study named 'nope'"),
+        (["show", "--study", "nope", "--storage", str(tmp_path / "empty.db")], "no such file"),   # and none made
         (["profile"], "no CUDA GPU found"),
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
-          str(bad_recipe)], "not valid YAML"),
+          str(bad_recipe)], "malformed YAML"),
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
           str(tmp_path / "missing.yaml")], "missing.yaml: no such file"),
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
@@ -153,6 +153,7 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
     ]
     for args, needle in cases:
         assert_one_line_error(run_tune(*args, cwd=tmp_path), needle)
+    assert not (tmp_path / "empty.db").exists()
 
 
 @pytest.mark.slow
@@ -225,12 +226,12 @@ def test_predict_batch_answers_each_line_in_order(tmp_path, capsys):
     ]
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in requests) + "\n")
-    assert main(["predict", "--batch", str(path)]) == 0
+    assert main(["predict", "--batch", str(path)]) == 1   # 1: some lines got an error object
     lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
-    assert len(lines) == len(requests)
+    assert len(lines) == len(requests) and [l["line"] for l in lines] == list(range(1, len(requests) + 1))
     assert lines[0]["fits"] and lines[0]["label"].startswith("TP1 PP1 EP8 DP8")
     assert "error" in lines[1] and "line 2" in lines[1]["error"] and "TP x PP x CP" in lines[1]["error"]
-    assert "error" in lines[2] and "not JSON" in lines[2]["error"]
+    assert "error" in lines[2] and "malformed JSON" in lines[2]["error"]
     assert lines[3]["layout"]["max_tokens_per_gpu"] == 16384 and lines[3]["kind"] == "predicted"
     assert lines[4]["gpus"] == 16 and lines[4]["tokens_per_s_per_gpu"] > 0
     assert "unknown request key" in lines[5]["error"]

@@ -23,6 +23,7 @@ posterior; each proposal carries what it tests, what it expects (interval) and t
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -179,8 +180,10 @@ class AgentProposer(Proposer):
 
     def __init__(self, candidates: list[Candidate], layout_params, hypotheses: tuple[Hypothesis, ...] = (),
                  predict_h: Callable[[Hypothesis, Layout], float] | None = None, sigma: float = 0.1,
-                 level_sd: float = 0.5, family_sd: float = 0.15, discriminate: float = 0.5, stop_margin: float = 0.03):
-        """`hypotheses`/`predict_h` default to one hypothesis: the candidates' own predictions."""
+                 level_sd: float = 0.5, family_sd: float = 0.15, discriminate: float = 0.5,
+                 stop_margin: float | None = 0.03):
+        """`hypotheses`/`predict_h` default to one hypothesis: the candidates' own predictions; `stop_margin`
+        None: never stop before the trials asked for."""
         self.layout_params = layout_params
         self.by_key = {c.layout.key(): c for c in candidates}
         if predict_h is None:
@@ -192,6 +195,7 @@ class AgentProposer(Proposer):
         self.total_candidates = len(candidates)
         self.stop_reason: str | None = None
         self.last: Belief | None = None
+        self._rng = random.Random()   # only to spread proposals between concurrent tuners
 
     # -- what the study knows
     def _measured(self, history: History) -> list[tuple[int, float]]:
@@ -245,7 +249,7 @@ class AgentProposer(Proposer):
         if not outs:
             self.stop_reason = "every distinct fitting layout has been tried"
             return None
-        if best > 0:
+        if best > 0 and self.stop_margin is not None:
             live = [o for o in outs if o.p_fit >= 0.5]
             top = max((o.high for o in live), default=0.0)
             if top < best * (1 + self.stop_margin):
@@ -253,6 +257,12 @@ class AgentProposer(Proposer):
                                     f"({best:,.0f} tokens/s/GPU) by more than {self.stop_margin:.0%}")
                 return None
         choice = max(outs, key=lambda o: o.value)
+        peers = getattr(history, "peers", 1)
+        if peers > 1:
+            # several tuners propose at once from the same posterior: each takes one of the best `peers`
+            # at random, so they rarely race for one layout (tuner.trial_claims settles the races left)
+            top = sorted(outs, key=lambda o: -o.value)[:peers]
+            choice = self._rng.choice(top)
         c = self.table.candidates[choice.index]
         return Proposal(params=self.layout_params(c.layout), rationale=self._explain(c, choice, b, best),
                         attrs=self._attrs(choice, b))

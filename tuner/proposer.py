@@ -41,6 +41,7 @@ class History:
     measured_layouts: list = field(default_factory=list)    # (Layout, measured tok/s)
     failed: list = field(default_factory=list)              # (layout key, failure_class, predicted peak GiB)
     best_value: float | None = None
+    peers: int = 1          # tuners working on the study now (this one included); >1 spreads the proposals
 
 
 def family(layout: Layout) -> tuple:

@@ -68,11 +68,15 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
 
 
 def counts_line(study: optuna.Study) -> str:
+    from tuner.trial_claims import is_lost_claim
+
     trials = study.get_trials(deepcopy=False)
+    lost = sum(1 for t in trials if is_lost_claim(t))
     count = {s: sum(1 for t in trials if t.state == s) for s in (TrialState.COMPLETE, TrialState.PRUNED,
                                                                    TrialState.FAIL)}
-    return (f"study '{study.study_name}': {len(trials)} trials ({count[TrialState.COMPLETE]} complete, "
-            f"{count[TrialState.PRUNED]} pruned, {count[TrialState.FAIL]} failed)")
+    races = f"; {lost} more were layouts another tuner claimed first, not run" if lost else ""
+    return (f"study '{study.study_name}': {len(trials) - lost} trials ({count[TrialState.COMPLETE]} complete, "
+            f"{count[TrialState.PRUNED] - lost} pruned, {count[TrialState.FAIL]} failed{races})")
 
 
 # One record per trial (`tune show --format csv|json`): its figures come from its result when it ran,

@@ -16,10 +16,13 @@ numeric attributes (peak_memory_gib, mfu, ..., `figures`) for optuna-dashboard.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import socket
 import sys
+import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +45,9 @@ from tuner.intervals import interval_dict
 from tuner.proposer import History, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
 from tuner.space_params import distributions
+from tuner.interrupts import as_interrupt
+from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
+                                  heartbeat, is_lost_claim, lost_to)
 from cost_model.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
@@ -72,7 +78,13 @@ class StudyConfig:
         return {
             "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
             "workload": asdict(self.workload), "stack": asdict(self.stack), "options": options,
+            # $/1M tokens and every figure depend on these: a resumed study must not mix them
+            "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "profile": self.profile_name(),
         }
+
+    def profile_name(self) -> str:
+        p = self.profile
+        return "shipped" if p is None else f"{p.gpu_type} {p.provenance} {p.date}: {p.source}"[:300]
 
     def case(self, layout: Layout) -> Case:
         return Case(self.model, self.gpu, self.workload, layout, self.stack)
@@ -91,29 +103,116 @@ def storage_url(value: str | None) -> str:
     return value if "://" in value else f"sqlite:///{value}"
 
 
-def open_storage(url: str, create_dirs: bool = False) -> optuna.storages.BaseStorage:
-    """Open a storage without writing to anything that is not already an Optuna storage."""
+def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
+                 writable: bool = True) -> optuna.storages.BaseStorage:
+    """Open a storage without writing to anything that is not already an Optuna storage. `must_exist`
+    (commands that only read): a missing SQLite file is refused, not created. RDB storages get Optuna's
+    heartbeat (tuner.trial_claims), so any worker can fail the trials of a dead one."""
+    from tuner.trial_claims import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, mark_stale
+
+    engine_kwargs = {}
     if url.startswith("sqlite:///"):
         try:
-            _check_sqlite_file(url, Path(url[len("sqlite:///"):]), create_dirs)
+            _check_sqlite_file(url, Path(url[len("sqlite:///"):]), create_dirs, must_exist, writable)
         except OSError as e:  # an unreadable file, a folder that cannot be made
-            raise StudyError(str(e)) from None
+            raise StudyError(" ".join(f"study storage {url}: {e.strerror or e}".split())) from None
+        # several tuners on one file wait for each other's write lock instead of failing at once
+        engine_kwargs = {"connect_args": {"timeout": 120}}
+    for attempt in range(SCHEMA_RACE_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # the heartbeat arguments are experimental in Optuna 5
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_compatibility_check=False,
+                                                  heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                                  grace_period=GRACE_PERIOD_S,
+                                                  heartbeat_stale_trial_callback=mark_stale)
+        except Exception as e:  # SQLAlchemy and Optuna raise many types; the user needs one line
+            if attempt + 1 < SCHEMA_RACE_ATTEMPTS and _schema_race(e):
+                time.sleep(0.2 + random.random() * 0.5 * (attempt + 1))
+                continue
+            raise StudyError(f"cannot open study storage {url}: {_first_line(e)}") from None
+    raise AssertionError("unreachable")
+
+
+# Tuners that open a new database at the same moment all create Optuna's tables: on PostgreSQL all but
+# one fail on a duplicate type or table; a moment later the tables exist and opening succeeds.
+SCHEMA_RACE_ATTEMPTS = 5
+
+
+def _schema_race(e: Exception) -> bool:
+    text = str(e).lower()
+    return any(w in text for w in ("already exists", "duplicate key", "unique constraint", "uniqueviolation"))
+
+
+@contextlib.contextmanager
+def storage_errors(url: str):
+    """A storage that fails mid-run (read-only file, lost server) ends the command in one line; what is
+    already recorded stays (each trial is its own transaction)."""
+    import sqlalchemy.exc
+
     try:
-        return optuna.storages.RDBStorage(url, skip_compatibility_check=False)
-    except Exception as e:  # SQLAlchemy and Optuna raise many types; the user needs one line
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StudyError(f"cannot open study storage {url}: {first}") from None
+        yield
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
+        text = getattr(cause, "orig", None) or cause
+        raise StudyError(f"study storage {url}: {_first_line(text)}") from None
 
 
-def _check_sqlite_file(url: str, path: Path, create_dirs: bool) -> None:
-    """An existing file must be an SQLite database; a new one needs its folder (made only when asked)."""
+def check_storage(url: str, allow_new_folder: bool = False, must_exist: bool = False, writable: bool = True) -> None:
+    """open_storage's file checks, writing nothing (an SQLite file is created only when opened)."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url[len("sqlite:///"):])
+    if allow_new_folder and not path.exists() and not path.parent.exists():
+        _check_can_make(url, path.parent)   # open_storage makes the folder (the default storage)
+        return
+    try:
+        _check_sqlite_file(url, path, False, must_exist, writable)
+    except OSError as e:  # an unreadable file
+        raise StudyError(" ".join(f"study storage {url}: {e.strerror or e}".split())) from None
+
+
+def _check_can_make(url: str, folder: Path) -> None:
+    """The folder can be made: no dangling link in its place, its nearest existing parent a writable folder."""
+    ancestor = folder
+    while not ancestor.exists():
+        if os.path.lexists(ancestor):
+            raise StudyError(f"study storage {url}: folder {ancestor} cannot be made (a link to nowhere)")
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise StudyError(f"study storage {url}: folder {folder} cannot be made in {ancestor}")
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return " ".join(text.splitlines()[0].split()) if text else type(e).__name__
+
+
+def _check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool = False,
+                       writable: bool = True) -> None:
+    """An existing file must be an SQLite database (writable when the command writes); a new one needs
+    its folder (made only when asked), and commands that only read never create one."""
     if path.exists():
         if path.is_dir():
             raise StudyError(f"study storage {url}: {path} is a directory, not an SQLite file")
+        if not path.is_file():
+            raise StudyError(f"study storage {url}: {path} is not a regular file")
         with path.open("rb") as f:
             head = f.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
             raise StudyError(f"study storage {url}: {path} is not an SQLite database (corrupt or another file)")
+        if writable and not os.access(path, os.W_OK):
+            raise StudyError(f"study storage {url}: {path} is read-only; tune writes trials to it "
+                             f"(make it writable or pass another --storage)")
+        if not os.access(path.parent, os.W_OK | os.X_OK) and writable:
+            raise StudyError(f"study storage {url}: folder {path.parent} is read-only (SQLite writes a journal "
+                             f"beside the file)")
+    elif must_exist:
+        raise StudyError(f"study storage {url}: no such file {path}")
+    elif path.parent.exists() and not path.parent.is_dir():
+        raise StudyError(f"cannot open study storage {url}: {path.parent} is a file, not a folder")
+    elif path.parent.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
+        raise StudyError(f"cannot open study storage {url}: folder {path.parent} is read-only")
     elif not path.parent.exists():
         if create_dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,22 +241,74 @@ def load_or_create(storage: optuna.storages.BaseStorage, name: str, config: Stud
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
-        with warnings.catch_warnings():  # experimental since Optuna 3.2; optuna-dashboard names the axis by it
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names([METRIC])
-        study.set_user_attr("config", identity)
-        if figures:
-            study.set_user_attr(FIGURES, figures)
-        return study
-    existing = study.user_attrs.get("config")
+        try:
+            study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+        except optuna.exceptions.DuplicatedStudyError:   # another tuner created it a moment ago
+            study = optuna.load_study(study_name=name, storage=storage)
+        else:
+            with warnings.catch_warnings():  # experimental since Optuna 3.2; optuna-dashboard names the axis
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([METRIC])
+            study.set_user_attr("config", identity)
+            if figures:
+                study.set_user_attr(FIGURES, figures)
+            return study
+    check_existing(study, name, config, figures, write=True)
+    return study
+
+
+def precheck_study(storage: optuna.storages.BaseStorage, name: str, config: StudyConfig,
+                   figures: str | None = None) -> None:
+    """load_or_create's refusals for a study that exists, writing nothing (run before the slow scoring)."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return
+    check_existing(study, name, config, figures, write=False)
+
+
+def check_existing(study: optuna.Study, name: str, config: StudyConfig, figures: str | None, write: bool) -> None:
+    identity = config.identity()
+    existing = _recorded_config(study)
+    if existing is None and not study.trials:
+        # its creator stopped between creating it and recording what it is about: nothing is in it yet
+        if write:
+            study.set_user_attr("config", identity)
+        existing = identity
+    if existing is not None and _added_since(existing, identity, config):
+        if write:
+            study.set_user_attr("config", identity)   # a study made before price and profile were recorded
+        existing = identity
     if existing != identity:
         was = f"{existing['model']} on {existing['gpus']} x {existing['gpu']}" if existing else "something else"
         raise StudyError(f"study '{name}' was created for {was} with other settings; "
                          f"pass another --study to tune {config.describe()}")
     if figures:
         check_figures(study, figures)
-    return study
+
+
+def _recorded_config(study: optuna.Study, wait_s: float = 10.0) -> dict | None:
+    """The study's recorded configuration; a study just created by another tuner gets it within moments."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        existing = study.user_attrs.get("config")
+        if existing is not None or study.trials or time.monotonic() > deadline:
+            return existing
+        time.sleep(0.2)
+
+
+def _added_since(existing: dict, identity: dict, config: StudyConfig) -> bool:
+    """A study recorded before the price and the profile were part of its identity matches when all else
+    does and this run uses the catalog price and the shipped profile (what that study was made with)."""
+    later = ("usd_per_gpu_hour", "profile")
+    if any(k in existing for k in later):
+        return False
+    from cost_model.hardware import load_gpu
+    catalog_price = load_gpu(config.gpu.name).usd_per_gpu_hour
+    same_rest = {k: v for k, v in identity.items() if k not in later} == existing
+    return same_rest and identity["usd_per_gpu_hour"] == catalog_price and identity["profile"] == "shipped"
 
 
 def check_figures(study: optuna.Study, figures: str) -> None:
@@ -182,14 +333,18 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
     other failures (timeout, hang) may be proposed again, and interrupted ones unless `skip_interrupted`.
     Every failure with a class is in `failed` as (layout key, failure class, predicted peak GiB)."""
     h = History()
+    study_attrs = study.user_attrs
     for t in study.get_trials(deepcopy=False):
+        if is_lost_claim(t):
+            continue    # a proposal that lost its layout to another tuner's trial: not a trial run
         key = t.user_attrs.get("layout_key")
         if backend is not None and t.user_attrs.get("backend", "predict") != backend:
             key = None
-        if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        # a layout another tuner is running is taken too (it will hold the claim: tuner.trial_claims)
+        if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING):
             h.tried.add(key)
         if key and skip_interrupted and t.state == TrialState.FAIL and \
-                str(t.user_attrs.get("fail_reason", "")).startswith("interrupted"):
+                str(fail_reason(study_attrs, t) or "").startswith("interrupted"):
             h.tried.add(key)
         result = t.user_attrs.get("result") or {}
         if key and t.state == TrialState.FAIL and result.get("failure_class"):
@@ -208,7 +363,29 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
             h.measured_layouts.append((layout, result["tokens_per_s_per_gpu"]))
     best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
     h.best_value = max(best) if best else None
+    h.peers = _peers(study)
     return h
+
+
+PEER_WINDOW_S = 60
+
+
+def _peers(study: optuna.Study) -> int:
+    """Tuners seen on the study in the last minute (owners of its recent trials), this one included."""
+    import datetime
+
+    since = datetime.datetime.now() - datetime.timedelta(seconds=PEER_WINDOW_S)
+    here = socket.gethostname()
+
+    def live(owner: dict) -> bool:   # a tuner of this host that has ended is no peer
+        return owner.get("host") != here or _alive(int(owner.get("pid", -1)))
+
+    owners = {json.dumps(t.user_attrs.get("owner"), sort_keys=True)
+              for t in study.get_trials(deepcopy=False)[-64:]
+              if t.datetime_start is not None and t.datetime_start >= since
+              and isinstance(t.user_attrs.get("owner"), dict) and live(t.user_attrs["owner"])}
+    owners.add(json.dumps(_owner(), sort_keys=True))
+    return len(owners)
 
 
 @dataclass
@@ -221,7 +398,8 @@ class RunSummary:
 
 
 def _owner() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    # heartbeat: this tune records one from the trial's creation (tuner.trial_claims.fail_stale)
+    return {"host": socket.gethostname(), "pid": os.getpid(), "heartbeat": True}
 
 
 def _alive(pid: int) -> bool:
@@ -235,20 +413,27 @@ def _alive(pid: int) -> bool:
 
 
 def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Mark FAILED the trials left RUNNING by a tuner of this host that no longer runs (killed).
+    """Mark FAILED the trials left RUNNING by tuners that no longer run; returns their numbers.
 
-    Trials owned by a live process, or by another host, are left alone: another tuner may be
-    running them. Returns the numbers of the trials marked.
-    """
-    marked = []
+    A trial with a heartbeat is failed once its heartbeat is older than the grace period, whichever
+    host ran it (Optuna's fail_stale_trials). One without (made by an older tune, or killed before its
+    first beat) is failed when its owner ran on this host and that process is gone; another host's is
+    left alone. Trials queued WAITING by older versions of tune are ended too: an ask would hand them to
+    the wrong proposal."""
+    running = {t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    fail_stale(study)
+    marked = [n for tid, n in running.items() if study._storage.get_trial(tid).state == TrialState.FAIL]
     here = socket.gethostname()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         owner = t.user_attrs.get("owner") or {}
-        if owner.get("host") == here and not _alive(int(owner.get("pid", -1))):
-            study._storage.set_trial_user_attr(t._trial_id, "fail_reason", INTERRUPTED)
-            study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-            marked.append(t.number)
-    return marked
+        orphan = t.state == TrialState.WAITING
+        if orphan or (owner.get("host") == here and not _alive(int(owner.get("pid", -1)))):
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                study._storage.set_trial_user_attr(t._trial_id, "fail_reason",
+                                                   "queued by an older tune, never run" if orphan else INTERRUPTED)
+                if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                    marked.append(t.number)
+    return sorted(marked)
 
 
 def runner_space(config: StudyConfig, runner: TrialRunner) -> RunnerSpace:
@@ -280,57 +465,112 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
     bar = _progress(trials, progress)
     if proposer.sampler() is not None:
         study.sampler = proposer.sampler()
+    lost_in_a_row = 0
     try:
-        for _ in range(trials):
-            if gpu_hours is not None and gpu_hours_used(study, runner.name) >= gpu_hours:
-                summary.exhausted = True
-                summary.reason = f"stopped: the trials have used the --gpu-hours budget ({gpu_hours:g})"
-                break
-            history = history_of(study, skip_interrupted, runner.name)
-            proposal = proposer.propose(history)
-            if proposal is None:
-                summary.exhausted = True
-                summary.reason = getattr(proposer, "stop_reason", None) or "every distinct fitting layout has been tried"
-                break
-            if proposal.params is not None:
-                study.enqueue_trial(proposal.params)
-            trial = study.ask(dists)
-            trial.set_user_attr("owner", _owner())
-            trial.set_user_attr("backend", runner.name)
-            trial.set_user_attr("proposer", proposer.name)
-            trial.set_user_attr("rationale", proposal.rationale)
-            for key, value in proposal.attrs.items():
-                trial.set_user_attr(key, _jsonable(value))
-            _say(bar, f"trial {trial.number}: {proposal.rationale}")
-            try:
-                state = _evaluate(study, trial, config, runner, history, space,
-                                  learn=lambda t, layout, r: _learn(study, t, proposer, layout, r,
-                                                                    history_of(study, skip_interrupted, runner.name)))
-            except KeyboardInterrupt:
-                trial.set_user_attr("fail_reason", "interrupted by the user")
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            except RunnerError as e:  # the runner cannot run trials at all: record it, then stop
-                trial.set_user_attr("fail_reason", f"runner: {e}")
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            _say(bar, "  -> " + _outcome(study, trial))
-            if state == TrialState.COMPLETE:
-                summary.completed += 1
-            elif state == TrialState.PRUNED:
-                summary.pruned += 1
-            else:
-                summary.failed += 1
-            bar.update(1)
-            best = history.best_value
-            latest = study.trials[-1].value if state == TrialState.COMPLETE else None
-            if latest is not None and (best is None or latest > best):
-                best = latest
-            if best is not None:
-                bar.set_postfix_str(f"best {best:,.0f} tokens/s/GPU")
+        with as_interrupt():
+            while summary.completed + summary.pruned + summary.failed < trials:
+                if gpu_hours is not None and gpu_hours_used(study, runner.name) >= gpu_hours:
+                    summary.exhausted = True
+                    summary.reason = f"stopped: the trials have used the --gpu-hours budget ({gpu_hours:g})"
+                    break
+                fail_stale(study)   # trials of tuners that died (any host) are failed before proposing
+                history = history_of(study, skip_interrupted, runner.name)
+                proposal = proposer.propose(history)
+                if proposal is None:
+                    summary.exhausted = True
+                    summary.reason = getattr(proposer, "stop_reason", None) or \
+                        "every distinct fitting layout has been tried"
+                    break
+                state, trial = _claim_and_evaluate(study, dists, config, runner, history, space, proposal, bar,
+                                                   proposer, skip_interrupted)
+                if state is None:     # another tuner holds this layout: propose again (not a trial of ours)
+                    lost_in_a_row += 1
+                    if lost_in_a_row >= MAX_LOST_CLAIMS:
+                        summary.exhausted = True
+                        summary.reason = (f"stopped: {MAX_LOST_CLAIMS} proposals in a row were layouts other "
+                                          f"tuners of this study hold")
+                        break
+                    continue
+                lost_in_a_row = 0
+                _count(summary, state, bar, history, study, trial)
     finally:
         bar.close()
     return summary
+
+
+MAX_LOST_CLAIMS = 50
+
+
+def _new_trial(study: optuna.Study, dists: dict, proposal, runner: TrialRunner, proposer: Proposer,
+               config: StudyConfig) -> optuna.Trial:
+    """The proposal as a RUNNING trial carrying its own rationale and layout key. A sampler's proposal
+    comes from Optuna's ask, its key written just after (`lost_to` waits for such keys)."""
+    attrs = {"owner": _owner(), "backend": runner.name, "proposer": proposer.name,
+             "rationale": proposal.rationale, **{k: _jsonable(v) for k, v in proposal.attrs.items()}}
+    if proposal.params is not None:
+        try:  # the layout key is written with the trial, so no later claim can miss it
+            attrs["layout_key"] = from_optuna_params(proposal.params, config.world_size, config.workload.seq_len).key()
+        except InvalidLayout:
+            pass
+        return create_trial(study, proposal.params, dists, attrs)
+    return ask_trial(study, dists, attrs)
+
+
+def _claim_and_evaluate(study, dists, config, runner, history, space, proposal, bar, proposer,
+                        skip_interrupted) -> tuple[TrialState | None, optuna.Trial]:
+    """Make the proposal's trial, claim its layout and run it; state None when an earlier trial of another
+    tuner holds the layout (or another tuner ended this one)."""
+    trial = _new_trial(study, dists, proposal, runner, proposer, config)
+    try:
+        with heartbeat(study, trial):
+            key = _layout_key(trial, config)
+            if key and trial.user_attrs.get("layout_key") != key:
+                trial.set_user_attr("layout_key", key)
+            holder = lost_to(study, trial, key, runner.name,
+                             settle_s=0.0 if proposal.params is not None else 5.0) if key else None
+            if holder is not None:
+                trial.set_user_attr("prune_reason", f"{CLAIM_LOST} {holder} (another tuner proposed it first)")
+                study.tell(trial, state=TrialState.PRUNED)
+                return None, trial
+            _say(bar, f"trial {trial.number}: {proposal.rationale}")
+            state = _evaluate(study, trial, config, runner, history, space,
+                              learn=lambda t, layout, r: _learn(study, t, proposer, layout, r,
+                                                                history_of(study, skip_interrupted, runner.name)))
+    except KeyboardInterrupt:
+        end_interrupted(study._storage, trial._trial_id, "interrupted by the user")
+        raise
+    except RunnerError as e:  # the runner cannot run trials at all: record it, then stop
+        end_interrupted(study._storage, trial._trial_id, f"runner: {e}")
+        raise
+    except optuna.exceptions.UpdateFinishedTrialError:
+        _say(bar, f"trial {trial.number}: ended by another tuner (its heartbeat was late); not counted")
+        return None, trial
+    _say(bar, "  -> " + _outcome(study, trial))
+    return state, trial
+
+
+def _layout_key(trial: optuna.Trial, config: StudyConfig) -> str | None:
+    try:
+        return from_optuna_params(trial.params, config.world_size, config.workload.seq_len).key()
+    except InvalidLayout:
+        return None     # pruned by _evaluate with the reason
+
+
+def _count(summary: RunSummary, state: TrialState, bar, history: History, study: optuna.Study,
+           trial: optuna.Trial) -> None:
+    if state == TrialState.COMPLETE:
+        summary.completed += 1
+    elif state == TrialState.PRUNED:
+        summary.pruned += 1
+    else:
+        summary.failed += 1
+    bar.update(1)
+    best = history.best_value
+    latest = study._storage.get_trial(trial._trial_id).value if state == TrialState.COMPLETE else None
+    if latest is not None and (best is None or latest > best):
+        best = latest
+    if best is not None:
+        bar.set_postfix_str(f"best {best:,.0f} tokens/s/GPU")
 
 
 def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout, result: TrialResult,

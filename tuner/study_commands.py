@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from cost_model.layout import InvalidLayout, Layout
@@ -19,29 +21,44 @@ from tuner.export import export_rows
 from tuner.options import CliError, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
-from tuner.study import (StudyConfig, default_study_name, history_of, load_or_create, load_study, open_storage,
-                         recover_interrupted, run_study, runner_space, storage_url)
+from tuner.study import (StudyConfig, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
+                         recover_interrupted, run_study, runner_space, storage_errors, storage_url)
 
 
 def cmd_run(args) -> int:
     if args.trials < 1:
         raise CliError(f"--trials must be at least 1, got {args.trials}")
+    if args.study is not None and not args.study.strip():
+        raise CliError("--study must name a study, got an empty name")
     model, gpu, gpus = target(args)
     config = StudyConfig(model, gpu, gpus, workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions(),
                          profile(args), steps=args.steps, window=measured_window(args.steps))
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
     space = runner_space(config, runner)         # what this runner's stack can run
-    candidates = score_space(config, runner, space)
-    reference = parse_reference(args.reference, config, space) if args.reference else None
     # measured and predicted figures never share a study: a measuring backend gets a study of its own
     # (and one per --layers: a truncated model run is another model)
     layers = getattr(args, "layers", None)
     name = args.study or default_study_name(model, gpu, gpus) + (
         "" if runner.figures == "predicted" else f"-{args.backend}" + (f"-L{layers}" if layers else ""))
     url = storage_url(args.storage)
-    storage = open_storage(url, create_dirs=args.storage is None)
-    study = load_or_create(storage, name, config, runner.figures)
-    proposer = make_proposer(args.proposer, candidates, config, runner)
+    # a storage it cannot use fails before the scoring; a new SQLite file is made only after it
+    check_storage(url, allow_new_folder=args.storage is None)
+    new_file = url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists()
+    storage = None if new_file else open_storage(url)
+    if storage is not None:
+        with storage_errors(url):
+            precheck_study(storage, name, config, runner.figures)
+    with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
+        candidates = score_space(config, runner, space)
+    reference = parse_reference(args.reference, config, space) if args.reference else None
+    storage = storage or open_storage(url, create_dirs=args.storage is None)
+    with storage_errors(url):
+        return _run(args, config, runner, space, candidates, reference, gpus, name, url,
+                    load_or_create(storage, name, config, runner.figures))
+
+
+def _run(args, config, runner, space, candidates, reference, gpus, name, url, study) -> int:
+    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03))
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
           f"study '{name}' in {url}; backend {args.backend} (figures are {kind})", file=sys.stderr)
@@ -74,7 +91,20 @@ def cmd_run(args) -> int:
     return 0
 
 
-def make_proposer(kind: str, candidates, config, runner):
+@contextmanager
+def _say_if_slow(message: str, after_s: float = 1.0):
+    """`message` on stderr once the block has run `after_s` seconds: a large space says what it is doing
+    within seconds, and a command that fails at once still prints one line."""
+    timer = threading.Timer(after_s, lambda: print(message, file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03):
     """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers."""
     if kind != "agent":
         try:
@@ -88,7 +118,8 @@ def make_proposer(kind: str, candidates, config, runner):
     # the predict and slime backends are what the hypotheses were calibrated on; the megatron runner's
     # level against its predictions is unknown until it measures (measured 0.6-0.8x on H200)
     level_sd = 0.5 if runner.name == "megatron" else 0.25
-    return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, level_sd=level_sd)
+    return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, level_sd=level_sd,
+                         stop_margin=stop_margin)
 
 
 def _verify(study, config, runner, top: int, reference: Layout) -> None:
@@ -166,7 +197,7 @@ def score_space(config, runner: TrialRunner | None = None,
 def open_existing(args):
     if not args.study:
         raise CliError("--study NAME is required")
-    return load_study(open_storage(storage_url(args.storage)), args.study)
+    return load_study(open_storage(storage_url(args.storage), must_exist=True, writable=False), args.study)
 
 
 def cmd_show(args) -> int:
@@ -186,7 +217,9 @@ def cmd_export(args) -> int:
     identity = study.user_attrs.get("config")
     if not identity:
         raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
-    config = StudyConfig(load_model(identity["model"]), load_gpu(identity["gpu"]), identity["gpus"],
+    # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
+    gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
+    config = StudyConfig(load_model(identity["model"]), gpu, identity["gpus"],
                          Workload(**identity["workload"]), Stack(**identity["stack"]))
     rows = ranked_rows(study)
     if not rows:

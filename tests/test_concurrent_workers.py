@@ -1,0 +1,259 @@
+"""Many tuners on one study (issue 15): workers on one SQLite file and on a real PostgreSQL server never
+run a layout twice, never crash on each other, keep every rationale on its own trial; a worker killed
+with -9 is recovered by another (heartbeat, any host); SIGTERM at any moment leaves no RUNNING trial."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from benchmarks.concurrent_workers import judge, run_workers
+import postgres_server
+from tuner.cli import main
+from tuner.trial_claims import GRACE_PERIOD_S, STALE, fail_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOW = [sys.executable, str(ROOT / "tests" / "slow_worker.py")]
+ARGS = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--study", "conc", "--no-progress", "--top", "0"]
+
+
+def load(url: str) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name="conc", storage=url)
+
+
+def assert_clean(figures: dict, expected: int) -> None:
+    assert figures["crashed_workers"] == [], figures.get("crash_lines")
+    assert figures["duplicates"] == 0 and figures["complete"] == figures["distinct"] == expected, figures
+    assert figures["misattributed_rationales"] == [] and figures["running_left"] == 0, figures
+
+
+@pytest.mark.slow
+def test_four_workers_on_one_sqlite_file(tmp_path):
+    url = f"sqlite:///{tmp_path}/study.db"
+    runs = run_workers(url, 4, 200, tmp_path, model="qwen3.6-35b-a3b")
+    assert_clean(judge(url, runs), 800)
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    reason = postgres_server.why_not()
+    if reason:
+        pytest.skip(reason)
+    server = postgres_server.Server()
+    yield server.start()
+    server.stop()
+
+
+@pytest.mark.slow
+def test_four_workers_on_postgresql(postgres, tmp_path):
+    runs = run_workers(postgres, 4, 200, tmp_path, model="qwen3.6-35b-a3b")
+    assert_clean(judge(postgres, runs), 800)
+
+
+def _wait_for(proc, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if text in line:
+            return
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"worker ended before '{text}'")
+    raise AssertionError(f"no '{text}' within {timeout} s")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_on_another_host_is_recovered_by_the_next(tmp_path):
+    url = f"sqlite:///{tmp_path}/study.db"
+    env = {**os.environ, "ATTUNE_TEST_TRIAL_S": "300", "ATTUNE_TEST_HOST": "another-host"}
+    victim = subprocess.Popen(SLOW + ARGS + ["--trials", "5", "--storage", url], env=env, cwd=tmp_path,
+                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    _wait_for(victim, "running ")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    running = [t for t in load(url).trials if t.state == TrialState.RUNNING]
+    assert len(running) == 1 and running[0].user_attrs["owner"]["host"] == "another-host"
+    time.sleep(GRACE_PERIOD_S + 2)   # its heartbeat goes stale; the host/pid check cannot see another host
+    assert main(ARGS + ["--trials", "2", "--storage", url]) == 0
+    study = load(url)
+    t = study.trials[running[0].number]
+    assert t.state == TrialState.FAIL and fail_reason(study.user_attrs, t) == STALE
+    assert not [t for t in load(url).trials if t.state == TrialState.RUNNING]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.3, 1.0, 2.5, "trial"])
+def test_sigterm_at_any_moment_leaves_no_running_trial(tmp_path, delay):
+    url = f"sqlite:///{tmp_path}/study.db"
+    env = {**os.environ, "ATTUNE_TEST_TRIAL_S": "300"}
+    p = subprocess.Popen(SLOW + ARGS + ["--trials", "3", "--storage", url], env=env, cwd=tmp_path,
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    if delay == "trial":
+        _wait_for(p, "running ")
+    else:
+        time.sleep(delay)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=60)
+    if not Path(f"{tmp_path}/study.db").exists():
+        return   # stopped before the storage was made: nothing to leave behind
+    # the next run (a quick predicted one) finds nothing RUNNING afterwards
+    assert main(ARGS + ["--trials", "1", "--storage", url]) == 0
+    assert not [t for t in load(url).trials if t.state == TrialState.RUNNING]
+
+
+def test_a_read_only_sqlite_file_is_one_line(tmp_path, capsys, monkeypatch):
+    url = str(tmp_path / "ro.db")
+    assert main(ARGS + ["--trials", "1", "--storage", url]) == 0
+    before = Path(url).read_bytes()
+    os.chmod(url, 0o444)
+    capsys.readouterr()
+    if os.access(url, os.W_OK):   # root: a 0444 file stays writable; what tune sees of it is what is tested
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == url and m & os.W_OK else real(p, m))
+    assert main(ARGS + ["--trials", "1", "--storage", url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "read-only" in err[0]
+    assert Path(url).read_bytes() == before
+
+
+def test_show_and_export_never_create_a_storage(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for argv in (["show", "--study", "x", "--storage", "typo.db"],
+                 ["export", "--study", "x", "--storage", "typo.db", "--out", "o"]):
+        assert main(argv) == 2
+        assert "no such file" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_price_is_part_of_the_study(tmp_path, capsys):
+    url = str(tmp_path / "s.db")
+    assert main(ARGS + ["--trials", "1", "--storage", url]) == 0
+    before = Path(url).read_bytes()
+    assert main(ARGS + ["--trials", "1", "--storage", url, "--usd-per-gpu-hour", "9.5"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    assert Path(url).read_bytes() == before
+
+
+# -- the claim and the heartbeat, in one process (fast)
+
+def _study(tmp_path) -> optuna.Study:
+    from tuner.study import open_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name="c", storage=open_storage(f"sqlite:///{tmp_path}/c.db"),
+                               direction="maximize")
+
+
+def _trial(study, key: str, **attrs) -> optuna.Trial:
+    from tuner.trial_claims import create_trial
+
+    dist = optuna.distributions.CategoricalDistribution(["a", "b"])
+    return create_trial(study, {"x": "a"}, {"x": dist}, {"layout_key": key, "backend": "predict", **attrs})
+
+
+def test_the_lowest_trial_number_holds_a_layout(tmp_path):
+    from tuner.trial_claims import holds_claim, lost_to
+
+    study = _study(tmp_path)
+    first, second, other = _trial(study, "k"), _trial(study, "k"), _trial(study, "j")
+    assert lost_to(study, first, "k", "predict") is None
+    assert lost_to(study, second, "k", "predict") == first.number
+    assert lost_to(study, other, "j", "predict") is None
+    # an interrupted holder releases the layout: the next proposal of it may run
+    study.tell(first, state=TrialState.FAIL)
+    assert not holds_claim(study.trials[first.number])
+    assert lost_to(study, second, "k", "predict") is None
+
+
+def test_a_lost_claim_is_not_a_trial_of_the_history(tmp_path):
+    from tuner.study import history_of
+    from tuner.trial_claims import CLAIM_LOST
+
+    study = _study(tmp_path)
+    holder, loser = _trial(study, "k"), _trial(study, "k")
+    loser.set_user_attr("prune_reason", f"{CLAIM_LOST} {holder.number}")
+    study.tell(loser, state=TrialState.PRUNED)
+    study.tell(holder, state=TrialState.FAIL)   # interrupted: its layout may be proposed again
+    assert "k" not in history_of(study).tried
+
+
+def test_a_trial_created_with_its_first_heartbeat(tmp_path):
+    from tuner.trial_claims import _beating
+
+    study = _study(tmp_path)
+    t = _trial(study, "k")
+    assert _beating(study._storage, [t._trial_id]) == {t._trial_id}
+
+
+def test_a_trial_whose_tuner_died_before_its_first_beat_is_failed_on_any_host(tmp_path):
+    import datetime
+
+    from tuner.trial_claims import fail_stale
+
+    study = _study(tmp_path)
+    dist = optuna.distributions.CategoricalDistribution(["a", "b"])
+    old = datetime.datetime.now() - datetime.timedelta(seconds=3 * GRACE_PERIOD_S)
+
+    def running(owner):   # made as a killed tuner leaves it: RUNNING, no heartbeat
+        template = optuna.trial.create_trial(state=TrialState.RUNNING, params={"x": "a"}, distributions={"x": dist},
+                                             user_attrs={"owner": owner} if owner else {})
+        template.datetime_start = old
+        return study._storage.create_new_trial(study._study_id, template_trial=template)
+
+    ours = running({"host": "elsewhere", "pid": 1, "heartbeat": True})
+    ownerless = running(None)
+    older_tune = running({"host": "elsewhere", "pid": 1})   # may still run: an older tune sends no heartbeat
+    fresh = _trial(study, "k")
+    fail_stale(study)
+    states = {tid: study._storage.get_trial(tid).state for tid in (ours, ownerless, older_tune, fresh._trial_id)}
+    assert states == {ours: TrialState.FAIL, ownerless: TrialState.FAIL, older_tune: TrialState.RUNNING,
+                      fresh._trial_id: TrialState.RUNNING}
+    assert study._storage.get_trial(ours).user_attrs["fail_reason"] == STALE
+
+
+def test_a_signal_while_a_trial_is_made_ends_it_as_interrupted(tmp_path, monkeypatch):
+    from tuner import interrupts, trial_claims
+
+    study = _study(tmp_path)
+    real = trial_claims._beat
+
+    def beat_then_signal(storage, trial_id):   # SIGTERM lands between the trial's creation and its return
+        real(storage, trial_id)
+        interrupts._handler(signal.SIGTERM, None)
+
+    monkeypatch.setattr(trial_claims, "_beat", beat_then_signal)
+    with interrupts.as_interrupt(), pytest.raises(KeyboardInterrupt):
+        _trial(study, "k")
+    (t,) = study.trials
+    assert t.state == TrialState.FAIL and t.user_attrs["fail_reason"].startswith("interrupted")
+
+
+def test_an_empty_study_name_is_refused(tmp_path, capsys):
+    assert main(ARGS[:4] + ["--study", "", "--trials", "1", "--storage", str(tmp_path / "s.db")]) == 2
+    assert "--study" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_export_uses_the_price_the_study_was_tuned_at(tmp_path, capsys):
+    import yaml
+
+    url = str(tmp_path / "s.db")
+    assert main(ARGS + ["--trials", "1", "--storage", url, "--usd-per-gpu-hour", "9.5"]) == 0
+    assert main(["export", "--study", "conc", "--storage", url, "--top", "1", "--out", str(tmp_path / "r")]) == 0
+    (recipe,) = (tmp_path / "r").rglob("*.yaml")
+    assert "9.5" in recipe.read_text() and yaml.safe_load(recipe.read_text())
+
+
+@pytest.mark.slow
+def test_sampler_workers_never_run_a_layout_twice(tmp_path):
+    url = f"sqlite:///{tmp_path}/study.db"
+    runs = run_workers(url, 3, 30, tmp_path, model="qwen3-30b-a3b", extra=["--proposer", "random"])
+    figures = judge(url, runs)
+    assert figures["crashed_workers"] == [] and figures["running_left"] == 0, figures
+    assert figures["duplicates"] == 0 and figures["complete"] > 0, figures

@@ -1,0 +1,194 @@
+"""Many tuners on one study: each trial is created with its own layout and claims it atomically.
+
+Optuna's enqueue_trial + ask hands a WAITING trial to whichever worker asks first, so with several
+workers one could run another's layout under its own rationale. Here a proposal becomes a RUNNING
+trial in one storage call, with its parameters, rationale and owner (`create_trial`). The layout is
+then claimed by "lowest trial number wins" (`lost_to`): the storage numbers trials atomically, so of
+two workers that proposed the same layout at once, exactly one sees no earlier live trial for it; the
+other marks its trial PRUNED ("claimed by trial N") and proposes again. A claim is live while its trial
+runs or once it completed, was pruned or failed for a reason that cannot change.
+
+Dead workers: RDB storages are opened with Optuna's heartbeat (`HEARTBEAT_INTERVAL_S`, `GRACE_PERIOD_S`);
+each running trial records one from its creation on (`create_trial`, `heartbeat`) and every worker fails
+the stale ones of any host with `optuna.storages.fail_stale_trials` before it proposes, marking them
+interrupted (`mark_stale`), so their layouts may be proposed again. A trial whose tuner died between its
+creation and its first beat has no heartbeat record at all, which Optuna never calls stale: `fail_stale`
+fails those too once they are older than twice the grace period. Lost claims are PRUNED, not FAIL: a
+failed trial reads as a layout that went wrong, and counts_line/history_of leave lost claims out.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+import time
+import warnings
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from experiments.runner import PERMANENT_FAILURES
+from tuner.interrupts import held
+
+HEARTBEAT_INTERVAL_S = 5
+GRACE_PERIOD_S = 20          # a worker silent this long is dead; its running trial is failed by another
+CLAIM_LOST = "claimed by trial"
+STALE = "interrupted: its tuner stopped sending heartbeats (killed or lost)"
+
+
+def create_trial(study: optuna.Study, params: dict, dists: dict[str, BaseDistribution],
+                 attrs: dict) -> optuna.Trial:
+    """A RUNNING trial with `params` and user `attrs`, made in one storage call (no WAITING queue), with
+    its first heartbeat; a signal meanwhile ends it as interrupted (tuner.interrupts.held)."""
+    template = optuna.trial.create_trial(state=TrialState.RUNNING, params=params,
+                                         distributions={k: dists[k] for k in params}, user_attrs=attrs)
+    trial_id = None
+    try:
+        with held():
+            trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
+            _beat(study._storage, trial_id)
+        return optuna.Trial(study, trial_id)
+    except KeyboardInterrupt:
+        if trial_id is not None:
+            end_interrupted(study._storage, trial_id, "interrupted by the user")
+        raise
+
+
+def ask_trial(study: optuna.Study, dists: dict[str, BaseDistribution], attrs: dict) -> optuna.Trial:
+    """A sampler's trial (Optuna's ask) with `attrs` and its first heartbeat, as create_trial does."""
+    trial = None
+    try:
+        with held(), warnings.catch_warnings():  # the heartbeat is ours (`heartbeat`), not Study.optimize's
+            warnings.simplefilter("ignore", UserWarning)
+            trial = study.ask(dists)
+            _beat(study._storage, trial._trial_id)
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+        return trial
+    except KeyboardInterrupt:
+        if trial is not None:
+            end_interrupted(study._storage, trial._trial_id, "interrupted by the user")
+        raise
+
+
+def end_interrupted(storage, trial_id: int, reason: str) -> None:
+    """Mark the trial failed with `reason`, unless it has already ended."""
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
+        storage.set_trial_user_attr(trial_id, "fail_reason", reason)
+        storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
+
+
+def _beat(storage, trial_id: int) -> None:
+    if getattr(storage, "get_heartbeat_interval", lambda: None)() is not None:
+        storage.record_heartbeat(trial_id)
+
+
+def holds_claim(t: FrozenTrial) -> bool:
+    """Whether `t` keeps its layout from other workers: running, done, or failed for good."""
+    if t.state in (TrialState.RUNNING, TrialState.COMPLETE):
+        return True
+    if t.state == TrialState.PRUNED:
+        return not str(t.user_attrs.get("prune_reason", "")).startswith(CLAIM_LOST)
+    if t.state == TrialState.FAIL:
+        return (t.user_attrs.get("result") or {}).get("failure_class") in PERMANENT_FAILURES
+    return False
+
+
+def lost_to(study: optuna.Study, trial: optuna.Trial, key: str, backend: str, settle_s: float = 0.0) -> int | None:
+    """The number of an earlier trial holding layout `key` for `backend`, or None when `trial` has it.
+    `settle_s`: for trials whose key is written after their creation (a sampler's ask), wait that long
+    at most for the earlier running trials to write theirs, so neither of two racing trials misses the
+    other's key."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        earlier = [t for t in study._storage.get_all_trials(study._study_id, deepcopy=False)
+                   if t.number < trial.number]
+        unkeyed = [t for t in earlier if t.state == TrialState.RUNNING and "layout_key" not in t.user_attrs]
+        if not unkeyed or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for t in earlier:
+        if t.user_attrs.get("layout_key") != key:
+            continue
+        if t.user_attrs.get("backend", "predict") == backend and holds_claim(t):
+            return t.number
+    return None
+
+
+def is_lost_claim(t: FrozenTrial) -> bool:
+    return t.state == TrialState.PRUNED and str(t.user_attrs.get("prune_reason", "")).startswith(CLAIM_LOST)
+
+
+def mark_stale(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Optuna's heartbeat callback: say why the trial failed (its layout may be proposed again). The
+    trial has ended, so its own attributes are frozen: the reason goes on the study, one key per trial."""
+    with contextlib.suppress(Exception):
+        study._storage.set_study_user_attr(study._study_id, stale_key(trial.number), STALE)
+
+
+def stale_key(number: int) -> str:
+    return f"stale_trial_{number}"
+
+
+def fail_reason(study_attrs: dict, t: FrozenTrial) -> str | None:
+    """Why a failed trial failed: its own record, or the heartbeat's note on the study."""
+    return t.user_attrs.get("fail_reason") or study_attrs.get(stale_key(t.number))
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Fail the running trials whose tuner stopped sending heartbeats, on any host; and those that never
+    sent one although their tuner records one at once (it died within that moment: kill -9)."""
+    with warnings.catch_warnings():  # experimental in Optuna since 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    storage = study._storage
+    if getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
+        return
+    # an older tune, which sent none, wrote its owner at once: a trial without owner nor beat is dead too
+    since = datetime.datetime.now() - datetime.timedelta(seconds=2 * GRACE_PERIOD_S)
+    quiet = {t._trial_id: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+             if t.datetime_start is not None and t.datetime_start < since
+             and (t.user_attrs.get("owner") or {}).get("heartbeat", "owner" not in t.user_attrs)}
+    for trial_id in set(quiet) - _beating(storage, list(quiet)):
+        end_interrupted(storage, trial_id, STALE)
+
+
+def _beating(storage, trial_ids: list[int]) -> set[int]:
+    """Those of `trial_ids` that have a heartbeat record (Optuna's RDB table; no public reader)."""
+    if not trial_ids:
+        return set()
+    from optuna.storages._rdb.models import TrialHeartbeatModel
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    rdb = getattr(storage, "_backend", storage)   # Optuna wraps an RDBStorage in a cache
+    with _create_scoped_session(rdb.scoped_session) as session:
+        rows = session.query(TrialHeartbeatModel.trial_id).filter(TrialHeartbeatModel.trial_id.in_(trial_ids))
+        return {r[0] for r in rows.all()}
+
+
+@contextlib.contextmanager
+def heartbeat(study: optuna.Study, trial: optuna.Trial):
+    """Record the trial's heartbeat now and every HEARTBEAT_INTERVAL_S while the block runs."""
+    storage = study._storage
+    # RDB storages have a heartbeat (Optuna's BaseHeartbeat, not exported); in-memory ones do not
+    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat():
+        while True:
+            with contextlib.suppress(Exception):  # a missed beat is not fatal; many are (grace period)
+                storage.record_heartbeat(trial._trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-trial-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
