@@ -67,7 +67,7 @@ LAYOUTS = (
     dict(id="qwen3-2g-ep2-mt16384", model="qwen3-30b-a3b", gpus=2, seq_len=8192,
          layout=dict(ep=2, max_tokens_per_gpu=16384, rows_per_microbatch=2)),
     dict(id="qwen3-2g-tp2-ep2-mt8192", model="qwen3-30b-a3b", gpus=2, seq_len=4096,
-         layout=dict(tp=2, ep=2, max_tokens_per_gpu=8192, rows_per_microbatch=2)),
+         layout=dict(tp=2, etp=1, ep=2, max_tokens_per_gpu=8192, rows_per_microbatch=2)),
     dict(id="llama8b-1g-tp1-mt8192", model="llama3-8b", gpus=1, seq_len=8192,
          layout=dict(max_tokens_per_gpu=8192, rows_per_microbatch=1)),
     dict(id="llama8b-1g-full1-mt16384", model="llama3-8b", gpus=1, seq_len=8192,

@@ -20,6 +20,9 @@ DISPATCHERS = ("alltoall", "flex")
 MOMENT_DTYPES = ("fp32", "bf16")
 
 
+UNEVEN_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+
+
 class InvalidLayout(AttuneError, ValueError):
     """A layout Megatron or slime would reject. The message names the rule and the numbers."""
 
@@ -32,7 +35,7 @@ class Layout:
     vpp: int = 1
     cp: int = 1
     ep: int = 1
-    etp: int = 1
+    etp: int | None = None      # unset: TP, as Megatron's --expert-tensor-parallel-size defaults
     max_tokens_per_gpu: int = 8192
     rows_per_microbatch: int = 1
     recompute_granularity: str | None = None
@@ -43,8 +46,14 @@ class Layout:
     overlap_d2h_h2d: bool = False
     dispatcher: str = "alltoall"
     exp_avg_dtype: str = "fp32"
+    # Megatron's uneven pipeline split (--decoder-first/last-pipeline-num-layers): the first and last stages
+    # hold these many layers, the middle stages share the rest evenly. None: that stage is a middle one.
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
 
     def __post_init__(self):
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
         for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -57,6 +66,7 @@ class Layout:
                 f"world size {n} is not divisible by ETP x EP x PP = {etp} x {ep} x {pp} = {etp * ep * pp} (expert grid)")
         if self.vpp > 1 and pp == 1:
             raise InvalidLayout(f"VPP {self.vpp} needs pipeline parallelism (PP > 1), got PP 1")
+        self._check_uneven()
         self._check_recompute()
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise InvalidLayout(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
@@ -70,6 +80,23 @@ class Layout:
             raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got '{self.dispatcher}'")
         if self.dispatcher == "flex" and ep * etp == 1:
             raise InvalidLayout(f"the flex dispatcher needs EP x ETP > 1, got EP {ep} x ETP {etp}")
+
+    def _check_uneven(self):
+        for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidLayout(f"{name} must be a positive integer or unset, got {value!r}")
+            if self.pp == 1:
+                raise InvalidLayout(f"{name} {value} needs pipeline parallelism (PP > 1), got PP 1")
+            if value % self.vpp:
+                raise InvalidLayout(f"{name} {value} must be divisible by VPP {self.vpp} (each virtual stage of "
+                                    f"that pipeline stage holds as many layers)")
+
+    @property
+    def uneven(self) -> bool:
+        return self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
 
     def _check_recompute(self):
         g, m, k, mods = self.recompute_granularity, self.recompute_method, self.recompute_num_layers, self.recompute_modules
@@ -123,6 +150,10 @@ class Layout:
     @property
     def label(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}"]
+        if self.uneven:   # the layers of the first and last stages: PP4 (15/16/16/14)-style is long; first+last
+            first = self.decoder_first_pipeline_num_layers
+            last = self.decoder_last_pipeline_num_layers
+            parts[-1] += f"[{'' if first is None else first}:{'' if last is None else last}]"
         if self.vpp > 1:
             parts.append(f"VPP{self.vpp}")
         if self.cp > 1:
@@ -153,7 +184,9 @@ class Layout:
 
     def key(self) -> str:
         """A stable identity, used to never evaluate the same layout twice in a study."""
-        return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self))
+        # the uneven split's fields only when set: keys of studies made before they existed stay the same
+        return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self)
+                        if not (f.name in UNEVEN_FIELDS and getattr(self, f.name) is None))
 
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)

@@ -15,15 +15,16 @@ from __future__ import annotations
 from dataclasses import fields
 
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
-from cost_model.layout import InvalidLayout, Layout
+from cost_model.layout import UNEVEN_FIELDS, InvalidLayout, Layout
 
 LAYOUT_KEYS = tuple(f.name for f in fields(Layout) if f.name != "world_size")
 _TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype")
-_NULLABLE = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+_NULLABLE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "etp",
+             "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 OPTUNA_PARAM_NAMES = ("tp", "pp", "vpp", "cp", "ep", "etp", "rows_per_microbatch", "recompute", "offload",
-                      "dispatcher")
+                      "dispatcher", "pipeline_split")
 
 
 # ---------------------------------------------------------------- flat values
@@ -65,6 +66,8 @@ def text_layout_value(key: str, raw):
             else:
                 raise TypeError
             return tuple(m.strip() for m in items if m.strip())
+        if key in _NULLABLE and str(raw).strip().lower() in ("", "none", "null"):
+            return None
         if key == "optimizer_offload_fraction":
             if isinstance(raw, bool):
                 raise TypeError
@@ -145,8 +148,8 @@ def recipe_block(layout: Layout) -> dict:
                    "overlap_d2h_h2d": layout.overlap_d2h_h2d}
     block = {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep,
              "etp": layout.etp, "dp": layout.dp, "sequence_parallel": layout.sequence_parallel,
-             # The leaderboard's uneven pipeline split; null: Megatron's even split.
-             "layer_split": None,
+             # Megatron's uneven pipeline split (the first and last stages' layers); null: the even split.
+             "layer_split": split_block(layout),
              "max_tokens_per_gpu": layout.max_tokens_per_gpu, "rows_per_microbatch": layout.rows_per_microbatch,
              "recompute": recompute, "offload": offload, "dispatcher": layout.dispatcher}
     if layout.exp_avg_dtype != "fp32":
@@ -165,6 +168,11 @@ def layout_from_recipe_block(block: dict, world_size: int) -> Layout:
         values[key] = block[key]
     if "exp_avg_dtype" in block:
         values["exp_avg_dtype"] = block["exp_avg_dtype"]
+    split = block.get("layer_split")
+    if split is not None:
+        if not isinstance(split, dict) or set(split) - set(UNEVEN_FIELDS):
+            raise InvalidLayout(f"field 'layer_split' must be null or a mapping of {' and '.join(UNEVEN_FIELDS)}")
+        values.update({key: split.get(key) for key in UNEVEN_FIELDS})
     recompute = block.get("recompute")
     if recompute is not None:
         if not isinstance(recompute, dict):
@@ -235,6 +243,7 @@ def to_optuna_params(layout: Layout) -> dict:
                                       layout.recompute_num_layers, layout.selective_modules),
         "offload": encode_offload(layout.optimizer_offload_fraction, layout.overlap_d2h_h2d, layout.exp_avg_dtype),
         "dispatcher": layout.dispatcher,
+        "pipeline_split": encode_split(layout.decoder_first_pipeline_num_layers, layout.decoder_last_pipeline_num_layers),
     }
 
 
@@ -244,7 +253,27 @@ def from_optuna_params(params: dict, world_size: int, seq_len: int) -> Layout:
     return Layout(world_size, tp=params["tp"], pp=params["pp"], vpp=params["vpp"], cp=cp, ep=params["ep"],
                   etp=params["etp"], rows_per_microbatch=rows, max_tokens_per_gpu=max_tokens_per_gpu(rows, cp, seq_len),
                   dispatcher=params["dispatcher"], **decode_recompute(params["recompute"]),
-                  **decode_offload(params["offload"]))
+                  **decode_offload(params["offload"]), **decode_split(params.get("pipeline_split", "even")))
+
+
+def split_block(layout: Layout) -> dict | None:
+    """A recipe's `layer_split`: the uneven split's two Megatron fields, or None for the even split."""
+    return {key: getattr(layout, key) for key in UNEVEN_FIELDS} if layout.uneven else None
+
+
+def encode_split(first: int | None, last: int | None) -> str:
+    """An Optuna categorical value: 'even', or 'FIRST:LAST' with an unset side left empty ('13:')."""
+    if first is None and last is None:
+        return "even"
+    return f"{'' if first is None else first}:{'' if last is None else last}"
+
+
+def decode_split(value: str) -> dict:
+    if value == "even":
+        return {}
+    first, _, last = str(value).partition(":")
+    return dict(decoder_first_pipeline_num_layers=int(first) if first else None,
+                decoder_last_pipeline_num_layers=int(last) if last else None)
 
 
 # ---------------------------------------------------------------- helpers

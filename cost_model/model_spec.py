@@ -175,12 +175,11 @@ class ModelSpec:
         """Attention kind of the MTP layer(s): MLA for DeepSeek, else full softmax attention."""
         return MLA if MLA in self.layer_types else FULL_ATTENTION
 
-    def stage_layers(self, pp: int, vpp: int = 1) -> tuple[tuple[int, ...], ...]:
-        """Layer indices held by each pipeline rank (Megatron's even split, interleaved with vpp).
-
-        Rank r holds, for v = 0 .. vpp-1, chunk v*pp + r of num_layers/(pp*vpp) consecutive layers.
-        """
-        return stage_layers(self.num_hidden_layers, pp, vpp)
+    def stage_layers(self, pp: int, vpp: int = 1, first: int | None = None,
+                     last: int | None = None) -> tuple[tuple[int, ...], ...]:
+        """Layer indices held by each pipeline rank (Megatron's split, interleaved with vpp; `first`/`last`:
+        --decoder-first/last-pipeline-num-layers)."""
+        return stage_layers(self.num_hidden_layers, pp, vpp, first, last)
 
     @cached_property
     def params(self) -> ParamCounts:
@@ -302,24 +301,58 @@ class ModelSpec:
 
 # ---------------------------------------------------------------------- pipeline stages
 @lru_cache(maxsize=1024)
-def stage_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[tuple[int, ...], ...]:
+def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
+                 last: int | None = None) -> tuple[tuple[int, ...], ...]:
     """Layer indices per pipeline rank for `num_layers` layers, `pp` ranks and `vpp` virtual stages.
 
-    Megatron's even split: rank r holds chunks [v*pp + r for v in range(vpp)], each of
-    num_layers/(pp*vpp) consecutive layers. Raises ModelError when that does not divide.
+    Megatron's split (megatron-core transformer_layer.get_transformer_layer_offset): the first and last
+    ranks hold `first` and `last` layers when set, the other (middle) ranks share the rest evenly; each
+    rank's layers are cut into `vpp` equal chunks, and virtual stage v runs chunk v of every rank in rank
+    order. With neither set, every rank is a middle one (the even split). Raises ModelError where Megatron's
+    TransformerConfig would refuse the split.
     """
     for label, value in (("pp", pp), ("vpp", vpp), ("num_layers", num_layers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelError(f"{label} must be a positive integer, got {value!r}")
-    chunks = pp * vpp
-    if num_layers % chunks:
-        raise ModelError(
-            f"{num_layers} layers do not split evenly over pp={pp} x vpp={vpp} ({chunks} chunks)")
-    size = num_layers // chunks
-    return tuple(
-        tuple(i for v in range(vpp) for i in range((v * pp + r) * size, (v * pp + r + 1) * size))
-        for r in range(pp)
-    )
+    per_rank = _layers_per_rank(num_layers, pp, vpp, first, last)
+    chunk = [n // vpp for n in per_rank]            # layers per virtual stage on each rank
+    ranks: list[list[int]] = [[] for _ in range(pp)]
+    start = 0
+    for _v in range(vpp):
+        for r in range(pp):
+            ranks[r].extend(range(start, start + chunk[r]))
+            start += chunk[r]
+    return tuple(tuple(r) for r in ranks)
+
+
+def _layers_per_rank(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> list[int]:
+    """Layers on each pipeline rank, with the checks of megatron-core's TransformerConfig (uneven PP)."""
+    ends = [x for x in (first, last) if x is not None]
+    if pp == 1 and ends:
+        raise ModelError("an uneven pipeline split needs PP > 1")
+    for label, value in (("first", first), ("last", last)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ModelError(f"layers in the {label} pipeline stage must be a positive integer, got {value!r}")
+        if value is not None and value % vpp:
+            raise ModelError(f"{value} layers in the {label} pipeline stage are not divisible by VPP {vpp}")
+    middle_layers, middle_ranks = num_layers - sum(ends), pp - len(ends)
+    if middle_layers < 0 or bool(middle_layers) != bool(middle_ranks):
+        raise ModelError(f"{num_layers} layers: {middle_layers} left for {middle_ranks} middle pipeline stages "
+                         f"after first {first} and last {last}")
+    if middle_ranks and middle_layers % middle_ranks:
+        what = f"{middle_layers} middle layers are" if ends else f"{num_layers} layers are"
+        raise ModelError(f"{what} not divisible by {middle_ranks} {'middle ' if ends else ''}pipeline stages"
+                         + ("" if ends else f" (PP {pp})"))
+    middle = middle_layers // middle_ranks if middle_ranks else 0
+    if middle_ranks and middle % vpp:
+        raise ModelError(f"{middle} layers per {'middle ' if ends else ''}pipeline stage are not divisible by "
+                         f"VPP {vpp}")
+    per_rank = [middle] * pp
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[-1] = last
+    return per_rank
 
 
 # ---------------------------------------------------------------------- loading

@@ -14,6 +14,7 @@ from cost_model.errors import AttuneError
 from cost_model.model_spec import MLA, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
+from search_space.pipeline_splits import uneven_splits
 from search_space.rules import violations
 from cost_model.stack import Stack
 
@@ -103,13 +104,24 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
         vpps = [1] + [v for v in range(2, options.max_vpp + 1) if pp > 1]
         etps = sorted({1, tp}) if model.is_moe else [tp]
         for vpp, ep, etp in product(vpps, expert_sizes, etps):
-            try:
-                layout = Layout(world_size, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp,
-                                max_tokens_per_gpu=max_tokens_per_gpu(1, cp, workload.seq_len), rows_per_microbatch=1)
-            except InvalidLayout:
-                continue
-            if not violations(layout, model, workload, stack):
-                yield dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp)
+            for split in pipeline_splits(model, pp, vpp):
+                try:
+                    layout = Layout(world_size, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, **split,
+                                    max_tokens_per_gpu=max_tokens_per_gpu(1, cp, workload.seq_len),
+                                    rows_per_microbatch=1)
+                except InvalidLayout:
+                    continue
+                if not violations(layout, model, workload, stack):
+                    yield dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, **split)
+
+
+def pipeline_splits(model: ModelSpec, pp: int, vpp: int) -> list[dict]:
+    """Megatron's even split where the layers divide over PP x VPP; else the balanced uneven splits."""
+    layers = model.num_hidden_layers
+    if layers % pp == 0 and (layers // pp) % vpp == 0:
+        return [{}]
+    return [dict(decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
+            for first, last in uneven_splits(layers, pp, vpp)]
 
 
 def shape_dispatchers(shape: dict, stack: Stack, options: SpaceOptions) -> list[str]:

@@ -17,11 +17,16 @@ def parallel_args(layout: Layout) -> list[str]:
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
-    if layout.vpp > 1:
+    if layout.vpp > 1:   # (not --num-layers-per-virtual-pipeline-stage: Megatron refuses it with an uneven split)
         args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+    if layout.decoder_first_pipeline_num_layers is not None:
+        args += ["--decoder-first-pipeline-num-layers", str(layout.decoder_first_pipeline_num_layers)]
+    if layout.decoder_last_pipeline_num_layers is not None:
+        args += ["--decoder-last-pipeline-num-layers", str(layout.decoder_last_pipeline_num_layers)]
     args += ["--context-parallel-size", str(layout.cp),
-             "--expert-model-parallel-size", str(layout.ep),
-             "--expert-tensor-parallel-size", str(layout.etp)]
+             "--expert-model-parallel-size", str(layout.ep)]
+    if layout.etp is not None:   # always set on a Layout; None only where a test maps unchecked values
+        args += ["--expert-tensor-parallel-size", str(layout.etp)]
     return args
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_model.batching import rows_per_microbatch
-from cost_model.model_spec import MLA, ModelSpec
+from cost_model.model_spec import MLA, ModelError, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.stack import Stack
@@ -83,13 +83,30 @@ def _expert_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> Non
 
 
 def _pipeline_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> None:
-    """The layers split evenly over pipeline stages and virtual stages."""
+    """The layers split over pipeline stages and virtual stages as Megatron splits them (evenly, or with
+    the first and last stages' layers given: --decoder-first/last-pipeline-num-layers)."""
     layers, pp, vpp = model.num_hidden_layers, layout.pp, layout.vpp
+    first, last = layout.decoder_first_pipeline_num_layers, layout.decoder_last_pipeline_num_layers
+    if layout.uneven:
+        try:
+            layers_per_stage(layout, model)
+        except ModelError as e:
+            out.append(Violation("uneven_pipeline_split", MEGATRON, f"uneven pipeline split first {first} last "
+                                                                    f"{last} of {layers} layers over PP {pp}: {e}"))
+        return
     if layers % pp:
-        out.append(Violation("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp}"))
+        out.append(Violation("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp} "
+                                                                 f"(an uneven split sets decoder_first/last_"
+                                                                 f"pipeline_num_layers)"))
     elif vpp > 1 and (layers // pp) % vpp:
         out.append(Violation("stage_layers_divisible_by_vpp", MEGATRON,
                              f"{layers // pp} layers per pipeline stage are not divisible by VPP {vpp}"))
+
+
+def layers_per_stage(layout: Layout, model: ModelSpec) -> list[int]:
+    """Layers on each pipeline rank (ModelError where Megatron refuses the split)."""
+    return [len(r) for r in model.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
+                                               layout.decoder_last_pipeline_num_layers)]
 
 
 def _context_parallel_rules(out: list[Violation], layout: Layout) -> None:
@@ -105,7 +122,10 @@ def _recompute_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> 
     """Full recompute's layer count against a stage; selective modules against the model's layers."""
     layers, pp, vpp = model.num_hidden_layers, layout.pp, layout.vpp
     if layout.recompute_granularity == "full":
-        stage_layers = layers // pp // vpp if layers % pp == 0 else layers // pp
+        try:   # the largest virtual stage: Megatron clamps the count to each stage's layers
+            stage_layers = max(layers_per_stage(layout, model)) // vpp
+        except ModelError:
+            stage_layers = layers // pp    # the split itself is refused by _pipeline_rules
         if layout.recompute_num_layers > max(stage_layers, 1):
             # Megatron clamps the count to the stage (megatron/core/recompute.py), so a larger one
             # is the same layout as recompute_num_layers = the stage's layer count.

@@ -201,6 +201,29 @@ def validate(argv: Sequence[str], world_size: int) -> tuple[bool, str]:
     return True, "accepted"
 
 
+def stage_layers(argv: Sequence[str], world_size: int) -> list[list[int]]:
+    """The layer indices Megatron builds on each pipeline rank (all its virtual stages, in order), from
+    megatron-core's own get_transformer_layer_offset and get_num_layers_to_build; raises what Megatron raises."""
+    with _patches(world_size):
+        args = parse(argv, world_size)
+        from megatron.training.arguments import core_transformer_config_from_args, validate_args
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        validate_args(args, {})
+        config = core_transformer_config_from_args(args)
+        vpp = args.virtual_pipeline_model_parallel_size
+        ranks = []
+        for pp_rank in range(args.pipeline_model_parallel_size):
+            indices: list[int] = []
+            for vp_stage in (range(vpp) if vpp else [None]):
+                offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
+                count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+                indices.extend(range(offset, offset + count))
+            ranks.append(indices)
+        return ranks
+
+
 def _check_process_groups(args, config, world_size: int) -> None:
     """initialize_model_parallel on a fake process group, then the MoE token dispatcher."""
     import torch.distributed as dist

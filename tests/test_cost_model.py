@@ -41,7 +41,7 @@ def test_static_memory_matches_hand_count(qwen36, h200, workload):
 
 
 def test_breakdown_sums_to_step_time_and_throughput_follows(qwen36, h200, workload):
-    for layout in (REFERENCE, REFERENCE_OFFLOAD, Layout(8, tp=2, pp=2, vpp=2, ep=2, dispatcher="flex"),
+    for layout in (REFERENCE, REFERENCE_OFFLOAD, Layout(8, tp=2, etp=1, pp=2, vpp=2, ep=2, dispatcher="flex"),
                    Layout(16, cp=2, ep=8, max_tokens_per_gpu=4096)):
         p = predict(qwen36, h200, workload, layout)
         assert sum(p.breakdown.values()) == pytest.approx(p.step_time_s, rel=1e-9)
@@ -86,7 +86,7 @@ def test_host_memory_is_checked_against_the_node(qwen36, workload):
 
 
 def test_communication_terms_appear_where_the_layout_needs_them(qwen36, h200, workload):
-    assert predict(qwen36, h200, workload, Layout(8, tp=2, ep=4)).breakdown["tp_comm"] > 0
+    assert predict(qwen36, h200, workload, Layout(8, tp=2, etp=1, ep=4)).breakdown["tp_comm"] > 0
     assert predict(qwen36, h200, workload, REFERENCE).breakdown["tp_comm"] == 0
     assert predict(qwen36, h200, workload, REFERENCE).breakdown["ep_comm"] > 0
     pp = predict(qwen36, h200, workload, Layout(8, pp=2, ep=4))

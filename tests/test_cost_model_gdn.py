@@ -71,10 +71,10 @@ def test_interpolation_by_tokens_and_scaling_by_heads(qwen36, h200_rates):
     assert 2.57e-3 < between < 4.51e-3
     assert gdn_kernel_seconds(qwen36, Layout(1), h200_rates, 65536) == pytest.approx(2 * 9.02e-3)  # linear beyond
     # megatron-core's GatedDeltaNet: heads over TP; CP gathers the row and splits the heads
-    assert gdn_kernel_seconds(qwen36, Layout(2, tp=2), h200_rates, 16384, sharded=True) == pytest.approx(one / 2)
+    assert gdn_kernel_seconds(qwen36, Layout(2, tp=2, etp=1), h200_rates, 16384, sharded=True) == pytest.approx(one / 2)
     assert gdn_kernel_seconds(qwen36, Layout(2, cp=2), h200_rates, 8192, sharded=True) == pytest.approx(one / 2)
     # slime's HF module: the whole row and every head on each rank
-    assert gdn_kernel_seconds(qwen36, Layout(2, tp=2), h200_rates, 16384) == pytest.approx(one)
+    assert gdn_kernel_seconds(qwen36, Layout(2, tp=2, etp=1), h200_rates, 16384) == pytest.approx(one)
     assert gdn_kernel_seconds(qwen36, Layout(2, cp=2), h200_rates, 8192) == pytest.approx(one)
 
 

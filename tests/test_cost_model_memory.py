@@ -94,7 +94,7 @@ def test_loss_path_counts_the_logits_tensors_alive_at_once(qwen36):
     # slime: the model's bf16 logits, slime's clone, the fp32 upcast, plus fp32 per-token log-probs
     assert loss_path_bytes(qwen36, Layout(1), tokens, SLIME) == pytest.approx(8 * tokens * v + 4 * tokens
                                                                               + 2 * tokens * h)
-    tp2 = loss_path_bytes(qwen36, Layout(2, tp=2), tokens, MEGATRON)
+    tp2 = loss_path_bytes(qwen36, Layout(2, tp=2, etp=1), tokens, MEGATRON)
     assert tp2 == pytest.approx(6 * tokens * padded_vocab(qwen36.vocab_size, 2) / 2 + 2 * tokens * h * 1.5)
     assert padded_vocab(128256, 1) == 128256 and padded_vocab(151936, 2) == 152064 and padded_vocab(1000, 4) == 1024
 
@@ -121,7 +121,7 @@ def test_optimizer_step_temporary_only_without_a_fused_adam(qwen36, h200):
     runner = runner_prediction(qwen36, h200, 4, layout)
     assert runner.memory.optimizer_step > 5                        # 1 GPU: the step, not the loss, sets the peak
     # TP2 EP1 (experts have their own groups, ETP != TP): the temporary is the larger shard, the experts'
-    tp2 = runner_prediction(qwen36, h200, 4, Layout(2, tp=2, max_tokens_per_gpu=4096))
+    tp2 = runner_prediction(qwen36, h200, 4, Layout(2, tp=2, etp=1, max_tokens_per_gpu=4096))
     assert tp2.memory.allocated == pytest.approx(51.67, rel=0.01)
     # measured on H200 (benchmarks/results/megatron-h200-suite.jsonl): 89.46 GiB allocated
     assert runner.memory.allocated == pytest.approx(89.46, rel=0.01)
@@ -185,8 +185,8 @@ def test_allocated_peak_matches_the_runners_h200_measurements(qwen36, h200, pair
 # ------------------------------------------------------------------------------------------ outside PyTorch
 @pytest.mark.torch
 @pytest.mark.parametrize("world, kw", [
-    (1, {}), (2, dict(ep=2)), (2, dict(tp=2)), (2, dict(pp=2)), (2, dict(cp=2)), (2, dict(tp=2, ep=2)),
-    (8, dict(tp=2, ep=4)), (8, dict(pp=2, ep=2, etp=2)), (8, dict(cp=2, ep=4)), (8, dict(pp=4, vpp=2, ep=2)),
+    (1, {}), (2, dict(ep=2)), (2, dict(tp=2)), (2, dict(pp=2)), (2, dict(cp=2)), (2, dict(tp=2, ep=2, etp=1)),
+    (8, dict(tp=2, ep=4, etp=1)), (8, dict(pp=2, ep=2, etp=2)), (8, dict(cp=2, ep=4)), (8, dict(pp=4, vpp=2, ep=2)),
 ])
 def test_process_groups_are_megatrons(world, kw):
     """The NCCL groups initialize_model_parallel makes rank 0 a member of (fake process group, no GPU)."""

@@ -55,7 +55,7 @@ def rules_of(layout, model, workload=Workload(), stack=Stack()):
 def test_qwen35_output_gate_limits_tp_unless_the_stack_has_the_fix(qwen36):
     assert rules_of(Layout(8, tp=4, ep=2, etp=1, max_tokens_per_gpu=8192), qwen36) == {"output_gate_tp"}
     assert not rules_of(Layout(8, tp=4, ep=2, etp=1), qwen36, stack=Stack(output_gate_tp_fix=True))
-    assert not rules_of(Layout(8, tp=2, ep=8), qwen36)
+    assert not rules_of(Layout(8, tp=2, etp=1, ep=8), qwen36)
 
 
 def test_model_rules_name_the_numbers(qwen36):

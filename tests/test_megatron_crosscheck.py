@@ -36,6 +36,10 @@ Where Megatron (megatron-core 0.19.2) enforces each of our rules (stage names of
   layers_divisible_by_pp               validate_args    "Number of layers should be divisible by the pipeline-model-parallel size"
                                                         (without VPP); with VPP: layer_split, transformer_block.py get_num_layers_to_build
   stage_layers_divisible_by_vpp        layer_split      transformer_block.py get_num_layers_to_build "should be divisible by vp_size"
+  uneven_pipeline_split                config           transformer_config.py (Uneven PP) "number of layers at middle stage ...
+                                                        must be divisible by the middle pipeline model parallel size"
+  Layout: uneven split vs VPP          config           transformer_config.py "number of layers at first stage ... must be
+                                                        divisible by virtual pipeline parallel degree"
   cp_divides_2048                      validate_args    "seq-length should be a multiple of 2 * context-parallel-size"
   mla_up_proj_needs_mla                config           transformer_config.py "mla_up_proj in recompute_modules is only supported with multi_latent_attention"
   moe_recompute_needs_moe (moe_act)    config           transformer_config.py "moe_act in recompute_modules is only supported with moe_grouped_gemm"
@@ -113,6 +117,8 @@ WHERE = {
     "moe_bias_needs_etp1": {"config"},
     "layers_divisible_by_pp": {"validate_args", "layer_split"},
     "stage_layers_divisible_by_vpp": {"layer_split"},
+    "uneven_pipeline_split": {"validate_args", "config", "layer_split"},
+    "layout:uneven_split_vs_vpp": {"validate_args", "config", "layer_split"},
     "cp_divides_2048": {"validate_args"},
     "mla_up_proj_needs_mla": {"config"},
     "moe_recompute_needs_moe": {"config"},
@@ -130,6 +136,7 @@ LAYOUT_CHECKS = (  # InvalidLayout message -> check name
     (r"selective recompute takes no", "layout:selective_method_or_num_layers"),
     (r"unknown recompute_modules", "layout:unknown_recompute_module"),
     (r"flex dispatcher needs EP x ETP", "layout:flex_needs_ep_etp"),
+    (r"pipeline_num_layers \d+ must be divisible by VPP", "layout:uneven_split_vs_vpp"),
 )
 
 
@@ -327,9 +334,21 @@ def targeted_cases() -> list[CrossCheckCase]:
                                   num_attention_heads=24)
 
     def c(tag, model, gbs=128, precision_aware=True, **params):
+        # the cases were written when ETP defaulted to 1: keep that, and etp=None for "unset" (Megatron: TP)
+        params.setdefault("etp", 1)
+        if params["etp"] is None:
+            del params["etp"]
         return CrossCheckCase(model, params, global_batch=gbs, precision_aware=precision_aware, tag=tag)
 
     return [
+        # uneven pipeline splits (61 layers over PP 4) and ETP left unset
+        c("valid", ds3, world_size=64, pp=4, ep=16, decoder_first_pipeline_num_layers=13),
+        c("valid", ds3, world_size=64, pp=4, vpp=2, ep=16, decoder_first_pipeline_num_layers=14,
+          decoder_last_pipeline_num_layers=16),
+        c("uneven", ds3, world_size=64, pp=4, ep=16, decoder_last_pipeline_num_layers=8),
+        c("uneven", ds3, world_size=64, pp=4, vpp=2, ep=16, decoder_first_pipeline_num_layers=3),
+        c("etp-unset", q30, world_size=8, tp=2, ep=8, etp=None),
+        c("valid", llama, world_size=8, tp=2, etp=None),
         # valid references
         c("valid", q36, world_size=8, tp=2, ep=8),
         c("valid", q36, world_size=8, tp=1, ep=8, dispatcher="flex", recompute_granularity="full",
@@ -504,7 +523,7 @@ def test_model_args_accepted_for_every_catalog_model():
 def test_validate_is_independent_between_calls():
     """A rejected call leaves no state behind that changes the next call's verdict."""
     model = load_model("qwen3-30b-a3b")
-    good = case_argv(CrossCheckCase(model, dict(world_size=8, tp=2, ep=8)))
+    good = case_argv(CrossCheckCase(model, dict(world_size=8, tp=2, ep=8, etp=1)))
     bad = case_argv(CrossCheckCase(model, dict(world_size=8, tp=2, ep=8, etp=2)))
     first = megatron_validate.validate(good, 8)
     assert first[0], first[1]

@@ -66,7 +66,7 @@ def _config(model, layout: Layout, **extra):
 def test_config_places_gdn_layers_by_the_models_own_pattern(qwen36):
     """Qwen3.6: 3 GDN then 1 full attention, repeated (linear_attention_freq as a per-layer list), with
     its GDN shapes (16 q/k heads, 32 value heads, head dims 128, conv kernel 4)."""
-    cfg = config.build_transformer_config(model_run.trial_model(qwen36, 8), Layout(2, tp=2), Workload(),
+    cfg = config.build_transformer_config(model_run.trial_model(qwen36, 8), Layout(2, tp=2, etp=1), Workload(),
                                           use_cpu_initialization=True)  # TP 2 validates (heads divisible)
     assert cfg.experimental_attention_variant == "gated_delta_net"
     assert cfg.linear_attention_freq == [1, 1, 1, 0, 1, 1, 1, 0]
@@ -204,7 +204,7 @@ def test_cpu_initialised_gdn_shards_are_the_tp1_layer():
     tiny = tiny_qwen36_gdn()
     with one_rank():
         whole, state = _gdn_module(_config(tiny, Layout(1)))
-        shards = [_gdn_module(_config(tiny, Layout(2, tp=2)), tp=2, rank=r) for r in range(2)]
+        shards = [_gdn_module(_config(tiny, Layout(2, tp=2, etp=1)), tp=2, rank=r) for r in range(2)]
     mods = [m for m, _ in shards]
     assert all(torch.equal(s, state) for _, s in shards)
     qk, v, nv = whole.qk_dim, whole.v_dim, whole.num_value_heads

@@ -110,7 +110,7 @@ def test_auto_layers_is_the_largest_predicted_fit(qwen36, h200):
 CONFIG_LAYOUTS = [
     Layout(1, max_tokens_per_gpu=4096),
     Layout(2, ep=2),
-    Layout(2, tp=2),
+    Layout(2, tp=2, etp=1),
     Layout(2, tp=2, ep=2, etp=1),
     Layout(4, tp=2, ep=2, etp=2),
     Layout(2, pp=2),

@@ -173,14 +173,14 @@ FULL = dict(recompute_granularity="full", recompute_method="uniform", recompute_
 
 LAYOUTS = {
     "flex": Layout(world_size=8, ep=8, dispatcher="flex", **FULL),
-    "tp2": Layout(world_size=8, tp=2, ep=8, **FULL),
+    "tp2": Layout(world_size=8, tp=2, etp=1, ep=8, **FULL),
     "vpp": Layout(world_size=8, pp=2, vpp=2, ep=4, **FULL),
     "cp": Layout(world_size=8, cp=2, ep=8, max_tokens_per_gpu=8192, rows_per_microbatch=2, **FULL),
     "selective": Layout(world_size=8, ep=8, recompute_granularity="selective",
                         recompute_modules=("core_attn", "moe_act")),
     "selective-default": Layout(world_size=8, ep=8, recompute_granularity="selective"),
     "no-recompute-partial-offload": Layout(world_size=8, ep=8, optimizer_offload_fraction=0.5),
-    "two-nodes": Layout(world_size=16, tp=2, pp=2, ep=8, **FULL),
+    "two-nodes": Layout(world_size=16, tp=2, etp=1, pp=2, ep=8, **FULL),
 }
 EXPECTED = {
     "flex": {"--moe-token-dispatcher-type": [("flex",)], "--moe-flex-dispatcher-backend": [("deepep",)]},
@@ -230,7 +230,7 @@ def test_layout_flags_and_round_trip(case, tmp_path):
 
 
 def test_flag_positions_follow_reference():
-    layout = Layout(world_size=8, tp=2, pp=2, vpp=2, ep=4, optimizer_offload_fraction=1.0, overlap_d2h_h2d=True,
+    layout = Layout(world_size=8, tp=2, etp=1, pp=2, vpp=2, ep=4, optimizer_offload_fraction=1.0, overlap_d2h_h2d=True,
                     dispatcher="flex", **FULL)
     run = slime_run(load_model(MODEL), load_gpu("h200"), Workload(), layout)
     lines = [line.strip().rstrip(" \\") for line in run.splitlines()]
@@ -360,7 +360,7 @@ def test_error_invalid_layout(tmp_path, good_recipe):
         load_recipe(path, stack=Stack())
     fixed = Stack.with_fixes(["output-gate-tp"])
     assert load_recipe(path, stack=fixed).case == Case(load_model(MODEL), load_gpu("h200"), Workload(),
-                                                       Layout(world_size=8, tp=4, ep=8, **FULL), fixed)
+                                                       Layout(world_size=8, tp=4, etp=1, ep=8, **FULL), fixed)
     # rows_per_microbatch that slime's batching would not produce (a slime rule).
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"], rows_per_microbatch=2))
     assert_one_line_error(write_recipe(recipe, tmp_path / "rows.yaml"), "rows_per_microbatch")

@@ -137,7 +137,7 @@ def test_pareto_optimal_points():
 
 
 def test_run_parser_takes_the_new_proposers_and_a_gpu_hour_budget():
-    from tuner.options import run_parser
+    from tuner.options import CliError, run_parser
 
     base = ["--model", "m", "--gpu", "g"]
     assert run_parser().parse_args(base).proposer == "agent"
@@ -145,5 +145,5 @@ def test_run_parser_takes_the_new_proposers_and_a_gpu_hour_budget():
     for proposer in ("agent", "tpe", "gp", "random"):
         assert run_parser().parse_args(base + ["--proposer", proposer]).proposer == proposer
     assert run_parser().parse_args(base + ["--gpu-hours", "2.5"]).gpu_hours == 2.5
-    with pytest.raises(SystemExit):
+    with pytest.raises(CliError):
         run_parser().parse_args(base + ["--proposer", "cmaes"])

@@ -1,15 +1,16 @@
 """The fixed Optuna distributions of a search space (the parameters themselves: cost_model.layout_codec).
 
-Ten categorical parameters describe a layout; max_tokens_per_gpu follows from rows per
+Eleven categorical parameters describe a layout (the pipeline split 'even' unless the layers do not divide); max_tokens_per_gpu follows from rows per
 micro-batch, CP and the row length (slime's dynamic batching), so it is not a parameter.
 """
 from __future__ import annotations
 
 from optuna.distributions import CategoricalDistribution
 
-from cost_model.layout_codec import encode_offload, encode_recompute
+from cost_model.layout_codec import encode_offload, encode_recompute, encode_split
 from cost_model.model_spec import ModelSpec
 from search_space.enumerate import SpaceOptions, divisors, offload_choices, recompute_choices
+from search_space.pipeline_splits import uneven_splits
 
 
 def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> dict[str, CategoricalDistribution]:
@@ -35,4 +36,17 @@ def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> d
                                                            o.get("exp_avg_dtype", "fp32"))
                                             for o in offload_choices(options)]),
         "dispatcher": CategoricalDistribution(["alltoall", "flex"]),
+        "pipeline_split": CategoricalDistribution(split_choices(model, ds, options)),
     }
+
+
+def split_choices(model: ModelSpec, ds: list[int], options: SpaceOptions) -> list[str]:
+    """'even' and every balanced uneven split of the model's layers over the PP and VPP sizes of the space."""
+    out = ["even"]
+    for pp in ds:
+        for vpp in range(1, options.max_vpp + 1):
+            for first, last in uneven_splits(model.num_hidden_layers, pp, vpp):
+                value = encode_split(first, last)
+                if value not in out:
+                    out.append(value)
+    return out

@@ -96,6 +96,8 @@ def _parallel_kwargs(layout: Layout) -> dict:
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
+        num_layers_in_first_pipeline_stage=layout.decoder_first_pipeline_num_layers,
+        num_layers_in_last_pipeline_stage=layout.decoder_last_pipeline_num_layers,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,

@@ -180,9 +180,7 @@ class MegatronRunner(TrialRunner):
         model run at the case's global batch; InvalidLayout when PP x VPP does not divide its layers."""
         run = self.model_run(case.model)
         layout = case.layout
-        if run.num_hidden_layers % (layout.pp * layout.vpp):
-            raise InvalidLayout(f"the megatron runner's {run.num_hidden_layers} layers are not divisible by "
-                                f"PP x VPP = {layout.pp * layout.vpp}")
+        _check_split(run, layout)
         run_case = case.replace(model=run, workload=replace(case.workload, framework="megatron"))
         if profile is None:
             return predict_run(run_case)
@@ -218,8 +216,7 @@ class MegatronRunner(TrialRunner):
             n, how = self.layers, "--layers"
         run = trial_model(spec.case.model, n, self.replace_gdn)
         notes = trial_model_notes(spec.case.model, run, how)
-        if run.num_hidden_layers % (layout.pp * layout.vpp):
-            raise InvalidLayout(f"{run.num_hidden_layers} layers are not divisible by PP x VPP = {layout.pp * layout.vpp}")
+        _check_split(run, layout)
         return run, how, notes
 
     def _rows_in_budget(self, spec: TrialSpec, prediction: dict, unit: int) -> int:
@@ -461,3 +458,14 @@ def _per_step(ranks: dict) -> tuple[list[float], list[float], list]:
     grad_norms = [next((r["grad_norms"][i] for r in ranks.values() if r["grad_norms"][i] is not None), None)
                   for i in range(n)]
     return step_times, losses, grad_norms
+
+
+def _check_split(run, layout) -> None:
+    """The runner's model run splits over the layout's pipeline stages as Megatron would split it (evenly,
+    or with the layout's first/last stage layers); InvalidLayout naming the numbers where it does not."""
+    try:
+        run.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
+                         layout.decoder_last_pipeline_num_layers)
+    except ModelError as e:
+        raise InvalidLayout(f"the megatron runner's {run.num_hidden_layers} layers do not split over "
+                            f"{layout.label}: {e}") from None
