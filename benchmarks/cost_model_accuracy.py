@@ -220,7 +220,7 @@ def _say_memory(say, table: pd.DataFrame, unusable: list[tuple[dict, str]]) -> N
             f"({lay.label} mbs{lay.rows_per_microbatch}, rc {lay.recompute_label})")
 
 
-def report(csv_path: Path, verbose: bool = False, out=sys.stdout) -> dict:
+def report(csv_path: Path, verbose: bool = False, out=sys.stdout, held_out: bool = False) -> dict:
     def say(*a):
         print(*a, file=out)
 
@@ -241,15 +241,41 @@ def report(csv_path: Path, verbose: bool = False, out=sys.stdout) -> dict:
     say(f"Unusable rows: {len(unusable)}")
     for why, n in Counter(why for _, why in unusable).most_common():
         say(f"  {n:3d}  {why}")
+    megatron_style = [why for _, why in unusable if not why.startswith(("no tokens/s", "FSDP not modelled"))]
+    say(f"  Megatron-style rows with a tokens/s figure answered: {len(cases)} of {len(cases) + len(megatron_style)} "
+        f"({len(cases) / max(1, len(cases) + len(megatron_style)):.0%})")
+    if held_out:
+        say("")
+        _say_held_out(say, cases)
     return result
+
+
+def _say_held_out(say, cases) -> None:
+    """The out-of-sample figures: nested leave-one-source-out, each fold fitted from a cold start."""
+    from benchmarks.calibrate import error_by, held_out_table   # calibrate imports this module
+
+    cold = held_out_table(cases, cold=True)
+    warm = held_out_table(cases, cold=False)
+    pairs = ordered_pairs(cold)
+    say("Held out (nested leave-one-source-out: each source predicted by Megatron constants fitted from a cold "
+        "start on the other sources' rows)")
+    say(f"  median APE: {cold.ape.median():.1f}% over {len(cold)} rows in {cold.source.nunique()} sources "
+        f"(starting each fold from the shipped, all-data constants instead: {warm.ape.median():.1f}%)")
+    say(f"  correctly ordered pairs within a group: {pairs[0]} of {pairs[1]}"
+        + (f" ({pairs[0] / pairs[1]:.0%})" if pairs[1] else ""))
+    for key, frame in error_by(cold).items():
+        say(f"  by {key}: " + "; ".join(f"{name} {row['median']:.1f}% (n={int(row['count'])})"
+                                        for name, row in frame.iterrows()))
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT, help="published measurements (default: %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="per-case breakdown, mapping notes and pair verdicts")
+    parser.add_argument("--in-sample-only", action="store_true",
+                        help="skip the nested leave-one-source-out fits (a few minutes)")
     args = parser.parse_args(argv)
-    report(args.csv, args.verbose)
+    report(args.csv, args.verbose, held_out=not args.in_sample_only)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import product
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +25,9 @@ from cost_model.model_spec import ModelSpec, catalog_names, load_model
 from cost_model.workload import Workload, WorkloadError
 from cost_model.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
+from cost_model.predict import predict
+from search_space.enumerate import selective_module_sets
+from search_space.pipeline_splits import accounting_splits, uneven_splits
 from search_space.rules import violations
 from cost_model.stack import Stack
 
@@ -262,7 +266,10 @@ def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
     values = dict(tp=tp, pp=_int(row, "pp", 1), cp=_int(row, "cp", 1), vpp=_int(row, "vp", 1) or 1)
     mbs = _int(row, "mbs", 1) or 1
     if model.is_moe:
-        values.update(ep=_int(row, "ep", 1), etp=_int(row, "etp", 1))
+        etp = _int(row, "etp")
+        if etp is None and tp > 1:
+            mapping_notes.append(f"ETP not stated: TP {tp}, Megatron's default")
+        values.update(ep=_int(row, "ep", 1), etp=tp if etp is None else etp)
     else:
         values.update(ep=1, etp=tp)
     recompute, rc_notes = map_recompute(row["recompute"])
@@ -304,6 +311,13 @@ def row_to_case(row: dict, index: int) -> Measurement:
                             framework="megatron")
     except WorkloadError as e:
         raise Unusable(f"invalid layout: {e}") from None
+    if model.is_moe and _int(row, "etp") is None and world % (values["etp"] * values["ep"] * values["pp"]):
+        # Megatron's default ETP (= TP) leaves no valid expert grid: the run must have set ETP 1
+        mapping_notes.append(f"ETP not stated and TP {values['tp']} x EP {values['ep']} x PP {values['pp']} does not "
+                             f"divide {world} GPUs: ETP 1")
+        values["etp"] = 1
+    values, searched = _search_unknowns(row, model, gpu, workload, values, mbs, world)
+    mapping_notes += searched
     layout = _layout(values, mbs, world, workload)
     if layout.rows_per_microbatch != mbs:
         mapping_notes.append(f"MBS {mbs} read as {layout.rows_per_microbatch} rows per microbatch")
@@ -316,6 +330,66 @@ def row_to_case(row: dict, index: int) -> Measurement:
     return Measurement(name=f"r{index:03d}-{model.name}-{gpu.name}x{world}", source=row["source"],
                        case=Case(model, gpu, workload, layout, STACK), measured_tokens_per_s_per_gpu=measured,
                        group=group, row=dict(row), notes=tuple(mapping_notes), index=index)
+
+
+def _unknowns(row: dict, model: ModelSpec, values: dict) -> list[tuple[str, list[dict]]]:
+    """What the row leaves open that Megatron needs, each with the settings the source allows: the recompute
+    when the column is empty (not 'none'), the uneven pipeline split when the layers do not divide."""
+    open_: list[tuple[str, list[dict]]] = []
+    if not row["recompute"].strip():
+        choices = [dict(recompute_granularity=None)]
+        choices += [dict(recompute_granularity="selective", recompute_modules=mods)
+                    for mods in selective_module_sets(model)]
+        choices.append(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
+        open_.append(("recompute", choices))
+    layers, pp, vpp = model.num_hidden_layers, values["pp"], values["vpp"]
+    if pp > 1 and (layers % pp or (layers // pp) % vpp):
+        splits = [dict(decoder_first_pipeline_num_layers=f, decoder_last_pipeline_num_layers=l)
+                  for f, l in uneven_splits(layers, pp, vpp)]
+        splits += [dict(account_for_embedding_in_pipeline_split=e, account_for_loss_in_pipeline_split=l)
+                   for e, l in accounting_splits(layers, pp, vpp)]
+        if splits:
+            open_.append(("pipeline split", splits))
+    return open_
+
+
+def _search_unknowns(row: dict, model: ModelSpec, gpu: GpuSpec, workload: Workload, values: dict, mbs: int,
+                     world: int) -> tuple[dict, list[str]]:
+    """The row's open settings searched, not assumed: of every combination the source allows, the one the cost
+    model (default constants) predicts fastest among those predicted to fit, as a tuned run would have chosen;
+    the note says what was chosen. The published figure is not looked at."""
+    open_ = _unknowns(row, model, values)
+    if not open_:
+        return values, []
+    best = None
+    for combo in product(*(choices for _, choices in open_)):
+        trial = dict(values)
+        for choice in combo:
+            trial.update(choice)
+        try:
+            layout = _layout(trial, mbs, world, workload)
+        except Unusable:
+            continue
+        if [v for v in violations(layout, model, workload, STACK) if v.rule not in IGNORED_RULES]:
+            continue
+        p = predict(model, gpu, workload, layout)
+        score = (p.fits, p.tokens_per_s_per_gpu)
+        if best is None or score > best[0]:
+            best = (score, trial, layout)
+    if best is None:
+        return values, []
+    (fits, _), trial, layout = best
+    what = []
+    for name, _ in open_:
+        if name == "recompute":
+            what.append(f"recompute {layout.recompute_label}")
+        else:
+            what.append(f"pipeline split {layout.label.split()[1]}")
+    n = 1
+    for _, choices in open_:
+        n *= len(choices)
+    verdict = "predicted fastest that fits" if fits else "none predicted to fit; the fastest"
+    return trial, [f"not stated by the source, searched: {', '.join(what)} ({verdict} of {n} it allows)"]
 
 
 def read_rows(csv_path: str | Path = DEFAULT) -> list[dict]:

@@ -37,6 +37,7 @@ class Constants:
     step_overhead_s: float
     megatron_layer_launch_overhead_s: float
     megatron_step_overhead_s: float
+    pipeline_chunk_overhead_s: float
     cuda_context_gib: float
     nccl_init_gib_per_communicator: float
     nccl_buffers_gib_per_communicator: float

@@ -21,6 +21,8 @@ MOMENT_DTYPES = ("fp32", "bf16")
 
 
 UNEVEN_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+ACCOUNT_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+SPLIT_FIELDS = UNEVEN_FIELDS + ACCOUNT_FIELDS
 
 
 class InvalidLayout(AttuneError, ValueError):
@@ -50,6 +52,10 @@ class Layout:
     # hold these many layers, the middle stages share the rest evenly. None: that stage is a middle one.
     decoder_first_pipeline_num_layers: int | None = None
     decoder_last_pipeline_num_layers: int | None = None
+    # Megatron's other way to split layers that do not divide: the embedding and/or the loss count as one
+    # layer each of the first/last virtual stage (--account-for-embedding/loss-in-pipeline-split).
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def __post_init__(self):
         if self.etp is None:
@@ -94,9 +100,25 @@ class Layout:
                 raise InvalidLayout(f"{name} {value} must be divisible by VPP {self.vpp} (each virtual stage of "
                                     f"that pipeline stage holds as many layers)")
 
+        accounts = [name for name in ACCOUNT_FIELDS if getattr(self, name)]
+        for name in ACCOUNT_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidLayout(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if accounts and self.pp == 1:
+            raise InvalidLayout(f"{accounts[0]} needs pipeline parallelism (PP > 1), got PP 1")
+        if accounts and self.uneven:
+            # transformer_config.py: "cannot be set at the same time with account_for_embedding_in_pipeline_split"
+            raise InvalidLayout("decoder_first/last_pipeline_num_layers and account_for_embedding/loss_in_pipeline_"
+                                "split cannot be set together (Megatron)")
+
     @property
     def uneven(self) -> bool:
         return self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
+
+    @property
+    def split_set(self) -> bool:
+        """Any of Megatron's pipeline-split arguments set (the layers are not split evenly by count alone)."""
+        return self.uneven or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split
 
     def _check_recompute(self):
         g, m, k, mods = self.recompute_granularity, self.recompute_method, self.recompute_num_layers, self.recompute_modules
@@ -154,6 +176,9 @@ class Layout:
             first = self.decoder_first_pipeline_num_layers
             last = self.decoder_last_pipeline_num_layers
             parts[-1] += f"[{'' if first is None else first}:{'' if last is None else last}]"
+        elif self.split_set:
+            parts[-1] += "[" + "+".join(x for x, on in (("E", self.account_for_embedding_in_pipeline_split),
+                                                          ("L", self.account_for_loss_in_pipeline_split)) if on) + "]"
         if self.vpp > 1:
             parts.append(f"VPP{self.vpp}")
         if self.cp > 1:
@@ -186,7 +211,7 @@ class Layout:
         """A stable identity, used to never evaluate the same layout twice in a study."""
         # the uneven split's fields only when set: keys of studies made before they existed stay the same
         return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self)
-                        if not (f.name in UNEVEN_FIELDS and getattr(self, f.name) is None))
+                        if not (f.name in SPLIT_FIELDS and getattr(self, f.name) in (None, False)))
 
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)

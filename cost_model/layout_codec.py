@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import fields
 
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
-from cost_model.layout import UNEVEN_FIELDS, InvalidLayout, Layout
+from cost_model.layout import ACCOUNT_FIELDS, SPLIT_FIELDS, UNEVEN_FIELDS, InvalidLayout, Layout
 
 LAYOUT_KEYS = tuple(f.name for f in fields(Layout) if f.name != "world_size")
 _TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype")
 _NULLABLE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "etp",
              "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_BOOL_KEYS = ("overlap_d2h_h2d",) + ACCOUNT_FIELDS
 
 OPTUNA_PARAM_NAMES = ("tp", "pp", "vpp", "cp", "ep", "etp", "rows_per_microbatch", "recompute", "offload",
                       "dispatcher", "pipeline_split")
@@ -75,7 +76,7 @@ def text_layout_value(key: str, raw):
             if value != value:  # NaN
                 raise ValueError
             return value
-        if key == "overlap_d2h_h2d":
+        if key in _BOOL_KEYS:
             if isinstance(raw, bool):
                 return raw
             text = str(raw).strip().lower()
@@ -170,9 +171,9 @@ def layout_from_recipe_block(block: dict, world_size: int) -> Layout:
         values["exp_avg_dtype"] = block["exp_avg_dtype"]
     split = block.get("layer_split")
     if split is not None:
-        if not isinstance(split, dict) or set(split) - set(UNEVEN_FIELDS):
-            raise InvalidLayout(f"field 'layer_split' must be null or a mapping of {' and '.join(UNEVEN_FIELDS)}")
-        values.update({key: split.get(key) for key in UNEVEN_FIELDS})
+        if not isinstance(split, dict) or set(split) - set(SPLIT_FIELDS):
+            raise InvalidLayout(f"field 'layer_split' must be null or a mapping of {', '.join(SPLIT_FIELDS)}")
+        values.update({key: split[key] for key in SPLIT_FIELDS if split.get(key) is not None})
     recompute = block.get("recompute")
     if recompute is not None:
         if not isinstance(recompute, dict):
@@ -243,7 +244,11 @@ def to_optuna_params(layout: Layout) -> dict:
                                       layout.recompute_num_layers, layout.selective_modules),
         "offload": encode_offload(layout.optimizer_offload_fraction, layout.overlap_d2h_h2d, layout.exp_avg_dtype),
         "dispatcher": layout.dispatcher,
-        "pipeline_split": encode_split(layout.decoder_first_pipeline_num_layers, layout.decoder_last_pipeline_num_layers),
+        # only for a split other than the even one: a space whose layers divide has no such parameter
+        **({"pipeline_split": encode_split(layout.decoder_first_pipeline_num_layers,
+                                           layout.decoder_last_pipeline_num_layers,
+                                           layout.account_for_embedding_in_pipeline_split,
+                                           layout.account_for_loss_in_pipeline_split)} if layout.split_set else {}),
     }
 
 
@@ -257,12 +262,25 @@ def from_optuna_params(params: dict, world_size: int, seq_len: int) -> Layout:
 
 
 def split_block(layout: Layout) -> dict | None:
-    """A recipe's `layer_split`: the uneven split's two Megatron fields, or None for the even split."""
-    return {key: getattr(layout, key) for key in UNEVEN_FIELDS} if layout.uneven else None
+    """A recipe's `layer_split`: Megatron's split arguments that are set, or None for the even split."""
+    if layout.uneven:
+        return {key: getattr(layout, key) for key in UNEVEN_FIELDS}
+    if layout.split_set:
+        return {key: getattr(layout, key) for key in ACCOUNT_FIELDS}
+    return None
 
 
-def encode_split(first: int | None, last: int | None) -> str:
-    """An Optuna categorical value: 'even', or 'FIRST:LAST' with an unset side left empty ('13:')."""
+def split_values(layout: Layout) -> dict:
+    """The layout's pipeline-split fields as Layout keyword arguments (empty for the even split)."""
+    return {key: getattr(layout, key) for key in SPLIT_FIELDS if getattr(layout, key) not in (None, False)}
+
+
+def encode_split(first: int | None = None, last: int | None = None, embedding: bool = False,
+                 loss: bool = False) -> str:
+    """An Optuna categorical value: 'even'; 'FIRST:LAST' with an unset side left empty ('13:'); or 'E', 'L',
+    'E+L' for the embedding/loss accounted as layers."""
+    if embedding or loss:
+        return "+".join(x for x, on in (("E", embedding), ("L", loss)) if on)
     if first is None and last is None:
         return "even"
     return f"{'' if first is None else first}:{'' if last is None else last}"
@@ -271,6 +289,9 @@ def encode_split(first: int | None, last: int | None) -> str:
 def decode_split(value: str) -> dict:
     if value == "even":
         return {}
+    if ":" not in str(value):
+        parts = str(value).split("+")
+        return dict(account_for_embedding_in_pipeline_split="E" in parts, account_for_loss_in_pipeline_split="L" in parts)
     first, _, last = str(value).partition(":")
     return dict(decoder_first_pipeline_num_layers=int(first) if first else None,
                 decoder_last_pipeline_num_layers=int(last) if last else None)
@@ -292,7 +313,7 @@ def _typed_kind(key: str) -> str:
         return "modules"
     if key == "optimizer_offload_fraction":
         return "number"
-    if key == "overlap_d2h_h2d":
+    if key in _BOOL_KEYS:
         return "bool"
     if key in _TEXT_KEYS or key == "recompute_granularity":
         return "text"

@@ -175,11 +175,18 @@ class ModelSpec:
         """Attention kind of the MTP layer(s): MLA for DeepSeek, else full softmax attention."""
         return MLA if MLA in self.layer_types else FULL_ATTENTION
 
-    def stage_layers(self, pp: int, vpp: int = 1, first: int | None = None,
-                     last: int | None = None) -> tuple[tuple[int, ...], ...]:
+    def stage_layers(self, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
+                     embedding: bool = False, loss: bool = False) -> tuple[tuple[int, ...], ...]:
         """Layer indices held by each pipeline rank (Megatron's split, interleaved with vpp; `first`/`last`:
-        --decoder-first/last-pipeline-num-layers)."""
-        return stage_layers(self.num_hidden_layers, pp, vpp, first, last)
+        --decoder-first/last-pipeline-num-layers; `embedding`/`loss`: --account-for-*-in-pipeline-split)."""
+        return stage_layers(self.num_hidden_layers, pp, vpp, first, last, embedding, loss)
+
+    def layout_stage_layers(self, layout) -> tuple[tuple[int, ...], ...]:
+        """stage_layers for a Layout's pipeline fields."""
+        return self.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
+                                 layout.decoder_last_pipeline_num_layers,
+                                 layout.account_for_embedding_in_pipeline_split,
+                                 layout.account_for_loss_in_pipeline_split)
 
     @cached_property
     def params(self) -> ParamCounts:
@@ -302,26 +309,41 @@ class ModelSpec:
 # ---------------------------------------------------------------------- pipeline stages
 @lru_cache(maxsize=1024)
 def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                 last: int | None = None) -> tuple[tuple[int, ...], ...]:
+                 last: int | None = None, embedding: bool = False, loss: bool = False) -> tuple[tuple[int, ...], ...]:
     """Layer indices per pipeline rank for `num_layers` layers, `pp` ranks and `vpp` virtual stages.
 
-    Megatron's split (megatron-core transformer_layer.get_transformer_layer_offset): the first and last
-    ranks hold `first` and `last` layers when set, the other (middle) ranks share the rest evenly; each
-    rank's layers are cut into `vpp` equal chunks, and virtual stage v runs chunk v of every rank in rank
-    order. With neither set, every rank is a middle one (the even split). Raises ModelError where Megatron's
-    TransformerConfig would refuse the split.
+    Megatron's split (megatron-core transformer_layer.get_transformer_layer_offset and
+    transformer_block.get_num_layers_to_build): the first and last ranks hold `first` and `last` layers when
+    set, the other (middle) ranks share the rest evenly; or, with `embedding`/`loss`, the embedding and the
+    loss each take one layer's place in the first/last virtual stage. Each rank's layers are cut into `vpp`
+    equal chunks, and virtual stage v runs chunk v of every rank in rank order. Raises ModelError where
+    Megatron's TransformerConfig would refuse the split.
     """
     for label, value in (("pp", pp), ("vpp", vpp), ("num_layers", num_layers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelError(f"{label} must be a positive integer, got {value!r}")
-    per_rank = _layers_per_rank(num_layers, pp, vpp, first, last)
-    chunk = [n // vpp for n in per_rank]            # layers per virtual stage on each rank
+    if (embedding or loss) and (first is not None or last is not None):
+        raise ModelError("an uneven first/last split and the embedding/loss accounting cannot be set together")
+    if embedding or loss:
+        if pp == 1:
+            raise ModelError("the embedding/loss accounting needs PP > 1")
+        slots = num_layers + embedding + loss
+        if slots % pp or (slots // pp) % vpp:
+            raise ModelError(f"{num_layers} layers + {int(embedding) + int(loss)} (embedding/loss) = {slots} are not "
+                             f"divisible by PP {pp} x VPP {vpp}")
+        size = slots // pp // vpp
+        chunks = [[size] * pp for _ in range(vpp)]
+        chunks[0][0] -= embedding
+        chunks[-1][-1] -= loss
+    else:
+        per_rank = _layers_per_rank(num_layers, pp, vpp, first, last)
+        chunks = [[n // vpp for n in per_rank] for _ in range(vpp)]
     ranks: list[list[int]] = [[] for _ in range(pp)]
     start = 0
-    for _v in range(vpp):
+    for v in range(vpp):
         for r in range(pp):
-            ranks[r].extend(range(start, start + chunk[r]))
-            start += chunk[r]
+            ranks[r].extend(range(start, start + chunks[v][r]))
+            start += chunks[v][r]
     return tuple(tuple(r) for r in ranks)
 
 

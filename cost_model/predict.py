@@ -115,7 +115,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     tokens, n_mb = microbatches(layout, workload)
     imbalance = routing_imbalance(model, workload, layout, c)
     ranks = rank_layers(model, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
-                        layout.decoder_last_pipeline_num_layers)
+                        layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
+                        layout.account_for_loss_in_pipeline_split)
     # Static memory and the optimizer step are set by the rank holding the most parameters.
     dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
     breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,

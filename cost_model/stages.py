@@ -31,11 +31,11 @@ class RankLayers:
 
 
 @lru_cache(maxsize=256)
-def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None,
-                last: int | None = None) -> tuple[RankLayers, ...]:
+def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None, last: int | None = None,
+                embedding: bool = False, loss: bool = False) -> tuple[RankLayers, ...]:
     params = model.params
     ranks = []
-    for r, indices in enumerate(model.stage_layers(pp, vpp, first, last)):
+    for r, indices in enumerate(model.stage_layers(pp, vpp, first, last, embedding, loss)):
         counts: dict[tuple[str, str], int] = {}
         sums = dict(attention=0, linear_attention=0, dense_mlp=0, shared_expert=0, routed_experts=0, replicated=0)
         for i in indices:

@@ -101,7 +101,11 @@ def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
     terms["pp_bubble"] = (layout.pp - 1) / layout.vpp * per_rank_mb[slowest]
-    terms["pp_p2p"] = pipeline_p2p_time(model, layout, rates, tokens, num_microbatches)
+    # Each virtual stage of each micro-batch is one more scheduled chunk (sends posted, waited on, switched to):
+    # a cost per chunk, so interleaving trades a smaller bubble for more of it.
+    chunks = num_microbatches * layout.vpp if layout.pp > 1 else 0
+    terms["pp_p2p"] = pipeline_p2p_time(model, layout, rates, tokens, num_microbatches) + \
+        chunks * c.pipeline_chunk_overhead_s
     return terms
 
 

@@ -14,7 +14,7 @@ from cost_model.errors import AttuneError
 from cost_model.model_spec import MLA, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
-from search_space.pipeline_splits import uneven_splits
+from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
 from search_space.rules import violations
 from cost_model.stack import Stack
 
@@ -118,10 +118,12 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
 def pipeline_splits(model: ModelSpec, pp: int, vpp: int) -> list[dict]:
     """Megatron's even split where the layers divide over PP x VPP; else the balanced uneven splits."""
     layers = model.num_hidden_layers
-    if layers % pp == 0 and (layers // pp) % vpp == 0:
+    if divides(layers, pp, vpp):
         return [{}]
-    return [dict(decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
-            for first, last in uneven_splits(layers, pp, vpp)]
+    return ([dict(decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
+             for first, last in uneven_splits(layers, pp, vpp)]
+            + [dict(account_for_embedding_in_pipeline_split=e, account_for_loss_in_pipeline_split=l)
+               for e, l in accounting_splits(layers, pp, vpp)])
 
 
 def shape_dispatchers(shape: dict, stack: Stack, options: SpaceOptions) -> list[str]:

@@ -23,6 +23,10 @@ def parallel_args(layout: Layout) -> list[str]:
         args += ["--decoder-first-pipeline-num-layers", str(layout.decoder_first_pipeline_num_layers)]
     if layout.decoder_last_pipeline_num_layers is not None:
         args += ["--decoder-last-pipeline-num-layers", str(layout.decoder_last_pipeline_num_layers)]
+    if layout.account_for_embedding_in_pipeline_split:
+        args.append("--account-for-embedding-in-pipeline-split")
+    if layout.account_for_loss_in_pipeline_split:
+        args.append("--account-for-loss-in-pipeline-split")
     args += ["--context-parallel-size", str(layout.cp),
              "--expert-model-parallel-size", str(layout.ep)]
     if layout.etp is not None:   # always set on a Layout; None only where a test maps unchecked values

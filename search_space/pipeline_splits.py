@@ -1,5 +1,6 @@
 """Uneven pipeline splits: where a model's layers do not divide over PP (x VPP) stages, the splits Megatron
-accepts with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers that balance the stages.
+accepts with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers that balance the stages,
+and those --account-for-embedding/loss-in-pipeline-split make divide.
 
 DeepSeek-V3 (61 layers), Qwen3-235B-A22B (94) and Llama3.1-405B (126) train this way. Of every split Megatron
 accepts, the search keeps the most balanced: the middle stages hold m layers (a multiple of VPP), m as small
@@ -13,12 +14,14 @@ from functools import lru_cache
 from cost_model.model_spec import ModelError, stage_layers
 
 Split = tuple[int | None, int | None]     # (decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers)
+Accounting = tuple[bool, bool]            # (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)
 
 
 @lru_cache(maxsize=4096)
 def uneven_splits(num_layers: int, pp: int, vpp: int = 1) -> tuple[Split, ...]:
-    """The balanced uneven splits of `num_layers` over `pp` stages of `vpp` virtual stages (none for PP 1)."""
-    if pp < 2 or num_layers < pp:
+    """The balanced uneven splits of `num_layers` over `pp` stages of `vpp` virtual stages (none for PP 1, none
+    where the even split works)."""
+    if pp < 2 or num_layers < pp or divides(num_layers, pp, vpp):
         return ()
     base = -(-num_layers // pp)
     start = -(-base // vpp) * vpp
@@ -48,3 +51,24 @@ def _candidates(num_layers: int, pp: int, vpp: int, m: int):
         last = both - first
         if first >= vpp and last >= vpp and first % vpp == 0 and last % vpp == 0:
             yield (first, last)
+
+
+@lru_cache(maxsize=4096)
+def accounting_splits(num_layers: int, pp: int, vpp: int = 1) -> tuple[Accounting, ...]:
+    """The embedding and/or loss counted as a layer of the first/last virtual stage, where that makes the
+    layers divide over PP x VPP (Llama3.1-405B: 126 + 2 over PP 8 x VPP 8; Qwen3-235B-A22B: 94 + 2 over PP 8)."""
+    if pp < 2 or divides(num_layers, pp, vpp):
+        return ()
+    out = []
+    for embedding, loss in ((True, True), (True, False), (False, True)):
+        try:
+            stage_layers(num_layers, pp, vpp, embedding=embedding, loss=loss)
+        except ModelError:
+            continue
+        out.append((embedding, loss))
+    return tuple(out)
+
+
+def divides(num_layers: int, pp: int, vpp: int) -> bool:
+    """Megatron's even split works: the layers divide over PP stages, and each stage's over VPP chunks."""
+    return num_layers % pp == 0 and (num_layers // pp) % vpp == 0

@@ -87,12 +87,12 @@ def _pipeline_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> N
     the first and last stages' layers given: --decoder-first/last-pipeline-num-layers)."""
     layers, pp, vpp = model.num_hidden_layers, layout.pp, layout.vpp
     first, last = layout.decoder_first_pipeline_num_layers, layout.decoder_last_pipeline_num_layers
-    if layout.uneven:
+    if layout.split_set:
         try:
             layers_per_stage(layout, model)
         except ModelError as e:
-            out.append(Violation("uneven_pipeline_split", MEGATRON, f"uneven pipeline split first {first} last "
-                                                                    f"{last} of {layers} layers over PP {pp}: {e}"))
+            out.append(Violation("uneven_pipeline_split", MEGATRON, f"pipeline split {layout.label.split()[1]} of "
+                                                                    f"{layers} layers: {e}"))
         return
     if layers % pp:
         out.append(Violation("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp} "
@@ -105,8 +105,7 @@ def _pipeline_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> N
 
 def layers_per_stage(layout: Layout, model: ModelSpec) -> list[int]:
     """Layers on each pipeline rank (ModelError where Megatron refuses the split)."""
-    return [len(r) for r in model.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
-                                               layout.decoder_last_pipeline_num_layers)]
+    return [len(r) for r in model.layout_stage_layers(layout)]
 
 
 def _context_parallel_rules(out: list[Violation], layout: Layout) -> None:

@@ -78,7 +78,8 @@ def test_sampler_proposer_prunes_what_cannot_be_run(tmp_path, monkeypatch, capsy
     for t in pruned:
         reason = t.user_attrs["prune_reason"]
         assert reason.startswith(("invalid layout", "world size", "predicted not to fit", "already evaluated",
-                                  "VPP", "the flex dispatcher", "overlap_d2h_h2d"))
+                                  "VPP", "the flex dispatcher", "overlap_d2h_h2d", "decoder_", "account_for_",
+                                  "decoder_first/last"))
 
 
 def test_predict_json_for_a_layout(capsys):
@@ -132,7 +133,7 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path):
         (["--model", "qwen3.6-35b-a3b", "--gpu", "a100"], "unknown GPU 'a100'"),
         (["--model", str(bad_json), "--gpu", "h200"], "config.json"),
         (["--model", "qwen3.5-397b-a17b", "--gpu", "h100", "--gpus", "1"], "fits on 1 x H100"),
-        (["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "3"], "3 x H200"),
+        (["--model", "deepseek-v3", "--gpu", "h200", "--gpus", "3"], "3 x H200"),
         (["predict", "--recipe", str(bad_recipe)], "recipe.yaml"),
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "tp=3"], "TP x PP x CP"),
         (["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=7"], "EP"),

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 import megatron_validate
-from cost_model.layout import InvalidLayout, Layout
+from cost_model.layout import SPLIT_FIELDS, InvalidLayout, Layout
 from cost_model.layout_codec import (from_optuna_params, layout_from_recipe_block, layout_from_values,
                                      recipe_block, to_optuna_params)
 from cost_model.model_spec import ModelError, load_model, stage_layers
@@ -19,7 +19,7 @@ from cost_model.stages import rank_layers
 from cost_model.workload import Workload
 from search_space.enumerate import SpaceOptions, parallel_shapes
 from search_space.megatron_args import model_args, parallel_args
-from search_space.pipeline_splits import uneven_splits
+from search_space.pipeline_splits import accounting_splits, uneven_splits
 from search_space.rules import violations
 from tuner.space_params import distributions
 
@@ -36,7 +36,7 @@ def argv(model, layout: Layout) -> list[str]:
 def uneven_shapes(name: str) -> list[dict]:
     model = load_model(name)
     return [s for s in parallel_shapes(model, BIG[name], Workload(seq_len=SEQ, global_batch=1024), Stack(),
-                                       SpaceOptions()) if "decoder_first_pipeline_num_layers" in s]
+                                       SpaceOptions()) if set(s) & set(SPLIT_FIELDS)]
 
 
 def test_the_splits_are_balanced_and_megatron_shaped():
@@ -61,17 +61,32 @@ def test_megatron_accepts_every_proposed_split_and_builds_our_stages(name):
     assert shapes, f"{name}: no uneven split proposed"
     seen = set()
     for shape in shapes:
-        key = (shape["pp"], shape["vpp"], shape["decoder_first_pipeline_num_layers"],
-               shape["decoder_last_pipeline_num_layers"])
+        key = (shape["pp"], shape["vpp"], *(shape.get(f) for f in SPLIT_FIELDS))
         if key in seen:   # the split is what Megatron checks; TP/CP/EP do not change it
             continue
         seen.add(key)
         layout = Layout(BIG[name], **shape)
         ok, message = megatron_validate.validate(argv(model, layout), layout.world_size)
         assert ok, f"{name} {layout.label}: {message}"
-        ours = [list(r) for r in model.stage_layers(layout.pp, layout.vpp, key[2], key[3])]
+        ours = [list(r) for r in model.layout_stage_layers(layout)]
         assert megatron_validate.stage_layers(argv(model, layout), layout.world_size) == ours, layout.label
     assert len(seen) >= 3
+    if name != "deepseek-v3":   # 94 + 2 and 126 + 2 divide over PP 8: the embedding/loss accounting is proposed
+        assert any(k[4] for k in seen), sorted(seen)
+
+
+def test_the_embedding_and_loss_take_a_layers_place():
+    assert accounting_splits(94, 8, 4) == ((True, True),) and accounting_splits(61, 4, 4) == ()
+    assert [len(r) for r in stage_layers(94, 8, 4, embedding=True, loss=True)] == [11] + [12] * 6 + [11]
+    assert stage_layers(10, 2, 1, embedding=True, loss=True) == ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9))
+    layout = Layout(64, pp=8, vpp=4, ep=8, account_for_embedding_in_pipeline_split=True,
+                    account_for_loss_in_pipeline_split=True, max_tokens_per_gpu=SEQ)
+    assert to_optuna_params(layout)["pipeline_split"] == "E+L"
+    assert from_optuna_params(to_optuna_params(layout), 64, SEQ) == layout
+    assert layout_from_recipe_block(yaml.safe_load(yaml.safe_dump(recipe_block(layout))), 64) == layout
+    assert "--account-for-loss-in-pipeline-split" in parallel_args(layout) and "PP8[E+L]" in layout.label
+    with pytest.raises(InvalidLayout, match="cannot be set together"):
+        Layout(64, pp=8, decoder_first_pipeline_num_layers=10, account_for_loss_in_pipeline_split=True)
 
 
 @pytest.mark.torch

@@ -98,6 +98,15 @@ def stop_margin(text: str) -> float | None:
     return value
 
 
+def study_name(text: str) -> str:
+    """An argparse type: a study name is printed and stored; it must be non-empty printable text."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a study, got an empty name")
+    if len(text) > 200 or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be printable text of at most 200 characters, got {_shown(text)}")
+    return text
+
+
 def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
@@ -140,7 +149,7 @@ def add_workload(p: argparse.ArgumentParser):
 
 
 def add_storage(p: argparse.ArgumentParser):
-    p.add_argument("--study", default=None, help="study name (default: <model>-<gpu>-x<gpus>)")
+    p.add_argument("--study", default=None, type=study_name, help="study name (default: <model>-<gpu>-x<gpus>)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage URL or SQLite path (default: sqlite:///studies/attune.sqlite3)")
 

@@ -10,7 +10,7 @@ from optuna.distributions import CategoricalDistribution
 from cost_model.layout_codec import encode_offload, encode_recompute, encode_split
 from cost_model.model_spec import ModelSpec
 from search_space.enumerate import SpaceOptions, divisors, offload_choices, recompute_choices
-from search_space.pipeline_splits import uneven_splits
+from search_space.pipeline_splits import accounting_splits, uneven_splits
 
 
 def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> dict[str, CategoricalDistribution]:
@@ -23,7 +23,7 @@ def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> d
                                  rc.get("recompute_num_layers"), tuple(rc.get("recompute_modules") or ()))
         if value not in recomputes:
             recomputes.append(value)
-    return {
+    out = {
         "tp": CategoricalDistribution([d for d in ds if d <= options.max_tp]),
         "pp": CategoricalDistribution(ds),
         "vpp": CategoricalDistribution(list(range(1, options.max_vpp + 1))),
@@ -36,8 +36,11 @@ def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> d
                                                            o.get("exp_avg_dtype", "fp32"))
                                             for o in offload_choices(options)]),
         "dispatcher": CategoricalDistribution(["alltoall", "flex"]),
-        "pipeline_split": CategoricalDistribution(split_choices(model, ds, options)),
     }
+    splits = split_choices(model, ds, options)
+    if len(splits) > 1:   # only where some PP x VPP does not divide the layers (older studies: no such parameter)
+        out["pipeline_split"] = CategoricalDistribution(splits)
+    return out
 
 
 def split_choices(model: ModelSpec, ds: list[int], options: SpaceOptions) -> list[str]:
@@ -45,8 +48,7 @@ def split_choices(model: ModelSpec, ds: list[int], options: SpaceOptions) -> lis
     out = ["even"]
     for pp in ds:
         for vpp in range(1, options.max_vpp + 1):
-            for first, last in uneven_splits(model.num_hidden_layers, pp, vpp):
-                value = encode_split(first, last)
-                if value not in out:
-                    out.append(value)
+            values = [encode_split(first, last) for first, last in uneven_splits(model.num_hidden_layers, pp, vpp)]
+            values += [encode_split(embedding=e, loss=l) for e, l in accounting_splits(model.num_hidden_layers, pp, vpp)]
+            out += [v for v in values if v not in out]
     return out

@@ -98,6 +98,8 @@ def _parallel_kwargs(layout: Layout) -> dict:
         virtual_pipeline_model_parallel_size=layout.vpp if layout.vpp > 1 else None,
         num_layers_in_first_pipeline_stage=layout.decoder_first_pipeline_num_layers,
         num_layers_in_last_pipeline_stage=layout.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=layout.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=layout.account_for_loss_in_pipeline_split,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,

@@ -464,8 +464,7 @@ def _check_split(run, layout) -> None:
     """The runner's model run splits over the layout's pipeline stages as Megatron would split it (evenly,
     or with the layout's first/last stage layers); InvalidLayout naming the numbers where it does not."""
     try:
-        run.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
-                         layout.decoder_last_pipeline_num_layers)
+        run.layout_stage_layers(layout)
     except ModelError as e:
         raise InvalidLayout(f"the megatron runner's {run.num_hidden_layers} layers do not split over "
                             f"{layout.label}: {e}") from None
