@@ -180,6 +180,7 @@ POSITIVE_FIELDS = frozenset({"tflops", "fwd_tflops", "fwd_bwd_tflops", "hbm_copy
                              "key_head_dim", "value_head_dim", "fp8_speedup", "efficiency"})
 # The numbers a rate of at most this much is a typo (or an attack) rather than a measurement.
 MAX_PROFILE_NUMBER = 1e18
+MIN_PROFILE_NUMBER = 1e-6
 
 
 def _check_number(value, key, where: str, origin: str) -> None:
@@ -195,6 +196,9 @@ def _check_number(value, key, where: str, origin: str) -> None:
         raise ProfileError(f"{origin}: {where} is {value}, not a finite number")
     if key in POSITIVE_FIELDS and value <= 0:
         raise ProfileError(f"{origin}: {where} must be positive, got {value}")
+    if key in POSITIVE_FIELDS and not MIN_PROFILE_NUMBER <= value <= MAX_PROFILE_NUMBER:
+        # 3e-308 GB/s or 1e300 TFLOP/s is no measurement; its reciprocal overflows the step time
+        raise ProfileError(f"{origin}: {where} is {value:g}, outside {MIN_PROFILE_NUMBER:g} to {MAX_PROFILE_NUMBER:g}")
     if key == "efficiency" and value > 1:
         raise ProfileError(f"{origin}: {where} is a share of the peak, at most 1, got {value}")
 

@@ -134,10 +134,26 @@ def parse_json(text: str, name: str, error: type[Exception]) -> Any:
         raise _value_error(e, name, error) from None
 
 
+def _check_text_nesting(text: str, name: str, error: type[Exception]) -> None:
+    """Refuse deep nesting before the YAML parser recurses into it (its recursion is slow to unwind under a deep
+    stack): flow brackets opened more than MAX_NESTING deep, or a line indented more than 8 columns a level."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    indent = max((len(line) - len(line.lstrip(" ")) for line in text.splitlines()), default=0)
+    if deepest > MAX_NESTING or indent > 8 * MAX_NESTING:
+        raise error(f"{name}: nested deeper than {MAX_NESTING} levels")
+
+
 def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
     """YAML (safe_load) with bounded nesting; failures as one-line `error`."""
     import yaml
 
+    _check_text_nesting(text, name, error)
     try:
         return _bounded(yaml.safe_load(text), name, error)
     except yaml.YAMLError as e:
