@@ -55,20 +55,21 @@ def config(tmp_path: Path, name: str = "config.json", **changes) -> Path:
     return path
 
 
-def profile(tmp_path: Path, edit) -> Path:
-    data = yaml.safe_load(PROFILE.read_text())
+def _edited(source: Path, tmp_path: Path, name: str, edit) -> Path:
+    """A copy of the YAML file `source` in tmp_path/name, changed in place by `edit`."""
+    data = yaml.safe_load(source.read_text())
     edit(data)
-    path = tmp_path / "profile.yaml"
+    path = tmp_path / name
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def profile(tmp_path: Path, edit) -> Path:
+    return _edited(PROFILE, tmp_path, "profile.yaml", edit)
 
 
 def recipe(tmp_path: Path, edit) -> Path:
-    data = yaml.safe_load(RECIPE.read_text())
-    edit(data)
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return _edited(RECIPE, tmp_path, "recipe.yaml", edit)
 
 
 def inputs(tmp_path: Path) -> Path:
