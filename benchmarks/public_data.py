@@ -26,8 +26,7 @@ from cost_model.workload import Workload, WorkloadError
 from cost_model.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
 from cost_model.predict import predict
-from search_space.enumerate import selective_module_sets
-from search_space.pipeline_splits import accounting_splits, uneven_splits
+from search_space.enumerate import pipeline_splits, selective_module_sets
 from search_space.rules import violations
 from cost_model.stack import Stack
 
@@ -206,6 +205,9 @@ def _unstated_fields(notes: str) -> set[str]:
     return out
 
 
+_PP_LAYOUT = re.compile(r"PP layout ([EtmL|()*\d]+)")
+
+
 def _int(row: dict, key: str, default: int | None = None) -> int | None:
     text = row[key].strip()
     if text == "":
@@ -279,6 +281,9 @@ def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
     values["dispatcher"] = map_dispatcher(notes_text) if moe_parallel else "alltoall"
     if re.search(r"\bSP off\b", notes_text):
         mapping_notes.append("SP off in the run; the cost model always uses SP at TP > 1")
+    stated = _PP_LAYOUT.search(notes_text)
+    if stated:   # the source gives Megatron's --pipeline-model-parallel-layout ("PP layout Et|(tt|)*30L")
+        values["pipeline_model_parallel_layout"] = stated.group(1)
     if re.search(r"BF16 optimizer states|reduced-precision optimizer moments", notes_text, re.I):
         values["exp_avg_dtype"] = "bf16"
     return values, mbs, mapping_notes
@@ -342,13 +347,10 @@ def _unknowns(row: dict, model: ModelSpec, values: dict) -> list[tuple[str, list
                     for mods in selective_module_sets(model)]
         choices.append(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
         open_.append(("recompute", choices))
-    layers, pp, vpp = model.num_hidden_layers, values["pp"], values["vpp"]
-    if pp > 1 and (layers % pp or (layers // pp) % vpp):
-        splits = [dict(decoder_first_pipeline_num_layers=f, decoder_last_pipeline_num_layers=l)
-                  for f, l in uneven_splits(layers, pp, vpp)]
-        splits += [dict(account_for_embedding_in_pipeline_split=e, account_for_loss_in_pipeline_split=l)
-                   for e, l in accounting_splits(layers, pp, vpp)]
-        if splits:
+    pp, vpp = values["pp"], values["vpp"]
+    if pp > 1 and "pipeline_model_parallel_layout" not in values:
+        splits = pipeline_splits(model, pp, vpp)
+        if splits != [{}] and splits:
             open_.append(("pipeline split", splits))
     return open_
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from cost_model.errors import AttuneError
+from cost_model.pipeline_layout import InvalidPipelineLayout, parse_stages
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -22,7 +23,8 @@ MOMENT_DTYPES = ("fp32", "bf16")
 
 UNEVEN_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 ACCOUNT_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
-SPLIT_FIELDS = UNEVEN_FIELDS + ACCOUNT_FIELDS
+LAYOUT_STRING_FIELD = "pipeline_model_parallel_layout"
+SPLIT_FIELDS = UNEVEN_FIELDS + ACCOUNT_FIELDS + (LAYOUT_STRING_FIELD,)
 
 
 class InvalidLayout(AttuneError, ValueError):
@@ -56,6 +58,9 @@ class Layout:
     # layer each of the first/last virtual stage (--account-for-embedding/loss-in-pipeline-split).
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # Megatron's third way: every stage's layers spelled out (--pipeline-model-parallel-layout, "Et|(tt|)*30L":
+    # E embedding, t decoder layer, m MTP layer, L loss; see cost_model.pipeline_layout). Sets VPP by itself.
+    pipeline_model_parallel_layout: str | None = None
 
     def __post_init__(self):
         if self.etp is None:
@@ -100,6 +105,20 @@ class Layout:
                 raise InvalidLayout(f"{name} {value} must be divisible by VPP {self.vpp} (each virtual stage of "
                                     f"that pipeline stage holds as many layers)")
 
+        text = self.pipeline_model_parallel_layout
+        if text is not None:
+            if self.uneven or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split:
+                raise InvalidLayout("pipeline_model_parallel_layout cannot be set together with decoder_first/last_"
+                                    "pipeline_num_layers or account_for_embedding/loss_in_pipeline_split (Megatron)")
+            if not isinstance(text, str):
+                raise InvalidLayout(f"pipeline_model_parallel_layout must be a string like 'Et|(tt|)*30L', got {text!r}")
+            try:
+                stages = parse_stages(text)
+            except InvalidPipelineLayout as e:
+                raise InvalidLayout(str(e)) from None
+            if len(stages) % self.pp or len(stages) // self.pp != self.vpp:
+                raise InvalidLayout(f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages; PP {self.pp} "
+                                    f"x VPP {self.vpp} needs {self.pp * self.vpp}")
         accounts = [name for name in ACCOUNT_FIELDS if getattr(self, name)]
         for name in ACCOUNT_FIELDS:
             if not isinstance(getattr(self, name), bool):
@@ -118,7 +137,8 @@ class Layout:
     @property
     def split_set(self) -> bool:
         """Any of Megatron's pipeline-split arguments set (the layers are not split evenly by count alone)."""
-        return self.uneven or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split
+        return (self.uneven or self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split
+                or self.pipeline_model_parallel_layout is not None)
 
     def _check_recompute(self):
         g, m, k, mods = self.recompute_granularity, self.recompute_method, self.recompute_num_layers, self.recompute_modules
@@ -176,6 +196,8 @@ class Layout:
             first = self.decoder_first_pipeline_num_layers
             last = self.decoder_last_pipeline_num_layers
             parts[-1] += f"[{'' if first is None else first}:{'' if last is None else last}]"
+        elif self.pipeline_model_parallel_layout is not None:
+            parts[-1] += f"[{self.pipeline_model_parallel_layout}]"
         elif self.split_set:
             parts[-1] += "[" + "+".join(x for x, on in (("E", self.account_for_embedding_in_pipeline_split),
                                                           ("L", self.account_for_loss_in_pipeline_split)) if on) + "]"

@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import fields
 
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
-from cost_model.layout import ACCOUNT_FIELDS, SPLIT_FIELDS, UNEVEN_FIELDS, InvalidLayout, Layout
+from cost_model.pipeline_layout import InvalidPipelineLayout, vpp_of
+from cost_model.layout import ACCOUNT_FIELDS, LAYOUT_STRING_FIELD, SPLIT_FIELDS, UNEVEN_FIELDS, InvalidLayout, Layout
 
 LAYOUT_KEYS = tuple(f.name for f in fields(Layout) if f.name != "world_size")
-_TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype")
+_TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype", LAYOUT_STRING_FIELD)
 _NULLABLE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "etp",
-             "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+             "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", LAYOUT_STRING_FIELD)
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _BOOL_KEYS = ("overlap_d2h_h2d",) + ACCOUNT_FIELDS
 
@@ -110,6 +111,12 @@ def layout_from_values(values: dict, world_size: int, seq_len: int) -> Layout:
     cp = typed.get("cp", 1)
     if not isinstance(cp, int) or cp < 1:
         raise InvalidLayout(f"cp must be a positive integer, got {cp!r}")
+    text = typed.get(LAYOUT_STRING_FIELD)
+    if isinstance(text, str) and "vpp" not in typed and isinstance(typed.get("pp", 1), int) and typed.get("pp", 1) >= 1:
+        try:   # as Megatron does: the layout string's stages over PP set the virtual stages
+            typed["vpp"] = vpp_of(text, typed.get("pp", 1))
+        except InvalidPipelineLayout as e:
+            raise InvalidLayout(str(e)) from None
     if "max_tokens_per_gpu" not in typed:
         typed["max_tokens_per_gpu"] = max_tokens_per_gpu(typed.get("rows_per_microbatch", 1), cp, seq_len)
     if "rows_per_microbatch" not in typed:
@@ -248,7 +255,8 @@ def to_optuna_params(layout: Layout) -> dict:
         **({"pipeline_split": encode_split(layout.decoder_first_pipeline_num_layers,
                                            layout.decoder_last_pipeline_num_layers,
                                            layout.account_for_embedding_in_pipeline_split,
-                                           layout.account_for_loss_in_pipeline_split)} if layout.split_set else {}),
+                                           layout.account_for_loss_in_pipeline_split,
+                                           layout.pipeline_model_parallel_layout)} if layout.split_set else {}),
     }
 
 
@@ -265,6 +273,8 @@ def split_block(layout: Layout) -> dict | None:
     """A recipe's `layer_split`: Megatron's split arguments that are set, or None for the even split."""
     if layout.uneven:
         return {key: getattr(layout, key) for key in UNEVEN_FIELDS}
+    if layout.pipeline_model_parallel_layout is not None:
+        return {LAYOUT_STRING_FIELD: layout.pipeline_model_parallel_layout}
     if layout.split_set:
         return {key: getattr(layout, key) for key in ACCOUNT_FIELDS}
     return None
@@ -276,9 +286,11 @@ def split_values(layout: Layout) -> dict:
 
 
 def encode_split(first: int | None = None, last: int | None = None, embedding: bool = False,
-                 loss: bool = False) -> str:
-    """An Optuna categorical value: 'even'; 'FIRST:LAST' with an unset side left empty ('13:'); or 'E', 'L',
-    'E+L' for the embedding/loss accounted as layers."""
+                 loss: bool = False, pipeline_layout: str | None = None) -> str:
+    """An Optuna categorical value: 'even'; 'FIRST:LAST' with an unset side left empty ('13:'); 'E', 'L',
+    'E+L' for the embedding/loss accounted as layers; or 'layout=Et|(tt|)*30L' for a layout string."""
+    if pipeline_layout is not None:
+        return f"layout={pipeline_layout}"
     if embedding or loss:
         return "+".join(x for x, on in (("E", embedding), ("L", loss)) if on)
     if first is None and last is None:
@@ -289,6 +301,8 @@ def encode_split(first: int | None = None, last: int | None = None, embedding: b
 def decode_split(value: str) -> dict:
     if value == "even":
         return {}
+    if str(value).startswith("layout="):
+        return {LAYOUT_STRING_FIELD: str(value)[len("layout="):]}
     if ":" not in str(value):
         parts = str(value).split("+")
         return dict(account_for_embedding_in_pipeline_split="E" in parts, account_for_loss_in_pipeline_split="L" in parts)

@@ -182,7 +182,8 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         saved, working = rank_activation_bytes(i, r, model, layout, inputs.precision, inputs.tokens,
                                                inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
                                                rt.fused_kernels)
-        loss = loss_path_bytes(model, layout, inputs.tokens, rt) if r.has_head else 0.0
+        # MTP layers (placed by a layout string) each hold one more LM head's logits until their backward.
+        loss = loss_path_bytes(model, layout, inputs.tokens, rt) * (int(r.has_head) + r.mtp_layers)
         # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.
         acts = saved + max(0.0, working - loss)
         step = max(0.0, optimizer_step_bytes(r, layout, rt) - acts - loss)

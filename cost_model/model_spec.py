@@ -37,6 +37,7 @@ from typing import Any
 
 from cost_model.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
 from cost_model.errors import AttuneError
+from cost_model.pipeline_layout import InvalidPipelineLayout, stage_grid
 
 # Layer kinds used in `ModelSpec.layer_types`.
 FULL_ATTENTION = "full_attention"        # softmax attention (GQA/MHA), optional output gate
@@ -176,17 +177,20 @@ class ModelSpec:
         return MLA if MLA in self.layer_types else FULL_ATTENTION
 
     def stage_layers(self, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
-                     embedding: bool = False, loss: bool = False) -> tuple[tuple[int, ...], ...]:
+                     embedding: bool = False, loss: bool = False,
+                     pipeline_layout: str | None = None) -> tuple[tuple[int, ...], ...]:
         """Layer indices held by each pipeline rank (Megatron's split, interleaved with vpp; `first`/`last`:
-        --decoder-first/last-pipeline-num-layers; `embedding`/`loss`: --account-for-*-in-pipeline-split)."""
-        return stage_layers(self.num_hidden_layers, pp, vpp, first, last, embedding, loss)
+        --decoder-first/last-pipeline-num-layers; `embedding`/`loss`: --account-for-*-in-pipeline-split;
+        `pipeline_layout`: --pipeline-model-parallel-layout)."""
+        return stage_layers(self.num_hidden_layers, pp, vpp, first, last, embedding, loss, pipeline_layout,
+                            self.num_nextn_predict_layers)
 
     def layout_stage_layers(self, layout) -> tuple[tuple[int, ...], ...]:
         """stage_layers for a Layout's pipeline fields."""
         return self.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
                                  layout.decoder_last_pipeline_num_layers,
                                  layout.account_for_embedding_in_pipeline_split,
-                                 layout.account_for_loss_in_pipeline_split)
+                                 layout.account_for_loss_in_pipeline_split, layout.pipeline_model_parallel_layout)
 
     @cached_property
     def params(self) -> ParamCounts:
@@ -309,22 +313,36 @@ class ModelSpec:
 # ---------------------------------------------------------------------- pipeline stages
 @lru_cache(maxsize=1024)
 def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                 last: int | None = None, embedding: bool = False, loss: bool = False) -> tuple[tuple[int, ...], ...]:
+                 last: int | None = None, embedding: bool = False, loss: bool = False,
+                 pipeline_layout: str | None = None, mtp_layers: int = 0) -> tuple[tuple[int, ...], ...]:
     """Layer indices per pipeline rank for `num_layers` layers, `pp` ranks and `vpp` virtual stages.
 
     Megatron's split (megatron-core transformer_layer.get_transformer_layer_offset and
     transformer_block.get_num_layers_to_build): the first and last ranks hold `first` and `last` layers when
     set, the other (middle) ranks share the rest evenly; or, with `embedding`/`loss`, the embedding and the
     loss each take one layer's place in the first/last virtual stage. Each rank's layers are cut into `vpp`
-    equal chunks, and virtual stage v runs chunk v of every rank in rank order. Raises ModelError where
-    Megatron's TransformerConfig would refuse the split.
+    equal chunks, and virtual stage v runs chunk v of every rank in rank order. `pipeline_layout` spells every
+    virtual stage out instead (--pipeline-model-parallel-layout; `mtp_layers`: the model's MTP depth, which
+    its m's may not exceed). Raises ModelError where Megatron's TransformerConfig would refuse the split.
     """
     for label, value in (("pp", pp), ("vpp", vpp), ("num_layers", num_layers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ModelError(f"{label} must be a positive integer, got {value!r}")
-    if (embedding or loss) and (first is not None or last is not None):
+    if pipeline_layout is not None:
+        if first is not None or last is not None or embedding or loss:
+            raise ModelError("a pipeline layout string and the first/last or embedding/loss split cannot be set "
+                             "together")
+        try:
+            grid = stage_grid(pipeline_layout, pp, num_layers, mtp_layers)
+        except InvalidPipelineLayout as e:
+            raise ModelError(str(e)) from None
+        if len(grid) != vpp:
+            raise ModelError(f"pipeline layout '{pipeline_layout}' has {len(grid) * pp} stages; PP {pp} x VPP {vpp} "
+                             f"needs {pp * vpp}")
+        chunks = [[stage.count("t") for stage in row] for row in grid]
+    elif (embedding or loss) and (first is not None or last is not None):
         raise ModelError("an uneven first/last split and the embedding/loss accounting cannot be set together")
-    if embedding or loss:
+    elif embedding or loss:
         if pp == 1:
             raise ModelError("the embedding/loss accounting needs PP > 1")
         slots = num_layers + embedding + loss

@@ -19,7 +19,7 @@ from cost_model.model_spec import LINEAR_ATTENTION, ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
 from cost_model.runtime import Runtime, default_runtime
-from cost_model.stages import rank_layers
+from cost_model.stages import layout_rank_layers
 from cost_model.step_time import step_breakdown
 from cost_model.workload import Workload
 
@@ -114,9 +114,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     rates = rates_for(gpu, c, workload.precision, profile)
     tokens, n_mb = microbatches(layout, workload)
     imbalance = routing_imbalance(model, workload, layout, c)
-    ranks = rank_layers(model, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
-                        layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
-                        layout.account_for_loss_in_pipeline_split)
+    ranks = layout_rank_layers(model, layout)
     # Static memory and the optimizer step are set by the rank holding the most parameters.
     dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
     breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,

@@ -129,7 +129,7 @@ class HardwareProfile:
     device: str
     count: int
     gemm_bf16: GemmGrid
-    fp8_speedup: float                # fp8 over bf16 TFLOP/s on large GEMMs
+    fp8_speedup: float                # fp8 over bf16 TFLOP/s: the largest measured ratio (or the profile's figure)
     grouped: dict                     # (k, n) -> Curve of fwd+bwd TFLOP/s over rows per expert
     attention: dict                   # head_dim -> Curve of fwd+bwd TFLOP/s over sequence length
     linear_attention_efficiency: float
@@ -143,10 +143,21 @@ class HardwareProfile:
     gdn: GdnKernel | None = None      # measured Gated DeltaNet kernel times (None: the efficiency estimate)
     device_memory: DeviceMemory | None = None   # measured capacity and memory outside the model's tensors
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # (m, n, k, fp8 / bf16 TFLOP/s) at each measured fp8 GEMM shape; empty: fp8_speedup for every shape
+    fp8_points: tuple[tuple[float, float, float, float], ...] = ()
 
     def gemm_tflops(self, m: float, n: float, k: float, precision: str = "bf16") -> float:
         tf = self.gemm_bf16(m, n, k)
-        return tf * self.fp8_speedup if precision == "fp8" else tf
+        return tf * self.fp8_ratio(m, n, k) if precision == "fp8" else tf
+
+    def fp8_ratio(self, m: float, n: float, k: float) -> float:
+        """fp8 over bf16 speed at this GEMM shape: the ratio measured at the nearest fp8 shape (log distance
+        in m, n and k), never extrapolated; a small GEMM gains less from fp8 than the largest square one."""
+        if not self.fp8_points:
+            return self.fp8_speedup
+        point = min(self.fp8_points, key=lambda p: abs(math.log2(p[0] / max(m, 1))) + abs(math.log2(p[1] / max(n, 1)))
+                    + abs(math.log2(p[2] / max(k, 1))))
+        return point[3]
 
     def grouped_tflops(self, rows_per_expert: float, k: float, n: float) -> float:
         key = min(self.grouped, key=lambda kn: abs(math.log2(kn[0] / k)) + abs(math.log2(kn[1] / n)))
@@ -243,6 +254,8 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
             raise ProfileError(f"{origin}: gemm_bf16 has no measured points")
         grid = _grid(data["gemm_bf16"], origin)
         fp8 = _fp8_speedup(data, grid)
+        fp8_points = tuple((float(p["m"]), float(p["n"]), float(p["k"]), float(p["tflops"]) / grid(p["m"], p["n"], p["k"]))
+                           for p in data.get("gemm_fp8") or [] if float(p.get("tflops") or 0) > 0)
         grouped: dict = {}
         for p in data["grouped_gemm_bf16"]:
             if p.get("fwd_bwd_tflops") is None:
@@ -275,7 +288,8 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
             d2h_gb_s=float(mem["d2h_gb_s"]), cpu_adam_params_per_s=float(adam["params_per_s"]),
             cpu_adam_threads=int(adam.get("threads", 0)),
             collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus,
-            gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data)
+            gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data,
+            fp8_points=fp8_points)
     except ProfileError:
         raise
     except DeviceMemoryError as e:

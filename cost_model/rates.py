@@ -97,7 +97,7 @@ class ProfileRates(Rates):
         self.pcie = min(profile.h2d_gb_s, profile.d2h_gb_s) * 1e9
         # The profile's CPU Adam ran alone on the host; in training each GPU's rank shares it.
         self.cpu_adam = profile.cpu_adam_params_per_s * c.cpu_adam_share_of_profile
-        self._fp8 = profile.fp8_speedup if precision == "fp8" else 1.0
+        self._fp8 = precision == "fp8"
         # Scoring a search space asks for the same shapes over and over: remember the answers.
         self._memo: dict = {}
 
@@ -108,11 +108,16 @@ class ProfileRates(Rates):
         return value
 
     def gemm(self, m, n, k):
-        return self._remember(("g", m, n, k), lambda: self.profile.gemm_bf16(m, n, k) * self._fp8 * 1e12)
+        return self._remember(("g", m, n, k), lambda: self.profile.gemm_bf16(m, n, k) * self._fp8_ratio(m, n, k) * 1e12)
 
     def grouped(self, rows_per_expert, k, n):
+        # each expert's GEMM is rows_per_expert x n x k: its fp8 gain is that shape's
         return self._remember(("e", rows_per_expert, k, n),
-                              lambda: self.profile.grouped_tflops(rows_per_expert, k, n) * self._fp8 * 1e12)
+                              lambda: self.profile.grouped_tflops(rows_per_expert, k, n)
+                              * self._fp8_ratio(rows_per_expert, n, k) * 1e12)
+
+    def _fp8_ratio(self, m, n, k) -> float:
+        return self.profile.fp8_ratio(m, n, k) if self._fp8 else 1.0
 
     def attention(self, seq, head_dim):
         return self._remember(("a", seq, head_dim), lambda: self.profile.attention_tflops(seq, head_dim) * 1e12)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from cost_model.model_spec import ModelSpec
+from cost_model.model_spec import DENSE, MOE, ModelSpec
+from cost_model.pipeline_layout import stage_grid
 
 
 @dataclass(frozen=True)
@@ -28,20 +29,25 @@ class RankLayers:
     replicated: int
     embedding: int
     lm_head: int
+    # Multi-token-prediction layers this rank runs (only where a --pipeline-model-parallel-layout places them
+    # with 'm'): each is one more layer of the model's MTP kind and one more pass through the LM head.
+    mtp_layers: int = 0
 
 
 @lru_cache(maxsize=256)
 def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None, last: int | None = None,
-                embedding: bool = False, loss: bool = False) -> tuple[RankLayers, ...]:
+                embedding: bool = False, loss: bool = False, pipeline_layout: str | None = None) -> tuple[RankLayers, ...]:
     params = model.params
     ranks = []
-    for r, indices in enumerate(model.stage_layers(pp, vpp, first, last, embedding, loss)):
+    mtp = _mtp_per_rank(model, pp, pipeline_layout)
+    for r, indices in enumerate(model.stage_layers(pp, vpp, first, last, embedding, loss, pipeline_layout)):
         counts: dict[tuple[str, str], int] = {}
         sums = dict(attention=0, linear_attention=0, dense_mlp=0, shared_expert=0, routed_experts=0, replicated=0)
-        for i in indices:
-            key = (model.layer_types[i], model.mlp_types[i])
+        layers = [(model.layer_types[i], model.mlp_types[i], params.layers[i]) for i in indices]
+        layers += [(model.mtp_layer_type, MOE if model.is_moe else DENSE, lp) for lp in params.mtp[:mtp[r]]]
+        for attn_kind, mlp_kind, lp in layers:
+            key = (attn_kind, mlp_kind)
             counts[key] = counts.get(key, 0) + 1
-            lp = params.layers[i]
             for name in sums:
                 sums[name] += getattr(lp, name)
         first, last = r == 0, r == pp - 1
@@ -53,6 +59,22 @@ def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None, l
             embedding=params.embedding if first else 0,
             # A tied output layer needs its own copy of the embedding on the last stage when PP > 1.
             lm_head=((params.lm_head or (params.embedding if pp > 1 else 0)) + params.final_norm) if last else 0,
+            mtp_layers=mtp[r],
             **sums,
         ))
     return tuple(ranks)
+
+
+def _mtp_per_rank(model: ModelSpec, pp: int, pipeline_layout: str | None) -> list[int]:
+    """MTP layers on each pipeline rank: those a layout string places ('m'); none without one."""
+    if pipeline_layout is None:
+        return [0] * pp
+    grid = stage_grid(pipeline_layout, pp, model.num_hidden_layers, model.num_nextn_predict_layers)
+    return [sum(row[r].count("m") for row in grid) for r in range(pp)]
+
+
+def layout_rank_layers(model: ModelSpec, layout) -> tuple[RankLayers, ...]:
+    """rank_layers for a Layout's pipeline fields."""
+    return rank_layers(model, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
+                       layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
+                       layout.account_for_loss_in_pipeline_split, layout.pipeline_model_parallel_layout)

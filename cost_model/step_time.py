@@ -84,10 +84,11 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
         _add_layer(t, lt, count, full_fraction, passes, launch)
-    if rank.has_head:
+    heads = int(rank.has_head) + rank.mtp_layers   # each MTP layer has its own pass through the LM head and loss
+    if heads:
         v = model.vocab_size
-        t["compute_logits"] += 3 * 2 * h * v * tokens / tp / rates.gemm(tokens, v / tp, h)
-        t["elementwise"] += 3 * 6 * tokens * v / tp / rates.hbm  # fp32 softmax / cross-entropy passes
+        t["compute_logits"] += heads * 3 * 2 * h * v * tokens / tp / rates.gemm(tokens, v / tp, h)
+        t["elementwise"] += heads * 3 * 6 * tokens * v / tp / rates.hbm  # fp32 softmax / cross-entropy passes
     return t
 
 

@@ -14,6 +14,7 @@ from cost_model.errors import AttuneError
 from cost_model.model_spec import MLA, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
+from cost_model.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
 from search_space.rules import violations
 from cost_model.stack import Stack
@@ -116,14 +117,17 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
 
 
 def pipeline_splits(model: ModelSpec, pp: int, vpp: int) -> list[dict]:
-    """Megatron's even split where the layers divide over PP x VPP; else the balanced uneven splits."""
+    """Megatron's even split where the layers divide over PP x VPP; else the balanced uneven splits; where
+    neither works (DeepSeek-V3's 61 layers over PP 8 x VPP 4), the balanced layout string."""
     layers = model.num_hidden_layers
     if divides(layers, pp, vpp):
         return [{}]
-    return ([dict(decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
-             for first, last in uneven_splits(layers, pp, vpp)]
-            + [dict(account_for_embedding_in_pipeline_split=e, account_for_loss_in_pipeline_split=l)
-               for e, l in accounting_splits(layers, pp, vpp)])
+    splits = ([dict(decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
+               for first, last in uneven_splits(layers, pp, vpp)]
+              + [dict(account_for_embedding_in_pipeline_split=e, account_for_loss_in_pipeline_split=l)
+                 for e, l in accounting_splits(layers, pp, vpp)])
+    text = None if splits else balanced_layout(layers, pp, vpp)
+    return splits + ([dict(pipeline_model_parallel_layout=text)] if text else [])
 
 
 def shape_dispatchers(shape: dict, stack: Stack, options: SpaceOptions) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cost_model.model_spec import MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.layout import Layout
+from cost_model.pipeline_layout import parse_stages
 
 
 def parallel_args(layout: Layout) -> list[str]:
@@ -17,7 +18,13 @@ def parallel_args(layout: Layout) -> list[str]:
     if layout.sequence_parallel:
         args.append("--sequence-parallel")
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
-    if layout.vpp > 1:   # (not --num-layers-per-virtual-pipeline-stage: Megatron refuses it with an uneven split)
+    text = layout.pipeline_model_parallel_layout
+    if text is not None:   # it sets VPP itself: Megatron refuses --num-virtual-stages-per-pipeline-rank beside it
+        args += ["--pipeline-model-parallel-layout", text]
+        mtp = "".join(parse_stages(text)).count("m")
+        if mtp:
+            args += ["--mtp-num-layers", str(mtp)]
+    elif layout.vpp > 1:   # (not --num-layers-per-virtual-pipeline-stage: Megatron refuses it with an uneven split)
         args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
     if layout.decoder_first_pipeline_num_layers is not None:
         args += ["--decoder-first-pipeline-num-layers", str(layout.decoder_first_pipeline_num_layers)]

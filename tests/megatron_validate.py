@@ -183,7 +183,8 @@ def validate(argv: Sequence[str], world_size: int) -> tuple[bool, str]:
             from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
             for pp_rank in sorted({0, args.pipeline_model_parallel_size - 1}):
-                get_num_layers_to_build(config, vp_stage=0, pp_rank=pp_rank)
+                with _pipeline_rank(pp_rank, args.virtual_pipeline_model_parallel_size):
+                    get_num_layers_to_build(config, vp_stage=0, pp_rank=pp_rank)
 
             stage = "parallel_state"
             _check_process_groups(args, config, world_size)
@@ -217,11 +218,27 @@ def stage_layers(argv: Sequence[str], world_size: int) -> list[list[int]]:
         for pp_rank in range(args.pipeline_model_parallel_size):
             indices: list[int] = []
             for vp_stage in (range(vpp) if vpp else [None]):
-                offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
-                count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
+                with _pipeline_rank(pp_rank, vpp):
+                    offset = get_transformer_layer_offset(config, vp_stage=vp_stage, pp_rank=pp_rank)
+                    count = get_num_layers_to_build(config, vp_stage=vp_stage, pp_rank=pp_rank)
                 indices.extend(range(offset, offset + count))
             ranks.append(indices)
         return ranks
+
+
+@contextlib.contextmanager
+def _pipeline_rank(pp_rank: int, vpp: int | None):
+    """parallel_state's pipeline rank and virtual size set for the call: with --pipeline-model-parallel-layout,
+    megatron-core's layer offset and count read them from there and ignore the pp_rank argument."""
+    from megatron.core import parallel_state
+
+    parallel_state.set_pipeline_model_parallel_rank(pp_rank)
+    parallel_state.set_virtual_pipeline_model_parallel_world_size(vpp)
+    try:
+        yield
+    finally:
+        parallel_state.set_pipeline_model_parallel_rank(None)
+        parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
 
 
 def _check_process_groups(args, config, world_size: int) -> None:

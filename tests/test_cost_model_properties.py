@@ -20,7 +20,7 @@ from cost_model.hardware import load_gpu
 from cost_model.memory import GIB, static_memory
 from cost_model.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.stages import rank_layers
+from cost_model.stages import layout_rank_layers
 from cost_model.step_time import TERMS
 from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
 from search_space.enumerate import SpaceOptions, enumerate_layouts, recompute_choices
@@ -300,9 +300,7 @@ def test_more_data_parallel_gpus_never_raise_weight_or_optimizer_memory(case, g)
     name, base = case
     scaled = [replace(base, world_size=n) for n in WORLDS]
     assume(all(is_valid(x, name) for x in scaled))
-    ranks = rank_layers(model(name), base.pp, base.vpp, base.decoder_first_pipeline_num_layers,
-                        base.decoder_last_pipeline_num_layers, base.account_for_embedding_in_pipeline_split,
-                        base.account_for_loss_in_pipeline_split)
+    ranks = layout_rank_layers(model(name), base)
     static = [[static_memory(r, x) for r in ranks] for x in scaled]  # [world][rank] = (weights, grads, optimizer)
     label = describe(name, base, dp=[x.dp for x in scaled], edp=[x.edp for x in scaled])
     for i in range(len(ranks)):

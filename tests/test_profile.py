@@ -99,3 +99,26 @@ def test_malformed_profiles_raise_one_line(mutate, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ProfileError, match="malformed YAML at line 1"):
         parse_profile("a: [", "p.yaml")
+
+
+def test_fp8_speed_follows_the_gemm_shape():
+    """Issue 16: fp8's gain is read at the nearest measured fp8 GEMM shape, not the largest ratio for every GEMM."""
+    from cost_model.constants import default_constants
+    from cost_model.predict import shipped_profile
+    from cost_model.rates import rates_for
+
+    profile = shipped_profile("h200")
+    ratios = [p[3] for p in profile.fp8_points]
+    assert len(ratios) == 9 and profile.fp8_speedup == max(ratios) and min(ratios) < 0.8 * max(ratios)
+    small, large = profile.fp8_ratio(2048, 1024, 2048), profile.fp8_ratio(8192, 16384, 16384)
+    at_4096 = next(p[3] for p in profile.fp8_points if p[:3] == (4096, 4096, 4096))
+    assert small == at_4096 < large                       # never extrapolated below the smallest measured shape
+    gpu, c = load_gpu("h200"), default_constants()
+    bf16, fp8 = rates_for(gpu, c, "bf16", profile), rates_for(gpu, c, "fp8", profile)
+    assert fp8.gemm(2048, 1024, 2048) / bf16.gemm(2048, 1024, 2048) == pytest.approx(small)
+    assert fp8.grouped(512, 2048, 768) / bf16.grouped(512, 2048, 768) == pytest.approx(profile.fp8_ratio(512, 768, 2048))
+    from pathlib import Path
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "cost_model/data/profiles/h200.yaml").read_text())
+    data.pop("gemm_fp8")
+    data["fp8_speedup"] = 1.7
+    assert profile_from_dict(data).fp8_ratio(2048, 1024, 2048) == 1.7   # no grid: the profile's one figure

@@ -100,6 +100,7 @@ def _parallel_kwargs(layout: Layout) -> dict:
         num_layers_in_last_pipeline_stage=layout.decoder_last_pipeline_num_layers,
         account_for_embedding_in_pipeline_split=layout.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=layout.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=layout.pipeline_model_parallel_layout,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.etp,
