@@ -41,7 +41,7 @@ CATALOG = ROOT / "cost_model/catalog/models"
 PROFILE = ROOT / "cost_model/data/profiles/h200.yaml"
 RECIPE = ROOT.parent / "shared/reference/recipes/qwen3.6-35b-a3b/h200/attune-tp1-pp1-ep8.yaml"
 if not RECIPE.exists():
-    RECIPE = ROOT / "tests/fixtures/reference_recipes/qwen3.6-35b-a3b/h200/attune-tp1-pp1-ep8.yaml"
+    RECIPE = ROOT / "tests/fixtures/reference_recipes/attune-tp1-pp1-ep8.yaml"
 TARGET = ["--model", "qwen3-30b-a3b", "--gpu", "h200"]            # predict: answers in a fraction of a second
 MAIN_JOB = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200"]        # the README's main job, for time to first output
 # Runs use a dense model: its search space is scored in seconds, so a case that should have been refused

@@ -227,11 +227,11 @@ def _published_run(row: dict) -> tuple[float, ModelSpec, str, GpuSpec]:
     if not tps_text:
         raise Unusable("no tokens/s per GPU published" + (" (TFLOP/s only)" if row["tflops_per_gpu"].strip() else ""))
     measured = float(tps_text)
-    model = map_model(row["model"])
-    precision = map_precision(row["precision"])
-    reason = _fsdp_reason(row)
+    reason = _fsdp_reason(row)   # the framework first: a torchtitan or Automodel run is not a Megatron row at all
     if reason:
         raise Unusable(reason)
+    model = map_model(row["model"])
+    precision = map_precision(row["precision"])
     if re.search(r"\blora\b|\bpeft\b", row["notes"], re.I):
         raise Unusable("LoRA/PEFT run (frozen base: different FLOPs)")
     try:

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CATALOG = ROOT / "cost_model/catalog/models"
 RECIPE_DIR = ROOT.parent / "shared/reference/recipes/qwen3.6-35b-a3b/h200"
 if not RECIPE_DIR.is_dir():   # a checkout without ../shared: the copies kept beside the tests
-    RECIPE_DIR = ROOT / "tests/fixtures/reference_recipes/qwen3.6-35b-a3b/h200"
+    RECIPE_DIR = ROOT / "tests/fixtures/reference_recipes"
 PROFILE = ROOT / "cost_model/data/profiles/h200.yaml"
 
 CONFIG_BASES = {n: yaml.safe_load((CATALOG / f"{n}.yaml").read_text())
