@@ -241,23 +241,48 @@ def _published_run(row: dict) -> tuple[float, ModelSpec, str, GpuSpec]:
     return measured, model, precision, gpu
 
 
-def _run_size(row: dict) -> tuple[int, int, int]:
-    """(seq_len, global batch, GPUs), once the source states them and the layout it ran."""
+# Layout fields a row may leave out and still be predicted: searched over the values Megatron accepts (_unknowns).
+SEARCHABLE_FIELDS = ("pp", "ep")
+_STEP_MS = re.compile(r"\bstep\s+([\d.]+)\s*ms\b")
+
+
+def _run_size(row: dict) -> tuple[int, int, int, set[str], list[str]]:
+    """(seq_len, global batch, GPUs, the layout fields to search, notes), once the source states or implies
+    them: a global batch left out is the one the published step time implies, when that is a whole number."""
     seq_len = _int(row, "seq_len")
     if not seq_len:
         raise Unusable("seq_len not stated")
-    gbs = _int(row, "gbs")
-    if not gbs:
-        raise Unusable("global batch (gbs) not stated")
     world = _int(row, "num_gpus")
     if not world:
         raise Unusable("num_gpus not stated")
-    unstated = sorted(k for k in _unstated_fields(row["notes"]) if not row[k].strip())
-    if unstated:
-        raise Unusable(f"layout field(s) {', '.join(unstated)} not stated by the source")
+    notes: list[str] = []
+    gbs = _int(row, "gbs")
+    if not gbs:
+        gbs = _implied_global_batch(row, seq_len, world)
+        notes.append(f"GBS not stated: {gbs}, the whole number of rows the published tokens/s x step time x "
+                     f"GPUs / seq_len gives")
+    unstated = {k for k in _unstated_fields(row["notes"]) if not row[k].strip()} - {"gbs"}   # gbs: implied above
+    if "mbs" in unstated:   # Megatron-Bridge's default, and the only size a packed long-context row runs at
+        notes.append("MBS not stated: 1, Megatron-Bridge's default")
+        unstated.discard("mbs")
+    if unstated - set(SEARCHABLE_FIELDS):
+        raise Unusable(f"layout field(s) {', '.join(sorted(unstated))} not stated by the source")
     if all(not row[k].strip() for k in ("tp", "pp", "ep")):
         raise Unusable("parallel layout not stated")
-    return seq_len, gbs, world
+    return seq_len, gbs, world, unstated, notes
+
+
+def _implied_global_batch(row: dict, seq_len: int, world: int) -> int:
+    """The rows per step a published step time and tokens/s imply (the run's own batch); Unusable unless it is a
+    whole number to 2%."""
+    step = _STEP_MS.search(row["notes"])
+    if not step:
+        raise Unusable("global batch (gbs) not stated")
+    rows = float(row["tokens_per_s_per_gpu"]) * float(step.group(1)) / 1000 * world / seq_len
+    whole = round(rows)
+    if whole < 1 or abs(rows - whole) > 0.02 * whole:
+        raise Unusable(f"global batch (gbs) not stated (the step time implies {rows:.2f} rows, not a whole number)")
+    return whole
 
 
 def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
@@ -304,8 +329,9 @@ def _layout(values: dict, mbs: int, world: int, workload: Workload) -> Layout:
 def row_to_case(row: dict, index: int) -> Measurement:
     """The Measurement of one CSV row; raises Unusable with a one-line reason."""
     measured, model, precision, gpu = _published_run(row)
-    seq_len, gbs, world = _run_size(row)
+    seq_len, gbs, world, searched_fields, size_notes = _run_size(row)
     values, mbs, mapping_notes = _layout_fields(row, model)
+    mapping_notes = size_notes + mapping_notes
     notes_text = row["notes"]
     routing = map_routing(notes_text)
     if is_vlm(notes_text):
@@ -316,12 +342,16 @@ def row_to_case(row: dict, index: int) -> Measurement:
                             framework="megatron")
     except WorkloadError as e:
         raise Unusable(f"invalid layout: {e}") from None
-    if model.is_moe and _int(row, "etp") is None and world % (values["etp"] * values["ep"] * values["pp"]):
+    if model.is_moe and _int(row, "etp") is None and values["etp"] > 1 and (model.mlp_bias or model.expert_bias):
+        # Megatron refuses biased experts at ETP > 1 ("Bias in Moe is only supported when ETP==1")
+        mapping_notes.append(f"ETP not stated; {model.display_name}'s biased experts need ETP 1")
+        values["etp"] = 1
+    elif model.is_moe and _int(row, "etp") is None and world % (values["etp"] * values["ep"] * values["pp"]):
         # Megatron's default ETP (= TP) leaves no valid expert grid: the run must have set ETP 1
         mapping_notes.append(f"ETP not stated and TP {values['tp']} x EP {values['ep']} x PP {values['pp']} does not "
                              f"divide {world} GPUs: ETP 1")
         values["etp"] = 1
-    values, searched = _search_unknowns(row, model, gpu, workload, values, mbs, world)
+    values, searched = _search_unknowns(row, model, gpu, workload, values, mbs, world, searched_fields)
     mapping_notes += searched
     layout = _layout(values, mbs, world, workload)
     if layout.rows_per_microbatch != mbs:
@@ -337,10 +367,22 @@ def row_to_case(row: dict, index: int) -> Measurement:
                        group=group, row=dict(row), notes=tuple(mapping_notes), index=index)
 
 
-def _unknowns(row: dict, model: ModelSpec, values: dict) -> list[tuple[str, list[dict]]]:
+def _unknowns(row: dict, model: ModelSpec, values: dict, world: int = 1,
+              fields: set[str] = frozenset()) -> list[tuple[str, list[dict]]]:
     """What the row leaves open that Megatron needs, each with the settings the source allows: the recompute
-    when the column is empty (not 'none'), the uneven pipeline split when the layers do not divide."""
+    when the column is empty (not 'none'); PP and EP where the source says it does not state them (every
+    value that divides the GPUs, with each PP's pipeline splits); the pipeline split when the layers do not
+    divide."""
     open_: list[tuple[str, list[dict]]] = []
+    per_replica = world // (values["tp"] * values["cp"])
+    if "pp" in fields:
+        choices = [dict(pp=pp, **split) for pp in range(1, per_replica + 1)
+                   if per_replica % pp == 0 and pp <= model.num_hidden_layers
+                   for split in (pipeline_splits(model, pp, 1) or [{}])]
+        open_.append(("pp", choices))
+    if "ep" in fields and model.is_moe:
+        open_.append(("ep", [dict(ep=ep) for ep in range(1, world + 1)
+                             if world % ep == 0 and model.num_experts % ep == 0]))
     if not row["recompute"].strip():
         choices = [dict(recompute_granularity=None)]
         choices += [dict(recompute_granularity="selective", recompute_modules=mods)
@@ -348,7 +390,7 @@ def _unknowns(row: dict, model: ModelSpec, values: dict) -> list[tuple[str, list
         choices.append(dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1))
         open_.append(("recompute", choices))
     pp, vpp = values["pp"], values["vpp"]
-    if pp > 1 and "pipeline_model_parallel_layout" not in values:
+    if pp > 1 and "pipeline_model_parallel_layout" not in values and "pp" not in fields:
         splits = pipeline_splits(model, pp, vpp)
         if splits != [{}] and splits:
             open_.append(("pipeline split", splits))
@@ -356,11 +398,11 @@ def _unknowns(row: dict, model: ModelSpec, values: dict) -> list[tuple[str, list
 
 
 def _search_unknowns(row: dict, model: ModelSpec, gpu: GpuSpec, workload: Workload, values: dict, mbs: int,
-                     world: int) -> tuple[dict, list[str]]:
+                     world: int, fields: set[str] = frozenset()) -> tuple[dict, list[str]]:
     """The row's open settings searched, not assumed: of every combination the source allows, the one the cost
     model (default constants) predicts fastest among those predicted to fit, as a tuned run would have chosen;
     the note says what was chosen. The published figure is not looked at."""
-    open_ = _unknowns(row, model, values)
+    open_ = _unknowns(row, model, values, world, fields)
     if not open_:
         return values, []
     best = None
@@ -385,6 +427,10 @@ def _search_unknowns(row: dict, model: ModelSpec, gpu: GpuSpec, workload: Worklo
     for name, _ in open_:
         if name == "recompute":
             what.append(f"recompute {layout.recompute_label}")
+        elif name == "pp":
+            what.append(f"PP {layout.label.split()[1][2:]}")
+        elif name == "ep":
+            what.append(f"EP {layout.ep}")
         else:
             what.append(f"pipeline split {layout.label.split()[1]}")
     n = 1

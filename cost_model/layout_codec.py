@@ -255,8 +255,11 @@ def to_optuna_params(layout: Layout) -> dict:
         **({"pipeline_split": encode_split(layout.decoder_first_pipeline_num_layers,
                                            layout.decoder_last_pipeline_num_layers,
                                            layout.account_for_embedding_in_pipeline_split,
-                                           layout.account_for_loss_in_pipeline_split,
-                                           layout.pipeline_model_parallel_layout)} if layout.split_set else {}),
+                                           layout.account_for_loss_in_pipeline_split)}
+           if layout.split_set and layout.pipeline_model_parallel_layout is None else {}),
+        # a parameter of its own, so studies whose pipeline_split choices predate layout strings still resume
+        **({"pipeline_layout": layout.pipeline_model_parallel_layout}
+           if layout.pipeline_model_parallel_layout is not None else {}),
     }
 
 
@@ -266,7 +269,8 @@ def from_optuna_params(params: dict, world_size: int, seq_len: int) -> Layout:
     return Layout(world_size, tp=params["tp"], pp=params["pp"], vpp=params["vpp"], cp=cp, ep=params["ep"],
                   etp=params["etp"], rows_per_microbatch=rows, max_tokens_per_gpu=max_tokens_per_gpu(rows, cp, seq_len),
                   dispatcher=params["dispatcher"], **decode_recompute(params["recompute"]),
-                  **decode_offload(params["offload"]), **decode_split(params.get("pipeline_split", "even")))
+                  **decode_offload(params["offload"]), **decode_split(params.get("pipeline_split", "even")),
+                  **decode_pipeline_layout(params.get("pipeline_layout", NO_PIPELINE_LAYOUT)))
 
 
 def split_block(layout: Layout) -> dict | None:
@@ -285,12 +289,17 @@ def split_values(layout: Layout) -> dict:
     return {key: getattr(layout, key) for key in SPLIT_FIELDS if getattr(layout, key) not in (None, False)}
 
 
+NO_PIPELINE_LAYOUT = "none"   # the Optuna `pipeline_layout` value of a layout without a layout string
+
+
+def decode_pipeline_layout(value: str) -> dict:
+    return {} if value == NO_PIPELINE_LAYOUT else {LAYOUT_STRING_FIELD: value}
+
+
 def encode_split(first: int | None = None, last: int | None = None, embedding: bool = False,
-                 loss: bool = False, pipeline_layout: str | None = None) -> str:
-    """An Optuna categorical value: 'even'; 'FIRST:LAST' with an unset side left empty ('13:'); 'E', 'L',
-    'E+L' for the embedding/loss accounted as layers; or 'layout=Et|(tt|)*30L' for a layout string."""
-    if pipeline_layout is not None:
-        return f"layout={pipeline_layout}"
+                 loss: bool = False) -> str:
+    """An Optuna categorical value: 'even'; 'FIRST:LAST' with an unset side left empty ('13:'); or 'E', 'L',
+    'E+L' for the embedding/loss accounted as layers. (A layout string is the `pipeline_layout` parameter.)"""
     if embedding or loss:
         return "+".join(x for x, on in (("E", embedding), ("L", loss)) if on)
     if first is None and last is None:
@@ -301,8 +310,6 @@ def encode_split(first: int | None = None, last: int | None = None, embedding: b
 def decode_split(value: str) -> dict:
     if value == "even":
         return {}
-    if str(value).startswith("layout="):
-        return {LAYOUT_STRING_FIELD: str(value)[len("layout="):]}
     if ":" not in str(value):
         parts = str(value).split("+")
         return dict(account_for_embedding_in_pipeline_split="E" in parts, account_for_loss_in_pipeline_split="L" in parts)

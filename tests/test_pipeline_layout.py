@@ -23,6 +23,7 @@ from cost_model.workload import Workload
 from search_space.enumerate import SpaceOptions, parallel_shapes, pipeline_splits
 from search_space.megatron_args import model_args, parallel_args
 from search_space.rules import violations
+from tuner.space_params import distributions
 
 SEQ = 4096
 DSV3 = "Et|(tt|)*30L"                 # Megatron-LM's DeepSeek-V3 recipe, PP 8 x VPP 4
@@ -97,6 +98,26 @@ def test_the_search_space_proposes_a_string_only_where_nothing_else_divides():
     shapes = parallel_shapes(model, 256, Workload(seq_len=SEQ, global_batch=1024), Stack(),
                              SpaceOptions(max_vpp=4))
     assert any(s.get("pipeline_model_parallel_layout") == DSV3 and s["pp"] == 8 and s["vpp"] == 4 for s in shapes)
+
+
+@pytest.mark.parametrize("name, world", [("deepseek-v3", 256), ("qwen3.6-35b-a3b", 8)])
+def test_every_layout_of_the_space_is_a_point_of_the_study_distributions(name, world):
+    """A layout string is its own Optuna parameter (pipeline_layout): pipeline_split keeps the choices it had
+    before strings existed, so a study made then still resumes, and every layout of the space can be recorded."""
+    model = load_model(name)
+    dists = distributions(model, world, SpaceOptions())
+    assert not any(str(c).startswith("layout") or "|" in str(c) for c in dists["pipeline_split"].choices)
+    assert dists["pipeline_layout"].choices[0] == "none" and len(dists["pipeline_layout"].choices) > 1
+    shapes = parallel_shapes(model, world, Workload(seq_len=SEQ, global_batch=1024), Stack(), SpaceOptions())
+    strings = [s for s in shapes if "pipeline_model_parallel_layout" in s]
+    assert strings
+    for shape in shapes:
+        layout = Layout(world, **shape, max_tokens_per_gpu=SEQ)
+        params = to_optuna_params(layout)
+        for key, value in params.items():
+            assert value in dists[key].choices, (layout.label, key, value)
+        assert from_optuna_params(params, world, SEQ) == layout
+    assert "pipeline_split" not in to_optuna_params(Layout(world, **strings[0], max_tokens_per_gpu=SEQ))
 
 
 def test_the_cost_model_runs_the_mtp_layer_where_the_string_puts_it():

@@ -123,8 +123,6 @@ def test_unusable_rows_say_why(unusable):
     assert all(r["model"] not in ("Kimi-K2", "DeepSeek-V4-Flash") and not r["model"].startswith("Nemotron")
                for r in [c.row for c in load_cases()[0]])
     assert all("LoRA" in why for why in _reason(unusable, lambda r: "LoRA" in r["notes"]))
-    assert any("not stated" in why for why in _reason(unusable, lambda r: r["model"] == "GPT-OSS-120B"
-                                                       and r["num_gpus"] == "32"))
     assert all("FSDP" in why for why in _reason(unusable, lambda r: r["precision"].startswith("BF16 +")))  # torchtitan
 
 
@@ -205,3 +203,14 @@ def test_report_runs():
     text = out.getvalue()
     assert "median APE" in text and "correctly ordered pairs" in text and "Unusable rows" in text
     assert result["pairs_total"] > 0
+
+
+def test_fields_a_source_leaves_out_are_searched_or_implied(cases):
+    """PP/EP not stated: searched over what divides the GPUs (the fastest predicted to fit, the note says so);
+    a global batch not stated: the whole number of rows the published step time implies."""
+    by_gpus = {(c.row["model"], c.row["num_gpus"]): c for c in cases}
+    searched = by_gpus[("GPT-OSS-120B", "32")]
+    assert any("searched: PP" in n and "EP" in n for n in searched.notes), searched.notes
+    assert searched.case.layout.etp == 1   # GPT-OSS's biased experts: Megatron needs ETP 1
+    implied = by_gpus[("GPT-OSS-120B", "48")]
+    assert implied.case.workload.global_batch == 4 and any("GBS not stated: 4" in n for n in implied.notes)

@@ -1,16 +1,16 @@
 """The fixed Optuna distributions of a search space (the parameters themselves: cost_model.layout_codec).
 
-Eleven categorical parameters describe a layout (the pipeline split 'even' unless the layers do not divide); max_tokens_per_gpu follows from rows per
+Eleven categorical parameters describe a layout (the pipeline split 'even' unless the layers do not divide;
+a twelfth, pipeline_layout, where only a --pipeline-model-parallel-layout string splits them); max_tokens_per_gpu follows from rows per
 micro-batch, CP and the row length (slime's dynamic batching), so it is not a parameter.
 """
 from __future__ import annotations
 
 from optuna.distributions import CategoricalDistribution
 
-from cost_model.layout_codec import encode_offload, encode_recompute, encode_split
+from cost_model.layout_codec import NO_PIPELINE_LAYOUT, encode_offload, encode_recompute, encode_split
 from cost_model.model_spec import ModelSpec
-from search_space.enumerate import SpaceOptions, divisors, offload_choices, recompute_choices
-from search_space.pipeline_splits import accounting_splits, uneven_splits
+from search_space.enumerate import SpaceOptions, divisors, offload_choices, pipeline_splits, recompute_choices
 
 
 def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> dict[str, CategoricalDistribution]:
@@ -37,18 +37,29 @@ def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> d
                                             for o in offload_choices(options)]),
         "dispatcher": CategoricalDistribution(["alltoall", "flex"]),
     }
-    splits = split_choices(model, ds, options)
+    splits, strings = split_choices(model, ds, options)
     if len(splits) > 1:   # only where some PP x VPP does not divide the layers (older studies: no such parameter)
         out["pipeline_split"] = CategoricalDistribution(splits)
+    if strings:           # only where nothing else divides them
+        out["pipeline_layout"] = CategoricalDistribution([NO_PIPELINE_LAYOUT] + strings)
     return out
 
 
-def split_choices(model: ModelSpec, ds: list[int], options: SpaceOptions) -> list[str]:
-    """'even' and every balanced uneven split of the model's layers over the PP and VPP sizes of the space."""
-    out = ["even"]
+def split_choices(model: ModelSpec, ds: list[int], options: SpaceOptions) -> tuple[list[str], list[str]]:
+    """The pipeline splits the search space holds (search_space.enumerate.pipeline_splits) over its PP and VPP
+    sizes: 'even' and the balanced uneven splits as `pipeline_split` values, and the layout strings (where
+    nothing else divides) as `pipeline_layout` values."""
+    splits, strings = ["even"], []
     for pp in ds:
         for vpp in range(1, options.max_vpp + 1):
-            values = [encode_split(first, last) for first, last in uneven_splits(model.num_hidden_layers, pp, vpp)]
-            values += [encode_split(embedding=e, loss=l) for e, l in accounting_splits(model.num_hidden_layers, pp, vpp)]
-            out += [v for v in values if v not in out]
-    return out
+            for split in pipeline_splits(model, pp, vpp):
+                text = split.get("pipeline_model_parallel_layout")
+                if text is not None:
+                    strings += [text] if text not in strings else []
+                    continue
+                value = encode_split(split.get("decoder_first_pipeline_num_layers"),
+                                     split.get("decoder_last_pipeline_num_layers"),
+                                     split.get("account_for_embedding_in_pipeline_split", False),
+                                     split.get("account_for_loss_in_pipeline_split", False))
+                splits += [value] if value not in splits else []
+    return splits, strings
