@@ -116,7 +116,10 @@ class Layout:
                 stages = parse_stages(text)
             except InvalidPipelineLayout as e:
                 raise InvalidLayout(str(e)) from None
-            if len(stages) % self.pp or len(stages) // self.pp != self.vpp:
+            if len(stages) % self.pp:
+                raise InvalidLayout(f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages, not a "
+                                    f"multiple of PP {self.pp}")
+            if len(stages) // self.pp != self.vpp:
                 raise InvalidLayout(f"pipeline_model_parallel_layout '{text}' has {len(stages)} stages; PP {self.pp} "
                                     f"x VPP {self.vpp} needs {self.pp * self.vpp}")
         accounts = [name for name in ACCOUNT_FIELDS if getattr(self, name)]

@@ -91,6 +91,7 @@ def vpp_of(text: str, pp: int) -> int:
     return max(1, len(parse_stages(text)) // pp)
 
 
+@lru_cache(maxsize=4096)
 def balanced_layout(num_layers: int, pp: int, vpp: int) -> str | None:
     """The layout string that spreads the layers, the embedding and the loss (each counted as one layer) as
     evenly as possible over PP x VPP stages, the lighter stages last (the loss stage also runs the LM head);

@@ -70,6 +70,8 @@ def test_the_layout_field_sets_vpp_and_travels():
     assert layout_from_values(dict(pp=8, ep=32, pipeline_model_parallel_layout=DSV3), 256, SEQ).vpp == 4
     with pytest.raises(InvalidLayout, match="32 stages; PP 8 x VPP 2 needs 16"):
         Layout(256, pp=8, vpp=2, ep=32, pipeline_model_parallel_layout=DSV3)
+    with pytest.raises(InvalidLayout, match="31 stages, not a multiple of PP 8"):
+        layout_from_values(dict(pp=8, pipeline_model_parallel_layout="Et|(tt|)*29L"), 256, SEQ)
     with pytest.raises(InvalidLayout, match="cannot be set together"):
         Layout(256, pp=8, vpp=4, decoder_first_pipeline_num_layers=4, pipeline_model_parallel_layout=DSV3)
     with pytest.raises(InvalidLayout, match="must be a string"):
