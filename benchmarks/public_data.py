@@ -154,6 +154,21 @@ _FLEX = re.compile(r"deepep|hybridep", re.I)
 _ALLTOALL = re.compile(r"\balltoall\b|dispatcher\s+a2a\b|\ba2a\s+dispatcher", re.I)
 
 
+_FULL_GRAPHS = re.compile(r"full[- ]iteration (?:CUDA graphs?|CG)|full (?:CUDA graphs?|CG)\b", re.I)
+_NO_GRAPHS = re.compile(r"\bno CUDA graphs?\b", re.I)
+_GRAPHS = re.compile(r"CUDA graphs?|\bCG\b", re.I)
+
+
+def map_cuda_graphs(notes: str) -> str:
+    """'full' for full-iteration graphs, 'partial' for graphs of some modules, 'none' when the notes say none or
+    do not say."""
+    if _FULL_GRAPHS.search(notes):
+        return "full"
+    if _NO_GRAPHS.search(notes):
+        return "none"
+    return "partial" if _GRAPHS.search(notes) else "none"
+
+
 def map_routing(notes: str) -> str:
     if _NATURAL.search(notes):
         return "natural"
@@ -339,7 +354,7 @@ def row_to_case(row: dict, index: int) -> Measurement:
         raise Unusable("VLM run: the vision encoder and image tokens are not modelled")
     try:
         workload = Workload(seq_len=seq_len, global_batch=gbs, precision=precision, routing=routing,
-                            framework="megatron")
+                            framework="megatron", cuda_graphs=map_cuda_graphs(notes_text))
     except WorkloadError as e:
         raise Unusable(f"invalid layout: {e}") from None
     if model.is_moe and _int(row, "etp") is None and values["etp"] > 1 and (model.mlp_bias or model.expert_bias):
@@ -361,7 +376,8 @@ def row_to_case(row: dict, index: int) -> Measurement:
         raise Unusable(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
 
     group = " | ".join((row["source"], model.display_name, gpu.display_name, f"seq {seq_len}", f"gbs {gbs}",
-                        row["precision"].strip(), routing, workload.framework, run_kind(notes_text)))
+                        row["precision"].strip(), routing, workload.framework, f"graphs {workload.cuda_graphs}",
+                        run_kind(notes_text)))
     return Measurement(name=f"r{index:03d}-{model.name}-{gpu.name}x{world}", source=row["source"],
                        case=Case(model, gpu, workload, layout, STACK), measured_tokens_per_s_per_gpu=measured,
                        group=group, row=dict(row), notes=tuple(mapping_notes), index=index)

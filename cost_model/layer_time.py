@@ -66,7 +66,10 @@ def softmax_attention(t: LayerTime, kind: str, model: ModelSpec, layout: Layout,
     t.attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, (q + gate + kvw) / tp, h)
     keys = seq_len / 2 if kind == FULL_ATTENTION else min(seq_len / 2, model.sliding_window or seq_len)
     core = 3 * 4 * keys * q * tokens / tp
-    core_t = core / r.attention(seq_len, model.head_dim)
+    # A window of W keys is the work per query of a causal attention 2W long, and runs at that length's rate
+    # (the profile's curve, clamped at its shortest sequence), not at the full sequence's.
+    rate_seq = seq_len if kind == FULL_ATTENTION else min(seq_len, 2 * (model.sliding_window or seq_len))
+    core_t = core / r.attention(rate_seq, model.head_dim)
     t.attention += core_t
     if "core_attn" in mods:
         t.selective += core_t / 3

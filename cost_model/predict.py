@@ -118,7 +118,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     # Static memory and the optimizer step are set by the rank holding the most parameters.
     dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
     breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,
-                               workload.framework, dense, expert, rt.gdn_sharded)
+                               workload.framework, dense, expert, rt.gdn_sharded, workload.cuda_graphs)
     step_time = sum(breakdown.values())
 
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp

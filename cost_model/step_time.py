@@ -70,7 +70,7 @@ def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: fl
 
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                           seq_len: int, imbalance: float, c: Constants, framework: str = "slime",
-                          gdn_sharded: bool = False) -> dict[str, float]:
+                          gdn_sharded: bool = False, cuda_graphs: str = "none") -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
@@ -78,6 +78,8 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     full_fraction = full_recompute_fraction(rank, layout)
     launch = (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
         c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
+    if cuda_graphs == "full":   # the whole iteration replays as one graph: the host launches nothing per layer
+        launch = 0.0
     for attn_kind, mlp_kind, count in rank.kinds:
         lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded)
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
@@ -94,10 +96,10 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
 
 def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants,
-                   framework: str, gdn_sharded: bool = False) -> dict[str, float]:
+                   framework: str, gdn_sharded: bool = False, cuda_graphs: str = "none") -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
     per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework,
-                                            gdn_sharded) for r in ranks]
+                                            gdn_sharded, cuda_graphs) for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
@@ -137,11 +139,14 @@ def step_overhead(rates: Rates, c: Constants, framework: str, dense: float, expe
 
 def step_breakdown(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants, framework: str,
-                   dense: float, expert: float, gdn_sharded: bool = False) -> dict[str, float]:
+                   dense: float, expert: float, gdn_sharded: bool = False,
+                   cuda_graphs: str = "none") -> dict[str, float]:
     """Seconds of one optimizer step by term, in TERMS order. `dense` and `expert` are the parameters
-    of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's GatedDeltaNet."""
+    of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's GatedDeltaNet; `cuda_graphs`:
+    Workload.cuda_graphs ('full' removes the host's per-layer launch time; 'partial' is what the Megatron
+    launch constant was fitted on, as most public runs graph attention and the router)."""
     terms = pipeline_terms(ranks, model, rates, layout, tokens, num_microbatches, seq_len, imbalance, c, framework,
-                           gdn_sharded)
+                           gdn_sharded, cuda_graphs)
     terms["dp_comm"] = data_parallel_time(layout, rates, c, framework, dense, expert)
     terms["optimizer"] = optimizer_time(layout, rates, dense, expert)
     terms["offload"] = offload_time(layout, rates, dense, expert)

@@ -15,7 +15,7 @@ from cost_model.hardware import GpuSpec, load_gpu
 from cost_model.layout_codec import LAYOUT_KEYS
 from cost_model.model_spec import ModelSpec, load_model
 from cost_model.stack import STACK_FIXES
-from cost_model.workload import FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, PRECISIONS, ROUTINGS, Workload
+from cost_model.workload import CUDA_GRAPHS, FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, PRECISIONS, ROUTINGS, Workload
 from search_space.enumerate import MAX_GPUS
 from tuner.predict_request import MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, MAX_USD_PER_GPU_HOUR, REQUEST_KEYS
 
@@ -140,6 +140,9 @@ def add_workload(p: argparse.ArgumentParser):
                    help="natural: real data, unbalanced experts; balanced: forced router balance")
     p.add_argument("--framework", choices=FRAMEWORKS, default="slime",
                    help="slime: slime's eager Megatron step (default); megatron: a tuned Megatron-LM/Bridge step")
+    p.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="none",
+                   help="with --framework megatron: CUDA graphs of the step (partial: attention/router modules; "
+                        "full: the whole iteration, no host launch per layer)")
     p.add_argument("--usd-per-gpu-hour", type=bounded_number(MAX_USD_PER_GPU_HOUR), default=None,
                    help=f"override the GPU's catalog price (above 0, at most {MAX_USD_PER_GPU_HOUR:,})")
     p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
@@ -200,7 +203,7 @@ def target(args) -> tuple[ModelSpec, GpuSpec, int]:
 
 def workload(args) -> Workload:
     return Workload(seq_len=args.seq_len, global_batch=args.global_batch, precision=args.precision,
-                    routing=args.routing, framework=args.framework)
+                    routing=args.routing, framework=args.framework, cuda_graphs=args.cuda_graphs)
 
 
 def profile(args):

@@ -21,7 +21,7 @@ from search_space.rules import check
 from cost_model.stack import STACK_FIXES, Stack
 from cost_model.errors import AttuneError
 
-REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework",
+REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
                 "usd_per_gpu_hour", "stack_fix", "layout", "recipe")
 # Far above any cloud price; a bound keeps $/1M tokens a finite, printable figure.
 MAX_USD_PER_GPU_HOUR = 1000
@@ -59,7 +59,8 @@ def resolve(request: dict) -> Case:
     gpus = request["gpus"] if request.get("gpus") is not None else gpu.gpus_per_node   # 0 is refused, not a node
     if not 1 <= gpus <= MAX_GPUS:
         raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {str(gpus)[:40]}")
-    workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework")
+    workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",
+                                                   "cuda_graphs")
                            if request.get(k) is not None})
     raw_layout = request.get("layout") or {}
     if not isinstance(raw_layout, dict):
@@ -69,7 +70,7 @@ def resolve(request: dict) -> Case:
 
 
 # The JSON type each request key takes (layout: a mapping, checked by the layout codec).
-_TEXT = ("recipe", "model", "gpu", "precision", "routing", "framework")
+_TEXT = ("recipe", "model", "gpu", "precision", "routing", "framework", "cuda_graphs")
 _INTS = ("gpus", "seq_len", "global_batch")
 
 

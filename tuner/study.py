@@ -77,7 +77,9 @@ class StudyConfig:
                    if k not in NARROWING_FIELDS or v != defaults[k]}  # as studies made before those fields
         return {
             "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
-            "workload": asdict(self.workload), "stack": asdict(self.stack), "options": options,
+            # cuda_graphs only when set: the identity of studies made before it existed stays the same
+            "workload": {k: v for k, v in asdict(self.workload).items() if k != "cuda_graphs" or v != "none"},
+            "stack": asdict(self.stack), "options": options,
             # $/1M tokens and every figure depend on these: a resumed study must not mix them
             "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "profile": self.profile_name(),
         }

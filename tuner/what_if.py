@@ -28,7 +28,8 @@ def request_from_args(args) -> dict:
         raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "seq_len": args.seq_len,
             "global_batch": args.global_batch, "precision": args.precision, "routing": args.routing,
-            "framework": args.framework, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
+            "framework": args.framework, "cuda_graphs": getattr(args, "cuda_graphs", "none"),
+            "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
             "layout": parse_pairs(args.layout)}
 
 
