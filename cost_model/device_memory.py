@@ -21,7 +21,7 @@ from the documented fallback in constants.yaml; `Overheads.sources` says which. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cost_model.constants import Constants
 from cost_model.errors import AttuneError
@@ -131,6 +131,11 @@ class Overheads:
     communicators: int
     cache_fraction: float = 0.0   # the allocator's free-running reserve over its allocated peak
     sources: dict = field(default_factory=dict, compare=False, hash=False)
+    reserve_fraction: float = 0.0  # allocator_reserve over the allocated peak
+
+    def at(self, allocated_gib: float) -> "Overheads":
+        """The same overheads for another allocated peak (only the allocator's reserve follows it)."""
+        return replace(self, allocator_reserve=allocated_gib * self.reserve_fraction)
 
     @property
     def outside_pytorch(self) -> float:
@@ -188,4 +193,5 @@ def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: flo
                                 f"outside PyTorch ({how}), {runner_src}")
         context = runner - nccl
     return Overheads(allocator_reserve=allocated_gib * reserve, cuda_context=context, nccl=nccl, deepep=deepep,
-                     usable=usable, communicators=len(created), cache_fraction=max(cache, reserve), sources=src)
+                     usable=usable, communicators=len(created), cache_fraction=max(cache, reserve), sources=src,
+                     reserve_fraction=reserve)

@@ -176,6 +176,8 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     """The device-level peak of the most-loaded GPU over the pipeline ranks."""
     rt = inputs.runtime
     in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
+    # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
+    fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
     best = None
     for i, r in enumerate(ranks):
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded)
@@ -190,7 +192,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
                      loss_path=loss / GIB, optimizer_step=step / GIB)
         allocated = sum(parts.values())
-        over = overheads(layout, rt, model.is_moe, allocated, inputs.gpu, inputs.device, c)
+        over = fixed.at(allocated)
         mem = MemoryBreakdown(**parts, allocator_reserve=over.allocator_reserve,
                               allocator_cache=over.allocator_cache(allocated), cuda_context=over.cuda_context,
                               nccl=over.nccl, deepep=over.deepep, usable=over.usable, sources=over.sources)
