@@ -26,7 +26,7 @@ from cost_model.workload import Workload, WorkloadError
 from cost_model.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
 from cost_model.predict import predict
-from search_space.enumerate import pipeline_splits, selective_module_sets
+from search_space.enumerate import divisors, pipeline_splits, selective_module_sets
 from search_space.rules import violations
 from cost_model.stack import Stack
 
@@ -392,13 +392,11 @@ def _unknowns(row: dict, model: ModelSpec, values: dict, world: int = 1,
     open_: list[tuple[str, list[dict]]] = []
     per_replica = world // (values["tp"] * values["cp"])
     if "pp" in fields:
-        choices = [dict(pp=pp, **split) for pp in range(1, per_replica + 1)
-                   if per_replica % pp == 0 and pp <= model.num_hidden_layers
+        choices = [dict(pp=pp, **split) for pp in divisors(per_replica) if pp <= model.num_hidden_layers
                    for split in (pipeline_splits(model, pp, 1) or [{}])]
         open_.append(("pp", choices))
     if "ep" in fields and model.is_moe:
-        open_.append(("ep", [dict(ep=ep) for ep in range(1, world + 1)
-                             if world % ep == 0 and model.num_experts % ep == 0]))
+        open_.append(("ep", [dict(ep=ep) for ep in divisors(world) if model.num_experts % ep == 0]))
     if not row["recompute"].strip():
         choices = [dict(recompute_granularity=None)]
         choices += [dict(recompute_granularity="selective", recompute_modules=mods)
