@@ -355,6 +355,8 @@ def csv_curve(*rows) -> tuple[bytes, str, int]:
 @example(candidate=csv_curve("0,nan", "1,inf", "2,-inf"), as_json=True)
 @example(candidate=csv_curve("0,1e309", "1," + BigInt(5000).text(), "2,1"), as_json=True)
 @example(candidate=(b"", ".csv", 1), as_json=False)
+# finite losses near the float limit: their squares once overflowed math.fsum (OverflowError, not a verdict)
+@example(candidate=csv_curve("0,1.7e308", "1,-1.7e308", "2,1.7e308", "3,-1.7e308"), as_json=True)
 def test_loss_curve_quick(candidate, as_json, folder, capsys):
     check_curve(candidate, as_json, folder, capsys)
 

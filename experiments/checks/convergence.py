@@ -240,11 +240,19 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 # ---------------------------------------------------------------------- the check
+def _unit_scaled(values: Sequence[float]) -> list[float]:
+    """Values divided by their largest magnitude: Pearson's r and the outlier count do not change, and
+    squares of losses near the float limit (a diverged run) no longer overflow."""
+    top = max((abs(v) for v in values), default=0.0)
+    return [v / top for v in values] if top > 0 else list(values)
+
+
 def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     """Pearson correlation (what np.corrcoef gives); None when undefined (a constant or non-finite curve)."""
     n = len(xs)
     if n < 2 or not all(math.isfinite(v) for v in (*xs, *ys)):
         return None
+    xs, ys = _unit_scaled(xs), _unit_scaled(ys)
     mx = math.fsum(xs) / n
     my = math.fsum(ys) / n
     dx = [x - mx for x in xs]
@@ -303,6 +311,7 @@ def _outliers(residuals: list[float], sigma: float) -> int:
     """Residuals more than `sigma` population standard deviations from their mean (each non-finite one counts)."""
     m = len(residuals)
     if all(math.isfinite(r) for r in residuals):
+        residuals = _unit_scaled(residuals)
         mean = math.fsum(residuals) / m
         std = math.sqrt(math.fsum((r - mean) ** 2 for r in residuals) / m)   # population std, as np.std
         return sum(1 for r in residuals if abs(r - mean) > sigma * std)
