@@ -252,7 +252,7 @@ def report(csv_path: Path, verbose: bool = False, out=sys.stdout, held_out: bool
 
 def _say_held_out(say, cases) -> None:
     """The out-of-sample figures: nested leave-one-source-out, each fold fitted from a cold start."""
-    from benchmarks.calibrate import error_by, held_out_table   # calibrate imports this module
+    from benchmarks.calibrate import error_by, fits_megatron_constants, held_out_table   # calibrate imports this
 
     cold = held_out_table(cases, cold=True)
     warm = held_out_table(cases, cold=False)
@@ -261,6 +261,11 @@ def _say_held_out(say, cases) -> None:
         "start on the other sources' rows)")
     say(f"  median APE: {cold.ape.median():.1f}% over {len(cold)} rows in {cold.source.nunique()} sources "
         f"(starting each fold from the shipped, all-data constants instead: {warm.ape.median():.1f}%)")
+    fitted = cold.measurement.map(fits_megatron_constants).astype(bool)
+    out = cold[~fitted]
+    say(f"  rows of the kind the constants are fitted on (full training, text): {_subset(cold[fitted])}; LoRA and "
+        f"VLM rows (in no fit): {_subset(out)}"
+        + (f", median predicted/published {(out.predicted / out.measured).median():.2f}" if len(out) else ""))
     say(f"  correctly ordered pairs within a group: {pairs[0]} of {pairs[1]}"
         + (f" ({pairs[0] / pairs[1]:.0%})" if pairs[1] else ""))
     for key, frame in error_by(cold).items():

@@ -2,12 +2,13 @@
 
 Each usable row becomes a `Measurement`: the `Case` the run was (catalog model, GPU, Workload,
 Layout) with the published tokens/s per GPU and where it was published beside it. Rows the cost
-model cannot represent (FSDP runs, LoRA, models outside the catalog, layouts Megatron's rules
+model cannot represent (FSDP runs, VLMs, models outside the catalog, layouts Megatron's rules
 reject, missing fields) come back with a one-line reason instead.
 
 Mapping conventions (see `load_cases`): every public row is a Megatron-LM / Megatron-Bridge / NeMo
 run, so framework='megatron'; the dispatcher is 'flex' when the notes name DeepEP or HybridEP; the
-routing is 'balanced' when the notes say the router was force-balanced and 'natural' otherwise.
+routing is 'balanced' when the notes say the router was force-balanced and 'natural' otherwise; peft
+is 'lora' when the notes name LoRA or PEFT (a frozen base).
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class Measurement:
     measured_tokens_per_s_per_gpu: float
     group: str                     # rows of one group differ only in layout
     row: dict                      # the raw CSV row (or the recipe's data for reference cases)
-    vlm: bool = False              # a VLM run: the vision encoder is not modelled
+    vlm: bool = False              # a VLM run: its images go through the model's vision encoder
     notes: tuple[str, ...] = ()    # what the mapping assumed or dropped
     index: int | None = None       # row index in the CSV (0-based, header excluded)
 
@@ -169,6 +170,14 @@ def map_cuda_graphs(notes: str) -> str:
     return "partial" if _GRAPHS.search(notes) else "none"
 
 
+_LORA = re.compile(r"\blora\b|\bpeft\b", re.I)
+
+
+def map_peft(notes: str) -> str:
+    """'lora' for a LoRA/PEFT run (frozen base), 'none' otherwise."""
+    return "lora" if _LORA.search(notes) else "none"
+
+
 def map_routing(notes: str) -> str:
     if _NATURAL.search(notes):
         return "natural"
@@ -194,7 +203,24 @@ def run_kind(notes: str) -> str:
 
 
 def is_vlm(notes: str) -> bool:
-    return bool(re.search(r"\bVLM\b|\bimage", notes, re.I))
+    return bool(re.search(r"\bVLM\b|\bimage|\bMedPix\b|\bDataComp\b", notes, re.I))
+
+
+_IMAGE_SIDE = re.compile(r"\b(\d{2,5})\s*x\s*\1\b")
+
+
+def map_images(notes: str) -> tuple[int, int, str | None]:
+    """(images per row, image side in pixels, a mapping note) of a VLM row: one image per sample, as the
+    Megatron-Bridge VLM recipes the rows name feed (MedPix and DataComp adapters, the mock VLM dataset); the
+    side the notes state, else 256 for mock data (MockVLMSFTDataset's default) and 448 for real data (the
+    cards' resize to 448x448, DataComp's max_pixels 448^2). (0, 448, None) for a text row."""
+    if not is_vlm(notes):
+        return 0, 448, None
+    stated = _IMAGE_SIDE.search(notes)
+    if stated:
+        return 1, int(stated.group(1)), None
+    side = 256 if re.search(r"\bmock\b", notes, re.I) else 448
+    return 1, side, f"image size not stated: one {side}x{side} image per row ({'mock' if side == 256 else 'real'} data)"
 
 
 def _fsdp_reason(row: dict) -> str | None:
@@ -247,8 +273,6 @@ def _published_run(row: dict) -> tuple[float, ModelSpec, str, GpuSpec]:
         raise Unusable(reason)
     model = map_model(row["model"])
     precision = map_precision(row["precision"])
-    if re.search(r"\blora\b|\bpeft\b", row["notes"], re.I):
-        raise Unusable("LoRA/PEFT run (frozen base: different FLOPs)")
     try:
         gpu = load_gpu(row["gpu"])
     except HardwareError as e:
@@ -300,6 +324,9 @@ def _implied_global_batch(row: dict, seq_len: int, world: int) -> int:
     return whole
 
 
+_PP_SPLIT = re.compile(r"\b(\d+)/(\d+)(?:\s+language-layer)?\s+PP split\b")
+
+
 def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
     """The Layout keyword arguments the row states (rows_per_microbatch aside), its MBS, and mapping notes."""
     notes_text = row["notes"]
@@ -321,6 +348,10 @@ def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
     values["dispatcher"] = map_dispatcher(notes_text) if moe_parallel else "alltoall"
     if re.search(r"\bSP off\b", notes_text):
         mapping_notes.append("SP off in the run; the cost model always uses SP at TP > 1")
+    split = _PP_SPLIT.search(notes_text)
+    if split and values["pp"] == 2:   # "16/24 language-layer PP split": the first and the last stage's layers
+        values["decoder_first_pipeline_num_layers"] = int(split.group(1))
+        values["decoder_last_pipeline_num_layers"] = int(split.group(2))
     stated = _PP_LAYOUT.search(notes_text)
     if stated:   # the source gives Megatron's --pipeline-model-parallel-layout ("PP layout Et|(tt|)*30L")
         values["pipeline_model_parallel_layout"] = stated.group(1)
@@ -349,12 +380,15 @@ def row_to_case(row: dict, index: int) -> Measurement:
     mapping_notes = size_notes + mapping_notes
     notes_text = row["notes"]
     routing = map_routing(notes_text)
-    if is_vlm(notes_text):
-        # The catalog model is the language model; a VLM step also runs the vision encoder on images.
-        raise Unusable("VLM run: the vision encoder and image tokens are not modelled")
+    images, image_size, image_note = map_images(notes_text)
+    if images and model.vision is None:
+        raise Unusable(f"VLM run: {model.display_name} has no vision encoder in the catalog")
+    if image_note:
+        mapping_notes.append(image_note)
     try:
         workload = Workload(seq_len=seq_len, global_batch=gbs, precision=precision, routing=routing,
-                            framework="megatron", cuda_graphs=map_cuda_graphs(notes_text))
+                            framework="megatron", cuda_graphs=map_cuda_graphs(notes_text), peft=map_peft(notes_text),
+                            images_per_row=images, image_size=image_size)
     except WorkloadError as e:
         raise Unusable(f"invalid layout: {e}") from None
     if model.is_moe and _int(row, "etp") is None and values["etp"] > 1 and (model.mlp_bias or model.expert_bias):
@@ -377,10 +411,11 @@ def row_to_case(row: dict, index: int) -> Measurement:
 
     group = " | ".join((row["source"], model.display_name, gpu.display_name, f"seq {seq_len}", f"gbs {gbs}",
                         row["precision"].strip(), routing, workload.framework, f"graphs {workload.cuda_graphs}",
+                        f"peft {workload.peft}",
                         run_kind(notes_text)))
     return Measurement(name=f"r{index:03d}-{model.name}-{gpu.name}x{world}", source=row["source"],
                        case=Case(model, gpu, workload, layout, STACK), measured_tokens_per_s_per_gpu=measured,
-                       group=group, row=dict(row), notes=tuple(mapping_notes), index=index)
+                       group=group, row=dict(row), vlm=bool(images), notes=tuple(mapping_notes), index=index)
 
 
 def _unknowns(row: dict, model: ModelSpec, values: dict, world: int = 1,

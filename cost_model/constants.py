@@ -48,6 +48,7 @@ class Constants:
     unfused_activation_factor: float
     unfused_moe_activation_factor: float
     prediction_error_sd: float
+    prediction_error_sd_lora_vlm: float
     host_base_gib_per_gpu: float
 
     @classmethod

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from cost_model.names import clean_name
+from cost_model.vision import VisionSpec
 from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelError,
                                    ModelSpec)
 
@@ -245,6 +246,29 @@ _FAMILY_FIELDS = {"qwen3_5": _qwen3_5, "qwen3_moe": _qwen3_moe, "deepseek": _dee
                   "llama": _llama}
 
 
+# ---------------------------------------------------------------------- a VLM's vision encoder
+def _vision(config: dict, origin: str) -> VisionSpec | None:
+    """The ViT of a Qwen-VL-style vision_config (depth, hidden_size, ...); None without one. Other encoders'
+    configs (no 'depth') are not read: the model is then its language model only."""
+    vc = config.get("vision_config")
+    if vc is None:
+        return None
+    if not isinstance(vc, dict):
+        raise ModelError(f"{origin}: field 'vision_config' must be an object")
+    if vc.get("depth") is None:
+        return None
+    v = _Reader(vc, origin, "vision_config.")
+    spec = VisionSpec(depth=v.int("depth"), hidden_size=v.int("hidden_size"),
+                      intermediate_size=v.int("intermediate_size"), num_heads=v.int("num_heads"),
+                      patch_size=v.int("patch_size"), out_hidden_size=v.int("out_hidden_size"),
+                      spatial_merge_size=v.int("spatial_merge_size", 2),
+                      temporal_patch_size=v.int("temporal_patch_size", 2), in_channels=v.int("in_channels", 3))
+    if spec.hidden_size % spec.num_heads:
+        raise ModelError(f"{origin}: field 'vision_config.hidden_size' {spec.hidden_size} is not divisible by "
+                         f"num_heads {spec.num_heads}")
+    return spec
+
+
 # ---------------------------------------------------------------------- the config as a whole
 def _text_model(config: dict, origin: str) -> tuple[dict, str]:
     """(the text model's fields, the prefix naming them in errors): a VLM wrapper's text_config merged
@@ -326,6 +350,7 @@ def from_hf_config(config: dict, name: str = "", sources: dict | None = None, *,
     kw = _common_fields(r, config, model_type)
     kw.update(_FAMILY_FIELDS[family](r, kw["num_hidden_layers"]))
     _check_consistency(kw, family, origin, prefix)
+    kw["vision"] = _vision(config, origin)
 
     # names reach commands, comments, file names and the terminal: no control characters
     display = clean_name(attune.get("display_name") or name or model_type) or clean_name(model_type) or "model"

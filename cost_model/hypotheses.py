@@ -171,7 +171,14 @@ def predict_interval(hypotheses: tuple[Hypothesis, ...], model: ModelSpec, gpu: 
         w = (weights or {}).get(h.name, h.prior)
         p = predict_under(h, model, gpu, workload, layout, c, profile, **kw)
         triples.append((h, w, p.tokens_per_s_per_gpu))
-    return interval_of(triples, c.prediction_error_sd)
+    return interval_of(triples, residual_sd(c, workload))
+
+
+def residual_sd(c: Constants, workload: Workload) -> float:
+    """The log-normal residual of a prediction for this workload: LoRA and VLM runs have their own (no fit sees
+    their rows, and they miss by more), every other run the held-out residual of the rows the constants fit."""
+    return c.prediction_error_sd_lora_vlm if workload.frozen_weights or workload.images_per_row \
+        else c.prediction_error_sd
 
 
 def applicable(hypotheses: tuple[Hypothesis, ...], workload: Workload) -> tuple[Hypothesis, ...]:

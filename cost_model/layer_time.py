@@ -1,7 +1,8 @@
 """Seconds of one decoder layer's micro-batch on one GPU, per layer kind, forward and backward.
 
 FLOPs follow Megatron's conventions (training = 3 x forward GEMM FLOPs); each class of work runs
-at the efficiency `Rates` gives its shape. The TP all-gathers and the CP ring a layer issues are
+at the efficiency `Rates` gives its shape. With the base weights frozen (LoRA), a weight GEMM runs
+twice, not three times: forward and the input gradient, no weight gradient. The TP all-gathers and the CP ring a layer issues are
 counted with it. The terms add up in a fixed order, part by part, into a `LayerTime`.
 """
 from __future__ import annotations
@@ -29,11 +30,22 @@ class LayerTime:
     ep_comm: float = 0.0
     cp_comm: float = 0.0
     selective: float = 0.0
+    forward: float = 0.0          # the forward share of the five compute fields above
+    weight_passes: int = 3        # passes of a weight GEMM: 3 trained, 2 frozen (no weight gradient)
+
+    def add(self, part: str, seconds: float, passes: int = 3) -> None:
+        """Add forward+backward `seconds` of work that runs in `passes` passes (one of them forward)."""
+        setattr(self, part, getattr(self, part) + seconds)
+        self.forward += seconds / passes
+
+    def add_gemm(self, part: str, flops_one_pass: float, rate: float) -> None:
+        """A GEMM on the layer's weights: forward, input gradient and (when trained) weight gradient."""
+        self.add(part, self.weight_passes * flops_one_pass / rate, self.weight_passes)
 
     @property
     def gpu_pass(self) -> float:
         """Seconds of one pass (forward) of the layer's kernels, communication aside."""
-        return (self.attention + self.linear_attention + self.mlp + self.experts + self.elementwise) / 3
+        return self.forward
 
     @property
     def comm(self) -> float:
@@ -63,20 +75,20 @@ def softmax_attention(t: LayerTime, kind: str, model: ModelSpec, layout: Layout,
     kvw = 2 * model.num_key_value_heads * model.head_dim
     gate = q if model.attn_output_gate else 0
     proj_flops = 2 * h * (q + gate + kvw) + 2 * q * h
-    t.attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, (q + gate + kvw) / tp, h)
+    t.add_gemm("attention", proj_flops * tokens / tp, r.gemm(tokens, (q + gate + kvw) / tp, h))
     keys = seq_len / 2 if kind == FULL_ATTENTION else min(seq_len / 2, model.sliding_window or seq_len)
     core = 3 * 4 * keys * q * tokens / tp
     # A window of W keys is the work per query of a causal attention 2W long, and runs at that length's rate
     # (the profile's curve, clamped at its shortest sequence), not at the full sequence's.
     rate_seq = seq_len if kind == FULL_ATTENTION else min(seq_len, 2 * (model.sliding_window or seq_len))
     core_t = core / r.attention(rate_seq, model.head_dim)
-    t.attention += core_t
+    t.add("attention", core_t)
     if "core_attn" in mods:
         t.selective += core_t / 3
     if layout.cp > 1:
         t.cp_comm += _cp_ring(layout, r, c, tokens * kvw * BF16 / tp)
     t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
-    t.elementwise += _elementwise(model, r, c, tokens / tp)
+    t.add("elementwise", _elementwise(model, r, c, tokens / tp))
 
 
 def gdn_kernel_seconds(model: ModelSpec, layout: Layout, r: Rates, tokens: float, sharded: bool = False) -> float:
@@ -108,23 +120,23 @@ def linear_attention(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c
     in_width = 2 * qk + 2 * v + 2 * nv
     proj_flops = 2 * (h * in_width + h * v)
     if sharded:
-        t.linear_attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, in_width / tp, h)
+        t.add_gemm("linear_attention", proj_flops * tokens / tp, r.gemm(tokens, in_width / tp, h))
         conv_work = tokens * (2 * qk + v) / tp
         t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
         if cp > 1:  # in_proj's output to head shards and the core output back, forward and backward
             t.cp_comm += 2 * sum(r.collective("all_to_all", tokens * width / tp * BF16, cp, tp * cp)
                                  for width in (in_width, v))
-        t.elementwise += _elementwise(model, r, c, tokens / tp)
+        t.add("elementwise", _elementwise(model, r, c, tokens / tp))
     else:
         full_tokens = tokens * cp
-        t.linear_attention += 3 * proj_flops * full_tokens / r.gemm(full_tokens, 2 * qk + 2 * v, h)
+        t.add_gemm("linear_attention", proj_flops * full_tokens, r.gemm(full_tokens, 2 * qk + 2 * v, h))
         conv_work = full_tokens * (2 * qk + v)
         t.tp_comm += 2 * _tp_all_gather(model, layout, r, tokens)
         if cp > 1:
             t.cp_comm += 2 * r.collective("all_gather", hidden_state_bytes(model, tokens) * cp / tp, cp, tp * cp)
-        t.elementwise += _elementwise(model, r, c, full_tokens)
-    t.linear_attention += 3 * 2 * model.linear_conv_kernel_dim * conv_work / r.linear_attention()
-    t.linear_attention += gdn_kernel_seconds(model, layout, r, tokens, sharded)
+        t.add("elementwise", _elementwise(model, r, c, full_tokens))
+    t.add("linear_attention", 3 * 2 * model.linear_conv_kernel_dim * conv_work / r.linear_attention())
+    t.add("linear_attention", gdn_kernel_seconds(model, layout, r, tokens, sharded))
 
 
 def mla(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, tokens: float, seq_len: int,
@@ -138,10 +150,10 @@ def mla(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, 
     kv_flops = 2 * h * (model.kv_lora_rank + model.qk_rope_head_dim) + 2 * model.kv_lora_rank * heads * (
         model.qk_nope_head_dim + model.v_head_dim)
     proj_flops = q_flops + kv_flops + 2 * heads * model.v_head_dim * h
-    t.attention += 3 * proj_flops * tokens / tp / r.gemm(tokens, heads * qk_dim / tp, h)
+    t.add_gemm("attention", proj_flops * tokens / tp, r.gemm(tokens, heads * qk_dim / tp, h))
     core = 3 * 2 * (seq_len / 2) * heads * (qk_dim + model.v_head_dim) * tokens / tp
     core_t = core / r.attention(seq_len, qk_dim)
-    t.attention += core_t
+    t.add("attention", core_t)
     if "core_attn" in mods:
         t.selective += core_t / 3
     if "mla_up_proj" in mods:
@@ -150,7 +162,7 @@ def mla(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, 
     if layout.cp > 1:
         t.cp_comm += _cp_ring(layout, r, c, tokens * heads * (qk_dim + model.v_head_dim) * BF16 / tp)
     t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
-    t.elementwise += _elementwise(model, r, c, tokens / tp)
+    t.add("elementwise", _elementwise(model, r, c, tokens / tp))
 
 
 def moe(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, tokens: float, imbalance: float,
@@ -162,19 +174,19 @@ def moe(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, c: Constants, 
     local_tokens = tokens / tp * etp  # dispatch input per GPU (SP shard, gathered over ETP)
     rows = local_tokens * k * imbalance
     rows_per_expert = rows / (e / ep)
-    exp_flops = 3 * 2 * 3 * h * fe / etp * rows
-    t.experts += exp_flops / r.grouped(rows_per_expert, h, 2 * fe / etp)
+    t.add_gemm("experts", 2 * 3 * h * fe / etp * rows, r.grouped(rows_per_expert, h, 2 * fe / etp))
     if fs:
-        t.mlp += 3 * 2 * 3 * h * fs * tokens / tp / r.gemm(tokens, fs / tp, h)
-    t.mlp += 3 * 2 * h * e * tokens / tp / r.gemm(tokens / tp, e, h)  # router
+        t.add_gemm("mlp", 2 * 3 * h * fs * tokens / tp, r.gemm(tokens, fs / tp, h))
+    t.add_gemm("mlp", 2 * h * e * tokens / tp, r.gemm(tokens / tp, e, h))  # router
     if ep > 1:
         t.ep_comm += 4 * expert_dispatch_time(local_tokens * imbalance * h * BF16, k, ep, ep * etp,
                                               layout.dispatcher, r, c)
     if fs or etp < tp:
         t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
-    t.elementwise += c.permute_passes * rows * h * BF16 / r.hbm
+    t.add("elementwise", c.permute_passes * rows * h * BF16 / r.hbm)
     if "moe" in mods:  # the whole MoE layer, shared experts and activation included
-        t.selective += t.experts / 3 + t.ep_comm / 2 + (t.mlp / 3 if fs else 0.0)
+        wp = t.weight_passes
+        t.selective += t.experts / wp + t.ep_comm / 2 + (t.mlp / wp if fs else 0.0)
         return
     if "moe_act" in mods:
         t.selective += rows * fe / etp * BF16 * 3 / r.hbm
@@ -186,17 +198,19 @@ def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: 
     """Dense SwiGLU MLP, sharded over TP."""
     h, tp = model.hidden_size, layout.tp
     f = model.intermediate_size
-    t.mlp += 3 * 2 * 3 * h * f * tokens / tp / r.gemm(tokens, f / tp, h)
+    t.add_gemm("mlp", 2 * 3 * h * f * tokens / tp, r.gemm(tokens, f / tp, h))
     t.tp_comm += 4 * _tp_all_gather(model, layout, r, tokens)
     if "mlp" in mods:
-        t.selective += t.mlp / 3
+        t.selective += t.mlp / t.weight_passes
 
 
 def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
-               tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool = False) -> LayerTime:
+               tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool = False,
+               frozen_weights: bool = False) -> LayerTime:
     """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals.
-    `gdn_sharded`: Gated DeltaNet as megatron-core's GatedDeltaNet (see `linear_attention`)."""
-    t = LayerTime()
+    `gdn_sharded`: Gated DeltaNet as megatron-core's GatedDeltaNet (see `linear_attention`);
+    `frozen_weights`: no weight gradients (LoRA's frozen base; its adapters' few FLOPs are not counted)."""
+    t = LayerTime(weight_passes=2 if frozen_weights else 3)
     if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
         softmax_attention(t, attn_kind, model, layout, r, c, tokens, seq_len, mods)
     elif attn_kind == LINEAR_ATTENTION:
@@ -208,7 +222,7 @@ def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, 
     else:
         dense_mlp(t, model, layout, r, tokens, mods)
     h, tp = model.hidden_size, layout.tp
-    t.elementwise += c.elementwise_bytes_per_token_per_layer_h * h * tokens / tp / r.hbm
+    t.add("elementwise", c.elementwise_bytes_per_token_per_layer_h * h * tokens / tp / r.hbm)
     if "layernorm" in mods:
         t.selective += 2 * BF16 * h * tokens / tp * 2 / r.hbm
     return t

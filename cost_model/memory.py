@@ -25,6 +25,7 @@ from cost_model.model_spec import ModelSpec
 from cost_model.runtime import Runtime
 from cost_model.stages import RankLayers
 from cost_model.units import BF16, FP32, GIB
+from cost_model.vision import VisionWork, vision_activation_bytes
 
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}
 HOST_BYTES_PER_OFFLOADED_PARAM = 16             # fp32 param + fp32 grad + two fp32 moments
@@ -101,7 +102,7 @@ def local_params(rank: RankLayers, layout: Layout, gdn_sharded: bool = False) ->
     GatedDeltaNet (`gdn_sharded`) splits its projections, conv and gates over TP."""
     tp = layout.tp
     gdn = rank.linear_attention / tp if gdn_sharded else rank.linear_attention
-    dense = ((rank.attention + rank.dense_mlp + rank.shared_expert + rank.embedding + rank.lm_head) / tp
+    dense = ((rank.attention + rank.dense_mlp + rank.shared_expert + rank.embedding + rank.lm_head + rank.vision) / tp
              + gdn + rank.replicated)
     expert = rank.routed_experts / (layout.ep * layout.etp)
     return dense, expert
@@ -129,11 +130,15 @@ def backup_bytes(dense: float, expert: float) -> float:
 
 
 def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True,
-                  gdn_sharded: bool = False) -> tuple[float, float, float]:
+                  gdn_sharded: bool = False, frozen_weights: bool = False) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes on one GPU of this rank. Without the precision-aware optimizer
-    (it needs Transformer Engine's FusedAdam) the shard holds an fp32 master and two fp32 moments."""
+    (it needs Transformer Engine's FusedAdam) the shard holds an fp32 master and two fp32 moments.
+    A frozen base (LoRA) holds its bf16 weights only: no gradients, no optimizer state (the adapters'
+    are under a percent of the base and not counted)."""
     dense, expert = local_params(rank, layout, gdn_sharded)
     params = dense + expert
+    if frozen_weights:
+        return params * BF16, 0.0, 0.0
     sharded = sharded_params(dense, expert, layout)
     # Precision-aware optimizer: a 16-bit master remainder beside the bf16 parameter, plus two moments.
     per_param = 2 + 2 * MOMENT_BYTES[layout.exp_avg_dtype] if precision_aware else 4 + 4 + 4
@@ -141,14 +146,14 @@ def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True
     return params * BF16, params * FP32, optimizer
 
 
-def optimizer_step_bytes(rank: RankLayers, layout: Layout, runtime: Runtime) -> float:
+def optimizer_step_bytes(rank: RankLayers, layout: Layout, runtime: Runtime, frozen_weights: bool = False) -> float:
     """Bytes the optimizer step allocates beyond static memory: torch AdamW's foreach step (megatron's
     Adam without TE or Apex) holds one fp32 temporary (the second moment's square root) the size of the
     parameter group it is stepping; a fused Adam none. Megatron steps the experts with an optimizer of
     their own when they have their own process groups (EP > 1 or ETP != TP: their `allreduce` is False),
     one after the other, so the temporary is the larger shard; otherwise one optimizer holds both. The
-    offloaded share steps on the CPU."""
-    if runtime.fused_adam:
+    offloaded share steps on the CPU. A frozen base (LoRA) is not stepped."""
+    if runtime.fused_adam or frozen_weights:
         return 0.0
     dense, expert = local_params(rank, layout, runtime.gdn_sharded)
     dense_shard, expert_shard = dense / (layout.dp * layout.cp), expert / layout.edp
@@ -169,6 +174,8 @@ class MemoryInputs:
     gpu: GpuSpec
     device: DeviceMemory | None
     precision_aware: bool = True
+    frozen_weights: bool = False    # LoRA's frozen base: weights only, no gradients or optimizer state
+    vision: VisionWork | None = None  # a VLM's encoder work per micro-batch (first rank)
 
 
 def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
@@ -180,7 +187,8 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
     best = None
     for i, r in enumerate(ranks):
-        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded)
+        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
+                                                  inputs.frozen_weights)
         saved, working = rank_activation_bytes(i, r, model, layout, inputs.precision, inputs.tokens,
                                                inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
                                                rt.fused_kernels)
@@ -188,7 +196,9 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         loss = loss_path_bytes(model, layout, inputs.tokens, rt) * (int(r.has_head) + r.mtp_layers)
         # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.
         acts = saved + max(0.0, working - loss)
-        step = max(0.0, optimizer_step_bytes(r, layout, rt) - acts - loss)
+        if inputs.vision is not None and r.vision:
+            acts += vision_activation_bytes(inputs.vision.spec, inputs.vision.patches, layout.tp, in_flight)
+        step = max(0.0, optimizer_step_bytes(r, layout, rt, inputs.frozen_weights) - acts - loss)
         parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
                      loss_path=loss / GIB, optimizer_step=step / GIB)
         allocated = sum(parts.values())
@@ -202,11 +212,13 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
 
 
 def host_memory_gib_per_node(gpu: GpuSpec, layout: Layout, framework: str, dense: float, expert: float,
-                             c: Constants) -> float:
+                             c: Constants, frozen_weights: bool = False) -> float:
     """Host memory of one node: a base per GPU, slime's weight backup and the offloaded optimizer share.
-    `dense` and `expert` are the parameters of one GPU of the rank holding the most."""
+    `dense` and `expert` are the parameters of one GPU of the rank holding the most; a frozen base has
+    no optimizer state to offload."""
     gpus_on_node = min(layout.world_size, gpu.gpus_per_node)
     backup = backup_bytes(dense, expert) if framework == "slime" else 0.0
-    offloaded = layout.optimizer_offload_fraction * sharded_params(dense, expert, layout)
+    trained = 0.0 if frozen_weights else sharded_params(dense, expert, layout)
+    offloaded = layout.optimizer_offload_fraction * trained
     host_per_gpu = c.host_base_gib_per_gpu * GIB + backup + offloaded * HOST_BYTES_PER_OFFLOADED_PARAM
     return gpus_on_node * host_per_gpu / GIB

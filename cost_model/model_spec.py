@@ -35,6 +35,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+from cost_model.vision import VisionSpec
 from cost_model.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
 from cost_model.errors import AttuneError
 from cost_model.pipeline_layout import InvalidPipelineLayout, stage_grid
@@ -159,6 +160,7 @@ class ModelSpec:
     router_bias: bool = False                  # router bias (GPT-OSS) / e_score_correction_bias (DeepSeek-V3)
     num_shared_experts: int = 0                # DeepSeek n_shared_experts (1 for Qwen's single shared expert)
     partial_rotary_factor: float = 1.0         # fraction of head_dim that is rotated (RoPE)
+    vision: VisionSpec | None = None           # a VLM's vision encoder (HF vision_config); None: text only
 
     @property
     def is_moe(self) -> bool:

@@ -21,7 +21,8 @@ from cost_model.rates import rates_for
 from cost_model.runtime import Runtime, default_runtime
 from cost_model.stages import layout_rank_layers
 from cost_model.step_time import step_breakdown
-from cost_model.workload import Workload
+from cost_model.vision import VisionWork
+from cost_model.workload import Workload, WorkloadError
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,18 @@ def microbatches(layout: Layout, workload: Workload) -> tuple[float, int]:
     return tokens, n_mb
 
 
+def vision_work(model: ModelSpec, workload: Workload, layout: Layout) -> VisionWork | None:
+    """The vision encoder's work in one micro-batch on a first-stage GPU; None for a text workload."""
+    if not workload.images_per_row:
+        return None
+    if model.vision is None:
+        raise WorkloadError(f"{model.display_name} has no vision encoder (no vision_config): images_per_row must "
+                            f"be 0, got {workload.images_per_row}")
+    rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
+    per_image = model.vision.patches_per_image(workload.image_size)
+    return VisionWork(model.vision, rows * workload.images_per_row * per_image / layout.cp, per_image)
+
+
 def routing_imbalance(model: ModelSpec, workload: Workload, layout: Layout, c: Constants) -> float:
     """Tokens the busiest expert rank receives over the mean: natural routing is uneven, and the more EP
     ranks the experts are spread over, the more one of them gets."""
@@ -114,18 +127,21 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     rates = rates_for(gpu, c, workload.precision, profile)
     tokens, n_mb = microbatches(layout, workload)
     imbalance = routing_imbalance(model, workload, layout, c)
-    ranks = layout_rank_layers(model, layout)
+    vision = vision_work(model, workload, layout)
+    ranks = layout_rank_layers(model, layout, with_vision=vision is not None)
     # Static memory and the optimizer step are set by the rank holding the most parameters.
     dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
     breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,
-                               workload.framework, dense, expert, rt.gdn_sharded, workload.cuda_graphs)
+                               workload.framework, dense, expert, rt.gdn_sharded, workload.cuda_graphs,
+                               workload.frozen_weights, vision)
     step_time = sum(breakdown.values())
 
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp
     inputs = MemoryInputs(workload.precision, tokens, routed_rows_per_token, n_mb, rt, gpu,
-                          profile.device_memory if profile is not None else None, precision_aware_optimizer)
+                          profile.device_memory if profile is not None else None, precision_aware_optimizer,
+                          workload.frozen_weights, vision)
     memory = peak_memory(ranks, model, layout, inputs, c)
-    host = host_memory_gib_per_node(gpu, layout, workload.framework, dense, expert, c)
+    host = host_memory_gib_per_node(gpu, layout, workload.framework, dense, expert, c, workload.frozen_weights)
     capacity = memory.usable
     reasons = fit_reasons(memory, capacity, host, gpu)
 

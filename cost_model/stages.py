@@ -5,7 +5,7 @@ for the arithmetic of each layout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from cost_model.model_spec import DENSE, MOE, ModelSpec
@@ -32,6 +32,8 @@ class RankLayers:
     # Multi-token-prediction layers this rank runs (only where a --pipeline-model-parallel-layout places them
     # with 'm'): each is one more layer of the model's MTP kind and one more pass through the LM head.
     mtp_layers: int = 0
+    # A VLM's vision encoder, on the first rank when the workload has images (cost_model.vision).
+    vision: int = 0
 
 
 @lru_cache(maxsize=256)
@@ -73,8 +75,13 @@ def _mtp_per_rank(model: ModelSpec, pp: int, pipeline_layout: str | None) -> lis
     return [sum(row[r].count("m") for row in grid) for r in range(pp)]
 
 
-def layout_rank_layers(model: ModelSpec, layout) -> tuple[RankLayers, ...]:
-    """rank_layers for a Layout's pipeline fields."""
-    return rank_layers(model, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
-                       layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
-                       layout.account_for_loss_in_pipeline_split, layout.pipeline_model_parallel_layout)
+def layout_rank_layers(model: ModelSpec, layout, with_vision: bool = False) -> tuple[RankLayers, ...]:
+    """rank_layers for a Layout's pipeline fields; `with_vision`: the first rank also holds the model's
+    vision encoder (a workload with images)."""
+    ranks = rank_layers(model, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
+                        layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
+                        layout.account_for_loss_in_pipeline_split, layout.pipeline_model_parallel_layout)
+    if with_vision and model.vision is not None:
+        ranks = (replace(ranks[0], vision=model.vision.params),) + ranks[1:]
+    return ranks
+

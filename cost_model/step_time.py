@@ -15,10 +15,12 @@ from cost_model.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, M
 from cost_model.rates import Rates
 from cost_model.stages import RankLayers
 from cost_model.units import FP32
+from cost_model.vision import VisionWork, vision_seconds
 
 # Breakdown keys, in the order tables print them: a rank's micro-batch terms, then the step's.
 RANK_TERMS = (
     "compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "compute_logits",
+    "compute_vision",
     "elementwise", "launch_overhead", "recompute", "tp_comm", "ep_comm", "cp_comm",
 )
 TERMS = RANK_TERMS + ("pp_p2p", "pp_bubble", "dp_comm", "optimizer", "offload", "step_overhead")
@@ -70,8 +72,11 @@ def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: fl
 
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                           seq_len: int, imbalance: float, c: Constants, framework: str = "slime",
-                          gdn_sharded: bool = False, cuda_graphs: str = "none") -> dict[str, float]:
-    """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms)."""
+                          gdn_sharded: bool = False, cuda_graphs: str = "none",
+                          frozen_weights: bool = False, vision: VisionWork | None = None) -> dict[str, float]:
+    """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms).
+    `frozen_weights`: LoRA's frozen base, whose GEMMs compute no weight gradient; `vision`: a VLM's encoder
+    work, run by the rank that holds the encoder."""
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
     t = dict.fromkeys(RANK_TERMS, 0.0)
@@ -81,25 +86,34 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     if cuda_graphs == "full":   # the whole iteration replays as one graph: the host launches nothing per layer
         launch = 0.0
     for attn_kind, mlp_kind, count in rank.kinds:
-        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded)
+        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded,
+                        frozen_weights)
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
         _add_layer(t, lt, count, full_fraction, passes, launch)
+    if vision is not None and rank.vision:
+        seconds, forward = vision_seconds(vision.spec, vision.patches, vision.patches_per_image, tp, rates,
+                                          2 if frozen_weights else 3)
+        # No launch term: a ViT layer is a dozen dense kernels with no host sync, hidden behind its GEMMs
+        # (the fitted per-layer launch time is a MoE layer's, dispatcher syncs included).
+        t["compute_vision"] += seconds + full_fraction * forward
     heads = int(rank.has_head) + rank.mtp_layers   # each MTP layer has its own pass through the LM head and loss
     if heads:
         v = model.vocab_size
-        t["compute_logits"] += heads * 3 * 2 * h * v * tokens / tp / rates.gemm(tokens, v / tp, h)
+        passes = 2 if frozen_weights else 3
+        t["compute_logits"] += heads * passes * 2 * h * v * tokens / tp / rates.gemm(tokens, v / tp, h)
         t["elementwise"] += heads * 3 * 6 * tokens * v / tp / rates.hbm  # fp32 softmax / cross-entropy passes
     return t
 
 
 def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants,
-                   framework: str, gdn_sharded: bool = False, cuda_graphs: str = "none") -> dict[str, float]:
+                   framework: str, gdn_sharded: bool = False, cuda_graphs: str = "none",
+                   frozen_weights: bool = False, vision: VisionWork | None = None) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
     per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework,
-                                            gdn_sharded, cuda_graphs) for r in ranks]
+                                            gdn_sharded, cuda_graphs, frozen_weights, vision) for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
@@ -140,15 +154,19 @@ def step_overhead(rates: Rates, c: Constants, framework: str, dense: float, expe
 def step_breakdown(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants, framework: str,
                    dense: float, expert: float, gdn_sharded: bool = False,
-                   cuda_graphs: str = "none") -> dict[str, float]:
+                   cuda_graphs: str = "none", frozen_weights: bool = False,
+                   vision: VisionWork | None = None) -> dict[str, float]:
     """Seconds of one optimizer step by term, in TERMS order. `dense` and `expert` are the parameters
     of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's GatedDeltaNet; `cuda_graphs`:
     Workload.cuda_graphs ('full' removes the host's per-layer launch time; 'partial' is what the Megatron
-    launch constant was fitted on, as most public runs graph attention and the router)."""
+    launch constant was fitted on, as most public runs graph attention and the router); `frozen_weights`:
+    LoRA's frozen base: no weight gradients, so no gradient sync and no optimizer step over the base (the
+    adapters' few parameters are not counted); `vision`: a VLM's encoder work per micro-batch."""
     terms = pipeline_terms(ranks, model, rates, layout, tokens, num_microbatches, seq_len, imbalance, c, framework,
-                           gdn_sharded, cuda_graphs)
-    terms["dp_comm"] = data_parallel_time(layout, rates, c, framework, dense, expert)
-    terms["optimizer"] = optimizer_time(layout, rates, dense, expert)
-    terms["offload"] = offload_time(layout, rates, dense, expert)
+                           gdn_sharded, cuda_graphs, frozen_weights, vision)
+    trained_dense, trained_expert = (0.0, 0.0) if frozen_weights else (dense, expert)
+    terms["dp_comm"] = data_parallel_time(layout, rates, c, framework, trained_dense, trained_expert)
+    terms["optimizer"] = optimizer_time(layout, rates, trained_dense, trained_expert)
+    terms["offload"] = offload_time(layout, rates, trained_dense, trained_expert)
     terms["step_overhead"] = step_overhead(rates, c, framework, dense, expert)
     return {k: terms.get(k, 0.0) for k in TERMS}

@@ -15,6 +15,13 @@ FRAMEWORKS = ("slime", "megatron")
 # launch time under full graphs; none and partial share the fitted Megatron launch constant (the public runs it
 # is fitted on mostly graph some modules, and too few say which to tell the two apart).
 CUDA_GRAPHS = ("none", "partial", "full")
+# Parameter-efficient fine-tuning (Megatron-Bridge's `peft`): none trains every weight; lora freezes the base
+# and trains low-rank adapters (no weight gradients, gradient sync or optimizer state for the base).
+PEFTS = ("none", "lora")
+# Images per row of a VLM workload (each a square image `image_size` pixels a side, run through the model's
+# vision encoder on the first pipeline stage); 0 for text. Bounds keep the encoder's work finite.
+MAX_IMAGES_PER_ROW = 1024
+MAX_IMAGE_SIZE = 16384
 # Far above any job trained today; bounds keep every derived size (tokens per step) small.
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH = 1 << 20
@@ -32,14 +39,18 @@ class Workload:
     routing: str = "natural"   # natural: real data, unbalanced experts; balanced: forced router balance
     framework: str = "slime"
     cuda_graphs: str = "none"
+    peft: str = "none"
+    images_per_row: int = 0
+    image_size: int = 448
 
     def __post_init__(self):
-        for name, high in (("seq_len", MAX_SEQ_LEN), ("global_batch", MAX_GLOBAL_BATCH)):
+        for name, low, high in (("seq_len", 1, MAX_SEQ_LEN), ("global_batch", 1, MAX_GLOBAL_BATCH),
+                                ("images_per_row", 0, MAX_IMAGES_PER_ROW), ("image_size", 1, MAX_IMAGE_SIZE)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise WorkloadError(f"{name} must be an integer, got {str(value)[:40]!r}")
-            if not 1 <= value <= high:
-                raise WorkloadError(f"{name} must be between 1 and {high:,}, got {str(value)[:40]}")
+            if not low <= value <= high:
+                raise WorkloadError(f"{name} must be between {low} and {high:,}, got {str(value)[:40]}")
         if self.precision not in PRECISIONS:
             raise WorkloadError(f"precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
         if self.framework not in FRAMEWORKS:
@@ -49,8 +60,18 @@ class Workload:
         if self.cuda_graphs != "none" and self.framework != "megatron":
             raise WorkloadError(f"CUDA graphs ({self.cuda_graphs}) need --framework megatron: slime's training step "
                                 f"runs eagerly")
+        if self.peft not in PEFTS:
+            raise WorkloadError(f"peft must be one of {', '.join(PEFTS)}, got '{str(self.peft)[:40]}'")
+        if self.peft != "none" and self.framework != "megatron":
+            raise WorkloadError(f"PEFT ({self.peft}) is modelled for --framework megatron only (Megatron-Bridge's "
+                                f"LoRA); slime's step trains every weight")
         if self.routing not in ROUTINGS:
             raise WorkloadError(f"routing must be one of {', '.join(ROUTINGS)}, got '{self.routing}'")
+
+    @property
+    def frozen_weights(self) -> bool:
+        """The base weights get no gradients (LoRA)."""
+        return self.peft != "none"
 
     @property
     def tokens_per_step(self) -> int:

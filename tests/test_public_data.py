@@ -85,9 +85,14 @@ def test_moonlight_recompute_study_maps_to_selective_modules(cases):
     assert (first.layout.tp, first.layout.ep, first.layout.world_size, first.workload.global_batch) == (2, 8, 8, 4)
 
 
-def test_vlm_rows_are_unusable(unusable):
-    reasons = [reason for row, reason in unusable if "VLM" in row.get("notes", "")]
-    assert reasons and all("vision encoder" in r for r in reasons)
+def test_vlm_and_lora_rows_are_cases_with_their_images_and_frozen_base(cases):
+    vlm = [c for c in cases if "VLM" in c.row["notes"] or "MedPix" in c.row["notes"]]
+    assert len(vlm) >= 6 and all(c.vlm and c.case.workload.images_per_row == 1 for c in vlm)
+    lora = [c for c in cases if "LoRA" in c.row["notes"]]
+    assert len(lora) >= 5 and all(c.case.workload.peft == "lora" for c in lora)
+    # the card's "16/24 language-layer PP split": the encoder's stage holds fewer decoder layers
+    split = _case(cases, 18).case.layout
+    assert (split.decoder_first_pipeline_num_layers, split.decoder_last_pipeline_num_layers) == (16, 24)
 
 
 def test_known_rows_map(cases):
@@ -122,7 +127,6 @@ def test_unusable_rows_say_why(unusable):
     assert _reason(unusable, lambda r: r["model"] == "DeepSeek-V4-Flash")
     assert all(r["model"] not in ("Kimi-K2", "DeepSeek-V4-Flash") and not r["model"].startswith("Nemotron")
                for r in [c.row for c in load_cases()[0]])
-    assert all("LoRA" in why for why in _reason(unusable, lambda r: "LoRA" in r["notes"]))
     assert all("FSDP" in why for why in _reason(unusable, lambda r: r["precision"].startswith("BF16 +")))  # torchtitan
 
 

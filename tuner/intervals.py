@@ -8,7 +8,8 @@ around the runner's own prediction, and its level against measurements is what t
 from __future__ import annotations
 
 from cost_model.constants import default_constants
-from cost_model.hypotheses import Hypothesis, default_hypotheses, interval_of, predict_interval, predict_under
+from cost_model.hypotheses import (Hypothesis, default_hypotheses, interval_of, predict_interval, predict_under,
+                                   residual_sd)
 from cost_model.layout import Layout
 from cost_model.predict import Prediction
 
@@ -25,7 +26,8 @@ def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dic
                               profile=config.profile)
         return {**iv.to_dict(), "kind": "predicted", "basis": "hypotheses (cost_model/hypotheses.py) and residual"}
     shipped = next(h for h in default_hypotheses() if h.shipped)
-    iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], default_constants().prediction_error_sd)
+    iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], residual_sd(default_constants(),
+                                                                                      config.workload))
     return {**iv.to_dict(), "kind": "predicted",
             "basis": "the runner's own prediction and the model's residual (Megatron framework: one form)"}
 

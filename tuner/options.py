@@ -15,7 +15,8 @@ from cost_model.hardware import GpuSpec, load_gpu
 from cost_model.layout_codec import LAYOUT_KEYS
 from cost_model.model_spec import ModelSpec, load_model
 from cost_model.stack import STACK_FIXES
-from cost_model.workload import CUDA_GRAPHS, FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_SEQ_LEN, PRECISIONS, ROUTINGS, Workload
+from cost_model.workload import (CUDA_GRAPHS, FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_IMAGE_SIZE, MAX_IMAGES_PER_ROW,
+                                 MAX_SEQ_LEN, PEFTS, PRECISIONS, ROUTINGS, Workload)
 from search_space.enumerate import MAX_GPUS
 from tuner.predict_request import MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, MAX_USD_PER_GPU_HOUR, REQUEST_KEYS
 
@@ -143,6 +144,14 @@ def add_workload(p: argparse.ArgumentParser):
     p.add_argument("--cuda-graphs", choices=CUDA_GRAPHS, default="none",
                    help="with --framework megatron: CUDA graphs of the step (partial: attention/router modules; "
                         "full: the whole iteration, no host launch per layer)")
+    p.add_argument("--peft", choices=PEFTS, default="none",
+                   help="with --framework megatron: lora freezes the base weights (no weight gradients, gradient "
+                        "sync or optimizer state for them), as Megatron-Bridge's LoRA runs")
+    p.add_argument("--images-per-row", type=bounded_int(0, MAX_IMAGES_PER_ROW), default=0,
+                   help="a VLM workload: images per row, run through the model's vision encoder on the first "
+                        "pipeline stage (default 0: text)")
+    p.add_argument("--image-size", type=bounded_int(1, MAX_IMAGE_SIZE), default=448,
+                   help="side of a (square) image in pixels (default %(default)s)")
     p.add_argument("--usd-per-gpu-hour", type=bounded_number(MAX_USD_PER_GPU_HOUR), default=None,
                    help=f"override the GPU's catalog price (above 0, at most {MAX_USD_PER_GPU_HOUR:,})")
     p.add_argument("--stack-fix", action="append", default=[], choices=STACK_FIXES,
@@ -203,7 +212,9 @@ def target(args) -> tuple[ModelSpec, GpuSpec, int]:
 
 def workload(args) -> Workload:
     return Workload(seq_len=args.seq_len, global_batch=args.global_batch, precision=args.precision,
-                    routing=args.routing, framework=args.framework, cuda_graphs=args.cuda_graphs)
+                    routing=args.routing, framework=args.framework, cuda_graphs=args.cuda_graphs,
+                    peft=getattr(args, "peft", "none"), images_per_row=getattr(args, "images_per_row", 0),
+                    image_size=getattr(args, "image_size", 448))
 
 
 def profile(args):

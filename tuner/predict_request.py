@@ -1,7 +1,8 @@
 """One what-if question for the cost model, from command-line flags or a JSON line.
 
 A request is a mapping with the flags' names: model, gpu, gpus, seq_len, global_batch, precision,
-routing, framework, usd_per_gpu_hour, stack_fix, layout {recipe layout keys}; or recipe (a path).
+routing, framework, cuda_graphs, peft, images_per_row, image_size, usd_per_gpu_hour, stack_fix, layout {recipe layout keys}; or recipe
+(a path).
 `tune predict` and `tune predict --batch` both resolve requests here, so the two never disagree.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cost_model.stack import STACK_FIXES, Stack
 from cost_model.errors import AttuneError
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
-                "usd_per_gpu_hour", "stack_fix", "layout", "recipe")
+                "peft", "images_per_row", "image_size", "usd_per_gpu_hour", "stack_fix", "layout", "recipe")
 # Far above any cloud price; a bound keeps $/1M tokens a finite, printable figure.
 MAX_USD_PER_GPU_HOUR = 1000
 # `predict --batch`: one request is a few hundred characters; the bounds keep what one line or one
@@ -60,7 +61,7 @@ def resolve(request: dict) -> Case:
     if not 1 <= gpus <= MAX_GPUS:
         raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {str(gpus)[:40]}")
     workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",
-                                                   "cuda_graphs")
+                                                   "cuda_graphs", "peft", "images_per_row", "image_size")
                            if request.get(k) is not None})
     raw_layout = request.get("layout") or {}
     if not isinstance(raw_layout, dict):
@@ -70,8 +71,8 @@ def resolve(request: dict) -> Case:
 
 
 # The JSON type each request key takes (layout: a mapping, checked by the layout codec).
-_TEXT = ("recipe", "model", "gpu", "precision", "routing", "framework", "cuda_graphs")
-_INTS = ("gpus", "seq_len", "global_batch")
+_TEXT = ("recipe", "model", "gpu", "precision", "routing", "framework", "cuda_graphs", "peft")
+_INTS = ("gpus", "seq_len", "global_batch", "images_per_row", "image_size")
 
 
 def _check_types(request: dict) -> None:

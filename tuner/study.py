@@ -51,6 +51,16 @@ from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interru
 from cost_model.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
+# Workload options added after studies existed, at their defaults: left out of a study's identity, so those
+# studies resume (image_size only matters with images).
+LATER_WORKLOAD_DEFAULTS = {"cuda_graphs": "none", "peft": "none", "images_per_row": 0}
+
+
+def workload_identity(workload: Workload) -> dict:
+    out = {k: v for k, v in asdict(workload).items() if LATER_WORKLOAD_DEFAULTS.get(k, object()) != v}
+    if not workload.images_per_row:
+        out.pop("image_size")
+    return out
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -77,8 +87,7 @@ class StudyConfig:
                    if k not in NARROWING_FIELDS or v != defaults[k]}  # as studies made before those fields
         return {
             "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
-            # cuda_graphs only when set: the identity of studies made before it existed stays the same
-            "workload": {k: v for k, v in asdict(self.workload).items() if k != "cuda_graphs" or v != "none"},
+            "workload": workload_identity(self.workload),
             "stack": asdict(self.stack), "options": options,
             # $/1M tokens and every figure depend on these: a resumed study must not mix them
             "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "profile": self.profile_name(),

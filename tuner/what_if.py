@@ -29,6 +29,8 @@ def request_from_args(args) -> dict:
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "seq_len": args.seq_len,
             "global_batch": args.global_batch, "precision": args.precision, "routing": args.routing,
             "framework": args.framework, "cuda_graphs": getattr(args, "cuda_graphs", "none"),
+            "peft": getattr(args, "peft", "none"), "images_per_row": getattr(args, "images_per_row", 0),
+            "image_size": getattr(args, "image_size", 448),
             "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
             "layout": parse_pairs(args.layout)}
 

@@ -1,0 +1,88 @@
+"""The vision encoder of a VLM (Qwen3-VL / Qwen3.5 family): its parameters, and the time and memory of
+running it over a micro-batch's images on the first pipeline stage.
+
+The encoder is a ViT: a patch embedding (in_channels x temporal_patch x patch^2 pixels per patch), `depth`
+pre-norm layers of bidirectional attention over one image's patches and a GELU MLP (two matrices, with
+biases), then a merger that folds spatial_merge^2 patches into one language-model token. Images are square
+here (`image_size` pixels a side); an image is repeated to fill the temporal patch, so it has
+(image_size / patch_size)^2 patches. Megatron-Bridge runs the encoder on the first pipeline stage, its
+layers sharded over TP like the language model's.
+
+Token counts follow the model verification cards: tokens/s counts the language model's token slots
+(padded rows, image placeholders included); the encoder's patches are extra work on top of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cost_model.rates import Rates
+
+# Bytes a ViT layer keeps for its backward per patch and hidden unit (Korthikanti et al.'s 34sbh without
+# the attention scores, which flash attention recomputes), before TP sharding.
+SAVED_BYTES_PER_PATCH_HIDDEN = 34
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A ViT encoder, in Hugging Face vision_config names."""
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    patch_size: int
+    out_hidden_size: int             # the language model's hidden size the merger projects to
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    in_channels: int = 3
+
+    @property
+    def params(self) -> int:
+        h, f, m = self.hidden_size, self.intermediate_size, self.spatial_merge_size ** 2
+        patch_embed = self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * h + h
+        layer = (4 * h * h + 4 * h) + (2 * h * f + f + h) + 4 * h   # attention, MLP, two LayerNorms
+        merger = (h * m) * (h * m) + h * m + (h * m) * self.out_hidden_size + self.out_hidden_size + 2 * h
+        return patch_embed + self.depth * layer + merger
+
+    def patches_per_image(self, image_size: int) -> int:
+        """Patches of one square image `image_size` pixels a side (resized to a whole number of merged patches)."""
+        side = self.patch_size * self.spatial_merge_size
+        cells = max(1, round(image_size / side))
+        return (cells * self.spatial_merge_size) ** 2
+
+    def forward_flops(self, patches: float, patches_per_image: int) -> tuple[float, float]:
+        """(GEMM, attention) FLOPs of one forward pass over `patches` patches, images of `patches_per_image`."""
+        h, f, m = self.hidden_size, self.intermediate_size, self.spatial_merge_size ** 2
+        embed = 2 * self.in_channels * self.temporal_patch_size * self.patch_size ** 2 * h
+        gemm = patches * (embed + self.depth * 2 * (4 * h * h + 2 * h * f)
+                          + 2 * (h * m * h * m + h * m * self.out_hidden_size) / m)
+        # bidirectional attention within each image: QK^T and PV over all of its patches
+        attention = patches * self.depth * 4 * patches_per_image * h
+        return gemm, attention
+
+
+@dataclass(frozen=True)
+class VisionWork:
+    """The encoder's work in one micro-batch on one GPU of the first stage."""
+
+    spec: VisionSpec
+    patches: float                  # patches of the micro-batch's images (its CP share)
+    patches_per_image: int
+
+
+def vision_seconds(v: VisionSpec, patches: float, patches_per_image: int, tp: int, r: Rates,
+                   weight_passes: int = 3) -> tuple[float, float]:
+    """(forward+backward seconds, forward seconds) of the encoder over one micro-batch's `patches` on one GPU.
+    `weight_passes`: 3 trained, 2 with frozen weights (the input gradient still flows to adapters below)."""
+    if patches <= 0:
+        return 0.0, 0.0
+    gemm, attention = v.forward_flops(patches, patches_per_image)
+    gemm_t = gemm / tp / r.gemm(patches, 3 * v.hidden_size / tp, v.hidden_size)
+    attn_t = attention / tp / r.attention(max(patches_per_image, 1), v.hidden_size // v.num_heads)
+    return weight_passes * gemm_t + 3 * attn_t, gemm_t + attn_t
+
+
+def vision_activation_bytes(v: VisionSpec, patches: float, tp: int, in_flight: int) -> float:
+    """Saved activations of the encoder for the micro-batches in flight on the first stage (bf16 weights
+    beside them are counted with the stage's parameters)."""
+    return in_flight * v.depth * SAVED_BYTES_PER_PATCH_HIDDEN * patches * v.hidden_size / tp
