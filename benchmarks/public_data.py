@@ -324,6 +324,7 @@ def _implied_global_batch(row: dict, seq_len: int, world: int) -> int:
     return whole
 
 
+_EP_OVERLAP = re.compile(r"\bEP (?:comm )?overlap\b|\bA2A overlap\b", re.I)
 _PP_SPLIT = re.compile(r"\b(\d+)/(\d+)(?:\s+language-layer)?\s+PP split\b")
 
 
@@ -357,6 +358,8 @@ def _layout_fields(row: dict, model: ModelSpec) -> tuple[dict, int, list[str]]:
         values["pipeline_model_parallel_layout"] = stated.group(1)
     if re.search(r"BF16 optimizer states|reduced-precision optimizer moments", notes_text, re.I):
         values["exp_avg_dtype"] = "bf16"
+    if _EP_OVERLAP.search(notes_text):   # Megatron's --overlap-moe-expert-parallel-comm
+        values["overlap_moe_expert_parallel_comm"] = True
     return values, mbs, mapping_notes
 
 

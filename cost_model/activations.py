@@ -181,13 +181,17 @@ def _full_recompute(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: 
 
 
 def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
-    """Micro-batches whose activations the first pipeline rank holds at once."""
+    """Micro-batches whose activations the first pipeline rank holds at once. EP all-to-all overlap runs one
+    more forward (a virtual stage's chunk) in the interleaved warmup. Without a pipeline its combined steps
+    pair one micro-batch's forward, layer by layer, with the previous one's backward, which frees as the other
+    allocates: still about one micro-batch (a published run's allocated peak agrees, r000 of the public rows)."""
     pp, vpp = layout.pp, layout.vpp
+    extra = 1.0 / vpp if layout.overlap_moe_expert_parallel_comm else 0.0
     if pp == 1:
         return 1.0
     if vpp == 1:
         return float(min(pp, num_microbatches))
-    return min(pp * (1 + (pp - 1) / (pp * vpp)), float(num_microbatches))
+    return min(pp * (1 + (pp - 1) / (pp * vpp)) + extra, float(num_microbatches))
 
 
 def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, precision: str,

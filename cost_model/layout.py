@@ -25,6 +25,9 @@ UNEVEN_FIELDS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num
 ACCOUNT_FIELDS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 LAYOUT_STRING_FIELD = "pipeline_model_parallel_layout"
 SPLIT_FIELDS = UNEVEN_FIELDS + ACCOUNT_FIELDS + (LAYOUT_STRING_FIELD,)
+EP_OVERLAP_FIELD = "overlap_moe_expert_parallel_comm"
+# Fields added after studies stored layout keys: left out of a key while unset, so those keys stay the same.
+LATER_FIELDS = SPLIT_FIELDS + (EP_OVERLAP_FIELD,)
 
 
 class InvalidLayout(AttuneError, ValueError):
@@ -61,6 +64,9 @@ class Layout:
     # Megatron's third way: every stage's layers spelled out (--pipeline-model-parallel-layout, "Et|(tt|)*30L":
     # E embedding, t decoder layer, m MTP layer, L loss; see cost_model.pipeline_layout). Sets VPP by itself.
     pipeline_model_parallel_layout: str | None = None
+    # Megatron's EP all-to-all overlap (--overlap-moe-expert-parallel-comm): the combined 1F1B schedule runs one
+    # micro-batch's dispatch and combine under another's compute.
+    overlap_moe_expert_parallel_comm: bool = False
 
     def __post_init__(self):
         if self.etp is None:
@@ -91,6 +97,24 @@ class Layout:
             raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got '{self.dispatcher}'")
         if self.dispatcher == "flex" and ep * etp == 1:
             raise InvalidLayout(f"the flex dispatcher needs EP x ETP > 1, got EP {ep} x ETP {etp}")
+        self._check_ep_overlap()
+
+    def _check_ep_overlap(self):
+        """TransformerConfig's checks of overlap_moe_expert_parallel_comm that need only the layout."""
+        on = self.overlap_moe_expert_parallel_comm
+        if not isinstance(on, bool):
+            raise InvalidLayout(f"overlap_moe_expert_parallel_comm must be true or false, got {on!r}")
+        if not on:
+            return
+        if self.ep == 1:
+            raise InvalidLayout("overlap_moe_expert_parallel_comm needs expert parallelism (EP > 1), got EP 1")
+        if self.recompute_granularity == "full":
+            raise InvalidLayout("overlap_moe_expert_parallel_comm cannot run with full recompute (Megatron)")
+        if "moe" in self.recompute_modules:
+            raise InvalidLayout("overlap_moe_expert_parallel_comm cannot run with the 'moe' recompute module (Megatron)")
+        if self.pp > 1 and self.vpp == 1:
+            raise InvalidLayout(f"overlap_moe_expert_parallel_comm with PP {self.pp} needs an interleaved pipeline "
+                                f"(VPP > 1, Megatron), got VPP 1")
 
     def _check_uneven(self):
         for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
@@ -229,14 +253,15 @@ class Layout:
         offload = "off" if not self.offloaded else (
             f"{self.optimizer_offload_fraction:g}" + (" overlap" if self.overlap_d2h_h2d else ""))
         adam = "" if self.exp_avg_dtype == "fp32" else f" | adam {self.exp_avg_dtype}"
+        overlap = "+overlap" if self.overlap_moe_expert_parallel_comm else ""
         return (f"{self.label} | mt {self.max_tokens_per_gpu} | rc {self.recompute_label} | "
-                f"offload {offload} | {self.dispatcher}{adam}")
+                f"offload {offload} | {self.dispatcher}{overlap}{adam}")
 
     def key(self) -> str:
         """A stable identity, used to never evaluate the same layout twice in a study."""
-        # the uneven split's fields only when set: keys of studies made before they existed stay the same
+        # fields added later only when set: keys of studies made before they existed stay the same
         return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self)
-                        if not (f.name in SPLIT_FIELDS and getattr(self, f.name) in (None, False)))
+                        if not (f.name in LATER_FIELDS and getattr(self, f.name) in (None, False)))
 
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)

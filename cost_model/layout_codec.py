@@ -16,14 +16,15 @@ from dataclasses import fields
 
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
 from cost_model.pipeline_layout import InvalidPipelineLayout, vpp_of
-from cost_model.layout import ACCOUNT_FIELDS, LAYOUT_STRING_FIELD, SPLIT_FIELDS, UNEVEN_FIELDS, InvalidLayout, Layout
+from cost_model.layout import (ACCOUNT_FIELDS, EP_OVERLAP_FIELD, LAYOUT_STRING_FIELD, SPLIT_FIELDS, UNEVEN_FIELDS,
+                               InvalidLayout, Layout)
 
 LAYOUT_KEYS = tuple(f.name for f in fields(Layout) if f.name != "world_size")
 _TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype", LAYOUT_STRING_FIELD)
 _NULLABLE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "etp",
              "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", LAYOUT_STRING_FIELD)
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
-_BOOL_KEYS = ("overlap_d2h_h2d",) + ACCOUNT_FIELDS
+_BOOL_KEYS = ("overlap_d2h_h2d", EP_OVERLAP_FIELD) + ACCOUNT_FIELDS
 
 OPTUNA_PARAM_NAMES = ("tp", "pp", "vpp", "cp", "ep", "etp", "rows_per_microbatch", "recompute", "offload",
                       "dispatcher", "pipeline_split")
@@ -162,6 +163,8 @@ def recipe_block(layout: Layout) -> dict:
              "recompute": recompute, "offload": offload, "dispatcher": layout.dispatcher}
     if layout.exp_avg_dtype != "fp32":
         block["exp_avg_dtype"] = layout.exp_avg_dtype
+    if layout.overlap_moe_expert_parallel_comm:
+        block[EP_OVERLAP_FIELD] = True
     return block
 
 
@@ -174,8 +177,9 @@ def layout_from_recipe_block(block: dict, world_size: int) -> Layout:
         if key not in block:
             raise InvalidLayout(f"missing field '{key}'")
         values[key] = block[key]
-    if "exp_avg_dtype" in block:
-        values["exp_avg_dtype"] = block["exp_avg_dtype"]
+    for key in ("exp_avg_dtype", EP_OVERLAP_FIELD):
+        if key in block:
+            values[key] = block[key]
     split = block.get("layer_split")
     if split is not None:
         if not isinstance(split, dict) or set(split) - set(SPLIT_FIELDS):
@@ -260,6 +264,8 @@ def to_optuna_params(layout: Layout) -> dict:
         # a parameter of its own, so studies whose pipeline_split choices predate layout strings still resume
         **({"pipeline_layout": layout.pipeline_model_parallel_layout}
            if layout.pipeline_model_parallel_layout is not None else {}),
+        # only when set (the search space does not enumerate it; a study's older trials have no such parameter)
+        **({EP_OVERLAP_FIELD: True} if layout.overlap_moe_expert_parallel_comm else {}),
     }
 
 
@@ -270,7 +276,8 @@ def from_optuna_params(params: dict, world_size: int, seq_len: int) -> Layout:
                   etp=params["etp"], rows_per_microbatch=rows, max_tokens_per_gpu=max_tokens_per_gpu(rows, cp, seq_len),
                   dispatcher=params["dispatcher"], **decode_recompute(params["recompute"]),
                   **decode_offload(params["offload"]), **decode_split(params.get("pipeline_split", "even")),
-                  **decode_pipeline_layout(params.get("pipeline_layout", NO_PIPELINE_LAYOUT)))
+                  **decode_pipeline_layout(params.get("pipeline_layout", NO_PIPELINE_LAYOUT)),
+                  overlap_moe_expert_parallel_comm=bool(params.get(EP_OVERLAP_FIELD, False)))
 
 
 def split_block(layout: Layout) -> dict | None:

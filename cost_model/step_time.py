@@ -50,6 +50,31 @@ def full_recompute_fraction(rank: RankLayers, layout: Layout) -> float:
     return min(layout.recompute_num_layers, per_chunk) / max(per_chunk, 1)
 
 
+def ep_overlap_share(layout: Layout, num_microbatches: int) -> float:
+    """The share of a rank's micro-batch chunks whose expert all-to-alls run under another chunk's compute
+    (Megatron's combined 1F1B with --overlap-moe-expert-parallel-comm): all but the warmup forwards and the
+    cooldown backwards. Counted for the first rank (the most warmup): (PP-1) x 2 + (VPP-1) x PP + 1 chunks
+    (schedules.get_pp_rank_microbatches); one without a pipeline."""
+    if not layout.overlap_moe_expert_parallel_comm:
+        return 0.0
+    chunks = num_microbatches * layout.vpp
+    warmup = 1 if layout.pp == 1 else (layout.pp - 1) * 2 + (layout.vpp - 1) * layout.pp + 1
+    return max(0, chunks - warmup) / chunks
+
+
+def exposed_ep_comm(lt: LayerTime, share: float) -> float:
+    """A layer's expert all-to-all time left exposed when `share` of its chunks overlap: in a combined step one
+    micro-batch's forward dispatch and combine run under the other's backward compute, its backward ones under
+    the other's forward compute. The SMs the communication kernels take from the compute are not counted."""
+    if share <= 0:
+        return lt.ep_comm
+    forward = lt.gpu_pass
+    backward = lt.attention + lt.linear_attention + lt.mlp + lt.experts + lt.elementwise - forward
+    half = lt.ep_comm / 2
+    overlapped = max(0.0, half - backward) + max(0.0, half - forward)
+    return share * overlapped + (1 - share) * lt.ep_comm
+
+
 def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: float, launch_passes: float,
                launch: float) -> None:
     """Add `count` layers of one kind to the rank's terms, with their recompute and launch overhead."""
@@ -73,10 +98,12 @@ def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: fl
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                           seq_len: int, imbalance: float, c: Constants, framework: str = "slime",
                           gdn_sharded: bool = False, cuda_graphs: str = "none",
-                          frozen_weights: bool = False, vision: VisionWork | None = None) -> dict[str, float]:
+                          frozen_weights: bool = False, vision: VisionWork | None = None,
+                          ep_overlap: float = 0.0) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms).
     `frozen_weights`: LoRA's frozen base, whose GEMMs compute no weight gradient; `vision`: a VLM's encoder
-    work, run by the rank that holds the encoder."""
+    work, run by the rank that holds the encoder; `ep_overlap`: the share of chunks whose expert all-to-alls
+    overlap another's compute (`ep_overlap_share`)."""
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
     t = dict.fromkeys(RANK_TERMS, 0.0)
@@ -88,6 +115,7 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     for attn_kind, mlp_kind, count in rank.kinds:
         lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded,
                         frozen_weights)
+        lt.ep_comm = exposed_ep_comm(lt, ep_overlap)
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
@@ -112,8 +140,9 @@ def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates
                    framework: str, gdn_sharded: bool = False, cuda_graphs: str = "none",
                    frozen_weights: bool = False, vision: VisionWork | None = None) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
+    overlap = ep_overlap_share(layout, num_microbatches)
     per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework,
-                                            gdn_sharded, cuda_graphs, frozen_weights, vision) for r in ranks]
+                                            gdn_sharded, cuda_graphs, frozen_weights, vision, overlap) for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}

@@ -153,6 +153,8 @@ def layout_summary(layout: Layout, workload: Workload) -> str:
     else:
         recompute = "no recompute"
     dispatcher = "flex dispatcher (DeepEP)" if layout.dispatcher == "flex" else f"{layout.dispatcher} dispatcher"
+    if layout.overlap_moe_expert_parallel_comm:
+        dispatcher += " with EP all-to-all overlap"
     parts = [", ".join(grid), rows, recompute, dispatcher]
     optimizer = "precision-aware distributed optimizer" + (
         f" with {layout.exp_avg_dtype} Adam moments" if layout.exp_avg_dtype != "fp32" else "")
@@ -269,6 +271,8 @@ def recipe_name(layout: Layout) -> str:
         parts.append(f"off{layout.optimizer_offload_fraction:g}" + ("-ov" if layout.overlap_d2h_h2d else ""))
     if layout.dispatcher != "alltoall":
         parts.append(layout.dispatcher)
+    if layout.overlap_moe_expert_parallel_comm:
+        parts.append("a2aov")
     if layout.exp_avg_dtype != "fp32":
         parts.append(f"adam{layout.exp_avg_dtype}")
     return "-".join(parts)

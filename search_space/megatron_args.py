@@ -76,9 +76,12 @@ def dispatcher_args(layout: Layout) -> list[str]:
     # alltoall is already in the model's MODEL_ARGS; flex overrides it (argparse keeps the later value).
     # DeepEP is named by --moe-flex-dispatcher-backend: Megatron-LM deprecates --moe-enable-deepep for it
     # (TransformerConfig, at slime's pin 1dcf0da and in megatron-core 0.19).
+    args = []
     if layout.dispatcher == "flex":
-        return ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
-    return []
+        args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    if layout.overlap_moe_expert_parallel_comm:
+        args.append("--overlap-moe-expert-parallel-comm")
+    return args
 
 
 def model_args(model: ModelSpec) -> list[str]:

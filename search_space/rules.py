@@ -15,6 +15,7 @@ from cost_model.batching import rows_per_microbatch
 from cost_model.model_spec import MLA, ModelError, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
+from cost_model.pipeline_layout import parse_stages
 from cost_model.stack import Stack
 
 MEGATRON, SLIME, STACK, CANONICAL = "megatron", "slime", "stack", "canonical"
@@ -157,6 +158,12 @@ def _feature_rules(out: list[Violation], layout: Layout, model: ModelSpec, stack
                              f"(it would be a no-op)"))
     if layout.dispatcher == "flex" and not stack.deepep:
         out.append(Violation("flex_needs_deepep", STACK, "the flex dispatcher needs DeepEP in the training image"))
+    if layout.overlap_moe_expert_parallel_comm and layout.pipeline_model_parallel_layout is not None:
+        mtp = "".join(parse_stages(layout.pipeline_model_parallel_layout)).count("m")
+        if mtp > 1:
+            out.append(Violation("ep_overlap_mtp", MEGATRON,
+                                 f"overlap_moe_expert_parallel_comm supports at most one MTP layer, the layout string "
+                                 f"places {mtp}"))
     if layout.offloaded and not stack.precision_aware_optimizer:
         out.append(Violation("offload_needs_precision_aware", MEGATRON,
                              "optimizer CPU offload needs --use-precision-aware-optimizer"))

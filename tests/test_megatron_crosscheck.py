@@ -28,6 +28,10 @@ Where Megatron (megatron-core 0.19.2) enforces each of our rules (stage names of
   Layout: unknown recompute module     config           transformer_config.py "Invalid choices for recompute_modules" (gdn_norm_out:
                                                         "only supported with experimental_attention_variant='gated_delta_net'")
   Layout: flex needs EP*ETP > 1        dispatcher       moe/token_dispatcher.py MoEFlexTokenDispatcher "DeepEP dispatcher requires TPxEP > 1"
+  Layout: EP overlap needs EP > 1,     config           transformer_config.py "overlap_moe_expert_parallel_comm is only supported
+    no full/moe recompute, VPP if PP>1                  with expert model parallelism", "disable full recomputation ...", "disable
+                                                        moe in recompute_modules ...", "virtual_pipeline_model_parallel_size must
+                                                        be specified when pipeline_model_parallel_size > 1"
   heads_divisible_by_tp                config           transformer_config.py "num_attention_heads ... must be a multiple of tensor_model_parallel_size"
   query_groups_vs_tp                   config           transformer_config.py "num_query_groups ... must be a multiple or divisor of ..."
   ep_needs_experts                     validate_args    "num_experts must be non None to use expert model parallelism"
@@ -125,6 +129,10 @@ WHERE = {
     "offload_needs_precision_aware": {"validate_args"},
     "global_batch_divisible_by_dp": {"validate_args", "microbatches"},
     "global_batch_vs_dp": {"validate_args", "microbatches"},
+    "layout:ep_overlap_needs_ep": {"config"},
+    "layout:ep_overlap_recompute": {"config"},
+    "layout:ep_overlap_needs_vpp": {"config"},
+    "ep_overlap_mtp": {"config"},
 }
 
 LAYOUT_CHECKS = (  # InvalidLayout message -> check name
@@ -137,6 +145,9 @@ LAYOUT_CHECKS = (  # InvalidLayout message -> check name
     (r"unknown recompute_modules", "layout:unknown_recompute_module"),
     (r"flex dispatcher needs EP x ETP", "layout:flex_needs_ep_etp"),
     (r"pipeline_num_layers \d+ must be divisible by VPP", "layout:uneven_split_vs_vpp"),
+    (r"overlap_moe_expert_parallel_comm needs expert parallelism", "layout:ep_overlap_needs_ep"),
+    (r"overlap_moe_expert_parallel_comm cannot run with", "layout:ep_overlap_recompute"),
+    (r"overlap_moe_expert_parallel_comm with PP \d+ needs", "layout:ep_overlap_needs_vpp"),
 )
 
 
@@ -332,6 +343,8 @@ def targeted_cases() -> list[CrossCheckCase]:
     # the heads: a Llama variant with 24 heads and 8 groups at TP 6 has.
     llama24 = dataclasses.replace(llama, name="llama3-8b-24-heads", display_name="Llama-3-8B (24 heads)",
                                   num_attention_heads=24)
+    # Nor one with two MTP layers (EP overlap supports one): DeepSeek-V3 with a second.
+    ds3_mtp2 = dataclasses.replace(ds3, name="deepseek-v3-mtp2", num_nextn_predict_layers=2)
 
     def c(tag, model, gbs=128, precision_aware=True, **params):
         # the cases were written when ETP defaulted to 1: keep that, and etp=None for "unset" (Megatron: TP)
@@ -361,6 +374,19 @@ def targeted_cases() -> list[CrossCheckCase]:
         c("valid", llama, world_size=16, tp=4, pp=4, vpp=2, etp=4, recompute_granularity="selective",
           recompute_modules=("core_attn", "mlp")),
         c("valid", oss, world_size=8, tp=2, ep=8, etp=1),
+        # EP all-to-all overlap (--overlap-moe-expert-parallel-comm)
+        c("valid", q30, world_size=8, ep=8, overlap_moe_expert_parallel_comm=True),
+        c("valid", q30, world_size=16, pp=2, vpp=2, ep=8, dispatcher="flex", recompute_granularity="selective",
+          recompute_modules=("moe_act",), overlap_moe_expert_parallel_comm=True),
+        c("ep overlap without ep", q30, world_size=8, tp=1, ep=1, overlap_moe_expert_parallel_comm=True),
+        c("ep overlap with full recompute", q30, world_size=8, ep=8, recompute_granularity="full",
+          recompute_method="uniform", recompute_num_layers=1, overlap_moe_expert_parallel_comm=True),
+        c("ep overlap with moe recompute", q30, world_size=8, ep=8, recompute_granularity="selective",
+          recompute_modules=("moe",), overlap_moe_expert_parallel_comm=True),
+        c("ep overlap without vpp", q30, world_size=16, pp=2, ep=8, overlap_moe_expert_parallel_comm=True),
+        c("ep overlap with 2 MTP layers", ds3_mtp2, world_size=128, pp=8, vpp=2, ep=16,
+          pipeline_model_parallel_layout="Et*3|(tttt|)*14ttmmL", overlap_moe_expert_parallel_comm=True),
+        c("valid", ds3_mtp2, world_size=128, pp=8, vpp=2, ep=16, pipeline_model_parallel_layout="Et*3|(tttt|)*14ttmmL"),
         # Layout constructor checks
         c("world % tp*pp*cp", q36, world_size=24, tp=2, pp=4, cp=4, ep=8, gbs=96),
         c("world % etp*ep*pp", q30, world_size=8, tp=2, ep=8, etp=2),

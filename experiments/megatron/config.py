@@ -14,7 +14,7 @@ def transformer_config_kwargs(model: ModelSpec, layout: Layout, workload: Worklo
                               backend: str = "torch-native", use_cpu_initialization: bool = False) -> dict:
     """TransformerConfig keyword arguments for `model` under `layout` (the equivalents of
     search_space.megatron_args.model_args + parallel/recompute/dispatcher args)."""
-    _check_supported(model, workload)
+    _check_supported(model, workload, layout)
     kw = {**_architecture_kwargs(model), **_linear_attention_kwargs(model), **_precision_kwargs(use_cpu_initialization),
           **_parallel_kwargs(layout), **_unfused_kwargs()}
     if layout.vpp > 1:
@@ -35,7 +35,11 @@ def build_transformer_config(model: ModelSpec, layout: Layout, workload: Workloa
     return TransformerConfig(**transformer_config_kwargs(model, layout, workload, **options))
 
 
-def _check_supported(model: ModelSpec, workload: Workload) -> None:
+def _check_supported(model: ModelSpec, workload: Workload, layout: Layout | None = None) -> None:
+    if layout is not None and layout.overlap_moe_expert_parallel_comm:
+        # the combined 1F1B schedule needs the model's schedule plan, which the runner's loop does not build
+        raise NotImplementedError("EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not wired into the "
+                                  "megatron runner")
     if model.count(MLA):
         raise NotImplementedError(f"{model.display_name}: MLA models are not supported by the megatron runner")
     if model.model_type == "gpt_oss":
