@@ -67,7 +67,9 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         "author": {"name": "attune-llm", "url": None},
         "status": status,
         "stack": {
-            "framework": f"slime (Megatron backend); version {NOT_MEASURED}",
+            "framework": (f"slime (Megatron backend); version {NOT_MEASURED}" if workload.framework == "slime" else
+                          f"a Megatron-LM/Bridge step, as the cost model priced it (workload fields beyond the format "
+                          f"say how); the slime command below does not set them up; version {NOT_MEASURED}"),
             "megatron_lm": None,
             "transformer_engine": None,
             "pytorch": None,
@@ -214,7 +216,18 @@ def _workload_block(workload: Workload) -> dict:
     }
     if workload.routing != "natural":
         block["routing"] = workload.routing  # an extension: the format has no routing field
+    # Extensions too, only when set: a Megatron-LM/Bridge step the cost model priced (LoRA, images, CUDA graphs),
+    # which slime's command in `run` does not set up; recipes of slime workloads stay in the format as it is.
+    for key, default in WORKLOAD_EXTENSIONS.items():
+        if getattr(workload, key) != default:
+            block[key] = getattr(workload, key)
+    if workload.images_per_row:
+        block["image_size"] = workload.image_size
     return block
+
+
+# Workload fields a recipe carries beyond the format, with the value that leaves them out.
+WORKLOAD_EXTENSIONS = {"framework": "slime", "cuda_graphs": "none", "peft": "none", "images_per_row": 0}
 
 
 def _network(gpu: GpuSpec) -> str:
@@ -448,9 +461,11 @@ def _gpu(top: _Fields) -> tuple[GpuSpec, int]:
 def _workload(top: _Fields) -> Workload:
     w = top.mapping("workload")
     routing = w.str("routing", required=False) or "natural"
+    extensions = {key: (w.int(key) if isinstance(default, int) else w.str(key))
+                  for key, default in {**WORKLOAD_EXTENSIONS, "image_size": 448}.items() if w.get(key, False) is not None}
     try:
         return Workload(seq_len=w.int("row_tokens"), global_batch=w.int("global_batch"),
-                        precision=w.str("precision"), routing=routing)
+                        precision=w.str("precision"), routing=routing, **extensions)
     except WorkloadError as e:
         top.fail(f"field 'workload': {e}")
 

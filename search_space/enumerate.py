@@ -5,7 +5,7 @@ enumeration never holds a rule of its own: what it yields is exactly what `check
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator
 
@@ -81,6 +81,14 @@ def recompute_choices(model: ModelSpec, options: SpaceOptions) -> list[dict]:
         for k in options.full_recompute_layers:
             out.append(dict(recompute_granularity="full", recompute_method=method, recompute_num_layers=k))
     return out
+
+
+def workload_options(options: SpaceOptions, workload: Workload) -> SpaceOptions:
+    """`options` without the dimensions the workload makes moot: a frozen base (LoRA) has no optimizer state to
+    offload or to keep in bf16, so those choices would only repeat one layout."""
+    if workload.frozen_weights:
+        return replace(options, offload_fractions=(0.0,), exp_avg_dtypes=("fp32",))
+    return options
 
 
 def offload_choices(options: SpaceOptions) -> list[dict]:

@@ -170,3 +170,32 @@ def test_studies_made_before_the_options_keep_their_identity():
 def test_the_public_rows_say_which_runs_were_lora_or_vlm(notes, peft, images):
     assert map_peft(notes) == peft
     assert map_images(notes)[:2] == images
+
+
+def test_a_frozen_base_has_no_optimizer_choices_to_search():
+    from search_space.enumerate import SpaceOptions, workload_options
+    assert workload_options(SpaceOptions(), megatron()) == SpaceOptions()
+    lora = workload_options(SpaceOptions(), megatron(peft="lora"))
+    assert (lora.offload_fractions, lora.exp_avg_dtypes) == ((0.0,), ("fp32",))
+
+
+def test_a_recipe_keeps_the_workload_it_was_priced_for(tmp_path, capsys):
+    out = tmp_path / "r.yaml"
+    args = ["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h100", "--gpus", "16", "--framework", "megatron",
+            "--peft", "lora", "--images-per-row", "2", "--image-size", "256", "--layout", "ep=8", "--json"]
+    assert main(args + ["--recipe-out", str(out)]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert main(["predict", "--recipe", str(out), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["step_time_s"] == pytest.approx(direct["step_time_s"])
+    text = out.read_text()
+    assert "peft: lora" in text and "images_per_row: 2" in text and "image_size: 256" in text
+    assert "Megatron-LM/Bridge step" in text
+    # a slime workload's recipe carries none of the extensions
+    plain = tmp_path / "p.yaml"
+    assert main(["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8",
+                 "--recipe-out", str(plain)]) == 0
+    capsys.readouterr()
+    text = plain.read_text()
+    assert "peft" not in text and "images_per_row" not in text and "framework: megatron" not in text
+    assert "slime (Megatron backend)" in text

@@ -14,7 +14,7 @@ from cost_model.hardware import load_gpu
 from cost_model.stack import Stack
 from cost_model.workload import Workload
 from experiments.runner import TrialRunner
-from search_space.enumerate import SpaceOptions, enumerate_layouts
+from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_options
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.export import export_rows
@@ -31,8 +31,10 @@ def cmd_run(args) -> int:
     if args.study is not None and not args.study.strip():
         raise CliError("--study must name a study, got an empty name")
     model, gpu, gpus = target(args)
-    config = StudyConfig(model, gpu, gpus, workload(args), Stack.with_fixes(args.stack_fix), SpaceOptions(),
-                         profile(args), steps=args.steps, window=measured_window(args.steps))
+    trained = workload(args)
+    config = StudyConfig(model, gpu, gpus, trained, Stack.with_fixes(args.stack_fix),
+                         workload_options(SpaceOptions(), trained), profile(args), steps=args.steps,
+                         window=measured_window(args.steps))
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
     space = runner_space(config, runner)         # what this runner's stack can run
     # measured and predicted figures never share a study: a measuring backend gets a study of its own
