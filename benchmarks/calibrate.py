@@ -125,8 +125,9 @@ def fits_megatron_constants(m) -> bool:
 
 def held_out_table(cases, cold: bool = True) -> pd.DataFrame:
     """Nested leave-one-source-out: for each source, the Megatron constants are fitted from a cold start on the
-    other sources' rows that fit them (`fits_megatron_constants`) only (the fold never sees the held-out rows, nor a start fitted to
-    them), then the held-out source's rows are predicted. `cold=False`: start from the shipped constants."""
+    other sources' rows that fit them (`fits_megatron_constants`) only (the fold never sees the held-out rows, nor
+    a start fitted to them), then the held-out source's rows are predicted. `cold=False`: start from the shipped
+    constants."""
     tables = []
     for source in sorted({m.source for m in cases}):
         train = [m for m in cases if m.source != source and fits_megatron_constants(m)]

@@ -461,8 +461,9 @@ def _gpu(top: _Fields) -> tuple[GpuSpec, int]:
 def _workload(top: _Fields) -> Workload:
     w = top.mapping("workload")
     routing = w.str("routing", required=False) or "natural"
+    optional = {**WORKLOAD_EXTENSIONS, "image_size": 448}
     extensions = {key: (w.int(key) if isinstance(default, int) else w.str(key))
-                  for key, default in {**WORKLOAD_EXTENSIONS, "image_size": 448}.items() if w.get(key, False) is not None}
+                  for key, default in optional.items() if w.get(key, False) is not None}
     try:
         return Workload(seq_len=w.int("row_tokens"), global_batch=w.int("global_batch"),
                         precision=w.str("precision"), routing=routing, **extensions)

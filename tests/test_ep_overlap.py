@@ -36,7 +36,8 @@ def test_megatrons_rules(kw, why):
 def test_the_flag_the_recipe_and_optuna_carry_it():
     layout = Layout(16, pp=2, vpp=2, ep=8, dispatcher="flex", **ON)
     assert "--overlap-moe-expert-parallel-comm" in dispatcher_args(layout)
-    assert "--overlap-moe-expert-parallel-comm" not in dispatcher_args(layout.replace(overlap_moe_expert_parallel_comm=False))
+    off_flags = dispatcher_args(layout.replace(overlap_moe_expert_parallel_comm=False))
+    assert "--overlap-moe-expert-parallel-comm" not in off_flags
     assert layout_from_recipe_block(recipe_block(layout), 16) == layout
     assert from_optuna_params(to_optuna_params(layout), 16, 8192) == layout
     assert parse_pairs(["overlap-moe-expert-parallel-comm=true"]) == ON

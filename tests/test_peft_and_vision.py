@@ -79,8 +79,8 @@ def test_lora_from_the_flag_and_a_batch_line(tmp_path, capsys):
 
 
 def test_a_real_runner_refuses_options_it_does_not_set_up(capsys):
-    # the megatron runner trains every weight eagerly: a LoRA or graphed trial would measure another run
-    for flag, value in (("--peft", "lora"), ("--cuda-graphs", "full")):
+    # the megatron runner trains every weight eagerly on text: a LoRA, graphed or VLM trial would measure another run
+    for flag, value in (("--peft", "lora"), ("--cuda-graphs", "full"), ("--images-per-row", "1")):
         code = main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "1", "--framework", "megatron",
                      flag, value, "--backend", "megatron", "--trials", "1", "--storage", "sqlite:///:memory:"])
         err = capsys.readouterr().err.strip().splitlines()

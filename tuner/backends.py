@@ -15,7 +15,9 @@ def make_runner(args, profile=None):
     """The trial runner the --backend flags ask for; RunnerError if it cannot run trials at all."""
     if args.backend != "predict":
         # Workload options the cost model prices but no runner sets up: a measured trial would not be the run asked
-        for flag, value in (("--peft", getattr(args, "peft", "none")), ("--cuda-graphs", getattr(args, "cuda_graphs", "none"))):
+        asked = (("--peft", getattr(args, "peft", "none")), ("--cuda-graphs", getattr(args, "cuda_graphs", "none")),
+                 ("--images-per-row", getattr(args, "images_per_row", 0) or "none"))
+        for flag, value in asked:
             if value != "none":
                 raise CliError(f"{flag} {value}: the {args.backend} runner does not set it up (it would measure a "
                                f"different run); it is predicted only, with --backend predict")
