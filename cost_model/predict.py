@@ -91,6 +91,19 @@ def vision_work(model: ModelSpec, workload: Workload, layout: Layout) -> VisionW
     return VisionWork(model.vision, rows * workload.images_per_row * per_image / layout.cp, per_image)
 
 
+def workload_note(workload: Workload) -> str:
+    """What the prediction assumed beyond a full-training text step, for its source line ('' when nothing)."""
+    parts = []
+    if workload.cuda_graphs != "none":
+        parts.append(f"CUDA graphs {workload.cuda_graphs}")
+    if workload.frozen_weights:
+        parts.append("LoRA: frozen base, no weight gradients")
+    if workload.images_per_row:
+        n, side = workload.images_per_row, workload.image_size
+        parts.append(f"{n} image{'s' if n > 1 else ''} of {side}x{side} px per row through the vision encoder")
+    return "".join(f"; {p}" for p in parts)
+
+
 def routing_imbalance(model: ModelSpec, workload: Workload, layout: Layout, c: Constants) -> float:
     """Tokens the busiest expert rank receives over the mean: natural routing is uneven, and the more EP
     ranks the experts are spread over, the more one of them gets."""
@@ -152,6 +165,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
     if LINEAR_ATTENTION in model.layer_types:
         source += f"; GDN kernel {rates.gdn_source}"
+    source += workload_note(workload)
     return Prediction(
         fits=not reasons, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,

@@ -67,6 +67,8 @@ def test_lora_from_the_flag_and_a_batch_line(tmp_path, capsys):
     assert main(args + ["--peft", "lora"]) == 0
     lora = json.loads(capsys.readouterr().out)
     assert lora["step_time_s"] < full["step_time_s"] and lora["memory_gib"]["grads"] == 0
+    # the figure says what it assumed
+    assert "LoRA: frozen base" in lora["source"] and "LoRA" not in full["source"]
     path = tmp_path / "requests.jsonl"
     path.write_text(json.dumps({"model": "llama3-8b", "gpu": "h100", "gpus": 8, "framework": "megatron",
                                 "peft": "lora", "layout": {"tp": 2}}) + "\n")
@@ -111,6 +113,7 @@ def test_text_workloads_are_untouched_and_images_cost_the_first_stage():
     layout = Layout(8, ep=8, max_tokens_per_gpu=4096)
     text = predict(QWEN, H100, megatron(), layout)
     assert text == predict(QWEN, H100, megatron(image_size=1024), layout)   # no images: the size is moot
+    assert "1 image of 448x448 px per row" in predict(QWEN, H100, megatron(images_per_row=1), layout).source
     one, four = (predict(QWEN, H100, megatron(images_per_row=n), layout) for n in (1, 4))
     assert text.breakdown["compute_vision"] == 0 < one.breakdown["compute_vision"] < four.breakdown["compute_vision"]
     assert one.memory.weights - text.memory.weights == pytest.approx(QWEN.vision.params * 2 / GIB)
