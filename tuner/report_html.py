@@ -165,7 +165,9 @@ def _summary(study, facts: list[TrialFacts]) -> str:
         w = config.get("workload") or {}
         lines.append(f"{e(str(config.get('model')))} on {config.get('gpus')} x {e(str(config.get('gpu')))}; "
                      f"sequence {w.get('seq_len')}, global batch {w.get('global_batch')}, "
-                     f"{e(str(w.get('precision')))}, framework {e(str(w.get('framework')))}")
+                     f"{e(str(w.get('precision')))}, framework {e(str(w.get('framework')))}"
+                     + "".join(f", {key.replace('_', ' ')} {e(str(w[key]))}"
+                               for key in ("cuda_graphs", "peft", "images_per_row", "image_size") if key in w))
     lines.append(e(counts_line(study)))
     rows = ranked_rows(study)
     if rows:
