@@ -186,11 +186,11 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
     pair one micro-batch's forward, layer by layer, with the previous one's backward, which frees as the other
     allocates: still about one micro-batch (a published run's allocated peak agrees, r000 of the public rows)."""
     pp, vpp = layout.pp, layout.vpp
-    extra = 1.0 / vpp if layout.overlap_moe_expert_parallel_comm else 0.0
     if pp == 1:
         return 1.0
     if vpp == 1:
         return float(min(pp, num_microbatches))
+    extra = 1.0 / vpp if layout.overlap_moe_expert_parallel_comm else 0.0
     return min(pp * (1 + (pp - 1) / (pp * vpp)) + extra, float(num_microbatches))
 
 

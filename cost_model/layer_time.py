@@ -3,7 +3,8 @@
 FLOPs follow Megatron's conventions (training = 3 x forward GEMM FLOPs); each class of work runs
 at the efficiency `Rates` gives its shape. With the base weights frozen (LoRA), a weight GEMM runs
 twice, not three times: forward and the input gradient, no weight gradient. The TP all-gathers
-and the CP ring a layer issues are counted with it. The terms add up in a fixed order, part by part, into a `LayerTime`.
+and the CP ring a layer issues are counted with it. The terms add up in a fixed order, part by
+part, into a `LayerTime`.
 """
 from __future__ import annotations
 

@@ -84,4 +84,3 @@ def layout_rank_layers(model: ModelSpec, layout, with_vision: bool = False) -> t
     if with_vision and model.vision is not None:
         ranks = (replace(ranks[0], vision=model.vision.params),) + ranks[1:]
     return ranks
-

@@ -22,6 +22,9 @@ PEFTS = ("none", "lora")
 # vision encoder on the first pipeline stage); 0 for text. Bounds keep the encoder's work finite.
 MAX_IMAGES_PER_ROW = 1024
 MAX_IMAGE_SIZE = 16384
+# The step options beyond a full-training text step, at the values that leave them out (image_size goes with
+# images_per_row): what study identities and recipes record only when set.
+STEP_OPTION_DEFAULTS = {"cuda_graphs": "none", "peft": "none", "images_per_row": 0}
 # Far above any job trained today; bounds keep every derived size (tokens per step) small.
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH = 1 << 20
@@ -67,6 +70,14 @@ class Workload:
                                 f"LoRA); slime's step trains every weight")
         if self.routing not in ROUTINGS:
             raise WorkloadError(f"routing must be one of {', '.join(ROUTINGS)}, got '{self.routing}'")
+
+    @property
+    def step_options(self) -> dict:
+        """The step options set away from their defaults (`STEP_OPTION_DEFAULTS`), image_size with images."""
+        out = {k: getattr(self, k) for k, default in STEP_OPTION_DEFAULTS.items() if getattr(self, k) != default}
+        if self.images_per_row:
+            out["image_size"] = self.image_size
+        return out
 
     @property
     def frozen_weights(self) -> bool:

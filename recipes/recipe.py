@@ -26,7 +26,7 @@ from cost_model.names import file_name
 from cost_model.predict import Prediction
 from cost_model.stack import Stack
 from cost_model.user_file import parse_yaml, read_user_text
-from cost_model.workload import Workload, WorkloadError
+from cost_model.workload import STEP_OPTION_DEFAULTS, Workload, WorkloadError
 from recipes.correctness import CorrectnessError, correctness_block
 from recipes.slime_command import actor_placement, slime_env, slime_run
 from search_space.enumerate import MAX_GPUS
@@ -218,16 +218,10 @@ def _workload_block(workload: Workload) -> dict:
         block["routing"] = workload.routing  # an extension: the format has no routing field
     # Extensions too, only when set: a Megatron-LM/Bridge step the cost model priced (LoRA, images, CUDA graphs),
     # which slime's command in `run` does not set up; recipes of slime workloads stay in the format as it is.
-    for key, default in WORKLOAD_EXTENSIONS.items():
-        if getattr(workload, key) != default:
-            block[key] = getattr(workload, key)
-    if workload.images_per_row:
-        block["image_size"] = workload.image_size
+    if workload.framework != "slime":
+        block["framework"] = workload.framework
+    block.update(workload.step_options)
     return block
-
-
-# Workload fields a recipe carries beyond the format, with the value that leaves them out.
-WORKLOAD_EXTENSIONS = {"framework": "slime", "cuda_graphs": "none", "peft": "none", "images_per_row": 0}
 
 
 def _network(gpu: GpuSpec) -> str:
@@ -461,7 +455,8 @@ def _gpu(top: _Fields) -> tuple[GpuSpec, int]:
 def _workload(top: _Fields) -> Workload:
     w = top.mapping("workload")
     routing = w.str("routing", required=False) or "natural"
-    optional = {**WORKLOAD_EXTENSIONS, "image_size": 448}
+    # the extensions _workload_block writes, when present: their types are their defaults'
+    optional = {"framework": "slime", **STEP_OPTION_DEFAULTS, "image_size": 448}
     extensions = {key: (w.int(key) if isinstance(default, int) else w.str(key))
                   for key, default in optional.items() if w.get(key, False) is not None}
     try:

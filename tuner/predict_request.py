@@ -1,8 +1,8 @@
 """One what-if question for the cost model, from command-line flags or a JSON line.
 
 A request is a mapping with the flags' names: model, gpu, gpus, seq_len, global_batch, precision,
-routing, framework, cuda_graphs, peft, images_per_row, image_size, usd_per_gpu_hour, stack_fix, layout {recipe layout keys}; or recipe
-(a path).
+routing, framework, cuda_graphs, peft, images_per_row, image_size, usd_per_gpu_hour, stack_fix,
+layout {recipe layout keys}; or recipe (a path).
 `tune predict` and `tune predict --batch` both resolve requests here, so the two never disagree.
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ from cost_model.case import Case
 from cost_model.hardware import GpuSpec
 from cost_model.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile
-from cost_model.workload import Workload
+from cost_model.workload import STEP_OPTION_DEFAULTS, Workload
 from experiments.runner import PERMANENT_FAILURES, RunnerError, TrialResult, TrialRunner, TrialSpec
 from search_space.enumerate import NARROWING_FIELDS, SpaceOptions
 from search_space.runner_space import RunnerSpace, narrow
@@ -51,17 +51,13 @@ from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interru
 from cost_model.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
-# Workload options added after studies existed, at their defaults: left out of a study's identity, so those
-# studies resume (image_size only matters with images).
-LATER_WORKLOAD_DEFAULTS = {"cuda_graphs": "none", "peft": "none", "images_per_row": 0}
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def workload_identity(workload: Workload) -> dict:
-    out = {k: v for k, v in asdict(workload).items() if LATER_WORKLOAD_DEFAULTS.get(k, object()) != v}
-    if not workload.images_per_row:
-        out.pop("image_size")
-    return out
-SQLITE_MAGIC = b"SQLite format 3\x00"
+    """The workload's fields, its step options only when set: studies made before those options resume."""
+    base = {k: v for k, v in asdict(workload).items() if k not in (*STEP_OPTION_DEFAULTS, "image_size")}
+    return {**base, **workload.step_options}
 
 
 class StudyError(AttuneError, RuntimeError):
