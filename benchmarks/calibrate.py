@@ -5,7 +5,7 @@ slime constants, each fitted to the one reference recipe that determines it (bis
   cpu_adam_share_of_profile   to attune-tp1-ep8-mt16k (CPU offload: adds the CPU Adam step)
 Megatron-framework constants, fitted to the usable rows of benchmarks/data/public-throughput.csv
 (coordinate search over a grid per constant, minimising the mean Huber loss of the log errors, then the
-number of wrongly ordered same-group pairs):
+number of wrongly ordered same-group pairs; searched again without the rows the fit misses by more than 3x):
   megatron_layer_launch_overhead_s, megatron_step_overhead_s, megatron_dp_exposed_fraction
 The slime and Megatron constants touch disjoint rows (Workload.framework), so the fits are separate.
 prediction_error_sd, the width every interval carries, is derived from the nested held-out errors.
@@ -66,7 +66,36 @@ def fit_loss(table) -> float:
     return float(err.map(lambda e: 0.5 * e * e if e <= HUBER_DELTA else HUBER_DELTA * (e - 0.5 * HUBER_DELTA)).mean())
 
 
+# Rows a fit misses by more than this factor are left out of its second pass (a trimmed fit). No per-layer or
+# per-step constant explains a 3x miss: the five long-context SFT runs of the Megatron-Bridge cards ran 2-19x
+# slower than any layout of theirs predicts (cause unknown), and under the Huber loss each such row pulls every
+# constant as hard as ten rows missed by 20%. Trimmed, the held-out error of the full-training text rows went
+# 23.8% -> 19.2% (2x: 19.2% too, all 45 rows 26.3%; 3x: 22.8%); starting each fold's search from the 1/4, 1/2
+# and 3/4 points of the grids instead of the middle alone gave the same figures (the fit is not start-bound).
+TRIM_FACTOR = 3.0
+TRIM_ROUNDS = 4
+
+
+def trimmed(c, cases) -> list:
+    """The rows `c` predicts within TRIM_FACTOR of their published throughput."""
+    table = evaluate(cases, c)["table"]
+    limit = math.log(TRIM_FACTOR)
+    return [m for m, p, q in zip(cases, table.predicted, table.measured) if abs(math.log(p / q)) <= limit]
+
+
 def fit_megatron(c, cases):
+    """A trimmed fit: `search_megatron` on every row, then again on the rows that fit predicts within
+    TRIM_FACTOR, until the kept rows stop changing."""
+    c = search_megatron(c, cases)
+    for _ in range(TRIM_ROUNDS):
+        refit = search_megatron(c, trimmed(c, cases))
+        if refit == c:
+            break
+        c = refit
+    return c
+
+
+def search_megatron(c, cases):
     """Coordinate search on the Megatron constants: (fit loss, wrongly ordered pairs) lowest."""
     def score(constants):
         r = evaluate(cases, constants)
@@ -125,8 +154,8 @@ def fits_megatron_constants(m) -> bool:
 
 def held_out_table(cases, cold: bool = True) -> pd.DataFrame:
     """Nested leave-one-source-out: for each source, the Megatron constants are fitted from a cold start on the
-    other sources' rows that fit them (`fits_megatron_constants`) only (the fold never sees the held-out rows, nor
-    a start fitted to them), then the held-out source's rows are predicted. `cold=False`: start from the shipped
+    other sources' rows that fit them (`fits_megatron_constants`) only, trimmed as `fit_megatron` trims (the fold
+    never sees the held-out rows, nor a start fitted to them), then the held-out source's rows are predicted. `cold=False`: start from the shipped
     constants."""
     tables = []
     for source in sorted({m.source for m in cases}):
@@ -203,8 +232,12 @@ def main() -> None:
     c = fit_slime(default_constants(), plain, offload)
     cases, _ = load_cases()
     before = evaluate(cases, c)
-    c = fit_megatron(c, [m for m in cases if fits_megatron_constants(m)])
+    train = [m for m in cases if fits_megatron_constants(m)]
+    c = fit_megatron(c, train)
     after = evaluate(cases, c)
+    kept = {m.name for m in trimmed(c, train)}
+    print(f"fitted on {len(kept)} of {len(train)} full-training text rows; left out (missed by more than "
+          f"{TRIM_FACTOR:g}x): {', '.join(m.name for m in train if m.name not in kept) or 'none'}")
     print(f"public rows ({len(cases)} usable): median APE {before['median_ape']:.1f}% -> {after['median_ape']:.1f}%, "
           f"ordered pairs {before['pairs_ordered']}/{before['pairs_total']} -> "
           f"{after['pairs_ordered']}/{after['pairs_total']}")

@@ -252,13 +252,15 @@ def report(csv_path: Path, verbose: bool = False, out=sys.stdout, held_out: bool
 
 def _say_held_out(say, cases) -> None:
     """The out-of-sample figures: nested leave-one-source-out, each fold fitted from a cold start."""
-    from benchmarks.calibrate import error_by, fits_megatron_constants, held_out_table   # calibrate imports this
+    from benchmarks.calibrate import (TRIM_FACTOR, error_by, fits_megatron_constants,   # calibrate imports this
+                                      held_out_table)
 
     cold = held_out_table(cases, cold=True)
     warm = held_out_table(cases, cold=False)
     pairs = ordered_pairs(cold)
     say("Held out (nested leave-one-source-out: each source predicted by Megatron constants fitted from a cold "
-        "start on the other sources' rows)")
+        "start on the other sources' rows, trimmed of those the fold's fit misses by more than "
+        f"{TRIM_FACTOR:g}x)")
     say(f"  median APE: {cold.ape.median():.1f}% over {len(cold)} rows in {cold.source.nunique()} sources "
         f"(starting each fold from the shipped, all-data constants instead: {warm.ape.median():.1f}%)")
     fitted = cold.measurement.map(fits_megatron_constants).astype(bool)
