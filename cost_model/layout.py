@@ -69,7 +69,8 @@ class Layout:
     overlap_moe_expert_parallel_comm: bool = False
 
     def __post_init__(self):
-        if self.etp is None:
+        etp_defaulted = self.etp is None
+        if etp_defaulted:
             object.__setattr__(self, "etp", self.tp)
         for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
             value = getattr(self, name)
@@ -79,8 +80,10 @@ class Layout:
         if n % (tp * pp * cp):
             raise InvalidLayout(f"world size {n} is not divisible by TP x PP x CP = {tp} x {pp} x {cp} = {tp * pp * cp}")
         if n % (etp * ep * pp):
-            raise InvalidLayout(
-                f"world size {n} is not divisible by ETP x EP x PP = {etp} x {ep} x {pp} = {etp * ep * pp} (expert grid)")
+            hint = (f"; ETP was not given and defaults to TP ({tp}) as Megatron's --expert-tensor-parallel-size does: "
+                    "etp=1 shards experts by EP alone") if etp_defaulted and etp > 1 else ""
+            raise InvalidLayout(f"world size {n} is not divisible by ETP x EP x PP = {etp} x {ep} x {pp} = "
+                                f"{etp * ep * pp} (expert grid){hint}")
         if self.vpp > 1 and pp == 1:
             raise InvalidLayout(f"VPP {self.vpp} needs pipeline parallelism (PP > 1), got PP 1")
         self._check_uneven()

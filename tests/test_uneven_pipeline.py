@@ -162,5 +162,7 @@ def test_etp_unset_is_tp_as_in_megatron():
     llama = load_model("llama3-8b")
     # a dense model at TP 2, given without ETP, is valid (it was refused when ETP defaulted to 1)
     assert not violations(Layout(8, tp=2, max_tokens_per_gpu=SEQ), llama, Workload(seq_len=SEQ, global_batch=64), Stack())
-    with pytest.raises(InvalidLayout, match="expert grid"):
-        Layout(8, tp=2, ep=8)   # Megatron: ETP 2 x EP 8 does not divide 8 GPUs
+    with pytest.raises(InvalidLayout, match=r"expert grid\); ETP was not given and defaults to TP \(2\).*etp=1"):
+        Layout(8, tp=2, ep=8)   # Megatron: ETP 2 x EP 8 does not divide 8 GPUs; the message says where ETP 2 came from
+    with pytest.raises(InvalidLayout, match=r"\(expert grid\)$"):
+        Layout(8, tp=2, ep=8, etp=2)   # given: no hint
