@@ -137,7 +137,8 @@ def test_the_price_is_part_of_the_study(tmp_path, capsys):
     assert main(ARGS + ["--trials", "1", "--storage", url]) == 0
     before = Path(url).read_bytes()
     assert main(ARGS + ["--trials", "1", "--storage", url, "--usd-per-gpu-hour", "9.5"]) == 2
-    assert "other settings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "other settings" in err and "9.5 asked" in err   # the refusal names the setting that differs
     assert Path(url).read_bytes() == before
 
 

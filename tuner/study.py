@@ -288,10 +288,26 @@ def check_existing(study: optuna.Study, name: str, config: StudyConfig, figures:
         existing = identity
     if existing != identity:
         was = f"{existing['model']} on {existing['gpus']} x {existing['gpu']}" if existing else "something else"
-        raise StudyError(f"study '{name}' was created for {was} with other settings; "
-                         f"pass another --study to tune {config.describe()}")
+        differ = "; ".join(_differences(existing, identity)[:3]) if existing else ""
+        raise StudyError(f"study '{name}' was created for {was} with other settings"
+                         + (f" ({differ})" if differ else "")
+                         + f"; pass another --study to tune {config.describe()}")
     if figures:
         check_figures(study, figures)
+
+
+def _differences(recorded: dict, asked: dict, prefix: str = "") -> list[str]:
+    """'key: X recorded, Y asked' for each setting that differs (a key one side lacks is a step option left at
+    its default there, see `workload_identity`)."""
+    first = ("model", "gpu", "gpus", "workload", "stack")   # what a user asked for before what it implies
+    out = []
+    for key in sorted(set(recorded) | set(asked), key=lambda k: (first.index(k) if k in first else len(first), str(k))):
+        a, b = recorded.get(key, "default"), asked.get(key, "default")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a} recorded, {b} asked")
+    return out
 
 
 def _recorded_config(study: optuna.Study, wait_s: float = 10.0) -> dict | None:
