@@ -218,3 +218,23 @@ def test_fields_a_source_leaves_out_are_searched_or_implied(cases):
     assert searched.case.layout.etp == 1   # GPT-OSS's biased experts: Megatron needs ETP 1
     implied = by_gpus[("GPT-OSS-120B", "48")]
     assert implied.case.workload.global_batch == 4 and any("GBS not stated: 4" in n for n in implied.notes)
+
+
+def test_the_fit_leaves_out_rows_it_misses_by_more_than_the_trim_factor(cases):
+    """A row 10x slower than its layout explains (a long-context SFT card row's kind of miss) must not move
+    the fitted Megatron constants: the trimmed fit gives what it gives without that row; untrimmed, it does not."""
+    import dataclasses
+
+    from benchmarks.calibrate import TRIM_FACTOR, fit_megatron, search_megatron, trimmed
+    from cost_model.constants import default_constants
+
+    rows = [c for c in cases if c.source.startswith("NVIDIA-NeMo/Megatron-Bridge skills/")][:4]
+    assert len(rows) == 4
+    slow = dataclasses.replace(rows[0], name="slow-copy",
+                               measured_tokens_per_s_per_gpu=rows[0].measured_tokens_per_s_per_gpu / 10)
+    start = default_constants()
+    assert TRIM_FACTOR < 10
+    assert [m.name for m in trimmed(start, rows + [slow])] == [m.name for m in rows]
+    clean = fit_megatron(start, rows)
+    assert fit_megatron(start, rows + [slow]) == clean
+    assert search_megatron(start, rows + [slow]) != clean
