@@ -52,3 +52,22 @@ def test_samplers_by_name():
     assert SamplerProposer("tpe").name == "tpe"
     with pytest.raises(ValueError, match="unknown sampler"):
         SamplerProposer("annealing")
+
+
+def test_samplers_draw_untried_valid_layouts_given_the_candidates(scored, workload):
+    """random draws only untried candidates (never an invalid layout, never a replay, None when all are tried);
+    tpe does so for its startup trials, then lets Optuna's sampler choose (params None)."""
+    cands = scored[:40]
+    keys = {c.layout.key() for c in cands}
+    for kind, startup in (("random", 10), ("tpe", 3)):
+        proposer = SamplerProposer(kind, candidates=cands, to_params=to_optuna_params, startup=startup)
+        history = History()
+        for i in range(12 if kind == "random" else startup):
+            proposal = proposer.propose(history)
+            key = from_optuna_params(proposal.params, 8, workload.seq_len).key()
+            assert key in keys and key not in history.tried and "random untried layout" in proposal.rationale
+            history.tried.add(key)
+        if kind == "tpe":
+            assert proposer.propose(history).params is None
+    random_proposer = SamplerProposer("random", candidates=cands, to_params=to_optuna_params)
+    assert random_proposer.propose(History(tried=keys)) is None

@@ -10,6 +10,7 @@ One small abstract base, like Optuna's samplers, and concrete proposers beside i
 from __future__ import annotations
 
 import abc
+import random
 import statistics
 from dataclasses import dataclass, field
 
@@ -71,11 +72,18 @@ class Proposer(abc.ABC):
 
 class SamplerProposer(Proposer):
     """One of Optuna's samplers over the trial parameters: tpe (TPESampler), gp (GPSampler: needs torch
-    and scipy) or random (RandomSampler); invalid or non-fitting proposals are pruned with the reason."""
+    and scipy) or random (RandomSampler); invalid or non-fitting proposals are pruned with the reason.
+
+    Given the study's `candidates` (the valid layouts predicted to fit) and `to_params` (a layout's trial
+    parameters), random draws an untried candidate uniformly, and tpe/gp do so for their first `startup`
+    trials: the trial parameters are independent categoricals, and on most GPU counts nearly every draw of
+    them is a layout Megatron refuses (16 GPUs: 15 of 15 random draws were), so a sampler left alone never
+    completes a trial and has nothing to learn from."""
 
     SAMPLERS = {"tpe": "TPESampler", "gp": "GPSampler", "random": "RandomSampler"}
 
-    def __init__(self, kind: str = "tpe", seed: int = 0):
+    def __init__(self, kind: str = "tpe", seed: int = 0, candidates: list[Candidate] | None = None,
+                 to_params=None, startup: int = 10):
         if kind not in self.SAMPLERS:
             raise ValueError(f"unknown sampler {kind!r}; choose from {', '.join(self.SAMPLERS)}")
         self.name = kind
@@ -86,8 +94,19 @@ class SamplerProposer(Proposer):
                 raise ImportError(f"--proposer gp needs {' and '.join(missing)} (Optuna's GPSampler): "
                                   f"pip install {' '.join(missing)}")
         self._sampler = getattr(optuna.samplers, self.SAMPLERS[kind])(seed=seed)
+        self._seed, self._candidates, self._to_params, self._startup = seed, candidates, to_params, startup
 
-    def propose(self, history: History) -> Proposal:
+    def propose(self, history: History) -> Proposal | None:
+        if self._candidates is not None and (self.name == "random" or len(history.tried) < self._startup):
+            untried = [c for c in self._candidates if c.layout.key() not in history.tried]
+            if not untried:
+                return None
+            # seeded by what the study has tried, so a resumed study does not replay a fresh one's draws
+            pick = random.Random(f"{self._seed}/{len(history.tried)}").choice(untried)
+            why = "" if self.name == "random" else f" (the sampler's first {self._startup} trials)"
+            return Proposal(params=self._to_params(pick.layout),
+                            rationale=f"a random untried layout of the {len(self._candidates):,} valid ones "
+                                      f"predicted to fit{why}")
         return Proposal(params=None, rationale=f"Optuna {self.SAMPLERS[self.name]} over the layout parameters")
 
     def sampler(self) -> optuna.samplers.BaseSampler:

@@ -110,7 +110,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers."""
     if kind != "agent":
         try:
-            return SamplerProposer(kind)
+            return SamplerProposer(kind, candidates=proposer_candidates(candidates), to_params=to_optuna_params)
         except ImportError as e:
             raise CliError(str(e)) from None
     from tuner.agent import AgentProposer
