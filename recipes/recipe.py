@@ -311,9 +311,63 @@ def dump_recipe(recipe: dict) -> str:
                      width=116)  # 116: the width that reproduces the reference recipes byte for byte
 
 
-def write_recipe(recipe: dict, path: str | os.PathLike) -> Path:
-    """Write the recipe atomically (a temporary file in the same directory, then a rename)."""
+STATUS_RANK = {"predicted": 0, "measured": 1, "verified": 2}
+
+
+def _run_identity(recipe: dict) -> tuple:
+    """What run a recipe describes: model, GPUs, workload and layout (not its labels, dataset or results)."""
+    gpu = recipe.get("gpu") if isinstance(recipe.get("gpu"), dict) else {}
+    workload = {k: v for k, v in (recipe.get("workload") or {}).items() if k not in ("rows", "dataset")}
+    layout = {k: v for k, v in (recipe.get("layout") or {}).items() if k not in ("label", "summary", "highlights")}
+    return (recipe.get("model"), gpu.get("type"), gpu.get("count"), repr(sorted(workload.items())),
+            repr(sorted(layout.items())))
+
+
+def replacing(recipe: dict, path: Path) -> str | None:
+    """Why `recipe` must not replace the file at `path` (None: it may, with the evidence there carried over):
+    a file that is no recipe, a recipe of another run (same layout name, another batch, model or workload), or
+    one with stronger evidence (measured or verified, against a prediction). Component tests recorded there that
+    `recipe` lacks are added to it."""
+    if not path.exists():
+        return None
+    try:
+        old = _read_mapping(path)
+    except RecipeError as e:
+        return f"it is not a recipe tune can read ({e.one_line()})"
+    if _run_identity(old) != _run_identity(recipe):
+        return "it is a recipe of another run (model, GPUs, workload or layout differ)"
+    old_status, new_status = old.get("status"), recipe.get("status")
+    if STATUS_RANK.get(old_status, 3) > STATUS_RANK.get(new_status, 0):
+        return f"it is a {old_status} recipe and this one is {new_status}"
+    from recipes.correctness import CorrectnessError, correctness_block, record_component_test
+    try:
+        kept = correctness_block(old).get("component_tests") or []
+        have = {t.get("test") for t in correctness_block(recipe).get("component_tests") or []}
+    except CorrectnessError:
+        return None
+    for entry in kept:
+        if entry.get("test") not in have:
+            record_component_test(recipe, entry)
+    return None
+
+
+def free_path(recipe: dict, path: Path) -> Path:
+    """`path`, or the first of path-2, path-3, ... that `recipe` may replace (see `replacing`)."""
+    candidate, n = path, 1
+    while replacing(recipe, candidate) is not None:
+        n += 1
+        candidate = path.with_name(f"{path.stem}-{n}{path.suffix}")
+    return candidate
+
+
+def write_recipe(recipe: dict, path: str | os.PathLike, *, guard: bool = True) -> Path:
+    """Write the recipe atomically (a temporary file in the same directory, then a rename). `guard`: refuse
+    (RecipeError) to replace a file `replacing` says must stay; commands that update a recipe they have just
+    read pass False."""
     path = Path(path)
+    why = replacing(recipe, path) if guard else None
+    if why:
+        raise RecipeError(f"{path}: not replaced: {why}; write to another file")
     path.parent.mkdir(parents=True, exist_ok=True)
     text = dump_recipe(recipe)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

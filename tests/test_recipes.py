@@ -367,3 +367,38 @@ def test_error_invalid_layout(tmp_path, good_recipe):
     # A dp that disagrees with the grid.
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"], dp=4))
     assert_one_line_error(write_recipe(recipe, tmp_path / "dp.yaml"), "field 'layout': invalid layout: field 'dp' is 4")
+
+
+def test_a_recipe_with_evidence_or_of_another_run_is_never_replaced(tmp_path):
+    """A verified recipe is not overwritten by a prediction of its own layout; a recipe of another run (another
+    global batch, same layout name) is not overwritten either: export writes beside it; component tests
+    recorded in a recipe survive its re-export."""
+    import shutil
+
+    from recipes.correctness import record_component_test
+    from recipes.recipe import free_path
+
+    verified = tmp_path / "r.yaml"
+    shutil.copy(reference("attune-tp1-pp1-ep8.yaml"), verified)
+    before = verified.read_bytes()
+    case = load_recipe(verified).case
+    prediction = predict(case.model, case.gpu, case.workload, case.layout)
+    predicted = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction)
+    with pytest.raises(RecipeError, match="not replaced: it is a verified recipe and this one is predicted"):
+        write_recipe(predicted, verified)
+    assert verified.read_bytes() == before
+    assert free_path(predicted, verified) == tmp_path / "r-2.yaml"
+
+    mine = write_recipe(predicted, tmp_path / "p.yaml")
+    other = dict(predicted, workload=dict(predicted["workload"], global_batch=256))
+    with pytest.raises(RecipeError, match="a recipe of another run"):
+        write_recipe(other, mine)
+    assert free_path(other, mine) == tmp_path / "p-2.yaml"
+
+    tested = yaml.safe_load(mine.read_text())
+    record_component_test(tested, {"test": "adam", "shape": "s", "gpu": "H200", "date": "2026-12-01",
+                                   "result": "pass", "detail": "d", "note": None})
+    write_recipe(tested, mine, guard=False)
+    again = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction)
+    write_recipe(again, free_path(again, mine))   # the same run, predicted again: replaces, keeps the test
+    assert [t["test"] for t in yaml.safe_load(mine.read_text())["correctness"]["component_tests"]] == ["adam"]

@@ -79,7 +79,7 @@ def test_sampler_proposer_prunes_what_cannot_be_run(tmp_path, monkeypatch, capsy
         reason = t.user_attrs["prune_reason"]
         assert reason.startswith(("invalid layout", "world size", "predicted not to fit", "already evaluated",
                                   "VPP", "the flex dispatcher", "overlap_d2h_h2d", "decoder_", "account_for_",
-                                  "decoder_first/last"))
+                                  "decoder_first/last", "pipeline_model_parallel_layout"))
 
 
 def test_predict_json_for_a_layout(capsys):
@@ -205,6 +205,10 @@ def test_profile_flag_changes_predictions(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     write_profile(faster, path)
     args = ["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8", "--json"]
+    assert main(args + ["--profile", str(path)]) == 2   # a B200 profile priced as an H200: refused
+    assert "a profile of b200" in capsys.readouterr().err
+    faster["gpu_type"] = "h200"   # the what-if made explicit: an H200 profile with B200 collectives
+    write_profile(faster, path)
     assert main(args) == 0
     shipped = json.loads(capsys.readouterr().out)
     assert main(args + ["--profile", str(path)]) == 0

@@ -10,6 +10,7 @@ and tuner.catalog_commands (imported only when run, so `tune models` never loads
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from cost_model.errors import AttuneError
@@ -35,13 +36,18 @@ def main(argv: list[str] | None = None) -> int:
             module = _delegated(argv[0])
             with one_line_usage_errors():
                 return module.main(argv[1:])
-        return _run_command(argv)
+        code = _run_command(argv)
+        sys.stdout.flush()   # here, not at exit: a reader that left is a BrokenPipeError this function handles
+        return code
     except AttuneError as e:
         print(f"tune: error: {e.one_line()}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("tune: interrupted; finished trials are kept in the study", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # `tune show | head`: the reader left; say nothing, as a SIGPIPE'd tool would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _run_command(argv: list[str]) -> int:
@@ -56,6 +62,11 @@ def _run_command(argv: list[str]) -> int:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
     module, function = COMMANDS[command]
+    if command in STUDY_COMMANDS and command != "run":   # a storage that fails while read: one line
+        from tuner.study import storage_errors, storage_url
+
+        with storage_errors(storage_url(getattr(args, "storage", None))):
+            return getattr(importlib.import_module(module), function)(args)
     return getattr(importlib.import_module(module), function)(args)
 
 

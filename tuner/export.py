@@ -11,7 +11,7 @@ from tuner.options import writing_user_file
 
 def export_rows(rows, config, out: Path, study=None) -> list[Path]:
     """Write one recipe per ranked row under `out`; the paths written, in the rows' order."""
-    from recipes.recipe import build_recipe, recipe_name, recipe_path, write_recipe
+    from recipes.recipe import build_recipe, free_path, recipe_name, recipe_path, write_recipe
 
     trials = {t.number: t for t in study.get_trials(deepcopy=False)} if study is not None else {}
     paths = []
@@ -22,7 +22,8 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
         trial = trials.get(row.number)
         if row.kind == "measured" and trial is not None:
             _record_measurement(recipe, row, trial, config, study)
-        path = recipe_path(out, config.model, config.gpu, recipe_name(row.layout))
+        # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
+        path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
         with writing_user_file():
             write_recipe(recipe, path)
         paths.append(path)

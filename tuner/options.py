@@ -224,6 +224,14 @@ def profile(args):
     return load_profile(args.profile) if getattr(args, "profile", None) else None
 
 
+def check_profile_gpu(profile, gpu) -> None:
+    """A --profile of one GPU type priced as another would answer with the wrong chip's rates."""
+    if profile is not None and profile.gpu_type != gpu.name:
+        raise CliError(f"--profile is a profile of {profile.gpu_type} ({profile.device or profile.provenance}), "
+                       f"not of {gpu.name}: pass --gpu {profile.gpu_type}, or a profile of {gpu.name} "
+                       f"(tune profile --derive {gpu.name} derives one)")
+
+
 # ---------------------------------------------------------------- one parser per subcommand
 
 def run_parser():

@@ -105,8 +105,13 @@ def default_study_name(model: ModelSpec, gpu: GpuSpec, world_size: int) -> str:
 
 
 def storage_url(value: str | None) -> str:
-    if not value:
+    if value is None:
         return DEFAULT_STORAGE
+    if not value.strip():
+        raise StudyError("--storage is empty: give an SQLite file or a URL, or leave it out for the default")
+    if "://" not in value and any(ch in value for ch in "?#"):
+        # in an SQLite URL they start the query or fragment: the study would go to another file
+        raise StudyError(f"--storage {value}: a file name with '?' or '#' cannot be an SQLite URL; rename it")
     return value if "://" in value else f"sqlite:///{value}"
 
 
@@ -208,6 +213,13 @@ def _check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool
             head = f.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
             raise StudyError(f"study storage {url}: {path} is not an SQLite database (corrupt or another file)")
+        tables = _sqlite_tables(url, path) if head else set()
+        if tables and not OPTUNA_TABLES <= tables:
+            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise StudyError(f"study storage {url}: {path} is an SQLite database but not an Optuna study storage "
+                             f"(tables: {shown}); tune writes nothing into it: pass another --storage")
+        if must_exist and not tables:
+            raise StudyError(f"study storage {url}: {path} is empty (no study was ever stored in it)")
         if writable and not os.access(path, os.W_OK):
             raise StudyError(f"study storage {url}: {path} is read-only; tune writes trials to it "
                              f"(make it writable or pass another --storage)")
@@ -225,6 +237,22 @@ def _check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool
             path.parent.mkdir(parents=True, exist_ok=True)
         else:
             raise StudyError(f"study storage {url}: folder {path.parent} does not exist")
+
+
+OPTUNA_TABLES = {"studies", "trials", "version_info"}   # a few of the tables every Optuna RDB storage has
+
+
+def _sqlite_tables(url: str, path: Path) -> set[str]:
+    """The table names of an existing SQLite file, read without writing to it."""
+    import sqlite3
+    import urllib.parse
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro",
+                                                uri=True, timeout=60)) as db:
+            return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as e:
+        raise StudyError(f"study storage {url}: {path}: {_first_line(e)}") from None
 
 
 def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:

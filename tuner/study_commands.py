@@ -18,7 +18,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_opt
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.export import export_rows
-from tuner.options import CliError, profile, target, workload
+from tuner.options import CliError, check_profile_gpu, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
 from tuner.study import (StudyConfig, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
@@ -35,6 +35,7 @@ def cmd_run(args) -> int:
     config = StudyConfig(model, gpu, gpus, trained, Stack.with_fixes(args.stack_fix),
                          workload_options(SpaceOptions(), trained), profile(args), steps=args.steps,
                          window=measured_window(args.steps))
+    check_profile_gpu(config.profile, gpu)
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
     space = runner_space(config, runner)         # what this runner's stack can run
     # measured and predicted figures never share a study: a measuring backend gets a study of its own
@@ -199,7 +200,10 @@ def score_space(config, runner: TrialRunner | None = None,
 def open_existing(args):
     if not args.study:
         raise CliError("--study NAME is required")
-    return load_study(open_storage(storage_url(args.storage), must_exist=True, writable=False), args.study)
+    study = load_study(open_storage(storage_url(args.storage), must_exist=True, writable=False), args.study)
+    if not study.user_attrs.get("config") and study.trials:
+        raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
+    return study
 
 
 def cmd_show(args) -> int:

@@ -15,7 +15,7 @@ from cost_model.model_spec import ModelSpec
 from cost_model.predict import Prediction
 from cost_model.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
-from tuner.options import CliError, profile, writing_user_file
+from tuner.options import CliError, check_profile_gpu, profile, writing_user_file
 from tuner.predict_request import (MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
                                    result_dict)
 
@@ -40,6 +40,7 @@ def cmd_predict(args) -> int:
     if args.batch:
         return predict_batch(args.batch, hardware)
     case = resolve(request_from_args(args))
+    check_profile_gpu(hardware, case.gpu)
     prediction = answer(case, hardware)
     interval = interval_for(case, hardware)
     if args.recipe_out:
@@ -199,7 +200,9 @@ def cmd_trial(args) -> int:
         raise CliError("--dry-run prints the Ray job of --backend slime; the other backends submit no job")
     case = resolve(request_from_args(args))
     answer(case)  # the layout's rules, before any GPU is touched
-    runner = make_runner(args, profile(args))
+    hardware = profile(args)
+    check_profile_gpu(hardware, case.gpu)
+    runner = make_runner(args, hardware)
     spec = TrialSpec(case, steps=args.steps, window=measured_window(args.steps))
     if dry_run:  # the job as submit_job would get it; no Ray connection, nothing submitted
         print(json.dumps(runner.job_request(spec), indent=2))

@@ -1,0 +1,92 @@
+"""Storages and profiles tune must not use: refused in one line with exit 2, and nothing written to them
+(a new user's paths: another program's SQLite file, an empty file, a '?' in a file name, a corrupt
+database, a study Optuna made without tune, a profile of another GPU, a reader that leaves the pipe)."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+
+from tuner.cli import main
+
+TARGET = ["--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "8"]
+RUN = [*TARGET, "--trials", "1", "--no-progress", "--top", "0"]
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_another_programs_sqlite_file_is_neither_read_as_a_storage_nor_written(tmp_path, capsys):
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    before = path.read_bytes()
+    assert main(["show", "--study", "x", "--storage", str(path)]) == 2
+    assert "not an Optuna study storage (tables: users)" in one_line(capsys)
+    assert main([*RUN, "--storage", str(path)]) == 2
+    assert "not an Optuna study storage" in one_line(capsys)
+    assert path.read_bytes() == before
+
+
+def test_an_empty_file_is_not_a_study_to_show(tmp_path, capsys):
+    path = tmp_path / "e.db"
+    path.touch()
+    assert main(["show", "--study", "x", "--storage", str(path)]) == 2
+    assert "is empty" in one_line(capsys)
+    assert path.stat().st_size == 0
+
+
+def test_storage_names_that_are_not_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*RUN, "--storage", "q?x.db"]) == 2
+    assert "'?' or '#'" in one_line(capsys)
+    assert main(["show", "--study", "x", "--storage", ""]) == 2
+    assert "--storage is empty" in one_line(capsys)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_corrupt_database_and_a_foreign_study_fail_in_one_line(tmp_path, capsys):
+    url = tmp_path / "s.db"
+    assert main([*RUN, "--storage", str(url), "--study", "mine"]) == 0
+    capsys.readouterr()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.create_study(study_name="foreign", storage=f"sqlite:///{url}").optimize(lambda t: t.suggest_float("x", 0, 1),
+                                                                                   n_trials=1)
+    for command in (["show"], ["report", "--out", str(tmp_path / "r")]):
+        assert main([*command, "--study", "foreign", "--storage", str(url)]) == 2
+        assert "was not created by tune" in one_line(capsys)
+    data = bytearray(url.read_bytes())
+    for offset in range(4096, len(data), 4096):   # every page after the first: the schema stays readable
+        data[offset:offset + 64] = b"\xa5" * 64
+    url.write_bytes(bytes(data))
+    for command in (["show"], ["export", "--out", str(tmp_path / "x")], ["report", "--out", str(tmp_path / "r2")]):
+        assert main([*command, "--study", "mine", "--storage", str(url)]) == 2
+        assert "malformed" in one_line(capsys)
+
+
+def test_a_profile_of_another_gpu_is_refused(tmp_path, capsys):
+    derived = tmp_path / "b200.yaml"
+    assert main(["profile", "--derive", "b200", "--out", str(derived)]) == 0
+    capsys.readouterr()
+    assert main(["predict", *TARGET, "--profile", str(derived)]) == 2
+    assert "a profile of b200" in one_line(capsys)
+    assert main([*RUN, "--profile", str(derived), "--storage", str(tmp_path / "s.db")]) == 2
+    assert "a profile of b200" in one_line(capsys)
+    assert not (tmp_path / "s.db").exists()
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "8", "--profile", str(derived)]) == 0
+
+
+def test_a_reader_that_leaves_the_pipe_gets_no_traceback():
+    tune = [sys.executable, "-c", "import sys; from tuner.cli import main; sys.exit(main())", "models"]
+    producer = subprocess.Popen(tune, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=Path(__file__).resolve().parents[1])
+    producer.stdout.close()      # the reader is gone before tune writes (as `| head -0` would be)
+    err = producer.stderr.read().decode()
+    producer.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
