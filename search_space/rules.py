@@ -40,7 +40,8 @@ def violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stac
     _attention_rules(out, layout, model, stack)
     _expert_rules(out, layout, model)
     _pipeline_rules(out, layout, model)
-    _context_parallel_rules(out, layout)
+    if workload.framework == "slime":   # a Megatron-LM/Bridge run sets its own --seq-length
+        _context_parallel_rules(out, layout)
     _recompute_rules(out, layout, model)
     _feature_rules(out, layout, model, stack)
     _batching_rules(out, layout, workload)
@@ -177,7 +178,7 @@ def _batching_rules(out: list[Violation], layout: Layout, workload: Workload) ->
         out.append(Violation("rows_per_microbatch", SLIME,
                              f"rows_per_microbatch {layout.rows_per_microbatch} does not match max_tokens_per_gpu "
                              f"{layout.max_tokens_per_gpu} x CP {cp} / {workload.seq_len}-token rows = {rows}"))
-    if workload.seq_len % (2 * cp):
+    if cp > 1 and workload.seq_len % (2 * cp):   # CP 1 does not split rows
         out.append(Violation("row_divisible_by_2cp", SLIME,
                              f"{workload.seq_len}-token rows are not divisible by 2 x CP = {2 * cp} (zigzag CP split)"))
     if gbs < dp:

@@ -109,3 +109,18 @@ def test_enumeration_across_models_and_sizes(workload, stack):
         layouts = list(enumerate_layouts(model, n, workload, stack))
         assert layouts, name
         assert all(not violations(l, model, workload, stack) for l in layouts[::211])
+
+
+def test_context_parallel_rules_follow_the_framework_and_cp():
+    """slime's --seq-length placeholder (2048) bounds CP for slime runs only; a Megatron run of 12,288-token rows
+    takes CP 3 (12,288 % 6 == 0); rows of any length are fine at CP 1 (nothing splits them)."""
+    llama = load_model("llama3-70b")
+    layout = Layout(48, tp=8, cp=3, max_tokens_per_gpu=4096)
+    megatron = Workload(seq_len=12288, global_batch=64, framework="megatron")
+    assert not violations(layout, llama, megatron, Stack())
+    slime = Workload(seq_len=12288, global_batch=64)
+    assert [v.rule for v in violations(layout, llama, slime, Stack())] == ["cp_divides_2048"]
+    odd = Workload(seq_len=8191, global_batch=64)
+    assert not violations(Layout(8, max_tokens_per_gpu=8191), load_model("llama3-8b"), odd, Stack())
+    assert "row_divisible_by_2cp" in [v.rule for v in violations(Layout(8, cp=2, max_tokens_per_gpu=4096),
+                                                                 load_model("llama3-8b"), odd, Stack())]
