@@ -86,8 +86,16 @@ def vision_work(model: ModelSpec, workload: Workload, layout: Layout) -> VisionW
     if model.vision is None:
         raise WorkloadError(f"{model.display_name} has no vision encoder (no vision_config): images_per_row must "
                             f"be 0, got {workload.images_per_row}")
+    v = model.vision
+    if workload.image_size < v.patch_size:
+        raise WorkloadError(f"image_size {workload.image_size} px is smaller than one {v.patch_size}-px patch of "
+                            f"{model.display_name}'s vision encoder")
+    per_image = v.patches_per_image(workload.image_size)
+    row_tokens = workload.images_per_row * per_image // v.spatial_merge_size ** 2
+    if row_tokens > workload.seq_len:   # each image's merged patches are placeholder tokens of the row
+        raise WorkloadError(f"{workload.images_per_row} image(s) of {workload.image_size} px are {row_tokens:,} "
+                            f"image tokens, more than the {workload.seq_len:,}-token row that holds them")
     rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
-    per_image = model.vision.patches_per_image(workload.image_size)
     return VisionWork(model.vision, rows * workload.images_per_row * per_image / layout.cp, per_image)
 
 

@@ -202,3 +202,17 @@ def test_a_recipe_keeps_the_workload_it_was_priced_for(tmp_path, capsys):
     text = plain.read_text()
     assert "peft" not in text and "images_per_row" not in text and "framework: megatron" not in text
     assert "slime (Megatron backend)" in text
+
+
+def test_images_that_cannot_be_in_the_row_are_refused():
+    """16 images of 896 px are 16 x 784 image tokens of a 4,096-token row; a 7-px image is smaller than a patch."""
+    from cost_model.errors import AttuneError
+    from cost_model.workload import Workload
+
+    model, gpu, layout = load_model("qwen3.5-35b-a3b"), load_gpu("h100"), Layout(16, ep=8, max_tokens_per_gpu=4096)
+    crowded = Workload(seq_len=4096, global_batch=64, framework="megatron", images_per_row=16, image_size=896)
+    with pytest.raises(AttuneError, match="12,544 image tokens, more than the 4,096-token row"):
+        predict(model, gpu, crowded, layout)
+    with pytest.raises(AttuneError, match="smaller than one 16-px patch"):
+        predict(model, gpu, replace(crowded, images_per_row=1, image_size=7), layout)
+    assert predict(model, gpu, replace(crowded, images_per_row=4), layout).tokens_per_s_per_gpu > 0
