@@ -428,3 +428,17 @@ def assert_main_fails_in_one_line(args, needle, capsys):
     assert main(args) == 2, args
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tune: error: ") and needle in err[0], (args, err)
+
+
+def test_flags_a_recipe_or_a_batch_gives_are_refused_not_ignored(tmp_path, capsys):
+    recipe = str(REFERENCE / "attune-tp1-pp1-ep8.yaml")
+    assert main(["predict", "--recipe", recipe, "--gpu", "h100", "--layout", "tp=2"]) == 2
+    assert "drop --gpu, --layout" in capsys.readouterr().err
+    assert main(["predict", "--recipe", recipe, "--usd-per-gpu-hour", "3", "--json"]) == 0   # the price may change
+    capsys.readouterr()
+    batch = tmp_path / "b.jsonl"
+    batch.write_text(json.dumps({"recipe": recipe, "gpu": "h100", "layout": {"tp": 2}}) + "\n")
+    assert main(["predict", "--batch", str(batch), "--model", "llama3-8b"]) == 2
+    assert "drop --model" in capsys.readouterr().err
+    main(["predict", "--batch", str(batch)])
+    assert "drop gpu, layout" in json.loads(capsys.readouterr().out.splitlines()[0])["error"]

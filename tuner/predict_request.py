@@ -36,6 +36,10 @@ class RequestError(AttuneError, ValueError):
     """A request that cannot be answered; the message names the problem in one line."""
 
 
+CASE_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
+             "peft", "images_per_row", "image_size", "layout")
+
+
 def resolve(request: dict) -> Case:
     if not isinstance(request, dict):
         raise RequestError("a request must be a JSON object")
@@ -48,6 +52,11 @@ def resolve(request: dict) -> Case:
         fixes = [fixes]
     if request.get("recipe"):
         from recipes.recipe import load_recipe
+
+        extra = [k for k in CASE_KEYS if request.get(k) not in (None, {}, [])]
+        if extra:
+            raise RequestError(f"a request with a recipe takes its model, GPUs, workload and layout from it; drop "
+                               f"{', '.join(extra)}")
 
         case = load_recipe(request["recipe"]).case
         # A recipe was run on its own image; its stack carries the output-gate fix (see its stack block).

@@ -20,9 +20,26 @@ from tuner.predict_request import (MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer
                                    result_dict)
 
 
+CASE_FLAGS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
+              "peft", "images_per_row", "image_size", "layout")   # what a recipe or a batch line gives instead
+
+
+def flags_set(args, names=CASE_FLAGS) -> list[str]:
+    """The flags among `names` given away from their defaults, as --flag-names."""
+    from tuner.options import PARSERS
+
+    defaults = PARSERS["predict"]()
+    return [f"--{n.replace('_', '-')}" for n in names
+            if hasattr(args, n) and getattr(args, n) not in (None, [], defaults.get_default(n))]
+
+
 def request_from_args(args) -> dict:
     """The flags as one request (tuner.predict_request), so flags and a batch line are answered alike."""
     if getattr(args, "recipe", None):
+        extra = flags_set(args)
+        if extra:   # the recipe gives them; silently answering the recipe would ignore what was asked
+            raise CliError(f"--recipe gives the model, GPUs, workload and layout; drop {', '.join(extra)} "
+                           f"(or leave out --recipe)")
         return {"recipe": args.recipe, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix}
     if not (args.model and args.gpu):
         raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
@@ -38,6 +55,9 @@ def request_from_args(args) -> dict:
 def cmd_predict(args) -> int:
     hardware = profile(args)
     if args.batch:
+        extra = flags_set(args, CASE_FLAGS + ("recipe", "explain", "recipe_out"))
+        if extra:
+            raise CliError(f"--batch takes each request from its lines; drop {', '.join(extra)}")
         return predict_batch(args.batch, hardware)
     case = resolve(request_from_args(args))
     check_profile_gpu(hardware, case.gpu)
