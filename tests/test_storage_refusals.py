@@ -90,3 +90,21 @@ def test_a_reader_that_leaves_the_pipe_gets_no_traceback():
     err = producer.stderr.read().decode()
     producer.wait(timeout=60)
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_two_config_folders_of_one_name_are_two_studies(tmp_path, capsys, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+              "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 32,
+              "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
+    for folder, layers in (("m1", 32), ("x/m1", 16)):
+        Path(folder).mkdir(parents=True)
+        Path(folder, "config.json").write_text(json.dumps(dict(config, num_hidden_layers=layers)))
+    args = ["--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0", "--storage", "s.db"]
+    assert main(["--model", "m1", *args]) == 0
+    capsys.readouterr()
+    assert main(["--model", "x/m1", *args]) == 2
+    assert "architecture:" in one_line(capsys)
+    assert main(["--model", "m1", *args]) == 0   # the same config resumes its study

@@ -54,6 +54,18 @@ DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+def architecture_digest(model: ModelSpec) -> str | None:
+    """A short digest of a model read from a config.json (None for a catalog model, named by its key)."""
+    import hashlib
+
+    from cost_model.model_spec import catalog_names, load_model
+
+    if model.name in catalog_names() and load_model(model.name) == model:
+        return None
+    fields = {k: v for k, v in asdict(model).items() if k != "sources"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def workload_identity(workload: Workload) -> dict:
     """The workload's fields, its step options only when set: studies made before those options resume."""
     base = {k: v for k, v in asdict(workload).items() if k not in (*STEP_OPTION_DEFAULTS, "image_size")}
@@ -81,13 +93,17 @@ class StudyConfig:
         defaults = asdict(SpaceOptions())
         options = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.options).items()
                    if k not in NARROWING_FIELDS or v != defaults[k]}  # as studies made before those fields
-        return {
+        out = {
             "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
             "workload": workload_identity(self.workload),
             "stack": asdict(self.stack), "options": options,
             # $/1M tokens and every figure depend on these: a resumed study must not mix them
             "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "profile": self.profile_name(),
         }
+        digest = architecture_digest(self.model)
+        if digest:   # a config.json is named by its folder: two folders of one name are two models
+            out["architecture"] = digest
+        return out
 
     def profile_name(self) -> str:
         p = self.profile
@@ -353,6 +369,8 @@ def _recorded_config(study: optuna.Study, wait_s: float = 10.0) -> dict | None:
 def _added_since(existing: dict, identity: dict, config: StudyConfig) -> bool:
     """A study recorded before the price and the profile were part of its identity matches when all else
     does and this run uses the catalog price and the shipped profile (what that study was made with)."""
+    if "architecture" in identity and "architecture" not in existing:   # recorded before config digests
+        return {k: v for k, v in identity.items() if k != "architecture"} == existing
     later = ("usd_per_gpu_hour", "profile")
     if any(k in existing for k in later):
         return False
