@@ -8,8 +8,8 @@ around the runner's own prediction, and its level against measurements is what t
 from __future__ import annotations
 
 from cost_model.constants import default_constants
-from cost_model.hypotheses import (Hypothesis, default_hypotheses, interval_of, predict_interval, predict_under,
-                                   residual_sd)
+from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, interval_of, predict_interval,
+                                   predict_under, residual_sd)
 from cost_model.layout import Layout
 from cost_model.predict import Prediction
 
@@ -38,7 +38,7 @@ def hypothesis_predictor(config, runner):
         def predict_h(h: Hypothesis, layout: Layout) -> float:
             return predict_under(h, config.model, config.gpu, config.workload, layout,
                                  profile=config.profile).tokens_per_s_per_gpu
-        return default_hypotheses(), predict_h
+        return applicable(default_hypotheses(), config.workload), predict_h   # 3 for Megatron, as predict
     shipped = tuple(h for h in default_hypotheses() if h.shipped)
 
     def runner_h(h: Hypothesis, layout: Layout) -> float:
