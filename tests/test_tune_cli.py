@@ -442,3 +442,11 @@ def test_flags_a_recipe_or_a_batch_gives_are_refused_not_ignored(tmp_path, capsy
     assert "drop --model" in capsys.readouterr().err
     main(["predict", "--batch", str(batch)])
     assert "drop gpu, layout" in json.loads(capsys.readouterr().out.splitlines()[0])["error"]
+
+
+def test_flags_of_measured_runs_are_named_when_the_backend_predicts(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top",
+                 "0", "--layers", "4", "--steps", "5"]) == 0
+    assert "note: --steps, --layers only shape measured runs; the predict backend ignores them" in \
+        capsys.readouterr().err

@@ -69,6 +69,10 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
         print(f"  search space narrowed: {line}", file=sys.stderr)
     for line in space.notes:
         print(f"  note: {line}", file=sys.stderr)
+    unused = measured_only_flags(args)
+    if unused:
+        print(f"  note: {', '.join(unused)} only shape measured runs; the {args.backend} backend ignores them",
+              file=sys.stderr)
     interrupted = recover_interrupted(study)
     if interrupted:
         what = "skipped" if args.on_interrupted == "skip" else "retried when proposed again"
@@ -105,6 +109,17 @@ def _say_if_slow(message: str, after_s: float = 1.0):
         yield
     finally:
         timer.cancel()
+
+
+MEASURED_ONLY = {"steps": 20, "layers": None, "rows": None, "ray_address": None, "hang_timeout": None,
+                 "verify_top": None, "reference": None}
+
+
+def measured_only_flags(args) -> list[str]:
+    """The flags given that only a measuring backend uses, when the backend predicts."""
+    if args.backend != "predict":
+        return []
+    return [f"--{k.replace('_', '-')}" for k, default in MEASURED_ONLY.items() if getattr(args, k, default) != default]
 
 
 def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03):
