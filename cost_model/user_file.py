@@ -9,6 +9,7 @@ that error too.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -149,13 +150,40 @@ def _check_text_nesting(text: str, name: str, error: type[Exception]) -> None:
         raise error(f"{name}: nested deeper than {MAX_NESTING} levels")
 
 
+@functools.lru_cache(maxsize=1)
+def _unique_keys_loader():
+    """yaml.SafeLoader that refuses a key given twice in one mapping (safe_load keeps the last silently: a
+    recipe with two `tp:` lines would be read with one of them)."""
+    import yaml
+
+    class UniqueKeysLoader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:   # an unhashable key: SafeLoader's own error says so
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:40]!r}",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    UniqueKeysLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return UniqueKeysLoader
+
+
 def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
     """YAML (safe_load) with bounded nesting; failures as one-line `error`."""
     import yaml
 
     _check_text_nesting(text, name, error)
     try:
-        return _bounded(yaml.safe_load(text), name, error)
+        return _bounded(yaml.load(text, Loader=_unique_keys_loader()), name, error)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -448,6 +448,10 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
     """
     path = Path(path)
     top = _Fields(path, _read_mapping(path))
+    version = top.data.get("schema_version")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        top.fail(f"field 'schema_version' must be {SCHEMA_VERSION} (the recipe format this tune reads), got "
+                 f"{str(version)[:40]}")
     if "correctness" in top.data:   # checked now: a command that records a result must not fail after its run
         try:
             correctness_block(top.data)
@@ -503,6 +507,11 @@ def _gpu(top: _Fields) -> tuple[GpuSpec, int]:
     count = gpu_fields.int("count")
     if not 1 <= count <= MAX_GPUS:
         top.fail(f"field 'gpu.count' must be between 1 and {MAX_GPUS:,}, got {str(count)[:40]}")
+    per_node = gpu_fields.data.get("per_node")
+    if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1
+                                 or (count > per_node and count % per_node)):
+        top.fail(f"field 'gpu.per_node' {str(per_node)[:40]} does not fit gpu.count {count} (whole nodes of "
+                 f"per_node GPUs, or one node)")
     return gpu, count
 
 

@@ -402,3 +402,18 @@ def test_a_recipe_with_evidence_or_of_another_run_is_never_replaced(tmp_path):
     again = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction)
     write_recipe(again, free_path(again, mine))   # the same run, predicted again: replaces, keeps the test
     assert [t["test"] for t in yaml.safe_load(mine.read_text())["correctness"]["component_tests"]] == ["adam"]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (("  tp: 1\n", "  tp: 1\n  tp: 2\n"), "duplicate key 'tp'"),
+    (("schema_version: 1\n", "schema_version: 2\n"), "field 'schema_version' must be 1"),
+    (("schema_version: 1\n", ""), "field 'schema_version' must be 1"),
+    (("  per_node: 8\n", "  per_node: 3\n"), "field 'gpu.per_node' 3 does not fit gpu.count 8"),
+])
+def test_recipes_that_do_not_say_one_thing_are_refused(tmp_path, edit, needle):
+    text = reference("attune-tp1-pp1-ep8.yaml").read_text()
+    assert edit[0] in text
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(RecipeError, match=needle):
+        load_recipe(broken)
