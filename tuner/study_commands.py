@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def cmd_run(args) -> int:
         with storage_errors(url):
             precheck_study(storage, name, config, runner.figures)
     with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
-        candidates = score_space(config, runner, space)
+        candidates = score_space(config, runner, space, progress=lambda line: print(line, file=sys.stderr, flush=True))
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
@@ -179,8 +180,11 @@ def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) 
     return layout
 
 
-def score_space(config, runner: TrialRunner | None = None,
-                space: RunnerSpace | None = None) -> list[tuple[Layout, Prediction]]:
+PROGRESS_EVERY_S = 30.0
+
+
+def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
+                progress=None) -> list[tuple[Layout, Prediction]]:
     """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
     predicted to fit, with its prediction for what the runner runs (`runner.predict`; without a runner,
     the cost model for the full model); CliError when none does."""
@@ -190,12 +194,17 @@ def score_space(config, runner: TrialRunner | None = None,
         return runner.predict(config.case(layout), config.profile)
 
     scored, refused = [], []
+    started = last = time.monotonic()
     for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
                                space.options if space is not None else config.options):
         try:
             scored.append((l, prediction(l)))
         except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
             refused.append(str(e))
+        if progress is not None and len(scored) % 1000 == 0 and time.monotonic() - last > PROGRESS_EVERY_S:
+            last = time.monotonic()   # a large space (hundreds of GPUs) takes minutes: say it is moving
+            progress(f"  scored {len(scored):,} layouts in {last - started:.0f} s "
+                     f"({len(scored) / (last - started):,.0f}/s); still enumerating")
     if not scored:
         if refused:
             raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")
