@@ -70,10 +70,16 @@ def test_adam_cli_on_cpu_from_a_model_config(tiny_moe_config, capsys):
 
 
 def test_adam_result_is_recorded_in_a_recipe_and_a_bad_recipe_stops_before_the_test(tmp_path, tiny_moe_config,
-                                                                                      capsys):
+                                                                                      capsys, monkeypatch):
     model = tiny_moe_config
     source = Path(__file__).parent / "fixtures" / "reference_recipes" / "attune-tp1-ep8-mt16k.yaml"
     out = tmp_path / "out.yaml"
+    # A CPU run is never recorded: one line, exit 2, nothing written.
+    assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(source),
+                      "--recipe-out", str(out)]) == 2
+    assert "not recorded in a recipe" in capsys.readouterr().err and not out.exists()
+    # The recording path itself, exercised on this GPU-less machine as a GPU run would take it.
+    monkeypatch.setattr(adam, "RECORDED_DEVICES", ("cuda", "cpu"))
     assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(source),
                       "--recipe-out", str(out)]) == 0
     assert "recorded in" in capsys.readouterr().err

@@ -337,12 +337,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="cuda (default); cpu only for test runs")
     p.add_argument("--seed", type=_int_in(0, 2 ** 63 - 1), default=0)
     p.add_argument("--max-elements", type=_int_in(1, 1 << 31), default=MAX_ELEMENTS,
-                   help=f"cap on the elements tested (default {MAX_ELEMENTS:,})")
+                   help=f"cap on the elements tested, at least one whole expert (default {MAX_ELEMENTS:,})")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--recipe", help="record the result in this recipe's correctness.component_tests (checked "
                                     "before the test runs; rewritten in place unless --recipe-out is given)")
     p.add_argument("--recipe-out", help="with --recipe: write the updated recipe here instead")
     return p
+
+
+RECORDED_DEVICES = ("cuda",)   # where a result may enter a recipe's correctness block
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.recipe_out and not args.recipe:
             raise ComponentTestError("--recipe-out needs --recipe")
+        if args.recipe and args.device not in RECORDED_DEVICES:
+            # a recipe's component tests are evidence about its GPU image; a CPU run tests the test
+            raise ComponentTestError(f"--device {args.device} runs are test runs and are not recorded in a recipe "
+                                     f"(drop --recipe, or run on cuda)")
         recipe = load_recipe(args.recipe).data if args.recipe else None  # a bad recipe fails before the test
         if args.max_elements < 1:
             raise ComponentTestError(f"--max-elements must be positive, got {args.max_elements}")
