@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -471,8 +472,31 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
         found = violations(layout, model, workload, stack)
     if found:
         top.fail(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
+    _check_says_its_layout(top, layout)
     case = Case(model, gpu, workload, layout, stack if stack is not None else Stack())
     return LoadedRecipe(case=case, data=top.data)
+
+
+# The `run` command's parallel sizes, as Megatron's flags name them, against the layout's fields.
+RUN_FLAGS = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
+             "--expert-tensor-parallel-size": "etp", "--num-virtual-stages-per-pipeline-rank": "vpp"}
+
+
+def _check_says_its_layout(top: _Fields, layout: Layout) -> None:
+    """The recipe's label and its command must describe its layout: a hand edit of one and not the others
+    would run, or be read, as another layout."""
+    label = (top.data.get("layout") or {}).get("label")
+    if isinstance(label, str) and label.strip() and label.strip() != layout.label:
+        top.fail(f"field 'layout.label' says {label.strip()[:60]!r} but the layout's fields are {layout.label!r}")
+    run = top.data.get("run")
+    if not isinstance(run, str):
+        return
+    for flag, field_name in RUN_FLAGS.items():
+        for value in re.findall(rf"{re.escape(flag)}[ =]+(\d+)\b", run):
+            if int(value) != getattr(layout, field_name):
+                top.fail(f"field 'run' sets {flag} {value} but the layout has {field_name.upper()} "
+                         f"{getattr(layout, field_name)}")
 
 
 def _read_mapping(path: Path) -> dict:

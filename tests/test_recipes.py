@@ -353,7 +353,9 @@ def test_error_invalid_layout(tmp_path, good_recipe):
                                            recompute=dict(good_recipe["layout"]["recompute"], num_layers=41)))
     assert_one_line_error(write_recipe(recipe, tmp_path / "rc41.yaml"), "recompute_num_layers 41")
     # TP 4 with 2 query groups and the output gate: a stack rule, checked only when a stack is given.
-    recipe = dict(good_recipe, layout=dict(good_recipe["layout"], tp=4, dp=2, sequence_parallel=True))
+    recipe = dict(good_recipe, layout=dict(good_recipe["layout"], tp=4, dp=2, sequence_parallel=True,
+                                           label="TP4 PP1 EP8 DP2"),
+                  run=good_recipe["run"].replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 4"))
     path = write_recipe(recipe, tmp_path / "tp4.yaml")
     assert load_recipe(path).case.layout.tp == 4
     with pytest.raises(RecipeError, match="output gate"):
@@ -415,5 +417,19 @@ def test_recipes_that_do_not_say_one_thing_are_refused(tmp_path, edit, needle):
     assert edit[0] in text
     broken = tmp_path / "broken.yaml"
     broken.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(RecipeError, match=needle):
+        load_recipe(broken)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (("  label: TP1 PP1 EP8 DP8\n", "  label: TP8 PP8 EP1 DP1\n"), "says 'TP8 PP8 EP1 DP1' but the layout's fields"),
+    (("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 8"),
+     "sets --tensor-model-parallel-size 8 but the layout has TP 1"),
+])
+def test_a_recipe_whose_label_or_command_contradicts_its_layout_is_refused(tmp_path, edit, needle):
+    text = reference("attune-tp1-pp1-ep8.yaml").read_text()
+    assert edit[0] in text
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text.replace(edit[0], edit[1]))
     with pytest.raises(RecipeError, match=needle):
         load_recipe(broken)
