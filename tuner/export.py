@@ -25,7 +25,7 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
         # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
         path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
         with writing_user_file():
-            write_recipe(recipe, path)
+            write_recipe(recipe, path, guard=False)   # free_path already chose a file it may replace
         paths.append(path)
     return paths
 

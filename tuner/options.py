@@ -224,6 +224,13 @@ def profile(args):
     return load_profile(args.profile) if getattr(args, "profile", None) else None
 
 
+def flags_set(args, names, command: str) -> list[str]:
+    """The flags among `names` that `args` gives away from `command`'s parser defaults, as --flag-names."""
+    defaults = PARSERS[command]()
+    return [f"--{n.replace('_', '-')}" for n in names
+            if hasattr(args, n) and getattr(args, n) not in (None, [], defaults.get_default(n))]
+
+
 def check_profile_gpu(profile, gpu) -> None:
     """A --profile of one GPU type priced as another would answer with the wrong chip's rates."""
     if profile is not None and profile.gpu_type != gpu.name:

@@ -19,7 +19,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_opt
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.export import export_rows
-from tuner.options import CliError, check_profile_gpu, profile, target, workload
+from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
 from tuner.study import (StudyConfig, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
@@ -112,15 +112,12 @@ def _say_if_slow(message: str, after_s: float = 1.0):
         timer.cancel()
 
 
-MEASURED_ONLY = {"steps": 20, "layers": None, "rows": None, "ray_address": None, "hang_timeout": None,
-                 "verify_top": None, "reference": None}
+MEASURED_ONLY = ("steps", "layers", "rows", "ray_address", "hang_timeout", "verify_top", "reference")
 
 
 def measured_only_flags(args) -> list[str]:
     """The flags given that only a measuring backend uses, when the backend predicts."""
-    if args.backend != "predict":
-        return []
-    return [f"--{k.replace('_', '-')}" for k, default in MEASURED_ONLY.items() if getattr(args, k, default) != default]
+    return flags_set(args, MEASURED_ONLY, "run") if args.backend == "predict" else []
 
 
 def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03):

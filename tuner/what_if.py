@@ -15,28 +15,15 @@ from cost_model.model_spec import ModelSpec
 from cost_model.predict import Prediction
 from cost_model.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
-from tuner.options import CliError, check_profile_gpu, profile, writing_user_file
-from tuner.predict_request import (MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
+from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
+from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
                                    result_dict)
-
-
-CASE_FLAGS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
-              "peft", "images_per_row", "image_size", "layout")   # what a recipe or a batch line gives instead
-
-
-def flags_set(args, names=CASE_FLAGS) -> list[str]:
-    """The flags among `names` given away from their defaults, as --flag-names."""
-    from tuner.options import PARSERS
-
-    defaults = PARSERS["predict"]()
-    return [f"--{n.replace('_', '-')}" for n in names
-            if hasattr(args, n) and getattr(args, n) not in (None, [], defaults.get_default(n))]
 
 
 def request_from_args(args) -> dict:
     """The flags as one request (tuner.predict_request), so flags and a batch line are answered alike."""
     if getattr(args, "recipe", None):
-        extra = flags_set(args)
+        extra = flags_set(args, CASE_KEYS, "predict")   # what a recipe gives instead
         if extra:   # the recipe gives them; silently answering the recipe would ignore what was asked
             raise CliError(f"--recipe gives the model, GPUs, workload and layout; drop {', '.join(extra)} "
                            f"(or leave out --recipe)")
@@ -55,7 +42,7 @@ def request_from_args(args) -> dict:
 def cmd_predict(args) -> int:
     hardware = profile(args)
     if args.batch:
-        extra = flags_set(args, CASE_FLAGS + ("recipe", "explain", "recipe_out"))
+        extra = flags_set(args, CASE_KEYS + ("recipe", "explain", "recipe_out"), "predict")
         if extra:
             raise CliError(f"--batch takes each request from its lines; drop {', '.join(extra)}")
         return predict_batch(args.batch, hardware)
