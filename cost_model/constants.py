@@ -33,6 +33,7 @@ class Constants:
     cpu_adam_params_per_s_per_gpu: float
     cpu_adam_share_of_profile: float
     layer_launch_overhead_s: float
+    expert_gemm_call_s: float
     flex_overhead_factor: float
     step_overhead_s: float
     megatron_layer_launch_overhead_s: float

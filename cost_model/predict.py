@@ -154,7 +154,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
     breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,
                                workload.framework, dense, expert, rt.gdn_sharded, workload.cuda_graphs,
-                               workload.frozen_weights, vision)
+                               workload.frozen_weights, vision, rt.per_expert_gemm_calls)
     step_time = sum(breakdown.values())
 
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp

@@ -15,7 +15,8 @@ when NCCL communicators come to exist, in the loss path and in how Gated DeltaNe
   TE or Apex) whose foreach step keeps one fp32 temporary the size of the shard; megatron's unfused
   vocab-parallel cross-entropy; megatron-core's GatedDeltaNet; unfused torch kernels (RoPE, SwiGLU,
   norms, the attention output gate), which keep more of their inputs for the backward than TE's fused
-  ones (constants.yaml unfused_activation_factor).
+  ones (constants.yaml unfused_activation_factor); its experts are one torch._grouped_mm per linear, not TE's
+  GEMM call per local expert (cost_model/step_time.py exposed_expert_calls).
 
 All three run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (slime's recipes set it; the runner
 sets it since issue 12). Pure data: no I/O.
@@ -40,6 +41,7 @@ class Runtime:
     expandable_segments: bool
     source: str
     fused_kernels: bool = True    # TE's fused RoPE, SwiGLU, norms; False: unfused ops keep more inputs
+    per_expert_gemm_calls: bool = True   # TE's GroupedLinear: a GEMM call per local expert; False: one grouped GEMM
 
 
 SLIME = Runtime("slime", fused_adam=True, nccl_init=LAZY, loss_path=SLIME_LOSS, gdn_sharded=False,
@@ -50,6 +52,7 @@ MEGATRON = Runtime("megatron", fused_adam=True, nccl_init=LAZY, loss_path=MEGATR
                    source="Megatron-LM/Bridge: TE FusedAdam, NCCL communicators on first use, megatron-core GDN")
 MEGATRON_RUNNER = Runtime("megatron-runner", fused_adam=False, nccl_init=EAGER, loss_path=MEGATRON_LOSS,
                           gdn_sharded=True, expandable_segments=True, fused_kernels=False,
+                          per_expert_gemm_calls=False,
                           source="attune megatron runner without TE: torch AdamW(foreach), every NCCL "
                                  "communicator at start (device_id bound), megatron-core GDN, unfused kernels")
 RUNTIMES = {r.name: r for r in (SLIME, MEGATRON, MEGATRON_RUNNER)}

@@ -95,15 +95,39 @@ def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: fl
     t["launch_overhead"] += count * launch_passes * max(0.0, launch - lt.gpu_pass)
 
 
+def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Constants, full_fraction: float,
+                         mods: set, ep_overlap: float = 0.0) -> float:
+    """Host seconds of one MoE layer's per-expert GEMM calls in a micro-batch that its expert GEMMs do not hide.
+
+    The local experts' linears are not one kernel: Transformer Engine's GroupedLinear (--moe-grouped-gemm)
+    issues one cuBLAS GEMM per expert and linear (multi-stream cuBLAS, its default unless
+    NVTE_USE_CUTLASS_GROUPED_GEMM is set), each with its own host-side setup, and each expert's weights are
+    parameters of their own, with their own gradient hook in the backward; without TE, SequentialMLP loops over
+    the experts in Python. The host issues them after the dispatcher's sync on the split sizes, so the GPU
+    waits unless its expert GEMMs take longer: the host time is hidden behind those GEMMs only. Two linears per
+    expert, in the forward, input-gradient and (trained) weight-gradient passes, and again in recomputed
+    forwards (`expert_gemm_call_s`, fitted on the public Megatron rows). In the chunks that
+    --overlap-moe-expert-parallel-comm pairs (`ep_overlap`), the GPU has the partner micro-batch's work queued:
+    there the calls hide behind the whole layer's GPU work."""
+    passes = lt.weight_passes + full_fraction + (1.0 if "moe" in mods else 0.0)
+    host = c.expert_gemm_call_s * 2 * passes * model.num_experts / layout.ep
+    alone = max(0.0, host - lt.experts * passes / lt.weight_passes)
+    if ep_overlap <= 0:
+        return alone
+    layer_gpu = lt.attention + lt.linear_attention + lt.mlp + lt.experts + lt.elementwise
+    return ep_overlap * max(0.0, host - layer_gpu) + (1 - ep_overlap) * alone
+
+
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                           seq_len: int, imbalance: float, c: Constants, framework: str = "slime",
                           gdn_sharded: bool = False, cuda_graphs: str = "none",
                           frozen_weights: bool = False, vision: VisionWork | None = None,
-                          ep_overlap: float = 0.0) -> dict[str, float]:
+                          ep_overlap: float = 0.0, expert_calls: bool = True) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms).
     `frozen_weights`: LoRA's frozen base, whose GEMMs compute no weight gradient; `vision`: a VLM's encoder
     work, run by the rank that holds the encoder; `ep_overlap`: the share of chunks whose expert all-to-alls
-    overlap another's compute (`ep_overlap_share`)."""
+    overlap another's compute (`ep_overlap_share`); `expert_calls`: the stack issues a GEMM call per local expert
+    (`exposed_expert_calls`; False for one grouped GEMM)."""
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
     t = dict.fromkeys(RANK_TERMS, 0.0)
@@ -120,6 +144,8 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
         _add_layer(t, lt, count, full_fraction, passes, launch)
+        if expert_calls and mlp_kind == MOE and cuda_graphs != "full":   # a whole-step graph replays the expert GEMMs too
+            t["launch_overhead"] += count * exposed_expert_calls(lt, model, layout, c, full_fraction, mods, ep_overlap)
     if vision is not None and rank.vision:
         seconds, forward = vision_seconds(vision.spec, vision.patches, vision.patches_per_image, tp, rates,
                                           2 if frozen_weights else 3)
@@ -138,11 +164,13 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
 def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants,
                    framework: str, gdn_sharded: bool = False, cuda_graphs: str = "none",
-                   frozen_weights: bool = False, vision: VisionWork | None = None) -> dict[str, float]:
+                   frozen_weights: bool = False, vision: VisionWork | None = None,
+                   expert_calls: bool = True) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
     overlap = ep_overlap_share(layout, num_microbatches)
     per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework,
-                                            gdn_sharded, cuda_graphs, frozen_weights, vision, overlap) for r in ranks]
+                                            gdn_sharded, cuda_graphs, frozen_weights, vision, overlap, expert_calls)
+                      for r in ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
@@ -184,15 +212,16 @@ def step_breakdown(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates
                    num_microbatches: int, seq_len: int, imbalance: float, c: Constants, framework: str,
                    dense: float, expert: float, gdn_sharded: bool = False,
                    cuda_graphs: str = "none", frozen_weights: bool = False,
-                   vision: VisionWork | None = None) -> dict[str, float]:
+                   vision: VisionWork | None = None, expert_calls: bool = True) -> dict[str, float]:
     """Seconds of one optimizer step by term, in TERMS order. `dense` and `expert` are the parameters
     of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's GatedDeltaNet; `cuda_graphs`:
     Workload.cuda_graphs ('full' removes the host's per-layer launch time; 'partial' is what the Megatron
     launch constant was fitted on, as most public runs graph attention and the router); `frozen_weights`:
     LoRA's frozen base: no weight gradients, so no gradient sync and no optimizer step over the base (the
-    adapters' few parameters are not counted); `vision`: a VLM's encoder work per micro-batch."""
+    adapters' few parameters are not counted); `vision`: a VLM's encoder work per micro-batch; `expert_calls`:
+    the stack's experts are a GEMM call each (TE's GroupedLinear), not one grouped GEMM."""
     terms = pipeline_terms(ranks, model, rates, layout, tokens, num_microbatches, seq_len, imbalance, c, framework,
-                           gdn_sharded, cuda_graphs, frozen_weights, vision)
+                           gdn_sharded, cuda_graphs, frozen_weights, vision, expert_calls)
     trained_dense, trained_expert = (0.0, 0.0) if frozen_weights else (dense, expert)
     terms["dp_comm"] = data_parallel_time(layout, rates, c, framework, trained_dense, trained_expert)
     terms["optimizer"] = optimizer_time(layout, rates, trained_dense, trained_expert)
