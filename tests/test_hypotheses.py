@@ -47,12 +47,13 @@ def test_the_recipe_1_interval_contains_the_leaderboard_and_a_bigger_batch_tells
     c = refs["ref-attune-tp1-pp1-ep8"].case
     iv = predict_interval(default_hypotheses(), c.model, c.gpu, c.workload, c.layout)
     assert iv.low <= LEADERBOARD_RECIPE_1 <= iv.high
-    # recipe 1 with 16k tokens per GPU: the forms disagree by more than a third
+    # recipe 1 with 16k tokens per GPU: the forms disagree by more than a fifth (by a third before the per-expert
+    # GEMM calls explained about half of slime's launch time; the unexplained rest is what the forms place)
     wide = predict_interval(default_hypotheses(), c.model, c.gpu, c.workload,
                             c.layout.replace(max_tokens_per_gpu=16384, rows_per_microbatch=2))
-    assert wide.spread_high / wide.spread_low > 1.3 and "form:" in wide.drivers()[0]
+    assert wide.spread_high / wide.spread_low > 1.2 and "form:" in wide.drivers()[0]
     forms = dict((n.split(" flex ")[0], v) for n, _, v in wide.by_hypothesis)
-    assert forms["per_layer_pass"] > forms["per_token"] * 1.3
+    assert forms["per_layer_pass"] > forms["per_token"] * 1.2
 
 
 def test_weights_move_the_interval(refs):
