@@ -102,13 +102,13 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
     The local experts' linears are not one kernel: Transformer Engine's GroupedLinear (--moe-grouped-gemm)
     issues one cuBLAS GEMM per expert and linear (multi-stream cuBLAS, its default unless
     NVTE_USE_CUTLASS_GROUPED_GEMM is set), each with its own host-side setup, and each expert's weights are
-    parameters of their own, with their own gradient hook in the backward; without TE, SequentialMLP loops over
-    the experts in Python. The host issues them after the dispatcher's sync on the split sizes, so the GPU
-    waits unless its expert GEMMs take longer: the host time is hidden behind those GEMMs only. Two linears per
-    expert, in the forward, input-gradient and (trained) weight-gradient passes, and again in recomputed
-    forwards (`expert_gemm_call_s`, fitted on the public Megatron rows). In the chunks that
-    --overlap-moe-expert-parallel-comm pairs (`ep_overlap`), the GPU has the partner micro-batch's work queued:
-    there the calls hide behind the whole layer's GPU work."""
+    parameters of their own, with their own gradient hook in the backward (attune's runner calls one
+    torch._grouped_mm per linear instead: Runtime.per_expert_gemm_calls). The host issues them after the
+    dispatcher's sync on the split sizes, so the GPU waits unless its expert GEMMs take longer: the host time is
+    hidden behind those GEMMs only. Two linears per expert, in the forward, input-gradient and (trained)
+    weight-gradient passes, and again in recomputed forwards (`expert_gemm_call_s`, fitted on the public
+    Megatron rows). In the chunks that --overlap-moe-expert-parallel-comm pairs (`ep_overlap`), the GPU has the
+    partner micro-batch's work queued: there the calls hide behind the whole layer's GPU work."""
     passes = lt.weight_passes + full_fraction + (1.0 if "moe" in mods else 0.0)
     host = c.expert_gemm_call_s * 2 * passes * model.num_experts / layout.ep
     alone = max(0.0, host - lt.experts * passes / lt.weight_passes)
@@ -144,7 +144,8 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
         _add_layer(t, lt, count, full_fraction, passes, launch)
-        if expert_calls and mlp_kind == MOE and cuda_graphs != "full":   # a whole-step graph replays the expert GEMMs too
+        # A whole-step CUDA graph replays the expert GEMMs without the host.
+        if expert_calls and mlp_kind == MOE and cuda_graphs != "full":
             t["launch_overhead"] += count * exposed_expert_calls(lt, model, layout, c, full_fraction, mods, ep_overlap)
     if vision is not None and rank.vision:
         seconds, forward = vision_seconds(vision.spec, vision.patches, vision.patches_per_image, tp, rates,

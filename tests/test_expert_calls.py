@@ -53,8 +53,8 @@ def test_prediction_many_local_experts_cost_more_host_time_and_full_graphs_remov
                      dataclasses.replace(C, expert_gemm_call_s=0.0))
     assert p8.breakdown["launch_overhead"] > p8_off.breakdown["launch_overhead"]
     assert p8.tokens_per_s_per_gpu < p8_off.tokens_per_s_per_gpu
-    graphs = predict(QWEN36, H200, dataclasses.replace(wl, cuda_graphs="full"), Layout(8, ep=8, max_tokens_per_gpu=4096),
-                     C)
+    graphed = dataclasses.replace(wl, cuda_graphs="full")
+    graphs = predict(QWEN36, H200, graphed, Layout(8, ep=8, max_tokens_per_gpu=4096), C)
     assert graphs.breakdown["launch_overhead"] == 0.0
 
 
