@@ -126,13 +126,14 @@ def _value_error(e: ValueError, name: str, error: type[Exception]) -> Exception:
 def parse_json(text: str, name: str, error: type[Exception]) -> Any:
     """JSON with bounded nesting; malformed JSON, deep nesting or huge integers as one-line `error`."""
     try:
-        return _bounded(json.loads(text), name, error)
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{name}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise error(f"{name}: nested deeper than {MAX_NESTING} levels") from None
     except ValueError as e:   # Python's limit on integer digits
         raise _value_error(e, name, error) from None
+    return _bounded(data, name, error)
 
 
 def _check_text_nesting(text: str, name: str, error: type[Exception]) -> None:
@@ -183,7 +184,7 @@ def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
 
     _check_text_nesting(text, name, error)
     try:
-        return _bounded(yaml.load(text, Loader=_unique_keys_loader()), name, error)
+        data = yaml.load(text, Loader=_unique_keys_loader())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -193,3 +194,4 @@ def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
         raise error(f"{name}: nested deeper than {MAX_NESTING} levels") from None
     except (ValueError, OverflowError) as e:
         raise _value_error(e, name, error) from None
+    return _bounded(data, name, error)   # outside the try: the loaders' errors are ValueErrors too

@@ -142,6 +142,22 @@ def test_nesting_3000_deep_is_one_line(what, tmp_path, capsys):
     fails_in_one_line(capsys, argv, inputs(tmp_path), path.name, f"nested deeper than {MAX_NESTING} levels")
 
 
+@pytest.mark.parametrize("what", ["model", "recipe"])
+def test_nesting_past_the_limit_the_parser_reads_names_the_file_once(what, tmp_path, capsys):
+    # 80 levels: under the text check's bounds (block indentation, few brackets), so the parsed data's depth
+    # is what refuses it; that refusal once went through the parsers' ValueError handler and named the path twice
+    if what == "model":
+        path = tmp_path / "c.json"
+        path.write_text('{"model_type": ' + deep(80) + "}")
+        argv = ["predict", "--model", str(path), "--gpu", "h200"]
+    else:
+        path = tmp_path / "r.yaml"
+        path.write_text("a:\n" + "".join("  " * i + "b:\n" for i in range(1, 80)))
+        argv = ["predict", "--recipe", str(path)]
+    err = fails_in_one_line(capsys, argv, inputs(tmp_path), path.name, f"nested deeper than {MAX_NESTING} levels")
+    assert err.count(path.name) == 1, err
+
+
 def test_nesting_within_the_limit_still_reads(tmp_path, capsys):
     # 60 levels inside a field the loader ignores: the bound refuses depth, not unusual fields
     path = config(tmp_path, notes=json.loads(deep(60)))
