@@ -160,8 +160,12 @@ def add_workload(p: argparse.ArgumentParser):
                    help="hardware profile YAML (from `tune profile`) to use instead of the one shipped for the GPU")
 
 
-def add_storage(p: argparse.ArgumentParser):
-    p.add_argument("--study", default=None, type=study_name, help="study name (default: <model>-<gpu>-x<gpus>)")
+def add_storage(p: argparse.ArgumentParser, named_by_target: bool = False):
+    """--study and --storage; `named_by_target`: the parser has --model/--gpu/--gpus, which name the study when
+    --study is left out (the study commands, which have not, need it)."""
+    p.add_argument("--study", default=None, type=study_name,
+                   help="study name (default: <model>-<gpu>-x<gpus>)" if named_by_target else
+                        "study name (required: tune names a study <model>-<gpu>-x<gpus> unless --study is given)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage URL or SQLite path (default: sqlite:///studies/attune.sqlite3)")
 
@@ -247,7 +251,7 @@ def run_parser():
                            + ", ".join(SUBCOMMANDS + OWN_PARSER_SUBCOMMANDS) + "\n(tune SUBCOMMAND --help).")
     add_target(p)
     add_workload(p)
-    add_storage(p)
+    add_storage(p, named_by_target=True)
     p.add_argument("--trials", type=bounded_int(1, MAX_TRIALS), default=20,
                    help=f"trials to add to the study (default 20; at most {MAX_TRIALS:,})")
     add_backend(p)
