@@ -21,7 +21,7 @@ from cost_model.vision import VisionWork, vision_seconds
 RANK_TERMS = (
     "compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "compute_logits",
     "compute_vision",
-    "elementwise", "launch_overhead", "recompute", "tp_comm", "ep_comm", "cp_comm",
+    "elementwise", "launch_overhead", "expert_calls", "recompute", "tp_comm", "ep_comm", "cp_comm",
 )
 TERMS = RANK_TERMS + ("pp_p2p", "pp_bubble", "dp_comm", "optimizer", "offload", "step_overhead")
 
@@ -146,7 +146,7 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
         _add_layer(t, lt, count, full_fraction, passes, launch)
         # A whole-step CUDA graph replays the expert GEMMs without the host.
         if expert_calls and mlp_kind == MOE and cuda_graphs != "full":
-            t["launch_overhead"] += count * exposed_expert_calls(lt, model, layout, c, full_fraction, mods, ep_overlap)
+            t["expert_calls"] += count * exposed_expert_calls(lt, model, layout, c, full_fraction, mods, ep_overlap)
     if vision is not None and rank.vision:
         seconds, forward = vision_seconds(vision.spec, vision.patches, vision.patches_per_image, tp, rates,
                                           2 if frozen_weights else 3)
