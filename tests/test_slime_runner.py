@@ -668,7 +668,9 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
                           env={"ATTUNE_STANDIN_STEP_S": "0.05", "ATTUNE_STANDIN_FAIL_AT": "2"}, hf_ckpt="/n/hf",
                           torch_dist="/n/dist", sft_data=fake_slime.rows, profile_dir="/n/prof", poll_interval_s=0.25,
                           startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL)
-    summary = run_study(study, config, runner, AgentProposer(candidates, to_optuna_params), trials=4, progress=False)
+    # every trial runs (stop_margin=None): this is about failures, not about when the agent stops (test_agent)
+    agent = AgentProposer(candidates, to_optuna_params, stop_margin=None)
+    summary = run_study(study, config, runner, agent, trials=4, progress=False)
     assert (summary.completed, summary.failed) == (2, 2)
     trials = optuna.load_study(study_name="ray", storage=f"sqlite:///{tmp_path / 's.db'}").trials
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
