@@ -49,6 +49,11 @@ class LayerTime:
         return self.forward
 
     @property
+    def gpu_work(self) -> float:
+        """Seconds of all the layer's kernels, forward and backward, communication aside."""
+        return self.attention + self.linear_attention + self.mlp + self.experts + self.elementwise
+
+    @property
     def comm(self) -> float:
         return self.tp_comm + self.ep_comm + self.cp_comm
 

@@ -69,7 +69,7 @@ def exposed_ep_comm(lt: LayerTime, share: float) -> float:
     if share <= 0:
         return lt.ep_comm
     forward = lt.gpu_pass
-    backward = lt.attention + lt.linear_attention + lt.mlp + lt.experts + lt.elementwise - forward
+    backward = lt.gpu_work - forward
     half = lt.ep_comm / 2
     overlapped = max(0.0, half - backward) + max(0.0, half - forward)
     return share * overlapped + (1 - share) * lt.ep_comm
@@ -114,8 +114,7 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
     alone = max(0.0, host - lt.experts * passes / lt.weight_passes)
     if ep_overlap <= 0:
         return alone
-    layer_gpu = lt.attention + lt.linear_attention + lt.mlp + lt.experts + lt.elementwise
-    return ep_overlap * max(0.0, host - layer_gpu) + (1 - ep_overlap) * alone
+    return ep_overlap * max(0.0, host - lt.gpu_work) + (1 - ep_overlap) * alone
 
 
 def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
@@ -134,8 +133,11 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     full_fraction = full_recompute_fraction(rank, layout)
     launch = (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
         c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
-    if cuda_graphs == "full":   # the whole iteration replays as one graph: the host launches nothing per layer
+    # A whole-iteration CUDA graph replays every kernel, the experts' GEMMs included: the host launches nothing.
+    graphed = cuda_graphs == "full"
+    if graphed:
         launch = 0.0
+    expert_calls = expert_calls and not graphed
     for attn_kind, mlp_kind, count in rank.kinds:
         lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded,
                         frozen_weights)
@@ -144,8 +146,7 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
         _add_layer(t, lt, count, full_fraction, passes, launch)
-        # A whole-step CUDA graph replays the expert GEMMs without the host.
-        if expert_calls and mlp_kind == MOE and cuda_graphs != "full":
+        if expert_calls and mlp_kind == MOE:
             t["expert_calls"] += count * exposed_expert_calls(lt, model, layout, c, full_fraction, mods, ep_overlap)
     if vision is not None and rank.vision:
         seconds, forward = vision_seconds(vision.spec, vision.patches, vision.patches_per_image, tp, rates,

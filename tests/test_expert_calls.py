@@ -14,6 +14,7 @@ from cost_model.layer_time import LayerTime
 from cost_model.layout import Layout
 from cost_model.model_spec import load_model
 from cost_model.predict import predict
+from cost_model.runtime import MEGATRON, MEGATRON_RUNNER
 from cost_model.step_time import exposed_expert_calls
 from cost_model.workload import Workload
 
@@ -66,7 +67,6 @@ def test_the_shipped_value_is_fitted_and_says_so():
 
 
 def test_the_megatron_runner_runs_one_grouped_gemm_per_linear_so_has_no_expert_calls():
-    from cost_model.runtime import MEGATRON, MEGATRON_RUNNER
     wl = Workload(seq_len=4096, global_batch=256, framework="megatron")
     layout = Layout(8, ep=8, max_tokens_per_gpu=4096)
     te = predict(QWEN36, H200, wl, layout, C, runtime=MEGATRON)
