@@ -41,7 +41,7 @@ def evaluate(cases: list[Measurement], constants: Constants | None = None) -> di
 
     Returns {median_ape (percent), pairs_ordered, pairs_total, table}; `table` is a DataFrame, one row
     per case, with columns name, measurement, prediction, predicted, measured, ape (percent), fits,
-    peak_gib, group, precision, vlm. median_ape is nan when `cases` is empty; pairs are counted within
+    fit_verdict, peak_gib, group, precision, vlm. median_ape is nan when `cases` is empty; pairs are counted within
     Measurement.group (see `ordered_pairs`).
     """
     predictions = [predict_case(m.case, constants) for m in cases]
@@ -49,7 +49,8 @@ def evaluate(cases: list[Measurement], constants: Constants | None = None) -> di
         "name": [m.name for m in cases], "measurement": cases, "prediction": predictions,
         "predicted": [p.tokens_per_s_per_gpu for p in predictions],
         "measured": [m.measured_tokens_per_s_per_gpu for m in cases],
-        "fits": [p.fits for p in predictions], "peak_gib": [p.peak_memory_gib for p in predictions],
+        "fits": [p.fits for p in predictions], "fit_verdict": [p.fit_verdict for p in predictions],
+        "peak_gib": [p.peak_memory_gib for p in predictions],
         "group": [m.group for m in cases], "precision": [m.case.workload.precision for m in cases],
         "vlm": [m.vlm for m in cases]})
     table["ape"] = (table.predicted - table.measured).abs() / table.measured * 100
@@ -104,6 +105,8 @@ def memory_verdict(stated: tuple[str, float | None, str], r) -> str:
     kind, gib, text = stated
     peak = r.prediction.memory.allocated if "alloc" in text.lower() else r.peak_gib
     if kind == "oom":
+        if r.prediction.borderline:
+            return f"partly: predicted {r.prediction.fit_label} ({peak:.1f} GiB)"
         return "agrees (predicted not to fit)" if not r.fits else f"DISAGREES: predicted to fit ({peak:.1f} GiB)"
     if kind == "below":
         return "agrees" if peak < gib else f"DISAGREES: predicted {peak - gib:+.1f} GiB over the stated bound"
@@ -121,7 +124,7 @@ def _fmt_case(r) -> str:
     extra.append(lay.dispatcher)
     label = f"{lay.label} {' '.join(extra)}"
     flags = (" vlm" if m.vlm else "") + ("" if c.workload.precision == "bf16" else " fp8")
-    fit = f"{'fits' if r.fits else 'OOM '} {r.peak_gib:5.1f}"
+    fit = f"{'fits' if r.fits else 'bord' if r.prediction.borderline else 'OOM '} {r.peak_gib:5.1f}"
     return (f"{m.name:32s} {c.model.display_name:19s} {c.gpu.display_name + ' x' + str(lay.world_size):11s} "
             f"{label:58s} {r.predicted:9,.0f} {r.measured:9,.0f} {r.ape:6.1f}  {fit}{flags}")
 
@@ -212,8 +215,10 @@ def _say_memory(say, table: pd.DataFrame, unusable: list[tuple[dict, str]]) -> N
             f"{r.prediction.gpu_memory_gib:.1f} usable -> {memory_verdict(stated, r)}")
     if not found:
         say("  none")
-    oom = table[~table.fits.astype(bool)]
+    oom = table[table.fit_verdict == "does not fit"]
     say(f"  published runs (all of which ran) predicted not to fit: {len(oom)} of {len(table)}")
+    for r in table[table.fit_verdict == "borderline"].itertuples(index=False):
+        say(f"    borderline (ran): {r.name}: {r.prediction.reasons[-1]}")
     for r in oom.itertuples(index=False):
         lay = r.measurement.case.layout
         say(f"    {r.name}: predicted peak {r.peak_gib:.1f} GiB of {r.prediction.gpu_memory_gib:.1f} usable "

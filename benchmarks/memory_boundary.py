@@ -98,12 +98,14 @@ def global_batch(layout) -> int:
 
 def boundary(case: Case) -> tuple[int | None, object, int | None, object]:
     """(largest layer count predicted to fit, its prediction, the next step up, its prediction); a step
-    is PP x VPP layers. The step up is None when the whole model is predicted to fit."""
+    is PP x VPP layers. The step up is None when the whole model is predicted to fit. The boundary is the
+    point prediction's (Prediction.under_limit): this benchmark measures the memory model's error at the
+    limit, which benchmarks/memory_error.py turns into the error "fits" is judged with."""
     step = case.layout.pp * case.layout.vpp
     fit = fit_p = None
     for n in range(step, case.model.num_hidden_layers + 1, step):
         p = _predict(case, n)
-        if not p.fits:
+        if not p.under_limit:
             return fit, fit_p, n, p
         fit, fit_p = n, p
     return fit, fit_p, None, None
@@ -161,13 +163,13 @@ def plan_trials(gpu_name: str = "h200", steps: int = 4, layouts=LAYOUTS) -> tupl
                          f"to fit)")
             continue
         for n, p, role in ((fit, fit_p, "fit"), (up, up_p, "up")):
-            verdict = "fits" if p.fits else "cuda_oom"
+            verdict = "fits" if p.under_limit else "cuda_oom"
             trials.append(dict(name=f"{spec['id']}{SEP}L{n}{SEP}{role}", gpus=spec["gpus"], model=spec["model"],
                                layers=n, replace_gdn=False, seq_len=spec["seq_len"], global_batch=gb,
                                layout=dict(spec["layout"]),
                                expect=f"{verdict}: needs {p.memory.total:.1f} of {p.gpu_memory_gib:.1f} GiB "
                                       f"(expected device peak {p.memory.device_peak:.1f})",
-                               _step_s=p.step_time_s, _oom=not p.fits, _prediction=p))
+                               _step_s=p.step_time_s, _oom=not p.under_limit, _prediction=p))
     return trials, notes
 
 
@@ -270,8 +272,12 @@ def read_trial(line: dict) -> Trial:
     outside = [dev - m["peak_reserved"] for m, dev in zip(ranks, device)
                if dev is not None and m.get("peak_reserved") is not None]
     layers = (d.get("model_run") or {}).get("layers")
+    # the point prediction (what the layout needs within the usable memory): `fits` is the verdict under the
+    # memory model's error since issue 25, and a borderline layout under the limit is predicted to run
+    need = mem.get("needed", mem.get("total"))
+    point = need <= mem["usable"] if need is not None and mem.get("usable") is not None else pred.get("fits")
     return Trial(layout=layout, layers=layers, role=role, status=r.status, failure_class=r.failure_class,
-                 predicted_fits=pred.get("fits"), predicted_peak=mem.get("device_peak", pred.get("peak_memory_gib")),
+                 predicted_fits=point, predicted_peak=mem.get("device_peak", pred.get("peak_memory_gib")),
                  predicted_needed=pred.get("peak_memory_gib"), usable=mem.get("usable"), device_peak=_max(device),
                  allocated_peak=_max([m.get("peak_allocated") for m in ranks]),
                  reserved_peak=_max([m.get("peak_reserved") for m in ranks]), outside=_max(outside),
@@ -367,7 +373,7 @@ def rejudge(paths: list[str], gpu_name: str = "h200", out=None) -> dict:
         if t is None:
             missing.append(planned["name"])
             continue
-        trials.append(replace(t, role=role, predicted_fits=p.fits, predicted_peak=p.memory.device_peak,
+        trials.append(replace(t, role=role, predicted_fits=p.under_limit, predicted_peak=p.memory.device_peak,
                               predicted_needed=p.memory.total, usable=p.gpu_memory_gib,
                               predicted_allocated=p.memory.allocated))
     print("the current model's plan, judged by runs measured earlier (predictions: this model; runs: the files)",

@@ -469,7 +469,7 @@ def _search_unknowns(row: dict, model: ModelSpec, gpu: GpuSpec, workload: Worklo
         if [v for v in violations(layout, model, workload, STACK) if v.rule not in IGNORED_RULES]:
             continue
         p = predict(model, gpu, workload, layout)
-        score = (p.fits, p.tokens_per_s_per_gpu)
+        score = (p.under_limit, p.tokens_per_s_per_gpu)   # the point prediction: these runs ran
         if best is None or score > best[0]:
             best = (score, trial, layout)
     if best is None:

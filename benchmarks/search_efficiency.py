@@ -50,7 +50,8 @@ from tuner.space_params import distributions  # noqa: E402
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 0.03
-OPTIONS = SpaceOptions(full_recompute_layers=(1,), offload_fractions=(0.0, 1.0), exp_avg_dtypes=("bf16",), max_vpp=2)
+OPTIONS = SpaceOptions(rows_per_microbatch=(1, 2, 4), full_recompute_layers=(1,), offload_fractions=(0.0, 1.0),
+                       exp_avg_dtypes=("bf16",), max_vpp=2)
 SCENARIOS = {
     "qwen3.6-35b-a3b-h200x8": ("qwen3.6-35b-a3b", "h200", 8),
     "qwen3.6-35b-a3b-h200x32": ("qwen3.6-35b-a3b", "h200", 32),
@@ -128,7 +129,7 @@ def gpu_hours(space: Space, truth: Truth, i: int) -> float:
 
 
 def run_agent(space: Space, truth: Truth, max_trials: int) -> tuple[int, float]:
-    cands = [Candidate(l, p) for l, p in zip(space.layouts, space.shipped) if p.fits]
+    cands = [Candidate(l, p) for l, p in zip(space.layouts, space.shipped) if p.may_fit]   # as tune's agent gets
     index = {l.key(): i for i, l in enumerate(space.layouts)}
     agent = AgentProposer(cands, to_optuna_params, default_hypotheses(),
                           lambda h, l: space.tps(h, index[l.key()]), level_sd=0.25)
@@ -154,7 +155,7 @@ def run_agent(space: Space, truth: Truth, max_trials: int) -> tuple[int, float]:
 def run_sampler(kind: str, space: Space, truth: Truth, max_trials: int, seed: int) -> tuple[int, float]:
     index = {l.key(): i for i, l in enumerate(space.layouts)}
     study = optuna.create_study(direction="maximize", sampler=SamplerProposer(kind, seed).sampler())
-    dists = distributions(space.model, space.gpus, OPTIONS)
+    dists = distributions(space.model, space.gpus, OPTIONS, space.workload)
     real, hours, seen = 0, 0.0, set()
     for _ in range(max_trials * 50):           # proposals outside the space or predicted not to fit cost nothing
         t = study.ask(dists)

@@ -13,22 +13,24 @@ from cost_model.hardware import GpuSpec
 from cost_model.layout import Layout
 from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_per_node, most_loaded_params,
                                peak_memory)
+from cost_model import memory_fit
+from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
 from cost_model.metrics import mfu as model_flops_utilisation
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.model_spec import LINEAR_ATTENTION, ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
-from cost_model.runtime import Runtime, default_runtime
+from cost_model.runtime import MEGATRON_RUNNER, Runtime, default_runtime
 from cost_model.stages import layout_rank_layers
-from cost_model.step_time import step_breakdown
+from cost_model.step_time import StepContext, step_breakdown
 from cost_model.vision import VisionWork
 from cost_model.workload import Workload, WorkloadError
 
 
 @dataclass(frozen=True)
 class Prediction:
-    fits: bool
-    reasons: tuple[str, ...]            # why it does not fit; empty when it fits
+    fits: bool                          # a plain fit: fit_verdict "fits" (cost_model/memory_fit.py)
+    reasons: tuple[str, ...]            # why it does not fit, or why it is borderline; empty when it fits
     memory: MemoryBreakdown             # GiB on the most-loaded GPU, device-level (see cost_model.memory)
     gpu_memory_gib: float               # usable HBM of one GPU: its visible capacity
     host_memory_gib_per_node: float
@@ -41,16 +43,50 @@ class Prediction:
     num_microbatches: int = 0
     tokens_per_microbatch: float = 0.0
     source: str = ""
+    # P(the layout fits) under the memory model's measured error, and its verdict: "fits", "borderline"
+    # or "does not fit" (cost_model/memory_fit.py); the defaults follow `fits` for a Prediction built
+    # without them
+    fit_probability: float | None = None
+    fit_verdict: str = ""
+
+    def __post_init__(self):
+        if self.fit_probability is None:
+            object.__setattr__(self, "fit_probability", 1.0 if self.fits else 0.0)
+        if not self.fit_verdict:
+            object.__setattr__(self, "fit_verdict", FITS if self.fits else DOES_NOT_FIT)
 
     @property
     def peak_memory_gib(self) -> float:
         return self.memory.total
+
+    @property
+    def borderline(self) -> bool:
+        return self.fit_verdict == BORDERLINE
+
+    @property
+    def may_fit(self) -> bool:
+        """A plain fit or a borderline one: worth a trial where the risk is weighed."""
+        return self.fit_verdict != DOES_NOT_FIT
+
+    @property
+    def under_limit(self) -> bool:
+        """The point prediction fits: the predicted peak within the usable memory and the host memory
+        within the node's, whatever the memory model's error."""
+        return (self.memory.total <= self.gpu_memory_gib
+                and self.host_memory_gib_per_node <= self.host_memory_capacity_gib)
+
+    @property
+    def fit_label(self) -> str:
+        """"fits", "borderline (60%)" or "does not fit"."""
+        return memory_fit.fit_label(self.fit_verdict, self.fit_probability)
 
     def to_dict(self) -> dict:
         return {
             "kind": "predicted",
             "source": self.source,
             "fits": self.fits,
+            "fit_probability": self.fit_probability,
+            "fit_verdict": self.fit_verdict,
             "reasons": list(self.reasons),
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "step_time_s": self.step_time_s,
@@ -135,6 +171,14 @@ def fit_reasons(memory: MemoryBreakdown, capacity: float, host: float, gpu: GpuS
     return reasons
 
 
+def runner_components(rt: Runtime, profile: HardwareProfile | None):
+    """The measured components that price the megatron runner's own stack (None: another stack, or a profile
+    that has not measured them: then the fitted Megatron terms price it)."""
+    if rt.name != MEGATRON_RUNNER.name or profile is None:
+        return None
+    return profile.runner
+
+
 def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             constants: Constants | None = None, profile: HardwareProfile | None = None,
             precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
@@ -152,9 +196,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     ranks = layout_rank_layers(model, layout, with_vision=vision is not None)
     # Static memory and the optimizer step are set by the rank holding the most parameters.
     dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
-    breakdown = step_breakdown(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c,
-                               workload.framework, dense, expert, rt.gdn_sharded, workload.cuda_graphs,
-                               workload.frozen_weights, vision, rt.per_expert_gemm_calls)
+    ctx = StepContext(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c, workload.framework,
+                      dense, expert, rt.gdn_sharded, workload.cuda_graphs, workload.frozen_weights, vision,
+                      rt.per_expert_gemm_calls, runner_components(rt, profile),
+                      min(layout.world_size, gpu.gpus_per_node))
+    breakdown = step_breakdown(ctx)
     step_time = sum(breakdown.values())
 
     routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp
@@ -165,6 +211,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     host = host_memory_gib_per_node(gpu, layout, workload.framework, dense, expert, c, workload.frozen_weights)
     capacity = memory.usable
     reasons = fit_reasons(memory, capacity, host, gpu)
+    # the GPU side under the memory model's measured error; a node short of host memory does not fit
+    p_fit = 0.0 if host > gpu.host_memory_gib_per_node else fit_probability(memory.total, capacity, c.memory_error_sd)
+    verdict = fit_verdict(p_fit)
+    if verdict == BORDERLINE:
+        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
@@ -175,8 +226,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         source += f"; GDN kernel {rates.gdn_source}"
     source += workload_note(workload)
     return Prediction(
-        fits=not reasons, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
+        fits=verdict == FITS, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,
         step_time_s=step_time, breakdown=breakdown, tokens_per_s_per_gpu=tokens_per_s_per_gpu, mfu=mfu,
         usd_per_million_tokens=usd, num_microbatches=n_mb, tokens_per_microbatch=tokens, source=source,
+        fit_probability=p_fit, fit_verdict=verdict,
     )

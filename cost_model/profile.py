@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 
+from cost_model.runner_components import RunnerComponents, parse_runner_components
 from cost_model.device_memory import DeviceMemory, DeviceMemoryError, parse_device_memory
 from cost_model.errors import AttuneError
 from cost_model.names import clean_name
@@ -145,6 +146,7 @@ class HardwareProfile:
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
     # (m, n, k, fp8 / bf16 TFLOP/s) at each measured fp8 GEMM shape; empty: fp8_speedup for every shape
     fp8_points: tuple[tuple[float, float, float, float], ...] = ()
+    runner: RunnerComponents | None = None      # the megatron runner's step components, measured on this GPU
 
     def gemm_tflops(self, m: float, n: float, k: float, precision: str = "bf16") -> float:
         tf = self.gemm_bf16(m, n, k)
@@ -289,7 +291,8 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
             cpu_adam_threads=int(adam.get("threads", 0)),
             collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus,
             gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data,
-            fp8_points=fp8_points)
+            fp8_points=fp8_points,
+            runner=parse_runner_components(data["runner_components"]) if data.get("runner_components") else None)
     except ProfileError:
         raise
     except DeviceMemoryError as e:

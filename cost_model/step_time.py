@@ -6,6 +6,8 @@ sends, the data-parallel gradient sync and the optimizer. All times are seconds 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants
 from cost_model.layer_time import LayerTime, layer_time
@@ -13,15 +15,56 @@ from cost_model.layout import Layout
 from cost_model.memory import backup_bytes, sharded_params
 from cost_model.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
+from cost_model.runner_components import RunnerComponents, layer_signature
 from cost_model.stages import RankLayers
 from cost_model.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
+
+@dataclass(frozen=True)
+class StepContext:
+    """Everything one step's time depends on, computed once per layout by `cost_model.predict`.
+
+    `dense`/`expert`: the parameters of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's
+    GatedDeltaNet (heads over TP) rather than slime's HF module; `cuda_graphs`: Workload.cuda_graphs ('full'
+    removes the host's per-layer launch time; 'partial' is what the Megatron launch constant was fitted on);
+    `frozen_weights`: LoRA's frozen base (no weight gradients, no gradient sync or optimizer step over it);
+    `vision`: a VLM's encoder work per micro-batch; `expert_calls`: the stack issues a GEMM call per local
+    expert (TE's GroupedLinear), not one grouped GEMM."""
+
+    ranks: tuple[RankLayers, ...]
+    model: ModelSpec
+    rates: Rates
+    layout: Layout
+    tokens: float
+    num_microbatches: int
+    seq_len: int
+    imbalance: float
+    c: Constants
+    framework: str
+    dense: float
+    expert: float
+    gdn_sharded: bool = False
+    cuda_graphs: str = "none"
+    frozen_weights: bool = False
+    vision: VisionWork | None = None
+    expert_calls: bool = True
+    # The megatron runner's components measured on this GPU (cost_model.runner_components): when set, the
+    # step is composed from them (`runner_step_breakdown`), not from the constants fitted to tuned stacks.
+    runner: RunnerComponents | None = None
+    ranks_per_host: int = 1
+
+    @property
+    def trained_params(self) -> tuple[float, float]:
+        """(dense, expert) parameters whose gradients are synced and stepped: none of a frozen base."""
+        return (0.0, 0.0) if self.frozen_weights else (self.dense, self.expert)
+
 
 # Breakdown keys, in the order tables print them: a rank's micro-batch terms, then the step's.
 RANK_TERMS = (
     "compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "compute_logits",
     "compute_vision",
     "elementwise", "launch_overhead", "expert_calls", "recompute", "tp_comm", "ep_comm", "cp_comm",
+    "layers", "microbatch_ends",
 )
 TERMS = RANK_TERMS + ("pp_p2p", "pp_bubble", "dp_comm", "optimizer", "offload", "step_overhead")
 
@@ -117,30 +160,25 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
     return ep_overlap * max(0.0, host - lt.gpu_work) + (1 - ep_overlap) * alone
 
 
-def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
-                          seq_len: int, imbalance: float, c: Constants, framework: str = "slime",
-                          gdn_sharded: bool = False, cuda_graphs: str = "none",
-                          frozen_weights: bool = False, vision: VisionWork | None = None,
-                          ep_overlap: float = 0.0, expert_calls: bool = True) -> dict[str, float]:
+def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float = 0.0) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms).
-    `frozen_weights`: LoRA's frozen base, whose GEMMs compute no weight gradient; `vision`: a VLM's encoder
-    work, run by the rank that holds the encoder; `ep_overlap`: the share of chunks whose expert all-to-alls
-    overlap another's compute (`ep_overlap_share`); `expert_calls`: the stack issues a GEMM call per local expert
-    (`exposed_expert_calls`; False for one grouped GEMM)."""
+    `ep_overlap`: the share of chunks whose expert all-to-alls overlap another's compute (`ep_overlap_share`)."""
+    model, rates, layout, tokens, c = ctx.model, ctx.rates, ctx.layout, ctx.tokens, ctx.c
+    frozen_weights, vision = ctx.frozen_weights, ctx.vision
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
     t = dict.fromkeys(RANK_TERMS, 0.0)
     full_fraction = full_recompute_fraction(rank, layout)
-    launch = (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
+    launch = (c.layer_launch_overhead_s if ctx.framework == "slime" else c.megatron_layer_launch_overhead_s) * (
         c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
     # A whole-iteration CUDA graph replays every kernel, the experts' GEMMs included: the host launches nothing.
-    graphed = cuda_graphs == "full"
+    graphed = ctx.cuda_graphs == "full"
     if graphed:
         launch = 0.0
-    expert_calls = expert_calls and not graphed
+    expert_calls = ctx.expert_calls and not graphed
     for attn_kind, mlp_kind, count in rank.kinds:
-        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, seq_len, imbalance, mods, gdn_sharded,
-                        frozen_weights)
+        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, ctx.seq_len, ctx.imbalance, mods,
+                        ctx.gdn_sharded, frozen_weights)
         lt.ep_comm = exposed_ep_comm(lt, ep_overlap)
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
         # (only the modules this layer has, and never more than the whole layer).
@@ -163,16 +201,11 @@ def rank_microbatch_terms(rank: RankLayers, model: ModelSpec, rates: Rates, layo
     return t
 
 
-def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
-                   num_microbatches: int, seq_len: int, imbalance: float, c: Constants,
-                   framework: str, gdn_sharded: bool = False, cuda_graphs: str = "none",
-                   frozen_weights: bool = False, vision: VisionWork | None = None,
-                   expert_calls: bool = True) -> dict[str, float]:
+def pipeline_terms(ctx: StepContext) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
+    layout, num_microbatches = ctx.layout, ctx.num_microbatches
     overlap = ep_overlap_share(layout, num_microbatches)
-    per_rank_terms = [rank_microbatch_terms(r, model, rates, layout, tokens, seq_len, imbalance, c, framework,
-                                            gdn_sharded, cuda_graphs, frozen_weights, vision, overlap, expert_calls)
-                      for r in ranks]
+    per_rank_terms = [rank_microbatch_terms(ctx, r, overlap) for r in ctx.ranks]
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
@@ -180,8 +213,8 @@ def pipeline_terms(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates
     # Each virtual stage of each micro-batch is one more scheduled chunk (sends posted, waited on, switched to):
     # a cost per chunk, so interleaving trades a smaller bubble for more of it.
     chunks = num_microbatches * layout.vpp if layout.pp > 1 else 0
-    terms["pp_p2p"] = pipeline_p2p_time(model, layout, rates, tokens, num_microbatches) + \
-        chunks * c.pipeline_chunk_overhead_s
+    terms["pp_p2p"] = pipeline_p2p_time(ctx.model, layout, ctx.rates, ctx.tokens, num_microbatches) + \
+        chunks * ctx.c.pipeline_chunk_overhead_s
     return terms
 
 
@@ -210,23 +243,123 @@ def step_overhead(rates: Rates, c: Constants, framework: str, dense: float, expe
     return c.megatron_step_overhead_s
 
 
-def step_breakdown(ranks: tuple[RankLayers, ...], model: ModelSpec, rates: Rates, layout: Layout, tokens: float,
-                   num_microbatches: int, seq_len: int, imbalance: float, c: Constants, framework: str,
-                   dense: float, expert: float, gdn_sharded: bool = False,
-                   cuda_graphs: str = "none", frozen_weights: bool = False,
-                   vision: VisionWork | None = None, expert_calls: bool = True) -> dict[str, float]:
-    """Seconds of one optimizer step by term, in TERMS order. `dense` and `expert` are the parameters
-    of one GPU of the rank holding the most; `gdn_sharded`: megatron-core's GatedDeltaNet; `cuda_graphs`:
-    Workload.cuda_graphs ('full' removes the host's per-layer launch time; 'partial' is what the Megatron
-    launch constant was fitted on, as most public runs graph attention and the router); `frozen_weights`:
-    LoRA's frozen base: no weight gradients, so no gradient sync and no optimizer step over the base (the
-    adapters' few parameters are not counted); `vision`: a VLM's encoder work per micro-batch; `expert_calls`:
-    the stack's experts are a GEMM call each (TE's GroupedLinear), not one grouped GEMM."""
-    terms = pipeline_terms(ranks, model, rates, layout, tokens, num_microbatches, seq_len, imbalance, c, framework,
-                           gdn_sharded, cuda_graphs, frozen_weights, vision, expert_calls)
-    trained_dense, trained_expert = (0.0, 0.0) if frozen_weights else (dense, expert)
-    terms["dp_comm"] = data_parallel_time(layout, rates, c, framework, trained_dense, trained_expert)
-    terms["optimizer"] = optimizer_time(layout, rates, trained_dense, trained_expert)
-    terms["offload"] = offload_time(layout, rates, trained_dense, trained_expert)
-    terms["step_overhead"] = step_overhead(rates, c, framework, dense, expert)
+def step_breakdown(ctx: StepContext) -> dict[str, float]:
+    """Seconds of one optimizer step by term, in TERMS order."""
+    if ctx.runner is not None:
+        return runner_step_breakdown(ctx)
+    terms = pipeline_terms(ctx)
+    trained_dense, trained_expert = ctx.trained_params
+    terms["dp_comm"] = data_parallel_time(ctx.layout, ctx.rates, ctx.c, ctx.framework, trained_dense, trained_expert)
+    terms["optimizer"] = optimizer_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
+    terms["offload"] = offload_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
+    terms["step_overhead"] = step_overhead(ctx.rates, ctx.c, ctx.framework, ctx.dense, ctx.expert)
+    return {k: terms.get(k, 0.0) for k in TERMS}
+
+
+# ------------------------------------------------------------------------- the megatron runner's own stack
+SOFTMAX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
+
+
+def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fraction: float,
+                       ep_overlap: float) -> tuple[dict[str, float], str]:
+    """One layer's seconds per micro-batch on the runner's stack, by term, and where the figure comes from.
+
+    The layer's forward-backward (gradient accumulation included) and its full-recompute cost are the profile's
+    measurement of this layer kind at these tokens per micro-batch on one GPU. What differs from that
+    measurement is modelled: a shard other than TP1/EP1 scales it by the modelled shard's GPU work over the
+    whole layer's; a sequence length other than the profile's adds the attention core's difference; selective
+    recompute reruns the modelled share of the forward; TP/EP/CP communication comes from the collectives."""
+    layout, mods = ctx.layout, set(ctx.layout.selective_modules)
+    lt = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
+                    ctx.imbalance, mods, True, ctx.frozen_weights)
+    comm = {"tp_comm": lt.tp_comm, "ep_comm": exposed_ep_comm(lt, ep_overlap), "cp_comm": lt.cp_comm}
+    curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
+    if curves is None:
+        return None, "modelled"
+    base = curves.none(ctx.tokens)
+    full_extra = (curves.full(ctx.tokens) - base) if curves.full is not None else None
+    notes = []
+    if any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
+        whole = layer_time(attn_kind, mlp_kind, ctx.model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
+                           ctx.imbalance, mods, True, ctx.frozen_weights)
+        ratio = lt.gpu_work / whole.gpu_work
+        base *= ratio
+        full_extra = None if full_extra is None else full_extra * ratio
+        notes.append(f"shard x{ratio:.2f} (modelled)")
+    if attn_kind in SOFTMAX_KINDS and ctx.seq_len != ctx.runner.seq_len:
+        at_profile = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens,
+                                ctx.runner.seq_len, ctx.imbalance, mods, True, ctx.frozen_weights)
+        delta = lt.attention - at_profile.attention
+        base += delta
+        full_extra = None if full_extra is None else full_extra + delta / 3
+        notes.append(f"attention at seq {ctx.seq_len} (modelled from {ctx.runner.seq_len})")
+    if full_extra is None:
+        full_extra = lt.gpu_pass
+        notes.append("recompute modelled")
+    full_extra = max(full_extra, 0.0)
+    recompute = full_fraction * full_extra
+    if layout.recompute_granularity == "selective" and lt.gpu_pass > 0:
+        # the modelled share of the forward that the selected modules rerun, of the measured recompute
+        recompute += min(1.0, lt.selective / lt.gpu_pass) * full_extra
+    terms = {"layers": max(base, 0.0), "recompute": recompute, **comm}
+    return terms, "measured" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def runner_ends(ctx: StepContext) -> float:
+    """A micro-batch's embedding, LM head, cross-entropy and schedule time on the runner: measured for this
+    hidden size and vocabulary, else the nearest measured one scaled by the logits' work (hidden x vocab)."""
+    model, ends = ctx.model, ctx.runner.ends
+    key = (model.hidden_size, model.vocab_size)
+    if key in ends:
+        return ends[key][1](ctx.tokens) / ctx.layout.tp
+    if not ends:
+        return 0.0
+    near = min(ends, key=lambda k: abs(k[0] * k[1] - key[0] * key[1]))
+    return ends[near][1](ctx.tokens) * (key[0] * key[1]) / (near[0] * near[1]) / ctx.layout.tp
+
+
+def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> dict[str, float]:
+    """Seconds per micro-batch of one pipeline rank on the runner's stack. Layer kinds the profile did not
+    measure fall back to the fitted Megatron terms (`rank_microbatch_terms`), counted as they are."""
+    t = dict.fromkeys(RANK_TERMS, 0.0)
+    full_fraction = full_recompute_fraction(rank, ctx.layout)
+    fallback = []
+    for attn_kind, mlp_kind, count in rank.kinds:
+        terms, _ = runner_layer_terms(ctx, attn_kind, mlp_kind, full_fraction, ep_overlap)
+        if terms is None:
+            fallback.append((attn_kind, mlp_kind, count))
+            continue
+        for k, v in terms.items():
+            t[k] += count * v
+    if fallback:
+        part = replace(rank, kinds=tuple(fallback), has_head=False, mtp_layers=0, vision=0)
+        for k, v in rank_microbatch_terms(ctx, part, ep_overlap).items():
+            t[k] += v
+    if rank.has_head:
+        t["microbatch_ends"] += runner_ends(ctx)
+    return t
+
+
+def runner_step_breakdown(ctx: StepContext) -> dict[str, float]:
+    """The megatron runner's step from its measured components: the slowest rank's micro-batches, the bubble,
+    the exposed data-parallel sync (the runner does not overlap it), the measured per-step work (zeroing the
+    gradient buffers, grad norm, clip, Adam over the optimizer's shard) and the CPU share of an offloaded
+    optimizer at the measured CPU Adam rate of a rank sharing its host."""
+    layout, comps = ctx.layout, ctx.runner
+    overlap = ep_overlap_share(layout, ctx.num_microbatches)
+    per_rank = [runner_rank_terms(ctx, r, overlap) for r in ctx.ranks]
+    per_mb = [sum(t.values()) for t in per_rank]
+    slowest = max(range(layout.pp), key=per_mb.__getitem__)
+    terms = {k: v * ctx.num_microbatches for k, v in per_rank[slowest].items()}
+    terms["pp_bubble"] = (layout.pp - 1) / layout.vpp * per_mb[slowest]
+    terms["pp_p2p"] = pipeline_p2p_time(ctx.model, layout, ctx.rates, ctx.tokens, ctx.num_microbatches)
+    dense, expert = ctx.trained_params
+    terms["dp_comm"] = data_parallel_time(layout, ctx.rates, ctx.c, "slime", dense, expert)
+    sharded = sharded_params(dense, expert, layout)
+    f = layout.optimizer_offload_fraction
+    terms["optimizer"] = comps.optimizer_s_per_step + comps.optimizer_s_per_param * sharded * (1 - f)
+    if f > 0:
+        cpu = f * sharded / comps.cpu_adam_rate(ctx.ranks_per_host)
+        transfer = f * sharded * 8 / ctx.rates.pcie  # fp32 grads down, fp32 params up
+        terms["offload"] = max(cpu, transfer) if layout.overlap_d2h_h2d else cpu + transfer
     return {k: terms.get(k, 0.0) for k in TERMS}

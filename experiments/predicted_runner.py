@@ -23,7 +23,7 @@ class PredictedRunner(TrialRunner):
 
     def run(self, spec: TrialSpec) -> TrialResult:
         p = self.predict(spec.case)
-        if not p.fits:
+        if not p.under_limit:   # the point prediction: a borderline layout under the limit runs
             return TrialResult(status="failed", kind="predicted", source=p.source, failure_class="cuda_oom"
                                if p.memory.total > p.gpu_memory_gib else "host_oom",
                                detail="; ".join(p.reasons), peak_memory_gib=p.peak_memory_gib)

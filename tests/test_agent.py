@@ -27,7 +27,7 @@ def space():
     cands = []
     for layout in enumerate_layouts(model, 8, wl, Stack(), OPTIONS):
         p = predict(model, gpu, wl, layout)
-        if p.fits:
+        if p.may_fit:   # what tune hands the agent: plain fits and borderline layouts
             cands.append(Candidate(layout, p))
     cache = {}
 

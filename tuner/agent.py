@@ -14,7 +14,10 @@ layout, and the study's measurements:
   memory rules out the layouts of its family predicted to need as much or more.
 - value of a trial: P(fits) x expected improvement over the best measured tokens/s under the weighted
   mixture; while the hypotheses still disagree on which layout is best, a layout whose outcome tells
-  them apart gains `discriminate` x its spread across hypotheses.
+  them apart gains `discriminate` x its spread across hypotheses. P(fits) is the prediction's
+  fit_probability under the memory model's measured error (cost_model/memory_fit.py): the candidates
+  include borderline layouts, and an out-of-memory run gains nothing and still spends its trial, so a
+  borderline layout is tried only where its gain times its chance to fit beats the plain fits'.
 - stop: when no untried layout's 95% upper bound beats the best measured by more than `stop_margin`.
 
 Everything it believes is recomputed from the study's trials, so a resumed study continues from the same
@@ -31,7 +34,6 @@ from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, weighted_
 from cost_model.layout import Layout
 from tuner.proposer import Candidate, History, Proposal, Proposer, family, family_label
 
-MEMORY_SD_FRACTION = 0.02   # predicted device peak vs measured: the boundary benchmark's median error, 1.7-3%
 SQRT2 = math.sqrt(2.0)
 
 
@@ -68,11 +70,15 @@ class Table:
     @classmethod
     def build(cls, candidates: list[Candidate], hypotheses: tuple[Hypothesis, ...],
               predict_h: Callable[[Hypothesis, Layout], float]) -> "Table":
-        """The best candidate (shipped prediction) of each coarse group, predicted under every hypothesis."""
+        """The best candidate (shipped prediction times its chance to fit) of each coarse group, predicted
+        under every hypothesis."""
+        def score(c: Candidate) -> float:
+            return c.prediction.fit_probability * c.prediction.tokens_per_s_per_gpu
+
         best: dict[tuple, Candidate] = {}
         for c in candidates:
             g = coarse_group(c.layout)
-            if g not in best or c.prediction.tokens_per_s_per_gpu > best[g].prediction.tokens_per_s_per_gpu:
+            if g not in best or score(c) > score(best[g]):
                 best[g] = c
         t = cls(hypotheses, [], [[] for _ in hypotheses], predict_h)
         for c in sorted(best.values(), key=lambda c: -c.prediction.tokens_per_s_per_gpu):
@@ -177,6 +183,7 @@ class AgentProposer(Proposer):
     """Expected improvement under the hypotheses' weighted mixture, with trials that tell them apart."""
 
     name = "agent"
+    weighs_fit_risk = True
 
     def __init__(self, candidates: list[Candidate], layout_params, hypotheses: tuple[Hypothesis, ...] = (),
                  predict_h: Callable[[Hypothesis, Layout], float] | None = None, sigma: float = 0.1,
@@ -219,10 +226,11 @@ class AgentProposer(Proposer):
         return limits
 
     def _p_fit(self, c: Candidate, limits: dict) -> float:
+        """The prediction's chance to fit (the memory model's measured error); 0 at or above a peak of its
+        family that ran out of memory."""
         if c.prediction.peak_memory_gib >= limits.get(family(c.layout), math.inf):
             return 0.0
-        usable = c.prediction.gpu_memory_gib
-        return _Phi((usable - c.prediction.peak_memory_gib) / (MEMORY_SD_FRACTION * usable))
+        return c.prediction.fit_probability
 
     def belief(self, history: History) -> Belief:
         return belief(self.table, self._measured(history), self.sigma, self.level_sd, self.family_sd)
@@ -271,7 +279,8 @@ class AgentProposer(Proposer):
         return {h.name: round(w, 4) for h, w in zip(self.table.hypotheses, b.weights)}
 
     def _attrs(self, o: Outlook, b: Belief) -> dict:
-        return {"expected": {"mean": o.mean, "low": o.low, "high": o.high, "p_fit": o.p_fit},
+        return {"expected": {"mean": o.mean, "low": o.low, "high": o.high, "p_fit": o.p_fit,
+                             "fit_verdict": self.table.candidates[o.index].prediction.fit_verdict},
                 "hypothesis_weights": self.weights(b)}
 
     def _explain(self, c: Candidate, o: Outlook, b: Belief, best: float) -> str:
@@ -288,10 +297,11 @@ class AgentProposer(Proposer):
         p = c.prediction
         terms = sorted(p.breakdown.items(), key=lambda kv: -kv[1])[:2]
         top = ", ".join(f"{k} {v / p.step_time_s:.0%}" for k, v in terms)
+        borderline = "borderline: " if p.borderline else ""
         fam = "" if b.measured == 0 else (" (its family measured)" if family(c.layout) in b.families
                                           else " (an unmeasured family)")
         return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu} rc {c.layout.recompute_label}{fam}: expects {o.mean:,.0f} "
-                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU, P(fits) {o.p_fit:.0%} (predicted peak "
+                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU, P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
                 f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); weights {weights}; largest terms {top}")
 
     def after_trial(self, history: History) -> dict:

@@ -56,6 +56,8 @@ def family_label(layout: Layout) -> str:
 
 class Proposer(abc.ABC):
     name: str = ""
+    weighs_fit_risk: bool = False   # True: it may propose borderline layouts (cost_model/memory_fit.py), weighed
+                                    # by their chance to fit; else the study prunes them
 
     @abc.abstractmethod
     def propose(self, history: History) -> Proposal | None:

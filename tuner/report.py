@@ -8,6 +8,7 @@ from optuna.trial import TrialState
 
 from cost_model.layout import Layout
 from cost_model.layout_codec import layout_from_stored
+from cost_model.memory_fit import fit_label
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Row:
     rationale: str
     predicted_low: float | None = None      # the prediction's 90% interval (cost_model.hypotheses)
     predicted_high: float | None = None
+    fit: str = "-"                          # the prediction's fit verdict: "fits", "borderline (61%)", ...
 
 
 def ranked_rows(study: optuna.Study) -> list[Row]:
@@ -40,22 +42,32 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             rationale=t.user_attrs.get("rationale", ""),
             predicted_low=(prediction.get("interval") or {}).get("low"),
             predicted_high=(prediction.get("interval") or {}).get("high"),
+            fit=fit_of(prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
 
 
+def fit_of(prediction: dict) -> str:
+    """A trial's predicted fit verdict; a prediction recorded before the verdicts says only whether it fit."""
+    verdict = prediction.get("fit_verdict")
+    if not verdict:
+        return "fits" if prediction.get("fits") else "-"
+    return fit_label(verdict, prediction.get("fit_probability") or 0.0)
+
+
 def format_table(rows: list[Row], limit: int | None = None) -> str:
-    header = ("#", "trial", "layout", "tokens/s/GPU", "predicted 90%", "peak GiB", "MFU", "$/1M tok", "figures")
+    header = ("#", "trial", "layout", "tokens/s/GPU", "predicted 90%", "peak GiB", "fit", "MFU", "$/1M tok",
+              "figures")
     lines = []
     for i, r in enumerate(rows[:limit] if limit else rows, 1):
         interval = (f"{r.predicted_low:,.0f}-{r.predicted_high:,.0f}" if r.predicted_low is not None
                     and r.predicted_high is not None else "-")
         lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}", interval,
-                      _fmt(r.peak_memory_gib, "{:.1f}"), _fmt(r.mfu, "{:.1%}"),
+                      _fmt(r.peak_memory_gib, "{:.1f}"), r.fit, _fmt(r.mfu, "{:.1%}"),
                       _fmt(r.usd_per_million_tokens, "{:.3f}"), r.kind))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
-    right = {0, 1, 3, 4, 5, 6, 7}
+    right = {0, 1, 3, 4, 5, 7, 8}
 
     def fmt_line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))

@@ -525,7 +525,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
               gpu_hours: float | None = None) -> RunSummary:
     """Run `trials` trials proposed by `proposer` through `runner`. The Optuna distributions are the
     study's whole space (they must not change within a study); layouts the runner cannot run are pruned."""
-    dists = distributions(config.model, config.world_size, config.options)
+    dists = distributions(config.model, config.world_size, config.options, config.workload)
     space = runner_space(config, runner)
     check_figures(study, runner.figures)
     if study.user_attrs.get(FIGURES) is None:
@@ -604,7 +604,8 @@ def _claim_and_evaluate(study, dists, config, runner, history, space, proposal, 
             _say(bar, f"trial {trial.number}: {proposal.rationale}")
             state = _evaluate(study, trial, config, runner, history, space,
                               learn=lambda t, layout, r: _learn(study, t, proposer, layout, r,
-                                                                history_of(study, skip_interrupted, runner.name)))
+                                                                history_of(study, skip_interrupted, runner.name)),
+                              take_borderline=proposer.weighs_fit_risk)
     except KeyboardInterrupt:
         end_interrupted(study._storage, trial._trial_id, "interrupted by the user")
         raise
@@ -680,8 +681,10 @@ def _say(bar, line: str) -> None:
 
 
 def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, runner: TrialRunner,
-              history: History, space: RunnerSpace | None = None, learn=None) -> TrialState:
-    """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value."""
+              history: History, space: RunnerSpace | None = None, learn=None,
+              take_borderline: bool = False) -> TrialState:
+    """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value.
+    A borderline layout (it may or may not fit) runs only for a proposer that weighed its risk."""
     def prune(reason: str) -> TrialState:
         trial.set_user_attr("prune_reason", reason)
         _flat_attrs(trial, trial.user_attrs.get("prediction"), None)
@@ -708,8 +711,10 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     predicted = prediction.to_dict()
     predicted["interval"] = interval_dict(config, runner, layout, prediction)
     trial.set_user_attr("prediction", _jsonable(predicted))
-    if not prediction.fits:
+    if not prediction.may_fit:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
+    if prediction.borderline and not take_borderline:
+        return prune("predicted " + "; ".join(prediction.reasons) + " (the proposer does not weigh the risk)")
     result = runner.run(TrialSpec(config.case(layout), steps=config.steps, window=config.window))
     trial.set_user_attr("result", result.to_dict())
     _flat_attrs(trial, trial.user_attrs["prediction"], trial.user_attrs["result"])

@@ -64,7 +64,11 @@ def cmd_run(args) -> int:
 def _run(args, config, runner, space, candidates, reference, gpus, name, url, study) -> int:
     proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03))
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
-    print(f"tuning {config.describe()}: {len(candidates):,} fitting layouts of the search space; "
+    borderline = sum(p.borderline for _, p in candidates)
+    how = ("the agent weighs them by their chance to fit" if proposer.weighs_fit_risk
+           else "left out: the sampler does not weigh the risk")
+    also = f" and {borderline:,} borderline ones (they may not fit; {how})" if borderline else ""
+    print(f"tuning {config.describe()}: {len(candidates) - borderline:,} fitting layouts of the search space{also}; "
           f"study '{name}' in {url}; backend {args.backend} (figures are {kind})", file=sys.stderr)
     for line in space.reasons:
         print(f"  search space narrowed: {line}", file=sys.stderr)
@@ -124,7 +128,9 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers."""
     if kind != "agent":
         try:
-            return SamplerProposer(kind, candidates=proposer_candidates(candidates), to_params=to_optuna_params)
+            # a sampler does not weigh the risk of a borderline layout: it draws from the plain fits
+            return SamplerProposer(kind, candidates=proposer_candidates([(l, p) for l, p in candidates if p.fits]),
+                                   to_params=to_optuna_params)
         except ImportError as e:
             raise CliError(str(e)) from None
     from tuner.agent import AgentProposer
@@ -183,8 +189,9 @@ PROGRESS_EVERY_S = 30.0
 def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
                 progress=None) -> list[tuple[Layout, Prediction]]:
     """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
-    predicted to fit, with its prediction for what the runner runs (`runner.predict`; without a runner,
-    the cost model for the full model); CliError when none does."""
+    predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
+    fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
+    for the full model); CliError when none may fit."""
     def prediction(layout: Layout):
         if runner is None:
             return predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
@@ -207,7 +214,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
             raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")
         raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
                        f"model's heads, experts and layers)")
-    fitting = [(l, p) for l, p in scored if p.fits]
+    fitting = [(l, p) for l, p in scored if p.may_fit]
     if not fitting:
         least = min(scored, key=lambda lp: lp[1].peak_memory_gib)
         raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "

@@ -26,7 +26,8 @@ def default_reference(candidates: list, world_size: int, exclude=frozenset()) ->
     in `exclude` (those that failed permanently in the study) are left out."""
     def simplicity(c):
         l = c.layout
-        return (l.tp * l.pp * l.cp * l.ep * l.etp, l.tp, l.pp, -c.prediction.tokens_per_s_per_gpu)
+        return (not c.prediction.fits, l.tp * l.pp * l.cp * l.ep * l.etp, l.tp, l.pp,
+                -c.prediction.tokens_per_s_per_gpu)   # a plain fit before a borderline one
 
     fitting = [c for c in candidates if c.layout.world_size == world_size and c.layout.key() not in exclude]
     if not fitting:

@@ -134,8 +134,15 @@ def interval_text(iv) -> str:
     return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {len(iv.by_hypothesis)} hypotheses)" if iv is not None else ""
 
 
+def fit_text(p: Prediction, no: str = "DOES NOT FIT") -> str:
+    """"fits", or the verdict and why: "DOES NOT FIT: ..." or "borderline (61%): predicted ... GiB ..."."""
+    if p.fits:
+        return "fits"
+    return f"{p.fit_label if p.may_fit else no}: " + "; ".join(r.removeprefix("borderline: ") for r in p.reasons)
+
+
 def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
-    fits = "fits" if p.fits else "DOES NOT FIT: " + "; ".join(p.reasons)
+    fits = fit_text(p)
     return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
             f"{p.tokens_per_s_per_gpu:,.0f} {interval_text(interval)} tokens/s/GPU, step {p.step_time_s:.2f} s, "
             f"MFU {p.mfu:.1%}, "
@@ -159,7 +166,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
     """Where the time and the memory go, as two tables; the interval across hypotheses."""
     lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
              f"every figure is predicted ({p.source})",
-             f"fits: {'yes' if p.fits else 'NO: ' + '; '.join(p.reasons)}",
+             f"fits: {'yes' if p.fits else fit_text(p, 'NO')}",
              f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f} {interval_text(interval)}   step {p.step_time_s:.2f} s   "
              f"MFU {p.mfu:.1%}   $/1M tokens {p.usd_per_million_tokens:.3f}",
              f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
@@ -193,7 +200,7 @@ def memory_lines(p: Prediction) -> list[str]:
         if mem.get(key) or key in ("allocated", "outside_pytorch", "total"):
             lines.append(f"  {label:<30}{mem[key]:9.1f}{mem[key] / mem['total']:8.1%}")
     lines.append(f"  {'usable (most-loaded GPU)':<30}{p.gpu_memory_gib:9.1f}   "
-                 f"{'fits' if mem['total'] <= p.gpu_memory_gib else 'does not fit'}")
+                 f"{p.fit_label}")
     for part, source in sorted(p.memory.sources.items()):
         lines.append(f"    {part}: {source}")
     return lines

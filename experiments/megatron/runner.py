@@ -437,7 +437,8 @@ def _prediction(case: Case, run, rows: int) -> dict:
     except Exception as e:  # noqa: BLE001 - a prediction is a courtesy, not a requirement
         return {"error": f"{type(e).__name__}: {e}"}
     c = default_constants()
-    return {"fits": p.fits, "reasons": list(p.reasons), "peak_memory_gib": round(p.peak_memory_gib, 2),
+    return {"fits": p.fits, "fit_verdict": p.fit_verdict, "fit_probability": round(p.fit_probability, 4),
+            "reasons": list(p.reasons), "peak_memory_gib": round(p.peak_memory_gib, 2),
             "step_time_s": round(p.step_time_s, 4), "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1),
             "memory_gib": {k: round(v, 2) for k, v in p.memory.as_dict().items()},
             "global_batch": rows, "framework": "megatron", "source": p.source,

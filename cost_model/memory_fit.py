@@ -1,0 +1,50 @@
+"""Whether a layout fits, given the memory model's own measured error.
+
+The predicted peak a layout needs (MemoryBreakdown.total) is compared with the GPU's usable memory
+(MemoryBreakdown.usable). The actual peak is taken as predicted x (1 + e), e ~ Normal(0, sd), where sd is
+the memory model's relative error on measured runs (constants' memory_error_sd, derived by
+benchmarks/memory_error.py). A layout is a plain fit only when it fits with a high probability; near the
+limit it is borderline (it may or may not fit), well over it it does not fit.
+"""
+from __future__ import annotations
+
+import math
+
+FITS, BORDERLINE, DOES_NOT_FIT = "fits", "borderline", "does not fit"
+FIT_P = 0.95          # at or above: a plain fit
+NO_FIT_P = 0.05       # below: does not fit; in between: borderline
+
+
+def fit_probability(needed_gib: float, capacity_gib: float, sd: float) -> float:
+    """P(actual peak <= capacity) for actual = needed x (1 + e), e ~ Normal(0, sd)."""
+    if needed_gib <= 0:
+        return 1.0
+    margin = capacity_gib / needed_gib - 1.0     # the relative error the layout can absorb
+    if sd <= 0:
+        return 1.0 if margin >= 0 else 0.0
+    return 0.5 * (1.0 + math.erf(margin / (sd * math.sqrt(2.0))))
+
+
+def fit_verdict(p: float) -> str:
+    """"fits" (p >= 0.95), "borderline" (0.05 <= p < 0.95) or "does not fit" (p < 0.05)."""
+    if p >= FIT_P:
+        return FITS
+    return BORDERLINE if p >= NO_FIT_P else DOES_NOT_FIT
+
+
+def percent(p: float) -> str:
+    """A borderline probability in whole percent, rounded down (0.949 is 94%, never a plain fit's 95%)."""
+    return f"{math.floor(p * 100 + 1e-9)}%"
+
+
+def fit_label(verdict: str, p: float) -> str:
+    """The verdict for a table: "fits", "borderline (60%)" or "does not fit"."""
+    return f"{verdict} ({percent(p)})" if verdict == BORDERLINE else verdict
+
+
+def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float) -> str:
+    """The one line that says why a layout is borderline."""
+    margin = capacity_gib / needed_gib - 1.0 if needed_gib > 0 else 0.0
+    side = "under" if margin >= 0 else "over"
+    return (f"borderline: predicted {needed_gib:.1f} of {capacity_gib:.1f} GiB usable, {abs(margin):.1%} {side}; "
+            f"the memory model's measured error (sd {sd:.1%}) gives a {percent(p)} chance to fit")

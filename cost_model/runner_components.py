@@ -1,0 +1,149 @@
+"""The megatron runner's step, from its components as `tune profile` measured them on the GPU.
+
+The profile (experiments.checks.runner_components) times the runner's own model, one process on one GPU:
+builds of 1 and 2 layers of each layer kind with a small vocabulary, one of 1 layer with the model's
+vocabulary, and one with the optimizer offloaded to the CPU, each at several tokens per micro-batch, with
+and without full recompute. Differences of those builds give:
+
+- a layer's forward-backward seconds per micro-batch (gradient accumulation into the fp32 buffers
+  included), and with full recompute;
+- the micro-batch's ends: embedding, final norm, LM head, cross-entropy and the schedule's own time;
+- the per-step work: zeroing gradient buffers and the optimizer step, per parameter and per step;
+- the CPU optimizer step per parameter (offload), and CPU Adam per rank with several ranks per host.
+
+Lookups interpolate linearly in tokens between measured points and extrapolate from the last two. Pure
+data and arithmetic: no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+# ModelSpec fields that do not change what one decoder layer computes.
+_NOT_LAYER = {"name", "display_name", "model_type", "num_hidden_layers", "vocab_size", "tie_word_embeddings",
+              "layer_types", "mlp_types", "hf_repo", "sources", "num_nextn_predict_layers", "vision"}
+
+
+def layer_signature(model, attn_kind: str, mlp_kind: str) -> str:
+    """What one layer of this kind computes, as text: two models whose layers match share measurements."""
+    dims = ",".join(f"{f.name}={getattr(model, f.name)}" for f in fields(model)
+                    if f.name not in _NOT_LAYER and getattr(model, f.name) not in (0, False, None, ""))
+    return f"{attn_kind}+{mlp_kind}|{dims}"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds as a function of tokens per micro-batch: measured points, linear between them."""
+
+    tokens: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def __call__(self, tokens: float) -> float:
+        xs, ys = self.tokens, self.seconds
+        if len(xs) == 1:
+            return ys[0] * tokens / xs[0]
+        i = 1
+        while i < len(xs) - 1 and tokens > xs[i]:
+            i += 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        y = y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+        return max(y, 0.0)
+
+    @property
+    def span(self) -> str:
+        return f"{int(self.tokens[0]):,}-{int(self.tokens[-1]):,} tokens"
+
+
+@dataclass(frozen=True)
+class LayerCurves:
+    """One layer kind's measured seconds per micro-batch, without and with full recompute."""
+
+    model: str
+    none: Curve
+    full: Curve | None
+
+
+@dataclass(frozen=True)
+class RunnerComponents:
+    """The runner's components measured on one GPU type (a profile's `runner_components` section)."""
+
+    layers: dict                 # layer_signature -> LayerCurves
+    ends: dict                   # (hidden_size, vocab_size) -> (model name, Curve of a micro-batch's ends)
+    optimizer_s_per_param: float
+    optimizer_s_per_step: float
+    cpu_adam: tuple              # ((ranks per host, parameters/s per rank), ...)
+    seq_len: int
+    source: str
+
+    def layer(self, signature: str) -> LayerCurves | None:
+        return self.layers.get(signature)
+
+    def cpu_adam_rate(self, ranks_per_host: int) -> float:
+        """CPU Adam parameters/s of one rank when `ranks_per_host` ranks step at once: measured at 1, 2, 4
+        ranks, beyond them the last rate shared by the extra ranks."""
+        points = sorted(self.cpu_adam)
+        for ranks, rate in points:
+            if ranks >= ranks_per_host:
+                return rate
+        ranks, rate = points[-1]
+        return rate * ranks / ranks_per_host
+
+
+def _point_curve(points: dict) -> Curve | None:
+    xs = sorted(points)
+    return Curve(tuple(float(x) for x in xs), tuple(float(points[x]) for x in xs)) if xs else None
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def parse_runner_components(section: dict) -> RunnerComponents:
+    """Derive the components from the measured builds (differences of 1- and 2-layer builds, see the module
+    docstring). Raises KeyError/TypeError/ValueError on a malformed section (the profile parser reports it)."""
+    mb = int(section["microbatches"])
+    builds = section["builds"]
+
+    def fwd_bwd(b, full: bool) -> dict:
+        return {p["tokens"]: p["fwd_bwd_s"] / mb for p in b["points"] if bool(p.get("full_recompute")) == full}
+
+    small = {}
+    for b in builds:
+        if int(b["vocab"]) < 4096:
+            small[(b["signature"], int(b["layers"]))] = b
+    layers, first_kind = {}, {}
+    for (sig, n), one in small.items():
+        two = small.get((sig, 2))
+        if n != 1 or two is None:
+            continue
+        curves = []
+        for full in (False, True):
+            a, b2 = fwd_bwd(one, full), fwd_bwd(two, full)
+            curves.append(_point_curve({t: max(b2[t] - a[t], 0.0) for t in a if t in b2}))
+        if curves[0] is not None:
+            layers[sig] = LayerCurves(str(one["model"]), curves[0], curves[1])
+            first_kind.setdefault(str(one["model"]), sig)
+    ends = {}
+    for b in builds:
+        if int(b["vocab"]) < 4096 or int(b["layers"]) != 1 or b["signature"] not in layers:
+            continue
+        layer = layers[b["signature"]].none
+        per_mb = {t: s - layer(t) for t, s in fwd_bwd(b, False).items()}
+        curve = _point_curve(per_mb)
+        if curve is not None:
+            ends[(int(b["hidden_size"]), int(b["vocab"]))] = (str(b["model"]), curve)
+    # The per-step work against the build's parameter count: a least-squares line through every build.
+    xs, ys = [], []
+    for b in builds:
+        steps = [p["zero_grad_s"] + p["optimizer_s"] for p in b["points"]]
+        if steps:
+            xs.append(float(b["params"]))
+            ys.append(_median(steps))
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    intercept = max(my - slope * mx, 0.0)
+    cpu = tuple((int(p["ranks"]), float(p["params_per_s_per_rank"])) for p in section.get("cpu_adam_ranks") or ())
+    source = (f"measured: runner components on {section.get('device', '?')} ({section.get('date', '?')}, "
+              f"megatron-core {section.get('megatron_core', '?')}, torch {section.get('torch', '?')})")
+    return RunnerComponents(layers, ends, slope, intercept, cpu, int(section["seq_len"]), source)

@@ -1,0 +1,343 @@
+"""Measure what the megatron runner's step is made of, on this GPU, with the runner's own code.
+
+`tune profile --components MODEL` (or `python -m experiments.checks.runner_components --model M`) builds
+the runner's GPTModel (experiments.megatron.train_loop: megatron-core, torch-native kernels, megatron's DDP
+with fp32 gradient buffers, its distributed optimizer) in this one process on GPU 0, for each layer kind of
+the model, with 1 and 2 layers of that kind and a small vocabulary, and times at 1, 2, 4, 8, 16 rows of
+`seq_len` tokens per micro-batch:
+
+- the forward-backward of `microbatches` micro-batches through megatron's schedule (gradient accumulation
+  into the fp32 buffers by megatron's hooks included), with and without full recompute;
+- the per-step work: zeroing the gradient buffers and the optimizer step (grad norm, clip, Adam, the copy
+  back to bf16), and the same with the optimizer offloaded to the CPU (HybridDeviceOptimizer);
+- once with the model's real vocabulary, for the embedding, LM head and cross-entropy of a micro-batch.
+
+The cost model takes differences: one layer = (2 layers - 1 layer), the micro-batch's ends = (1 layer - one
+layer), the optimizer per parameter = the slope between the builds' parameter counts. Nothing is fitted to
+training runs. CPU Adam is also timed with 1, 2 and 4 processes at once (ranks sharing a host).
+
+Each point is the median of `repeats` steps after a warm-up step; a build or point that runs out of memory
+is recorded as such and the larger points of that build are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROWS = (1, 2, 4, 8, 16)
+SEQ_LEN = 4096
+MICROBATCHES = 2
+REPEATS = 3
+SMALL_VOCAB = 1024
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def layer_kinds(model) -> list[tuple[str, str]]:
+    """The (attention kind, MLP kind) pairs of the model's layers, in first-seen order."""
+    out = []
+    for kind in zip(model.layer_types, model.mlp_types):
+        if kind not in out:
+            out.append(kind)
+    return out
+
+
+def kind_model(model, kind: tuple[str, str], layers: int, vocab: int | None):
+    """`model` with `layers` layers all of `kind`, no MTP, and (when given) another vocabulary size."""
+    attn, mlp = kind
+    changes = dict(num_hidden_layers=layers, layer_types=(attn,) * layers, mlp_types=(mlp,) * layers,
+                   num_nextn_predict_layers=0, name=f"{model.name}[{attn}+{mlp} x{layers}]")
+    if vocab is not None:
+        changes["vocab_size"] = vocab
+    return replace(model, **changes)
+
+
+class Bench:
+    """One process on GPU 0: megatron's parallel state for 1 GPU, then builds and timings."""
+
+    def __init__(self, seq_len: int, microbatches: int, repeats: int, log):
+        import torch
+        import torch.distributed as dist
+
+        from cost_model.layout import Layout
+        from experiments.megatron import torch_native as tnb
+        from experiments.megatron.train_loop import _init_parallel
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        self.seq_len, self.microbatches, self.repeats, self.log = seq_len, microbatches, repeats, log
+        self.device = torch.cuda.get_device_name(0)
+        _init_parallel(0, 1, {"layout": Layout(1), "seed": 0, "nccl_timeout_s": 600}, 0)
+        self.backend, self.backend_reason = tnb.resolve_backend("auto")
+        self.torch, self.dist = torch, dist
+        self.fla = None
+
+    def build(self, model, layout, offload: bool = False):
+        from cost_model.workload import Workload
+        from experiments.megatron.config import build_transformer_config
+        from experiments.megatron.train_loop import _build_model, build_optimizer
+
+        self.release()
+        _clear_moe_tracker()
+        if offload:
+            layout = replace(layout, optimizer_offload_fraction=1.0)
+        workload = Workload(seq_len=self.seq_len, global_batch=self.microbatches, framework="megatron")
+        config = build_transformer_config(model, layout, workload, backend=self.backend)
+        job = {"model": model, "layout": layout, "workload": workload, "seed": 0}
+        chunks, _info, n_params = _build_model(job, config, self.backend)
+        optimizer, _note = build_optimizer(chunks, layout, 1e-5)
+        from megatron.core.distributed import finalize_model_grads
+        config.grad_scale_func = optimizer.scale_loss
+        config.finalize_model_grads_func = finalize_model_grads
+        return config, chunks, optimizer, n_params
+
+    def step_times(self, model, config, chunks, optimizer, rows: int, full_recompute: bool) -> dict:
+        """Median seconds of (zero grads, forward-backward of the micro-batches, optimizer step)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        from experiments.megatron.data import StepBatches
+        from experiments.megatron.train_loop import forward_step
+
+        torch = self.torch
+        config.recompute_granularity = "full" if full_recompute else None
+        config.recompute_method = "uniform" if full_recompute else None
+        config.recompute_num_layers = 1 if full_recompute else None
+        batches = StepBatches(global_batch=rows * self.microbatches, dp=1, dp_rank=0, rows_per_microbatch=rows,
+                              seq_len=self.seq_len, vocab=model.vocab_size, seed=0)
+        fwd_bwd = get_forward_backward_func()
+        model_chunk = chunks[0]
+        samples = []
+        for i in range(1 + self.repeats):
+            micro = batches(i)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model_chunk.zero_grad_buffer()
+            optimizer.zero_grad()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            fwd_bwd(forward_step_func=forward_step, data_iterator=iter(micro), model=model_chunk,
+                    num_microbatches=self.microbatches, seq_length=self.seq_len, micro_batch_size=rows,
+                    decoder_seq_length=self.seq_len, forward_only=False)
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            optimizer.step()
+            torch.cuda.synchronize()
+            t3 = time.perf_counter()
+            if i:
+                samples.append((t1 - t0, t2 - t1, t3 - t2))
+        config.recompute_granularity = config.recompute_method = config.recompute_num_layers = None
+        zero, fb, opt = (statistics.median(s[j] for s in samples) for j in range(3))
+        return {"zero_grad_s": zero, "fwd_bwd_s": fb, "optimizer_s": opt,
+                "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+
+    def release(self):
+        import gc
+        gc.collect()
+        self.torch.cuda.empty_cache()
+        self.torch.cuda.reset_peak_memory_stats()
+
+
+def _clear_moe_tracker() -> None:
+    """megatron keeps its MoE aux-loss tracker in a global sized by the first model's layers."""
+    try:
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+        getattr(get_moe_metrics_tracker(), "metrics", {}).clear()
+    except ImportError:
+        pass
+
+
+def _is_oom(err: BaseException) -> bool:
+    return "out of memory" in str(err).lower() or type(err).__name__ == "OutOfMemoryError"
+
+
+def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, rows_list, recompute: bool,
+                  offload: bool = False) -> dict:
+    from cost_model.layout import Layout
+
+    m = kind_model(model, kind, layers, vocab)
+    entry = {"kind": list(kind), "layers": layers, "vocab": m.vocab_size, "offload": offload, "points": []}
+    t0 = time.perf_counter()
+    try:
+        config, chunks, optimizer, n_params = bench.build(m, Layout(1, max_tokens_per_gpu=bench.seq_len), offload)
+    except Exception as e:  # noqa: BLE001 - recorded, the profile goes on
+        entry["error"] = f"build: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        bench.release()
+        return entry
+    entry["params"] = n_params
+    entry["build_s"] = round(time.perf_counter() - t0, 2)
+    out_of_memory = False
+    for rows in rows_list:
+        for full in ((False, True) if recompute else (False,)):
+            point = {"rows": rows, "tokens": rows * bench.seq_len, "full_recompute": full}
+            try:
+                point.update(bench.step_times(m, config, chunks, optimizer, rows, full))
+                bench.log(f"  {m.name} vocab {m.vocab_size} rows {rows} full={full}: fb {point['fwd_bwd_s']*1e3:.1f} "
+                          f"ms opt {point['optimizer_s']*1e3:.1f} ms peak {point['peak_allocated_gib']:.1f} GiB")
+            except Exception as e:  # noqa: BLE001 - recorded, the profile goes on
+                out_of_memory = _is_oom(e)
+                point["error"] = ("out of memory" if out_of_memory else
+                                  f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+                config.recompute_granularity = config.recompute_method = config.recompute_num_layers = None
+                bench.torch.cuda.empty_cache()
+            entry["points"].append(point)
+            if out_of_memory:
+                break
+        if out_of_memory:
+            break
+    entry["optimizer_kind"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
+    del config, chunks, optimizer
+    bench.release()
+    return entry
+
+
+def profile_model(bench: Bench, model, rows_list=ROWS) -> dict:
+    from cost_model.model_spec import LINEAR_ATTENTION
+    if LINEAR_ATTENTION in model.layer_types:
+        rows_list = rows_list[:4]   # fla's TileLang kernels compile per shape (about 40 s each)
+    """Every measurement the runner stack's step time needs for `model`'s layer kinds."""
+    from cost_model.runner_components import layer_signature
+
+    out = {"model": model.name, "hidden_size": model.hidden_size, "vocab_size": model.vocab_size,
+           "kinds": [], "builds": []}
+    for kind in layer_kinds(model):
+        out["kinds"].append({"kind": list(kind), "signature": layer_signature(model, *kind)})
+        for layers in (1, 2):
+            bench.log(f"{model.name}: {kind[0]}+{kind[1]} x{layers}")
+            out["builds"].append(measure_build(bench, model, kind, layers, SMALL_VOCAB, rows_list, recompute=True))
+    first = layer_kinds(model)[0]
+    bench.log(f"{model.name}: real vocabulary {model.vocab_size}")
+    out["builds"].append(measure_build(bench, model, first, 1, None, rows_list, recompute=False))
+    bench.log(f"{model.name}: optimizer offloaded to the CPU")
+    out["builds"].append(measure_build(bench, model, first, 1, SMALL_VOCAB, rows_list[:1], recompute=False,
+                                       offload=True))
+    return out
+
+
+def _cpu_adam_worker(n_params: int, threads: int, steps: int, queue) -> None:
+    import torch
+    torch.set_num_threads(threads)
+    params = [torch.zeros(n_params // 8, requires_grad=True) for _ in range(8)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    opt.step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.step()
+    queue.put(n_params * steps / (time.perf_counter() - t0))
+
+
+def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, steps: int = 3) -> list[dict]:
+    """torch.optim.AdamW on CPU (what megatron's HybridDeviceOptimizer runs there), in `r` processes at once
+    with `threads` threads each: parameters per second per process."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    out = []
+    for r in ranks:
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_cpu_adam_worker, args=(n_params, threads, steps, q)) for _ in range(r)]
+        for p in procs:
+            p.start()
+        rates = [q.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join()
+        out.append({"ranks": r, "threads_per_rank": threads, "params_per_s_per_rank": statistics.median(rates)})
+    return out
+
+
+def one_build(args) -> int:
+    """One build in this process, appended as a JSON line to --out (megatron keeps references to a built
+    model in its globals, so a profile of large layers runs each build in a process of its own)."""
+    from cost_model.model_spec import LINEAR_ATTENTION, load_model
+    from cost_model.runner_components import layer_signature
+
+    log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
+    model = load_model(args.model[0])
+    kind = tuple(args.kind.split("+"))
+    bench = Bench(args.seq_len, MICROBATCHES, args.repeats, log)
+    if LINEAR_ATTENTION in model.layer_types:
+        from experiments.megatron import gdn
+        bench.fla = gdn.configure_fla(0)
+    rows = tuple(int(r) for r in args.rows.split(","))
+    entry = measure_build(bench, model, kind, args.layers, None if args.real_vocab else SMALL_VOCAB, rows,
+                          recompute=not args.real_vocab)
+    entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
+                 microbatches=MICROBATCHES, repeats=args.repeats, device=bench.device, date=_now())
+    with open(args.out, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    bench.dist.destroy_process_group()
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m experiments.checks.runner_components", description=__doc__.split("\n")[0])
+    p.add_argument("--model", action="append", required=True, help="catalog name or config.json (repeatable)")
+    p.add_argument("--out", required=True, help="YAML file to write (merged into it when it exists)")
+    p.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    p.add_argument("--rows", default=",".join(map(str, ROWS)))
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    p.add_argument("--no-cpu-adam", action="store_true")
+    p.add_argument("--kind", help="one build only, in a fresh process: ATTN+MLP (e.g. full_attention+moe)")
+    p.add_argument("--layers", type=int, default=1, help="with --kind: layers of that kind")
+    p.add_argument("--real-vocab", action="store_true", help="with --kind: the model's own vocabulary")
+    args = p.parse_args(argv)
+    if args.kind:
+        return one_build(args)
+
+    import torch
+    import yaml
+
+    from cost_model.model_spec import LINEAR_ATTENTION, load_model
+
+    log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
+    started = time.perf_counter()
+    models = [load_model(m) for m in args.model]
+    bench = Bench(args.seq_len, MICROBATCHES, args.repeats, log)
+    if any(LINEAR_ATTENTION in m.layer_types for m in models):
+        from experiments.megatron import gdn
+        bench.fla = gdn.configure_fla(0)
+    path = Path(args.out)
+    data = yaml.safe_load(path.read_text()) if path.exists() else None
+    data = data or {}
+    section = data.setdefault("runner_components", {})
+    import megatron.core
+    section.update({
+        "how": __doc__.split("\n\n")[1].replace("\n", " "),
+        "device": bench.device, "torch": str(torch.__version__),
+        "megatron_core": str(getattr(megatron.core, "__version__", "?")), "backend": bench.backend,
+        "seq_len": args.seq_len, "microbatches": MICROBATCHES, "repeats": args.repeats,
+        "omp_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(), "date": _now()[:10],
+    })
+    if bench.fla:
+        section["fla"] = {k: v for k, v in bench.fla.items() if isinstance(v, (str, int, float, bool))}
+    rows = tuple(int(r) for r in args.rows.split(","))
+    measured = {m["model"]: m for m in section.get("models", [])}
+    for model in models:
+        t0 = time.perf_counter()
+        entry = profile_model(bench, model, rows)
+        entry["wall_s"] = round(time.perf_counter() - t0, 1)
+        entry["date"] = _now()
+        measured[model.name] = entry
+        section["models"] = list(measured.values())
+        path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
+        log(f"{model.name}: {entry['wall_s']} s")
+    if not args.no_cpu_adam:
+        section["cpu_adam_ranks"] = cpu_adam_ranks(torch.get_num_threads())
+        log(f"cpu adam: {section['cpu_adam_ranks']}")
+    section["wall_s"] = round(time.perf_counter() - started, 1)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
+    log(f"wrote {path} ({section['wall_s']} s)")
+    bench.dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
