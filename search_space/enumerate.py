@@ -11,7 +11,7 @@ from typing import Iterator
 
 from cost_model.batching import max_tokens_per_gpu
 from cost_model.errors import AttuneError
-from cost_model.model_spec import MLA, ModelSpec
+from cost_model.model_spec import DENSE, FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.pipeline_layout import balanced_layout
@@ -24,7 +24,10 @@ from cost_model.stack import Stack
 class SpaceOptions:
     """Which values of the non-parallel dimensions to try."""
 
-    rows_per_microbatch: tuple[int, ...] = (1, 2, 4)
+    # None: derived per parallel shape (rows_choices): the powers of two up to the rows a data-parallel rank
+    # holds in a step, and those rows (see BASE_ROWS); a tuple: these values (those above a rank's rows are not
+    # valid, rules.py).
+    rows_per_microbatch: tuple[int, ...] | None = None
     full_recompute_layers: tuple[int, ...] = (1, 2, 4)
     offload_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
     max_tp: int = 8          # TP beyond one NVLink domain is never worth it
@@ -33,10 +36,13 @@ class SpaceOptions:
     dispatchers: tuple[str, ...] = ("alltoall", "flex")
     exp_avg_dtypes: tuple[str, ...] = ("fp32", "bf16")   # Adam moments when not offloaded
     max_cp: int | None = None                            # None: no limit
+    # Selective-recompute module sets; None: those of the model's layer kinds (selective_module_sets). A runner
+    # that trains fewer layers narrows them to the kinds it runs (search_space.runner_space).
+    selective_module_sets: tuple[tuple[str, ...], ...] | None = None
 
 
 # Fields a study's identity leaves out while at their defaults (studies made before they existed).
-NARROWING_FIELDS = ("dispatchers", "exp_avg_dtypes", "max_cp")
+NARROWING_FIELDS = ("dispatchers", "exp_avg_dtypes", "max_cp", "selective_module_sets")
 
 
 # The most GPUs a space is built for: the layouts grow with the count's divisors (1,024 GPUs: ~1,500
@@ -50,6 +56,18 @@ MAX_GPUS = 4096
 MAX_SPACE_LAYOUTS = 4_000_000
 
 
+# Rows per micro-batch (SpaceOptions.rows_per_microbatch None): the powers of two up to what a data-parallel
+# rank holds in a step, and that number; above BASE_ROWS (what every space tried before) only while a
+# micro-batch holds at most MAX_MICROBATCH_TOKENS tokens per GPU (rows x row length / CP). A larger one gains
+# nothing the cost model sees: its GEMMs run at their saturated rate (gemm_half_m is 1,500 rows), so it only
+# saves launches while its activations grow (Qwen3.6-35B-A3B on 8 x H200, global batch 128 of 8k rows: none
+# of the 55,608 layouts above 64k tokens per GPU fits, and the best at 64k is 24% slower than the best at
+# 32k); without the cap that space would grow 2.4x, with it 1.6x. Where the sweep would take a space past
+# MAX_SPACE_LAYOUTS (thousands of GPUs, where CP shapes hold few tokens per row), it is BASE_ROWS alone.
+BASE_ROWS = (1, 2, 4)
+MAX_MICROBATCH_TOKENS = 65536
+
+
 class SpaceTooLarge(AttuneError, ValueError):
     """A search space with more layouts than MAX_SPACE_LAYOUTS."""
 
@@ -59,9 +77,42 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def selective_module_sets(model: ModelSpec) -> list[tuple[str, ...]]:
+SOFTMAX_ATTENTION = (FULL_ATTENTION, SLIDING_ATTENTION, MLA)   # the layer kinds Megatron's core_attn covers
+
+
+def layer_kinds(model: ModelSpec) -> set[tuple[str, str]]:
+    """(attention kind, MLP kind) of every layer the model trains, its MTP layers included."""
+    kinds = set(zip(model.layer_types, model.mlp_types))
+    if model.num_nextn_predict_layers:
+        kinds.add((model.mtp_layer_type, MOE if model.is_moe else DENSE))
+    return kinds
+
+
+def covered_modules(model: ModelSpec) -> set[str]:
+    """Megatron's selective-recompute modules that cover some layer of `model`: core_attn its softmax attention
+    layers (not Gated DeltaNet), mla_up_proj MLA, mlp dense MLPs, moe_act, moe and shared_experts MoE layers."""
+    kinds = layer_kinds(model)
+    attention, mlps = {a for a, _ in kinds}, {m for _, m in kinds}
+    out = {"layernorm"}
+    if attention & set(SOFTMAX_ATTENTION):
+        out.add("core_attn")
+    if MLA in attention:
+        out.add("mla_up_proj")
+    if DENSE in mlps:
+        out.add("mlp")
+    if MOE in mlps:
+        out |= {"moe_act", "moe"} | ({"shared_experts"} if model.shared_expert_intermediate_size else set())
+    return out
+
+
+def selective_module_sets(model: ModelSpec, run: ModelSpec | None = None) -> list[tuple[str, ...]]:
+    """The selective-recompute module sets of `model`'s layer kinds, each only once. `run`: the model a
+    trial trains (fewer layers, see search_space.runner_space); its sets are `model`'s that cover one of its
+    layers, each cut to the modules that do where that cut is one of `model`'s sets (so a study's Optuna
+    choices hold them), and none that covers what an earlier one does."""
+    mlps = {m for _, m in layer_kinds(model)}
     sets = [("core_attn",), ("layernorm",)]
-    if model.is_moe:
+    if MOE in mlps:
         sets += [("moe_act",), ("moe_act", "layernorm"), ("core_attn", "moe_act", "layernorm")]
         if model.shared_expert_intermediate_size:
             sets.append(("moe_act", "layernorm", "shared_experts"))
@@ -69,18 +120,55 @@ def selective_module_sets(model: ModelSpec) -> list[tuple[str, ...]]:
     else:
         sets += [("mlp",), ("core_attn", "layernorm", "mlp")]
     if model.count(MLA):
-        sets.append(("mla_up_proj", "moe_act", "layernorm") if model.is_moe else ("mla_up_proj",))
-    return sets
+        sets.append(("mla_up_proj", "moe_act", "layernorm") if MOE in mlps else ("mla_up_proj",))
+    own = covering_sets(sets, model)
+    return own if run is None else covering_sets(own, run)
+
+
+def covering_sets(sets, model: ModelSpec) -> list[tuple[str, ...]]:
+    """`sets` without the modules that cover no layer of `model` (where what is left is one of `sets`; else
+    the set as it is: the rest are no-ops), without the sets that cover nothing or what an earlier one does."""
+    out, seen, covers = [], set(), covered_modules(model)
+    for mods in sets:
+        covered = tuple(m for m in mods if m in covers)
+        if not covered or frozenset(covered) in seen:
+            continue
+        seen.add(frozenset(covered))
+        out.append(covered if covered in sets else tuple(mods))
+    return out
 
 
 def recompute_choices(model: ModelSpec, options: SpaceOptions) -> list[dict]:
     out: list[dict] = [dict(recompute_granularity=None)]
-    for mods in selective_module_sets(model):
-        out.append(dict(recompute_granularity="selective", recompute_modules=mods))
+    sets = options.selective_module_sets
+    for mods in selective_module_sets(model) if sets is None else sets:
+        out.append(dict(recompute_granularity="selective", recompute_modules=tuple(mods)))
     for method in ("uniform", "block"):
         for k in options.full_recompute_layers:
             out.append(dict(recompute_granularity="full", recompute_method=method, recompute_num_layers=k))
     return out
+
+
+def rows_choices(options: SpaceOptions, workload: Workload, dp: int, cp: int = 1) -> tuple[int, ...]:
+    """Rows per micro-batch to try on a shape of data-parallel size `dp` and context-parallel size `cp`: the
+    options' own, or (None) every power of two up to the rows a DP rank holds in a step (global batch / DP,
+    rounded up) and those rows; above BASE_ROWS only while a micro-batch holds at most MAX_MICROBATCH_TOKENS
+    tokens per GPU. A micro-batch of more rows than a rank holds is the same step as one of those rows."""
+    if options.rows_per_microbatch is not None:
+        return tuple(options.rows_per_microbatch)
+    per_rank = max(1, -(-workload.global_batch // dp))
+    cap = max(max(BASE_ROWS), MAX_MICROBATCH_TOKENS * cp // workload.seq_len)
+    rows = [1 << k for k in range(per_rank.bit_length()) if 1 << k <= min(per_rank, cap)]
+    return tuple(rows + ([per_rank] if per_rank <= cap and per_rank not in rows else []))
+
+
+def study_rows_choices(options: SpaceOptions, workload: Workload, world_size: int) -> list[int]:
+    """Every value rows_choices gives a shape on `world_size` GPUs (a study's Optuna choices)."""
+    if options.rows_per_microbatch is not None:
+        return list(options.rows_per_microbatch)
+    ds = divisors(world_size)
+    return sorted({r for dp in ds for cp in ds if world_size % (dp * cp) == 0
+                   for r in rows_choices(options, workload, dp, cp)})
 
 
 def workload_options(options: SpaceOptions, workload: Workload) -> SpaceOptions:
@@ -142,10 +230,32 @@ def shape_dispatchers(shape: dict, stack: Stack, options: SpaceOptions) -> list[
     return [d for d in options.dispatchers if d == "alltoall" or (shape["ep"] * shape["etp"] > 1 and stack.deepep)]
 
 
-def space_size(shapes: list[dict], model: ModelSpec, stack: Stack, options: SpaceOptions) -> int:
+def shape_dp(shape: dict, world_size: int) -> int:
+    return world_size // (shape["tp"] * shape["pp"] * shape["cp"])
+
+
+def space_size(shapes: list[dict], model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+               options: SpaceOptions) -> int:
     """How many layouts the enumeration builds over these parallel shapes (an upper bound on what it yields)."""
-    per_shape = len(options.rows_per_microbatch) * len(recompute_choices(model, options)) * len(offload_choices(options))
-    return per_shape * sum(len(shape_dispatchers(s, stack, options)) for s in shapes)
+    per_shape = len(recompute_choices(model, options)) * len(offload_choices(options))
+    rows = {}   # (DP, CP): how many rows per micro-batch (a few pairs over thousands of shapes)
+    for s in shapes:
+        key = (shape_dp(s, world_size), s["cp"])
+        if key not in rows:
+            rows[key] = len(rows_choices(options, workload, *key))
+    return per_shape * sum(rows[shape_dp(s, world_size), s["cp"]] * len(shape_dispatchers(s, stack, options))
+                           for s in shapes)
+
+
+def bounded_options(shapes: list[dict], model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                    options: SpaceOptions) -> tuple[SpaceOptions, int]:
+    """`options`, with rows per micro-batch BASE_ROWS where the derived ones would take the space over these
+    shapes past MAX_SPACE_LAYOUTS; and the size of the space they make (space_size)."""
+    size = space_size(shapes, model, world_size, workload, stack, options)
+    if options.rows_per_microbatch is None and size > MAX_SPACE_LAYOUTS:
+        options = replace(options, rows_per_microbatch=BASE_ROWS)
+        size = space_size(shapes, model, world_size, workload, stack, options)
+    return options, size
 
 
 def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
@@ -154,14 +264,15 @@ def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, sta
     recomputes = recompute_choices(model, options)
     offloads = offload_choices(options)
     shapes = list(parallel_shapes(model, world_size, workload, stack, options))
-    size = space_size(shapes, model, stack, options)
+    options, size = bounded_options(shapes, model, world_size, workload, stack, options)
     if size > MAX_SPACE_LAYOUTS:
         raise SpaceTooLarge(f"the search space of {model.display_name} on {world_size:,} GPUs would hold {size:,} "
                             f"layouts ({len(shapes):,} parallel shapes), more than the {MAX_SPACE_LAYOUTS:,} one "
                             f"study scores; use fewer GPUs (--gpus) or a model with fewer layers or experts")
     for shape in shapes:
         dispatchers = shape_dispatchers(shape, stack, options)
-        for rows, rc, off, disp in product(options.rows_per_microbatch, recomputes, offloads, dispatchers):
+        rows_per_mb = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
+        for rows, rc, off, disp in product(rows_per_mb, recomputes, offloads, dispatchers):
             max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
             try:
                 layout = Layout(world_size, **shape, max_tokens_per_gpu=max_tokens, rows_per_microbatch=rows,

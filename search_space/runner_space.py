@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from cost_model.errors import AttuneError
 from cost_model.layout import Layout
 from cost_model.model_spec import LINEAR_ATTENTION, MLA, ModelSpec
-from search_space.enumerate import SpaceOptions
+from search_space.enumerate import SpaceOptions, covering_sets, selective_module_sets
 
 
 class RunnerSpaceError(AttuneError, ValueError):
@@ -67,6 +67,17 @@ def narrow(options: SpaceOptions, model: ModelSpec, world_size: int, stack, runn
     if not stack.optimizer_offload and any(f > 0 for f in options.offload_fractions):
         changes["offload_fractions"] = (0.0,)
         why.append(("offload_fractions", f"no optimizer CPU offload: not supported ({where})"))
+    run = model_run or model
+    sets = options.selective_module_sets
+    sets = selective_module_sets(model) if sets is None else list(sets)
+    run_sets = covering_sets(sets, run)
+    if run_sets != sets:   # a truncated run without some layer kind (e.g. no softmax attention in 2 GDN layers)
+        changes["selective_module_sets"] = tuple(run_sets)
+        gone = sorted({m for s in sets for m in s} - {m for s in run_sets for m in s})
+        layers = f"the {run.num_hidden_layers} layers the {runner} runner trains ({run.display_name})"
+        why.append(("selective_module_sets",
+                    f"no selective recompute of {', '.join(gone)}: it covers none of {layers}" if gone else
+                    f"fewer selective-recompute module sets: on {layers} some cover the same modules"))
     return RunnerSpace(replace(options, **changes), tuple(r for _, r in why),
                        _notes(model, model_run or model, stack, runner), tuple(why))
 

@@ -228,9 +228,11 @@ def test_catalog_spaces_fit_the_bound(qwen36, stack):
     from cost_model.workload import Workload
 
     for model in (qwen36, load_model("qwen3-30b-a3b")):
-        shapes = list(space.parallel_shapes(model, space.MAX_GPUS, Workload(global_batch=4096), stack,
-                                            space.SpaceOptions()))
-        assert 0 < space.space_size(shapes, model, stack, space.SpaceOptions()) <= space.MAX_SPACE_LAYOUTS
+        workload = Workload(global_batch=4096)
+        shapes = list(space.parallel_shapes(model, space.MAX_GPUS, workload, stack, space.SpaceOptions()))
+        options, size = space.bounded_options(shapes, model, space.MAX_GPUS, workload, stack, space.SpaceOptions())
+        assert 0 < size <= space.MAX_SPACE_LAYOUTS and size == space.space_size(shapes, model, space.MAX_GPUS,
+                                                                                workload, stack, options)
 
 
 def test_divisors_take_the_square_root_not_the_number():

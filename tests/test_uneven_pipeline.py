@@ -137,7 +137,7 @@ def test_recipe_flags_and_optuna_params_carry_the_split():
     assert layout_from_recipe_block(yaml.safe_load(yaml.safe_dump(block)), 128) == layout
     params = to_optuna_params(layout)
     assert params["pipeline_split"] == "5:" and from_optuna_params(params, 128, SEQ) == layout
-    assert params["pipeline_split"] in distributions(model, 128, SpaceOptions())["pipeline_split"].choices
+    assert params["pipeline_split"] in distributions(model, 128, SpaceOptions(), Workload())["pipeline_split"].choices
     assert "PP8[5:]" in layout.label
     even = Layout(128, pp=2, ep=16, max_tokens_per_gpu=SEQ)
     assert recipe_block(even)["layer_split"] is None and "decoder" not in even.key()

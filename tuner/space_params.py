@@ -10,11 +10,15 @@ from optuna.distributions import CategoricalDistribution
 
 from cost_model.layout_codec import NO_PIPELINE_LAYOUT, encode_offload, encode_recompute, encode_split
 from cost_model.model_spec import ModelSpec
-from search_space.enumerate import SpaceOptions, divisors, offload_choices, pipeline_splits, recompute_choices
+from cost_model.workload import Workload
+from search_space.enumerate import (SpaceOptions, divisors, offload_choices, pipeline_splits, recompute_choices,
+                                    study_rows_choices)
 
 
-def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> dict[str, CategoricalDistribution]:
-    """The same choices for every trial of a study (Optuna requires it), derived from the space's options."""
+def distributions(model: ModelSpec, world_size: int, options: SpaceOptions,
+                  workload: Workload) -> dict[str, CategoricalDistribution]:
+    """The same choices for every trial of a study (Optuna requires it), derived from the space's options (rows
+    per micro-batch: from the workload's global batch too)."""
     ds = divisors(world_size)
     experts = [d for d in ds if model.num_experts % d == 0] if model.is_moe else [1]
     recomputes = []
@@ -30,7 +34,7 @@ def distributions(model: ModelSpec, world_size: int, options: SpaceOptions) -> d
         "cp": CategoricalDistribution(ds),
         "ep": CategoricalDistribution(experts),
         "etp": CategoricalDistribution([d for d in ds if d <= options.max_tp]),
-        "rows_per_microbatch": CategoricalDistribution(list(options.rows_per_microbatch)),
+        "rows_per_microbatch": CategoricalDistribution(study_rows_choices(options, workload, world_size)),
         "recompute": CategoricalDistribution(recomputes),
         "offload": CategoricalDistribution([encode_offload(o["optimizer_offload_fraction"], o["overlap_d2h_h2d"],
                                                            o.get("exp_avg_dtype", "fp32"))
