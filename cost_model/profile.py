@@ -15,10 +15,10 @@ from importlib import resources
 from pathlib import Path
 
 
-from cost_model.runner_components import RunnerComponents, parse_runner_components
 from cost_model.device_memory import DeviceMemory, DeviceMemoryError, parse_device_memory
 from cost_model.errors import AttuneError
 from cost_model.names import clean_name
+from cost_model.runner_components import RunnerComponents, parse_runner_components
 from cost_model.user_file import parse_yaml, read_user_text, unique_containers
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")

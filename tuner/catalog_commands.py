@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from cost_model.hardware import all_gpus, load_gpu
@@ -71,9 +72,25 @@ def cmd_profile(args) -> int:
 
     model = load_model(args.model) if args.model else None
     profile = run_profile(model, quick=args.quick)  # NoGpuError (an AttuneError) without torch or a GPU
+    if model is not None and not args.quick:
+        _runner_components(profile, args.model)
     with writing_user_file():
         report_written(profile, args.out)
     return 0
+
+
+def _runner_components(profile: dict, model: str) -> None:
+    """The megatron runner's step components for `model` (experiments.checks.runner_components), which price
+    `--backend megatron` trials; needs megatron-core (make setup-test installs it)."""
+    import importlib.util
+    if importlib.util.find_spec("megatron") is None:
+        profile.setdefault("notes", []).append("runner_components not measured: megatron-core is not installed "
+                                               "(pip install megatron-core, or make setup-test)")
+        print("runner components not measured: install megatron-core (make setup-test) to price the megatron "
+              "runner from them", file=sys.stderr)
+        return
+    from experiments.checks.runner_components import measure_models
+    profile["runner_components"] = measure_models([model], log=lambda s: print(s, file=sys.stderr))
 
 
 def _derive(args) -> int:

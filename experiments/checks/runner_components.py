@@ -1,20 +1,21 @@
 """Measure what the megatron runner's step is made of, on this GPU, with the runner's own code.
 
-`tune profile --components MODEL` (or `python -m experiments.checks.runner_components --model M`) builds
+`tune profile --model M` (or `python -m experiments.checks.runner_components --model M --out FILE`) builds
 the runner's GPTModel (experiments.megatron.train_loop: megatron-core, torch-native kernels, megatron's DDP
-with fp32 gradient buffers, its distributed optimizer) in this one process on GPU 0, for each layer kind of
+with fp32 gradient buffers, its distributed optimizer) on GPU 0, one process per build, for each layer kind of
 the model, with 1 and 2 layers of that kind and a small vocabulary, and times at 1, 2, 4, 8, 16 rows of
-`seq_len` tokens per micro-batch:
+`seq_len` tokens per micro-batch (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape):
 
 - the forward-backward of `microbatches` micro-batches through megatron's schedule (gradient accumulation
   into the fp32 buffers by megatron's hooks included), with and without full recompute;
 - the per-step work: zeroing the gradient buffers and the optimizer step (grad norm, clip, Adam, the copy
-  back to bf16), and the same with the optimizer offloaded to the CPU (HybridDeviceOptimizer);
+  back to bf16);
 - once with the model's real vocabulary, for the embedding, LM head and cross-entropy of a micro-batch.
 
 The cost model takes differences: one layer = (2 layers - 1 layer), the micro-batch's ends = (1 layer - one
 layer), the optimizer per parameter = the slope between the builds' parameter counts. Nothing is fitted to
-training runs. CPU Adam is also timed with 1, 2 and 4 processes at once (ranks sharing a host).
+training runs. CPU Adam (torch's AdamW on the CPU, what megatron's HybridDeviceOptimizer steps there when the
+optimizer is offloaded) is timed with 1, 2 and 4 processes at once (ranks sharing a host).
 
 Each point is the median of `repeats` steps after a warm-up step; a build or point that runs out of memory
 is recorded as such and the larger points of that build are skipped.
@@ -198,29 +199,6 @@ def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, row
     return entry
 
 
-def profile_model(bench: Bench, model, rows_list=ROWS) -> dict:
-    from cost_model.model_spec import LINEAR_ATTENTION
-    if LINEAR_ATTENTION in model.layer_types:
-        rows_list = rows_list[:4]   # fla's TileLang kernels compile per shape (about 40 s each)
-    """Every measurement the runner stack's step time needs for `model`'s layer kinds."""
-    from cost_model.runner_components import layer_signature
-
-    out = {"model": model.name, "hidden_size": model.hidden_size, "vocab_size": model.vocab_size,
-           "kinds": [], "builds": []}
-    for kind in layer_kinds(model):
-        out["kinds"].append({"kind": list(kind), "signature": layer_signature(model, *kind)})
-        for layers in (1, 2):
-            bench.log(f"{model.name}: {kind[0]}+{kind[1]} x{layers}")
-            out["builds"].append(measure_build(bench, model, kind, layers, SMALL_VOCAB, rows_list, recompute=True))
-    first = layer_kinds(model)[0]
-    bench.log(f"{model.name}: real vocabulary {model.vocab_size}")
-    out["builds"].append(measure_build(bench, model, first, 1, None, rows_list, recompute=False))
-    bench.log(f"{model.name}: optimizer offloaded to the CPU")
-    out["builds"].append(measure_build(bench, model, first, 1, SMALL_VOCAB, rows_list[:1], recompute=False,
-                                       offload=True))
-    return out
-
-
 def _cpu_adam_worker(n_params: int, threads: int, steps: int, queue) -> None:
     import torch
     torch.set_num_threads(threads)
@@ -228,7 +206,8 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, queue) -> None:
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-5)
-    opt.step()
+    for _ in range(2):   # first touch of the moments' pages (a VM's memory grows on demand) before timing
+        opt.step()
     t0 = time.perf_counter()
     for _ in range(steps):
         opt.step()
@@ -277,65 +256,91 @@ def one_build(args) -> int:
     return 0
 
 
+# Fields of a measured point the cost model reads (cost_model.runner_components).
+POINT_FIELDS = ("tokens", "full_recompute", "zero_grad_s", "fwd_bwd_s", "optimizer_s")
+
+
+def section_from_builds(builds: list[dict], meta: dict) -> dict:
+    """The profile's runner_components section from one-build records (`one_build`'s JSON lines): the
+    builds that measured something, with the fields the cost model reads, and what ran where."""
+    from cost_model.model_spec import load_model
+
+    out = []
+    for b in builds:
+        points = [{k: p[k] for k in POINT_FIELDS} for p in b.get("points", []) if "error" not in p]
+        if b.get("offload") or not points or "params" not in b:
+            continue
+        out.append({"model": b["model"], "signature": b["signature"], "kind": b["kind"], "layers": b["layers"],
+                    "vocab": b["vocab"], "hidden_size": load_model(b["model"]).hidden_size, "params": b["params"],
+                    "points": points})
+    return {"provenance": "measured", **meta, "builds": out}
+
+
+def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
+                   timeout_s: float = 300.0) -> dict:
+    """Every build of every model, each in a process of its own (megatron keeps references to a built model
+    in its globals), then CPU Adam; the runner_components section."""
+    import subprocess
+    import tempfile
+
+    import torch
+
+    from cost_model.model_spec import LINEAR_ATTENTION, load_model
+
+    started = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "builds.jsonl"
+        for name in models:
+            model = load_model(name)
+            rows = ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
+            plan = [(k, n, False) for k in layer_kinds(model) for n in (1, 2)] + [(layer_kinds(model)[0], 1, True)]
+            for kind, layers, real in plan:
+                argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind",
+                        "+".join(kind), "--layers", str(layers), "--out", str(out), "--seq-len", str(seq_len),
+                        "--repeats", str(repeats), "--rows", ",".join(map(str, rows))] + (["--real-vocab"] if real else [])
+                log(f"{name}: {'+'.join(kind)} x{layers}{' with its vocabulary' if real else ''}")
+                try:
+                    subprocess.run(argv, env=env, timeout=timeout_s, check=False, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    log(f"  timed out after {timeout_s:.0f} s")
+        builds = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    import megatron.core
+    meta = {"how": __doc__.split("\n\n")[1].replace("\n", " "), "device": torch.cuda.get_device_name(0),
+            "torch": str(torch.__version__), "megatron_core": str(getattr(megatron.core, "__version__", "?")),
+            "seq_len": seq_len, "microbatches": MICROBATCHES, "repeats": repeats, "date": _now()[:10],
+            "cpu_adam_ranks": cpu_adam_ranks(int(env["OMP_NUM_THREADS"]))}
+    section = section_from_builds(builds, meta)
+    section["wall_s"] = round(time.perf_counter() - started, 1)
+    return section
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.checks.runner_components", description=__doc__.split("\n")[0])
     p.add_argument("--model", action="append", required=True, help="catalog name or config.json (repeatable)")
-    p.add_argument("--out", required=True, help="YAML file to write (merged into it when it exists)")
+    p.add_argument("--out", required=True, help="profile YAML to put the runner_components section into "
+                                                "(with --kind: a JSONL file a build record is appended to)")
     p.add_argument("--seq-len", type=int, default=SEQ_LEN)
     p.add_argument("--rows", default=",".join(map(str, ROWS)))
     p.add_argument("--repeats", type=int, default=REPEATS)
-    p.add_argument("--no-cpu-adam", action="store_true")
-    p.add_argument("--kind", help="one build only, in a fresh process: ATTN+MLP (e.g. full_attention+moe)")
+    p.add_argument("--kind", help="one build only, in this process: ATTN+MLP (e.g. full_attention+moe)")
     p.add_argument("--layers", type=int, default=1, help="with --kind: layers of that kind")
     p.add_argument("--real-vocab", action="store_true", help="with --kind: the model's own vocabulary")
     args = p.parse_args(argv)
     if args.kind:
         return one_build(args)
-
-    import torch
     import yaml
 
-    from cost_model.model_spec import LINEAR_ATTENTION, load_model
-
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
-    started = time.perf_counter()
-    models = [load_model(m) for m in args.model]
-    bench = Bench(args.seq_len, MICROBATCHES, args.repeats, log)
-    if any(LINEAR_ATTENTION in m.layer_types for m in models):
-        from experiments.megatron import gdn
-        bench.fla = gdn.configure_fla(0)
+    section = measure_models(args.model, seq_len=args.seq_len, repeats=args.repeats, log=log)
     path = Path(args.out)
-    data = yaml.safe_load(path.read_text()) if path.exists() else None
-    data = data or {}
-    section = data.setdefault("runner_components", {})
-    import megatron.core
-    section.update({
-        "how": __doc__.split("\n\n")[1].replace("\n", " "),
-        "device": bench.device, "torch": str(torch.__version__),
-        "megatron_core": str(getattr(megatron.core, "__version__", "?")), "backend": bench.backend,
-        "seq_len": args.seq_len, "microbatches": MICROBATCHES, "repeats": args.repeats,
-        "omp_threads": torch.get_num_threads(), "host_cpus": os.cpu_count(), "date": _now()[:10],
-    })
-    if bench.fla:
-        section["fla"] = {k: v for k, v in bench.fla.items() if isinstance(v, (str, int, float, bool))}
-    rows = tuple(int(r) for r in args.rows.split(","))
-    measured = {m["model"]: m for m in section.get("models", [])}
-    for model in models:
-        t0 = time.perf_counter()
-        entry = profile_model(bench, model, rows)
-        entry["wall_s"] = round(time.perf_counter() - t0, 1)
-        entry["date"] = _now()
-        measured[model.name] = entry
-        section["models"] = list(measured.values())
-        path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
-        log(f"{model.name}: {entry['wall_s']} s")
-    if not args.no_cpu_adam:
-        section["cpu_adam_ranks"] = cpu_adam_ranks(torch.get_num_threads())
-        log(f"cpu adam: {section['cpu_adam_ranks']}")
-    section["wall_s"] = round(time.perf_counter() - started, 1)
-    path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
-    log(f"wrote {path} ({section['wall_s']} s)")
-    bench.dist.destroy_process_group()
+    data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    data["runner_components"] = section
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=120, default_flow_style=None))
+    log(f"wrote {path} ({section['wall_s']} s, {len(section['builds'])} builds)")
     return 0
 
 
