@@ -186,11 +186,19 @@ def report(paths: list[Path], out=None) -> dict:
     return result
 
 
+# Runs kept out of every derivation: the runner grids that judge the cost model (benchmarks/runner_accuracy.py).
+HELD_OUT = ("runner-grids-",)
+
+
+def default_paths() -> list[Path]:
+    return sorted(p for p in RESULTS.glob("*.jsonl") if not p.name.startswith(HELD_OUT))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", help="runner result files (default: benchmarks/results/*.jsonl)")
     args = parser.parse_args(argv)
-    paths = [Path(p).resolve() for p in args.results] or sorted(RESULTS.glob("*.jsonl"))
+    paths = [Path(p).resolve() for p in args.results] or default_paths()
     return 0 if report(paths)["memory_error_sd"] is not None else 1
 
 

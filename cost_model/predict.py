@@ -6,6 +6,7 @@ global state, fast enough to score every layout of a search space.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cost_model.batching import rows_per_microbatch, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
@@ -22,7 +23,7 @@ from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
 from cost_model.runtime import MEGATRON_RUNNER, Runtime, default_runtime
 from cost_model.stages import layout_rank_layers
-from cost_model.step_time import StepContext, step_breakdown
+from cost_model.step_time import StepContext, step_breakdown, term_sources
 from cost_model.vision import VisionWork
 from cost_model.workload import Workload, WorkloadError
 
@@ -48,12 +49,21 @@ class Prediction:
     # without them
     fit_probability: float | None = None
     fit_verdict: str = ""
+    # the step's inputs, kept so that `term_sources` can be worked out when asked (scoring a search space
+    # never asks); None for a Prediction built without them
+    context: StepContext | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.fit_probability is None:
             object.__setattr__(self, "fit_probability", 1.0 if self.fits else 0.0)
         if not self.fit_verdict:
             object.__setattr__(self, "fit_verdict", FITS if self.fits else DOES_NOT_FIT)
+
+    @cached_property
+    def term_sources(self) -> dict:
+        """Where each non-zero term of `breakdown` comes from, one line each: "measured: ...", "modelled: ..."
+        or "fitted: ..." (cost_model.step_time.term_sources); empty without a context."""
+        return term_sources(self.context, self.breakdown) if self.context is not None else {}
 
     @property
     def peak_memory_gib(self) -> float:
@@ -101,6 +111,7 @@ class Prediction:
             "num_microbatches": self.num_microbatches,
             "tokens_per_microbatch": self.tokens_per_microbatch,
             "breakdown": dict(self.breakdown),
+            "term_sources": dict(self.term_sources),
         }
 
 
@@ -230,5 +241,5 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,
         step_time_s=step_time, breakdown=breakdown, tokens_per_s_per_gpu=tokens_per_s_per_gpu, mfu=mfu,
         usd_per_million_tokens=usd, num_microbatches=n_mb, tokens_per_microbatch=tokens, source=source,
-        fit_probability=p_fit, fit_verdict=verdict,
+        fit_probability=p_fit, fit_verdict=verdict, context=ctx,
     )

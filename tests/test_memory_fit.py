@@ -46,7 +46,7 @@ def test_the_constant_is_what_benchmarks_memory_error_derives_from_the_stored_ru
 
     from benchmarks import memory_error
     out = io.StringIO()
-    result = memory_error.report(sorted(memory_error.RESULTS.glob("*.jsonl")), out=out)
+    result = memory_error.report(memory_error.default_paths(), out=out)
     assert result["memory_error_sd"] == pytest.approx(default_constants().memory_error_sd, abs=1e-4)
     assert result["overall"]["max_abs"] <= 2 * result["memory_error_sd"]   # every counted run within 2 sd
     assert "memory_error_sd = max(median |error|" in out.getvalue()

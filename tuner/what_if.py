@@ -171,10 +171,14 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
              f"MFU {p.mfu:.1%}   $/1M tokens {p.usd_per_million_tokens:.3f}",
              f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
              "",
-             f"{'step time':<28}{'seconds':>9}{'share':>8}"]
+             f"{'step time':<28}{'seconds':>9}{'share':>8}  where it comes from"]
+    sources = p.term_sources   # where each term comes from: measured, modelled or fitted
     for k, v in sorted(p.breakdown.items(), key=lambda kv: -kv[1]):
         if v > 0:
-            lines.append(f"  {k:<26}{v:9.2f}{v / p.step_time_s:8.1%}")
+            lines.append(f"  {k:<26}{v:9.2f}{v / p.step_time_s:8.1%}  {sources.get(k, '')}".rstrip())
+    for k, source in sources.items():   # a term priced elsewhere (the runner's layers, by the fitted terms)
+        if not p.breakdown.get(k, 0.0) > 0:
+            lines.append(f"  {k:<26}{'-':>9}{'':8}  {source}")
     lines.append(f"  {'total':<26}{p.step_time_s:9.2f}{1:8.1%}")
     lines += ["", *memory_lines(p)]
     lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "

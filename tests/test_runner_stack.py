@@ -1,0 +1,217 @@
+"""The megatron runner's own stack priced from its measured components (cost_model.runner_components,
+step_time.runner_step_breakdown), and `term_sources`: where each term of a prediction comes from."""
+import json
+import re
+
+import pytest
+
+from cost_model.hardware import load_gpu
+from cost_model.layout import Layout
+from cost_model.model_spec import load_model
+from cost_model.predict import predict
+from cost_model.profile import shipped_profile
+from cost_model.runner_components import Curve, layer_signature, parse_runner_components
+from cost_model.step_time import TERMS, term_sources
+from cost_model.workload import Workload
+from experiments.megatron.model_run import trial_model
+from experiments.megatron.torch_native import unsupported
+from tuner.cli import main
+from tuner.what_if import explain
+
+H200 = load_gpu("h200")
+MEGATRON = Workload(framework="megatron", seq_len=4096, global_batch=16)
+FULL = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+SOURCE_START = re.compile(r"^(measured|modelled|fitted): ")
+
+
+def runner(model, layout, workload=MEGATRON):
+    """A prediction for the megatron runner's stack (no Transformer Engine: no precision-aware optimizer)."""
+    return predict(model, H200, workload, layout, precision_aware_optimizer=False)
+
+
+def qwen3_moe(layers=6):
+    return trial_model(load_model("qwen3-30b-a3b"), layers)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "qwen3-30b-a3b", "qwen3.6-35b-a3b", "qwen3-next-80b-a3b"])
+def test_shipped_h200_profile_measures_the_layer_kinds(name):
+    comps = shipped_profile("h200").runner
+    assert comps is not None
+    model = load_model(name)
+    for attn_kind, mlp_kind in set(zip(model.layer_types, model.mlp_types)):
+        curves = comps.layer(layer_signature(model, attn_kind, mlp_kind))
+        assert curves is not None, (name, attn_kind, mlp_kind)
+        assert curves.none(8192) > 0 and curves.full is not None
+    assert (model.hidden_size, model.vocab_size) in comps.ends
+    assert comps.optimizer_s_per_param > 0 and comps.cpu_adam
+
+
+def test_runner_prediction_uses_the_measured_layers_not_the_fitted_terms():
+    p = runner(qwen3_moe(), Layout(1, max_tokens_per_gpu=8192))
+    b = p.breakdown
+    assert b["layers"] > 0 and b["microbatch_ends"] > 0 and b["optimizer"] > 0
+    for fitted in ("launch_overhead", "expert_calls", "step_overhead", "compute_attention", "compute_experts"):
+        assert b[fitted] == 0, fitted
+    assert p.step_time_s == pytest.approx(sum(b.values()))
+    assert p.term_sources["layers"].startswith("measured: runner components on NVIDIA H200")
+
+
+def test_runner_step_follows_recompute_microbatches_and_offload():
+    model = qwen3_moe()
+    base = runner(model, Layout(1, max_tokens_per_gpu=8192))
+    full = runner(model, Layout(1, max_tokens_per_gpu=8192, **FULL))
+    assert full.breakdown["recompute"] > 0 and full.step_time_s > base.step_time_s
+    # the same global batch in more, smaller micro-batches
+    small = runner(model, Layout(1, max_tokens_per_gpu=4096))
+    assert small.num_microbatches == 2 * base.num_microbatches
+    assert small.step_time_s != pytest.approx(base.step_time_s, rel=1e-3)
+    offload = runner(model, Layout(1, max_tokens_per_gpu=8192, optimizer_offload_fraction=0.5))
+    assert base.breakdown["offload"] == 0 and offload.breakdown["offload"] > 0
+    assert offload.breakdown["optimizer"] < base.breakdown["optimizer"]
+    assert offload.term_sources["offload"].startswith("measured: CPU Adam")
+
+
+def test_te_stack_is_priced_by_the_fitted_terms():
+    p = predict(qwen3_moe(), H200, MEGATRON, Layout(1, max_tokens_per_gpu=8192), precision_aware_optimizer=True)
+    assert p.breakdown["layers"] == 0 and p.breakdown["microbatch_ends"] == 0
+    assert p.breakdown["compute_experts"] > 0 and p.breakdown["step_overhead"] > 0
+    assert "layers" not in p.term_sources
+    assert p.term_sources["step_overhead"].startswith("fitted: megatron_step_overhead_s = ")
+
+
+def test_unmeasured_layer_kinds_fall_back_to_the_fitted_terms():
+    # gpt-oss (sliding window, sinks) and moonlight (MLA) are not runnable on the runner; Qwen3-235B-A22B is,
+    # and its layers (other sizes than Qwen3-30B-A3B's) are not in the profile
+    full = load_model("qwen3-235b-a22b")
+    assert unsupported(full, "torch-native") == []
+    model = trial_model(full, 4)
+    comps = shipped_profile("h200").runner
+    assert comps.layer(layer_signature(model, model.layer_types[0], model.mlp_types[0])) is None
+    p = runner(model, Layout(1, max_tokens_per_gpu=8192))
+    assert p.step_time_s > 0 and p.breakdown["layers"] == 0
+    assert p.breakdown["compute_attention"] > 0 and p.breakdown["compute_experts"] > 0
+    assert p.term_sources["layers"].startswith("modelled: fitted Megatron terms (no measurement of full_attention+moe")
+    assert "did not measure" in p.term_sources["compute_experts"]
+    # its ends: another model's measurement scaled to this hidden size and vocabulary
+    assert p.term_sources["microbatch_ends"].startswith("modelled: ")
+
+
+def _points(layer: dict, ends: dict, full_layer: dict | None, n: int, mb: int, step_s: float) -> list[dict]:
+    out = []
+    for full, per_layer in ((False, layer), (True, full_layer)):
+        if per_layer is None:
+            continue
+        for t in per_layer:
+            out.append({"tokens": t, "full_recompute": full, "fwd_bwd_s": mb * (n * per_layer[t] + ends[t]),
+                        "zero_grad_s": step_s / 4, "optimizer_s": step_s * 3 / 4})
+    return out
+
+
+def test_parse_runner_components_takes_differences_of_builds():
+    mb = 2
+    layer = {4096: 0.010, 8192: 0.020}            # one layer's seconds per micro-batch
+    full_layer = {4096: 0.013, 8192: 0.026}       # with full recompute
+    small_ends = {4096: 0.002, 8192: 0.003}       # ends with the 1,024-token vocabulary
+    real_ends = {4096: 0.005, 8192: 0.009}        # ends with the model's vocabulary
+    step = lambda params: 0.001 + 1e-9 * params   # per-step work: zero grads + optimizer
+    common = {"model": "tiny", "signature": "SIG", "hidden_size": 256}
+    section = {
+        "microbatches": mb, "seq_len": 4096, "device": "NVIDIA H200", "date": "2026-12-02", "megatron_core": "0.19.2",
+        "torch": "2.11", "cpu_adam_ranks": [{"ranks": 1, "params_per_s_per_rank": 4e8},
+                                            {"ranks": 4, "params_per_s_per_rank": 3e8}],
+        "builds": [
+            {**common, "layers": 1, "vocab": 1024, "params": 1e6,
+             "points": _points(layer, small_ends, full_layer, 1, mb, step(1e6))},
+            {**common, "layers": 2, "vocab": 1024, "params": 2e6,
+             "points": _points(layer, small_ends, full_layer, 2, mb, step(2e6))},
+            {**common, "layers": 1, "vocab": 32000, "params": 9e6,
+             "points": _points(layer, real_ends, None, 1, mb, step(9e6))},
+        ]}
+    comps = parse_runner_components(section)
+    curves = comps.layer("SIG")
+    assert curves.model == "tiny"
+    for t in (4096, 8192):
+        assert curves.none(t) == pytest.approx(layer[t])
+        assert curves.full(t) == pytest.approx(full_layer[t])
+    assert curves.none(6144) == pytest.approx(0.015)
+    name, ends = comps.ends[(256, 32000)]
+    assert name == "tiny" and (256, 1024) not in comps.ends
+    for t in (4096, 8192):
+        assert ends(t) == pytest.approx(real_ends[t])
+    assert comps.optimizer_s_per_param == pytest.approx(1e-9)
+    assert comps.optimizer_s_per_step == pytest.approx(0.001)
+    assert comps.cpu_adam_rate(1) == 4e8 and comps.cpu_adam_rate(2) == 3e8 and comps.cpu_adam_rate(8) == 1.5e8
+    assert comps.seq_len == 4096 and "NVIDIA H200" in comps.source and "2026-12-02" in comps.source
+
+
+def test_curve_interpolates_and_extrapolates_from_the_last_two_points():
+    c = Curve((1.0, 2.0, 4.0), (1.0, 3.0, 4.0))
+    assert c(1) == 1 and c(2) == 3 and c(4) == 4
+    assert c(1.5) == pytest.approx(2.0) and c(3) == pytest.approx(3.5)
+    assert c(8) == pytest.approx(6.0)           # beyond the last point: the line through the last two
+    assert c(0.75) == pytest.approx(0.5)        # before the first: the line through the first two
+    assert c(0.25) == 0.0                       # never negative
+    assert Curve((2.0,), (4.0,))(3) == pytest.approx(6.0)   # one point: proportional to tokens
+    assert c.span == "1-4 tokens"
+
+
+def _cases():
+    moe, gdn = qwen3_moe(), trial_model(load_model("qwen3.6-35b-a3b"), 8)
+    yield runner(moe, Layout(1, max_tokens_per_gpu=8192, **FULL))
+    yield runner(gdn, Layout(8, tp=2, ep=4, max_tokens_per_gpu=16384, optimizer_offload_fraction=0.5))
+    yield runner(gdn, Layout(4, pp=2, ep=2, max_tokens_per_gpu=8192, recompute_granularity="selective"))
+    yield runner(trial_model(load_model("qwen3-235b-a22b"), 4), Layout(1, max_tokens_per_gpu=8192))
+    yield predict(load_model("qwen3.6-35b-a3b"), H200, Workload(), Layout(8, ep=8, max_tokens_per_gpu=16384,
+                                                                            optimizer_offload_fraction=0.5))
+    yield predict(load_model("qwen3-30b-a3b"), H200, Workload(framework="megatron"),
+                  Layout(16, pp=2, ep=8, max_tokens_per_gpu=16384, dispatcher="flex"))
+    yield predict(load_model("llama3-8b"), load_gpu("h100"), Workload(seq_len=4096),
+                  Layout(8, tp=2, cp=2, max_tokens_per_gpu=4096, **FULL))
+
+
+def test_term_sources_cover_every_nonzero_term():
+    for p in _cases():
+        sources = p.term_sources
+        for term, seconds in p.breakdown.items():
+            if seconds > 0:
+                assert term in sources, (p.source, term)
+        for term, line in sources.items():
+            assert SOURCE_START.match(line), (term, line)
+        assert p.to_dict()["term_sources"] == sources
+        # without a breakdown: a line for every term the stack can produce
+        every = term_sources(p.context)
+        assert set(TERMS) - {"layers", "microbatch_ends"} <= set(every)
+        assert all(SOURCE_START.match(line) for line in every.values())
+
+
+def test_a_prediction_without_its_context_has_no_sources():
+    import dataclasses
+
+    p = runner(qwen3_moe(), Layout(1, max_tokens_per_gpu=8192))
+    assert dataclasses.replace(p, context=None).term_sources == {}
+    # a hypothesis's own term (cost_model.hypotheses) is named too
+    extra = dataclasses.replace(p, breakdown={**p.breakdown, "unexplained": 0.5})
+    assert extra.term_sources["unexplained"].startswith("fitted: ")
+
+
+def test_explain_prints_each_terms_source(capsys):
+    model = qwen3_moe()
+    layout = Layout(1, max_tokens_per_gpu=8192, **FULL)
+    text = explain(model, H200, layout, runner(model, layout))
+    assert "measured: runner components on NVIDIA H200" in text
+    layers = next(line for line in text.splitlines() if line.strip().startswith("layers "))
+    assert "measured: runner components" in layers
+    # unmeasured layer kinds: the layers row says they were priced by the fitted terms
+    other = trial_model(load_model("qwen3-235b-a22b"), 4)
+    text = explain(other, H200, Layout(1), runner(other, Layout(1)))
+    assert "modelled: fitted Megatron terms (no measurement of" in text
+    # `tune predict --explain` prices the TE stack (tuner.predict_request.answer): fitted and modelled
+    # terms, and the Gated DeltaNet kernel measured in the profile
+    assert main(["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "8", "--layout", "ep=8",
+                 "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "measured:" in out and "fitted: layer_launch_overhead_s = " in out and "modelled: FLOPs" in out
+    assert main(["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "8", "--layout", "ep=8",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["term_sources"]) == {k for k, v in data["breakdown"].items() if v > 0}
