@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STACK_FIXES = ("output-gate-tp",)
+# What `tune predict --stack` prices: the training image (slime's or Megatron's, with Transformer Engine and
+# DeepEP), or attune's megatron runner (megatron-core with torch-native kernels, no TE, no DeepEP).
+STACK_NAMES = ("image", "megatron-runner")
 
 
 @dataclass(frozen=True)
@@ -21,3 +24,15 @@ class Stack:
         if unknown:
             raise ValueError(f"unknown stack fix {unknown}; known: {', '.join(STACK_FIXES)}")
         return cls(output_gate_tp_fix="output-gate-tp" in fixes)
+
+    @classmethod
+    def named(cls, name: str, fixes: list[str] | tuple[str, ...] = ()) -> "Stack":
+        """One of STACK_NAMES: the image's stack, or the megatron runner's (priced from its measured components,
+        cost_model.runner_components)."""
+        if name not in STACK_NAMES:
+            raise ValueError(f"unknown stack {name!r}; known: {', '.join(STACK_NAMES)}")
+        stack = cls.with_fixes(fixes)
+        if name == "megatron-runner":
+            return cls(output_gate_tp_fix=stack.output_gate_tp_fix, deepep=False, transformer_engine=False,
+                       precision_aware_optimizer=False)
+        return stack

@@ -511,8 +511,8 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
         lines["microbatch_ends"] = (f"modelled: {comps.ends[near][0]}'s measured ends (hidden {near[0]}, vocab "
                                     f"{near[1]:,}) scaled by hidden x vocab to {h} x {v:,}{tp}")
     lines["optimizer"] = (f"measured: per-step work (zero grads, grad norm, clip, Adam) "
-                          f"{comps.optimizer_s_per_step * 1e3:.2f} ms + {comps.optimizer_s_per_param * 1e9:.3f} ns "
-                          f"per parameter of the optimizer shard (line through the builds; {where})")
+                          f"{comps.optimizer_s_per_step * 1e3:.2f} ms + {comps.optimizer_s_per_param * 1e12:.1f} ms "
+                          f"per 1e9 parameters of the optimizer shard (line through the builds; {where})")
     ranks = ctx.ranks_per_host
     points = sorted(comps.cpu_adam)
     at = next((n for n, _ in points if n >= ranks), None)

@@ -215,3 +215,22 @@ def test_explain_prints_each_terms_source(capsys):
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["term_sources"]) == {k for k, v in data["breakdown"].items() if v > 0}
+
+
+def test_tune_predict_prices_the_megatron_runner_stack_from_its_measured_components(capsys):
+    argv = ["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--seq-len", "4096", "--global-batch",
+            "16", "--layout", "max_tokens_per_gpu=16384", "rows_per_microbatch=4", "--json"]
+    assert main(argv + ["--framework", "megatron", "--stack", "megatron-runner"]) == 0
+    runner = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--framework", "megatron"]) == 0
+    image = json.loads(capsys.readouterr().out)
+    assert runner["breakdown"]["layers"] > 0 and image["breakdown"]["layers"] == 0
+    assert runner["term_sources"]["layers"].startswith("measured:")
+    assert runner["tokens_per_s_per_gpu"] != image["tokens_per_s_per_gpu"]
+
+
+def test_the_runner_stack_needs_megatrons_framework_in_one_line(capsys):
+    code = main(["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--stack", "megatron-runner",
+                 "--layout", "max_tokens_per_gpu=8192"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "framework megatron" in err[0]

@@ -14,7 +14,7 @@ from cost_model.errors import AttuneError
 from cost_model.hardware import GpuSpec, load_gpu
 from cost_model.layout_codec import LAYOUT_KEYS
 from cost_model.model_spec import ModelSpec, load_model
-from cost_model.stack import STACK_FIXES
+from cost_model.stack import STACK_FIXES, STACK_NAMES
 from cost_model.workload import (CUDA_GRAPHS, FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_IMAGE_SIZE, MAX_IMAGES_PER_ROW,
                                  MAX_SEQ_LEN, PEFTS, PRECISIONS, ROUTINGS, Workload)
 from search_space.enumerate import MAX_GPUS
@@ -314,6 +314,10 @@ def predict_parser():
     add_layout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="print where the time and the memory go")
+    p.add_argument("--stack", choices=STACK_NAMES, default="image",
+                   help="image: the training image's Transformer Engine stack (default); megatron-runner: attune's "
+                        "megatron runner (torch-native kernels), priced from its components measured on the GPU "
+                        "(needs --framework megatron)")
     p.add_argument("--recipe-out", help="write the predicted recipe for this layout")
     p.add_argument("--batch", metavar="REQUESTS.jsonl",
                    help="one JSON request a line (keys: " + ", ".join(REQUEST_KEYS) + "); '-' reads stdin; "

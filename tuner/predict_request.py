@@ -19,11 +19,11 @@ from cost_model.case import Case
 from cost_model.layout_codec import layout_from_values, layout_values
 from search_space.enumerate import MAX_GPUS
 from search_space.rules import check
-from cost_model.stack import STACK_FIXES, Stack
+from cost_model.stack import STACK_FIXES, STACK_NAMES, Stack
 from cost_model.errors import AttuneError
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
-                "peft", "images_per_row", "image_size", "usd_per_gpu_hour", "stack_fix", "layout", "recipe")
+                "peft", "images_per_row", "image_size", "usd_per_gpu_hour", "stack_fix", "stack", "layout", "recipe")
 # Far above any cloud price; a bound keeps $/1M tokens a finite, printable figure.
 MAX_USD_PER_GPU_HOUR = 1000
 # `predict --batch`: one request is a few hundred characters; the bounds keep what one line or one
@@ -47,6 +47,9 @@ def resolve(request: dict) -> Case:
     if unknown:
         raise RequestError(f"unknown request key(s) {unknown}; known: {', '.join(REQUEST_KEYS)}")
     _check_types(request)
+    name = request.get("stack")
+    if name is not None and name not in STACK_NAMES:
+        raise RequestError(f"unknown stack {_shown(name)}; known: {', '.join(STACK_NAMES)}")
     fixes = request.get("stack_fix") or []
     if isinstance(fixes, str):
         fixes = [fixes]
@@ -76,7 +79,11 @@ def resolve(request: dict) -> Case:
     if not isinstance(raw_layout, dict):
         raise RequestError("layout must be a mapping of layout keys to values")
     layout = layout_from_values(raw_layout, gpus, workload.seq_len)
-    return Case(model, gpu, workload, layout, Stack.with_fixes(list(fixes)))
+    name = request.get("stack") or "image"
+    if name == "megatron-runner" and workload.framework != "megatron":
+        raise RequestError("the megatron-runner stack runs Megatron's own step: give framework megatron "
+                           "(--framework megatron)")
+    return Case(model, gpu, workload, layout, Stack.named(name, list(fixes)))
 
 
 # The JSON type each request key takes (layout: a mapping, checked by the layout codec).
@@ -98,6 +105,9 @@ def _check_types(request: dict) -> None:
                               or not 0 < price <= MAX_USD_PER_GPU_HOUR):   # NaN fails the comparison too
         raise RequestError(f"usd_per_gpu_hour must be a number above 0 and at most {MAX_USD_PER_GPU_HOUR:,}, "
                            f"got {_shown(price)}")
+    name = request.get("stack")
+    if name is not None and name not in STACK_NAMES:
+        raise RequestError(f"unknown stack {_shown(name)}; known: {', '.join(STACK_NAMES)}")
     fixes = request.get("stack_fix")
     if fixes is not None and not isinstance(fixes, str) and not (
             isinstance(fixes, list) and all(isinstance(f, str) for f in fixes)):
@@ -116,13 +126,14 @@ def _shown(value) -> str:
 def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction:
     """Check the layout's rules, then predict. Raises InvalidLayout for a layout the stack rejects."""
     check(resolved.layout, resolved.model, resolved.workload, resolved.stack)
-    return predict(resolved.model, resolved.gpu, resolved.workload, resolved.layout, profile=profile)
+    return predict(resolved.model, resolved.gpu, resolved.workload, resolved.layout, profile=profile,
+                   precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
 
 
 def interval_for(resolved: Case, profile: HardwareProfile | None = None) -> Interval:
     """The layout's tokens/s/GPU across the cost model's hypotheses (cost_model.hypotheses), prior weights."""
     return predict_interval(default_hypotheses(), resolved.model, resolved.gpu, resolved.workload, resolved.layout,
-                            profile=profile)
+                            profile=profile, precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
 
 
 def result_dict(resolved: Case, prediction: Prediction, interval: Interval | None = None) -> dict:

@@ -36,7 +36,7 @@ def request_from_args(args) -> dict:
             "peft": getattr(args, "peft", "none"), "images_per_row": getattr(args, "images_per_row", 0),
             "image_size": getattr(args, "image_size", 448),
             "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix,
-            "layout": parse_pairs(args.layout)}
+            "stack": getattr(args, "stack", "image"), "layout": parse_pairs(args.layout)}
 
 
 def cmd_predict(args) -> int:
