@@ -268,8 +268,9 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
 
     The layer's forward-backward (gradient accumulation included) and its full-recompute cost are the profile's
     measurement of this layer kind at these tokens per micro-batch on one GPU. What differs from that
-    measurement is modelled: a shard other than TP1/EP1 scales it by the modelled shard's GPU work over the
-    whole layer's; a sequence length other than the profile's adds the attention core's difference; selective
+    measurement is modelled: a shard other than TP1/EP1 is timed as the measured layer at the tokens that give
+    the whole layer the shard's modelled GPU work (so a shard small enough to be host-bound stays host-bound,
+    as the measured layer is at few tokens); a sequence length other than the profile's adds the attention core's difference; selective
     recompute reruns the modelled share of the forward; TP/EP/CP communication comes from the collectives."""
     layout, mods = ctx.layout, set(ctx.layout.selective_modules)
     lt = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
@@ -278,16 +279,16 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
     if curves is None:
         return None, "modelled"
-    base = curves.none(ctx.tokens)
-    full_extra = (curves.full(ctx.tokens) - base) if curves.full is not None else None
+    at = ctx.tokens
     notes = []
     if any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
         whole = layer_time(attn_kind, mlp_kind, ctx.model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
                            ctx.imbalance, mods, True, ctx.frozen_weights)
         ratio = lt.gpu_work / whole.gpu_work
-        base *= ratio
-        full_extra = None if full_extra is None else full_extra * ratio
-        notes.append(f"shard x{ratio:.2f} (modelled)")
+        at = ctx.tokens * ratio
+        notes.append(f"shard timed at {ratio:.2f}x the tokens (modelled GPU-work ratio)")
+    base = curves.none(at)
+    full_extra = (curves.full(at) - base) if curves.full is not None else None
     if attn_kind in SOFTMAX_KINDS and ctx.seq_len != ctx.runner.seq_len:
         at_profile = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens,
                                 ctx.runner.seq_len, ctx.imbalance, mods, True, ctx.frozen_weights)
