@@ -21,6 +21,9 @@ from tuner.trial_claims import GRACE_PERIOD_S, STALE, fail_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = [sys.executable, str(ROOT / "tests" / "slow_worker.py")]
+# Trials per worker: enough for the four to contend for claims on every trial; the full 4 x 200 scenario is
+# benchmarks/concurrent_workers.py (the test took about 13 minutes per storage at that size on 2 cores).
+TRIALS = 50
 ARGS = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--study", "conc", "--no-progress", "--top", "0"]
 
 
@@ -38,8 +41,8 @@ def assert_clean(figures: dict, expected: int) -> None:
 @pytest.mark.slow
 def test_four_workers_on_one_sqlite_file(tmp_path):
     url = f"sqlite:///{tmp_path}/study.db"
-    runs = run_workers(url, 4, 200, tmp_path, model="qwen3.6-35b-a3b")
-    assert_clean(judge(url, runs), 800)
+    runs = run_workers(url, 4, TRIALS, tmp_path, model="qwen3.6-35b-a3b")
+    assert_clean(judge(url, runs), 4 * TRIALS)
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +57,8 @@ def postgres():
 
 @pytest.mark.slow
 def test_four_workers_on_postgresql(postgres, tmp_path):
-    runs = run_workers(postgres, 4, 200, tmp_path, model="qwen3.6-35b-a3b")
-    assert_clean(judge(postgres, runs), 800)
+    runs = run_workers(postgres, 4, TRIALS, tmp_path, model="qwen3.6-35b-a3b")
+    assert_clean(judge(postgres, runs), 4 * TRIALS)
 
 
 def _wait_for(proc, text: str, timeout: float = 120) -> None:
