@@ -24,6 +24,7 @@ SLOW = [sys.executable, str(ROOT / "tests" / "slow_worker.py")]
 # Trials per worker: enough for the four to contend for claims on every trial; the full 4 x 200 scenario is
 # benchmarks/concurrent_workers.py (the test took about 13 minutes per storage at that size on 2 cores).
 TRIALS = 50
+SMALL = ("--gpus", "4")   # 5,639 layouts that may fit, scored in about 25 s (8 GPUs: 35,133, over a minute)
 ARGS = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--study", "conc", "--no-progress", "--top", "0"]
 
 
@@ -41,7 +42,7 @@ def assert_clean(figures: dict, expected: int) -> None:
 @pytest.mark.slow
 def test_four_workers_on_one_sqlite_file(tmp_path):
     url = f"sqlite:///{tmp_path}/study.db"
-    runs = run_workers(url, 4, TRIALS, tmp_path, model="qwen3.6-35b-a3b")
+    runs = run_workers(url, 4, TRIALS, tmp_path, model="qwen3.6-35b-a3b", extra=SMALL)
     assert_clean(judge(url, runs), 4 * TRIALS)
 
 
@@ -57,7 +58,7 @@ def postgres():
 
 @pytest.mark.slow
 def test_four_workers_on_postgresql(postgres, tmp_path):
-    runs = run_workers(postgres, 4, TRIALS, tmp_path, model="qwen3.6-35b-a3b")
+    runs = run_workers(postgres, 4, TRIALS, tmp_path, model="qwen3.6-35b-a3b", extra=SMALL)
     assert_clean(judge(postgres, runs), 4 * TRIALS)
 
 
