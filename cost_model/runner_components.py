@@ -16,6 +16,7 @@ data and arithmetic: no I/O.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, fields
 
 # ModelSpec fields that do not change what one decoder layer computes.
@@ -93,12 +94,6 @@ def _point_curve(points: dict) -> Curve | None:
     return Curve(tuple(float(x) for x in xs), tuple(float(points[x]) for x in xs)) if xs else None
 
 
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-
-
 def parse_runner_components(section: dict) -> RunnerComponents:
     """Derive the components from the measured builds (differences of 1- and 2-layer builds, see the module
     docstring). Raises KeyError/TypeError/ValueError on a malformed section (the profile parser reports it)."""
@@ -139,7 +134,7 @@ def parse_runner_components(section: dict) -> RunnerComponents:
         steps = [p["zero_grad_s"] + p["optimizer_s"] for p in b["points"]]
         if steps:
             xs.append(float(b["params"]))
-            ys.append(_median(steps))
+            ys.append(statistics.median(steps))
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     intercept = max(my - slope * mx, 0.0)
