@@ -16,7 +16,7 @@ from cost_model.case import Case
 from cost_model.errors import AttuneError
 
 # Failure classes a runner reports.
-FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config")
+FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config", "too_few_steps")
 # Failures that cannot change when the same layout runs again on the same runner (a timeout or a hang
 # may be the machine's, not the layout's, so those may be retried).
 PERMANENT_FAILURES = ("invalid_config", "crash", "cuda_oom")

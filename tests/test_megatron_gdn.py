@@ -360,6 +360,21 @@ def test_runner_reports_the_device_peak_and_keeps_the_allocator_peaks(monkeypatc
     assert res.peak_memory_gib == 71.0 and res.details["peak_memory_basis"] == "allocator (max_memory_allocated)"
 
 
+def test_a_trial_stopped_in_its_warm_up_is_not_a_measurement(monkeypatch, qwen36):
+    # A first step that compiles kernels can take the whole budget: that step's time is not the layout's.
+    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **limits):
+        ranks = {r: {**_rank(r, 100.0), "step_times_s": [130.8], "losses": [12.0], "grad_norms": [1.0]}
+                 for r in range(world)}
+        return {"status": "ok", "wall_s": 140.0, "ranks": ranks}
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    res = mr.MegatronRunner(layers=4).run(_spec(qwen36, Layout(2, ep=2, max_tokens_per_gpu=4096)))
+    assert res.status == "failed" and res.failure_class == "too_few_steps"
+    assert res.tokens_per_s_per_gpu is None and "only warm-up steps ran" in res.detail
+    assert res.details["step_times_s"] == [130.8] and res.details["steps_run"] == 1
+
+
 def test_an_oom_records_pytorchs_figures_per_rank(monkeypatch, qwen36):
     def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **limits):
         return {"status": "failed", "failure_class": "cuda_oom", "wall_s": 20.0, "progress": {},

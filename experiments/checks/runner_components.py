@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROWS = (1, 2, 4, 8, 16)
 SEQ_LEN = 4096
-MICROBATCHES = 2
+MICROBATCHES = 4  # enough that the first micro-batch and the flush are a small share, as in a real step
 REPEATS = 3
 SMALL_VOCAB = 1024
 
@@ -242,15 +242,15 @@ def one_build(args) -> int:
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
     model = load_model(args.model[0])
     kind = tuple(args.kind.split("+"))
-    bench = Bench(args.seq_len, MICROBATCHES, args.repeats, log)
+    bench = Bench(args.seq_len, args.microbatches, args.repeats, log)
     if LINEAR_ATTENTION in model.layer_types:
         from experiments.megatron import gdn
         bench.fla = gdn.configure_fla(0)
     rows = tuple(int(r) for r in args.rows.split(","))
     entry = measure_build(bench, model, kind, args.layers, None if args.real_vocab else SMALL_VOCAB, rows,
-                          recompute=not args.real_vocab)
+                          recompute=not (args.real_vocab or args.offload), offload=args.offload)
     entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
-                 microbatches=MICROBATCHES, repeats=args.repeats, device=bench.device, date=_now())
+                 microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now())
     with open(args.out, "a") as f:
         f.write(json.dumps(entry) + "\n")
     bench.dist.destroy_process_group()
@@ -269,16 +269,17 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
     out = []
     for b in builds:
         points = [{k: p[k] for k in POINT_FIELDS} for p in b.get("points", []) if "error" not in p]
-        if b.get("offload") or not points or "params" not in b:
+        if not points or "params" not in b:
             continue
         out.append({"model": b["model"], "signature": b["signature"], "kind": b["kind"], "layers": b["layers"],
                     "vocab": b["vocab"], "hidden_size": load_model(b["model"]).hidden_size, "params": b["params"],
-                    "points": points})
+                    "microbatches": b.get("microbatches", meta.get("microbatches", MICROBATCHES)),
+                    **({"offload": 1.0} if b.get("offload") else {}), "points": points})
     return {"provenance": "measured", **meta, "builds": out}
 
 
 def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
-                   timeout_s: float = 300.0) -> dict:
+                   timeout_s: float = 300.0, microbatches: int = MICROBATCHES, cpu_adam: bool = True) -> dict:
     """Every build of every model, each in a process of its own (megatron keeps references to a built model
     in its globals), then CPU Adam; the runner_components section."""
     import subprocess
@@ -297,12 +298,15 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
         for name in models:
             model = load_model(name)
             rows = ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
-            plan = [(k, n, False) for k in layer_kinds(model) for n in (1, 2)] + [(layer_kinds(model)[0], 1, True)]
-            for kind, layers, real in plan:
+            first = layer_kinds(model)[0]
+            plan = ([(k, n, "") for k in layer_kinds(model) for n in (1, 2)] + [(first, 1, "--real-vocab")]
+                    + [(first, 2, "--offload")])
+            for kind, layers, extra in plan:
                 argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind",
                         "+".join(kind), "--layers", str(layers), "--out", str(out), "--seq-len", str(seq_len),
-                        "--repeats", str(repeats), "--rows", ",".join(map(str, rows))] + (["--real-vocab"] if real else [])
-                log(f"{name}: {'+'.join(kind)} x{layers}{' with its vocabulary' if real else ''}")
+                        "--repeats", str(repeats), "--microbatches", str(microbatches),
+                        "--rows", "1" if extra == "--offload" else ",".join(map(str, rows))] + ([extra] if extra else [])
+                log(f"{name}: {'+'.join(kind)} x{layers} {extra}")
                 try:
                     subprocess.run(argv, env=env, timeout=timeout_s, check=False, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
@@ -312,8 +316,9 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
     import megatron.core
     meta = {"how": __doc__.split("\n\n")[1].replace("\n", " "), "device": torch.cuda.get_device_name(0),
             "torch": str(torch.__version__), "megatron_core": str(getattr(megatron.core, "__version__", "?")),
-            "seq_len": seq_len, "microbatches": MICROBATCHES, "repeats": repeats, "date": _now()[:10],
-            "cpu_adam_ranks": cpu_adam_ranks(int(env["OMP_NUM_THREADS"]))}
+            "seq_len": seq_len, "microbatches": microbatches, "repeats": repeats, "date": _now()[:10]}
+    if cpu_adam:
+        meta["cpu_adam_ranks"] = cpu_adam_ranks(int(env["OMP_NUM_THREADS"]))
     section = section_from_builds(builds, meta)
     section["wall_s"] = round(time.perf_counter() - started, 1)
     return section
@@ -330,6 +335,8 @@ def main(argv=None) -> int:
     p.add_argument("--kind", help="one build only, in this process: ATTN+MLP (e.g. full_attention+moe)")
     p.add_argument("--layers", type=int, default=1, help="with --kind: layers of that kind")
     p.add_argument("--real-vocab", action="store_true", help="with --kind: the model's own vocabulary")
+    p.add_argument("--offload", action="store_true", help="with --kind: the whole optimizer offloaded to the CPU")
+    p.add_argument("--microbatches", type=int, default=MICROBATCHES, help="micro-batches per timed step")
     args = p.parse_args(argv)
     if args.kind:
         return one_build(args)

@@ -6,7 +6,7 @@ from cost_model.model_spec import ModelError
 
 # When ranks fail differently, the first of these names the trial's failure (a stuck collective is
 # usually the peers of the rank that really failed).
-CLASS_PRIORITY = ("invalid_config", "cuda_oom", "host_oom", "crash", "nccl_timeout", "hang")
+CLASS_PRIORITY = ("invalid_config", "cuda_oom", "host_oom", "crash", "nccl_timeout", "hang", "too_few_steps")
 
 
 def classify_exception(exc: BaseException, phase: str = "train") -> str:

@@ -323,6 +323,14 @@ class MegatronRunner(TrialRunner):
         notes = list(plan["notes"])
         if n < spec.steps:
             notes.append(f"stopped after {n} of {spec.steps} steps (time budget)")
+        if n <= window[0]:
+            # Only warm-up steps ran (compilation, allocator growth): their time is not the layout's throughput.
+            extras = self._extras(spec, plan, launcher, log_dir, window)
+            extras.update({"notes": notes, "step_times_s": step_times, "steps_run": n, "trial_wall_s": round(wall, 1)})
+            return self._result(status="failed", source=self._source(ranks, spec, launcher), failure_class="too_few_steps",
+                                detail_text=f"stopped after {n} of {spec.steps} steps (time budget), before the timing "
+                                            f"window {window[0]}-{window[1]}: only warm-up steps ran, nothing measured",
+                                extras=extras, gpu_hours=metrics.gpu_hours(layout.world_size, wall))
         w1 = min(window[1], n - 1)
         w0 = min(window[0], w1)
         win = step_times[w0:w1 + 1]
