@@ -16,8 +16,9 @@ data and arithmetic: no I/O.
 """
 from __future__ import annotations
 
+import ast
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 # ModelSpec fields that do not change what one decoder layer computes.
 _NOT_LAYER = {"name", "display_name", "model_type", "num_hidden_layers", "vocab_size", "tie_word_embeddings",
@@ -29,6 +30,35 @@ def layer_signature(model, attn_kind: str, mlp_kind: str) -> str:
     dims = ",".join(f"{f.name}={getattr(model, f.name)}" for f in fields(model)
                     if f.name not in _NOT_LAYER and getattr(model, f.name) not in (0, False, None, ""))
     return f"{attn_kind}+{mlp_kind}|{dims}"
+
+
+def signature_dims(signature: str) -> dict:
+    """The layer fields a signature names (`layer_signature`'s text back to values)."""
+    out = {}
+    for item in signature.split("|", 1)[1].split(","):
+        if "=" not in item:
+            continue
+        k, v = item.split("=", 1)
+        try:
+            out[k] = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            out[k] = v
+    return out
+
+
+def signature_model(model, signature: str):
+    """`model` with the layer fields of `signature` (the fields it leaves out are zero/False/None there)."""
+    dims = signature_dims(signature)
+    changes = {}
+    for f in fields(model):
+        if f.name in _NOT_LAYER:
+            continue
+        cur = getattr(model, f.name)
+        if f.name in dims:
+            changes[f.name] = type(cur)(dims[f.name]) if isinstance(cur, (int, float)) and not isinstance(cur, bool) else dims[f.name]
+        elif cur not in (0, False, None, ""):
+            changes[f.name] = type(cur)() if not isinstance(cur, bool) else False
+    return replace(model, **changes)
 
 
 @dataclass(frozen=True)
@@ -74,9 +104,18 @@ class RunnerComponents:
     cpu_adam: tuple              # ((ranks per host, parameters/s per rank), ...)
     seq_len: int
     source: str
+    offload_s_per_param: float | None = None   # the optimizer step's extra seconds per parameter on the CPU (1 rank)
 
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
+
+    def same_kind(self, attn_kind: str, mlp_kind: str, hidden_size: int) -> tuple[str, LayerCurves] | None:
+        """The measured layer of this kind with the nearest hidden size (for a model the profile did not run)."""
+        prefix = f"{attn_kind}+{mlp_kind}|"
+        found = [(sig, c) for sig, c in self.layers.items() if sig.startswith(prefix)]
+        if not found:
+            return None
+        return min(found, key=lambda sc: abs(int(signature_dims(sc[0]).get("hidden_size", 0)) - hidden_size))
 
     def cpu_adam_rate(self, ranks_per_host: int) -> float:
         """CPU Adam parameters/s of one rank when `ranks_per_host` ranks step at once: measured at 1, 2, 4
@@ -98,10 +137,12 @@ def parse_runner_components(section: dict) -> RunnerComponents:
     """Derive the components from the measured builds (differences of 1- and 2-layer builds, see the module
     docstring). Raises KeyError/TypeError/ValueError on a malformed section (the profile parser reports it)."""
     mb = int(section["microbatches"])
-    builds = section["builds"]
+    offloaded = [b for b in section["builds"] if b.get("offload")]
+    builds = [b for b in section["builds"] if not b.get("offload")]
 
     def fwd_bwd(b, full: bool) -> dict:
-        return {p["tokens"]: p["fwd_bwd_s"] / mb for p in b["points"] if bool(p.get("full_recompute")) == full}
+        n = int(b.get("microbatches", mb))
+        return {p["tokens"]: p["fwd_bwd_s"] / n for p in b["points"] if bool(p.get("full_recompute")) == full}
 
     small = {}
     for b in builds:
@@ -109,13 +150,14 @@ def parse_runner_components(section: dict) -> RunnerComponents:
             small[(b["signature"], int(b["layers"]))] = b
     layers, first_kind = {}, {}
     for (sig, n), one in small.items():
-        two = small.get((sig, 2))
-        if n != 1 or two is None:
+        more = [k for s2, k in small if s2 == sig and k > n]
+        if n != 1 or not more:
             continue
+        two, extra = small[(sig, max(more))], max(more) - 1
         curves = []
         for full in (False, True):
             a, b2 = fwd_bwd(one, full), fwd_bwd(two, full)
-            curves.append(_point_curve({t: max(b2[t] - a[t], 0.0) for t in a if t in b2}))
+            curves.append(_point_curve({t: max(b2[t] - a[t], 0.0) / extra for t in a if t in b2}))
         if curves[0] is not None:
             layers[sig] = LayerCurves(str(one["model"]), curves[0], curves[1])
             first_kind.setdefault(str(one["model"]), sig)
@@ -138,7 +180,13 @@ def parse_runner_components(section: dict) -> RunnerComponents:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     intercept = max(my - slope * mx, 0.0)
+    # The offloaded optimizer: its step's extra seconds per parameter over the GPU step's line (one rank on the
+    # host: CPU Adam and the copies both ways as megatron's HybridDeviceOptimizer runs them).
+    per_param = [(statistics.median(p["zero_grad_s"] + p["optimizer_s"] for p in b["points"])
+                  - (intercept + slope * float(b["params"]))) / float(b["params"]) / float(b.get("offload", 1.0))
+                 for b in offloaded if b["points"]]
+    offload = statistics.median(per_param) if per_param else None
     cpu = tuple((int(p["ranks"]), float(p["params_per_s_per_rank"])) for p in section.get("cpu_adam_ranks") or ())
     source = (f"measured: runner components on {section.get('device', '?')} ({section.get('date', '?')}, "
               f"megatron-core {section.get('megatron_core', '?')}, torch {section.get('torch', '?')})")
-    return RunnerComponents(layers, ends, slope, intercept, cpu, int(section["seq_len"]), source)
+    return RunnerComponents(layers, ends, slope, intercept, cpu, int(section["seq_len"]), source, offload)

@@ -17,7 +17,7 @@ from cost_model.layout import Layout
 from cost_model.memory import backup_bytes, sharded_params
 from cost_model.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
-from cost_model.runner_components import RunnerComponents, layer_signature
+from cost_model.runner_components import RunnerComponents, layer_signature, signature_model
 from cost_model.stages import RankLayers
 from cost_model.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
@@ -277,16 +277,23 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
                     ctx.imbalance, mods, True, ctx.frozen_weights)
     comm = {"tp_comm": lt.tp_comm, "ep_comm": exposed_ep_comm(lt, ep_overlap), "cp_comm": lt.cp_comm}
     curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
+    measured_model, notes = ctx.model, []
     if curves is None:
-        return None, "modelled"
+        near = ctx.runner.same_kind(attn_kind, mlp_kind, ctx.model.hidden_size)
+        if near is None:
+            return None, "modelled"
+        curves = near[1]
+        measured_model = signature_model(ctx.model, near[0])
+        notes.append(f"{curves.model}'s measured {attn_kind}+{mlp_kind} layer at the tokens of this layer's "
+                     f"modelled GPU work")
     at = ctx.tokens
-    notes = []
-    if any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
-        whole = layer_time(attn_kind, mlp_kind, ctx.model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
+    if measured_model is not ctx.model or any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
+        whole = layer_time(attn_kind, mlp_kind, measured_model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
                            ctx.imbalance, mods, True, ctx.frozen_weights)
         ratio = lt.gpu_work / whole.gpu_work
         at = ctx.tokens * ratio
-        notes.append(f"shard timed at {ratio:.2f}x the tokens (modelled GPU-work ratio)")
+        if measured_model is ctx.model:
+            notes.append(f"shard timed at {ratio:.2f}x the tokens (modelled GPU-work ratio)")
     base = curves.none(at)
     full_extra = (curves.full(at) - base) if curves.full is not None else None
     if attn_kind in SOFTMAX_KINDS and ctx.seq_len != ctx.runner.seq_len:
@@ -361,7 +368,11 @@ def runner_step_breakdown(ctx: StepContext) -> dict[str, float]:
     sharded = sharded_params(dense, expert, layout)
     f = layout.optimizer_offload_fraction
     terms["optimizer"] = comps.optimizer_s_per_step + comps.optimizer_s_per_param * sharded * (1 - f)
-    if f > 0:
+    if f > 0 and comps.offload_s_per_param is not None:
+        # measured with one rank on the host; ranks sharing it share the CPU Adam rate as measured
+        share = comps.cpu_adam_rate(1) / comps.cpu_adam_rate(ctx.ranks_per_host) if comps.cpu_adam else 1.0
+        terms["offload"] = f * sharded * comps.offload_s_per_param * share
+    elif f > 0:
         cpu = f * sharded / comps.cpu_adam_rate(ctx.ranks_per_host)
         transfer = f * sharded * 8 / ctx.rates.pcie  # fp32 grads down, fp32 params up
         terms["offload"] = max(cpu, transfer) if layout.overlap_d2h_h2d else cpu + transfer
@@ -471,11 +482,12 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     kinds = dict.fromkeys((a, m) for rank in ctx.ranks for a, m, _ in rank.kinds)
     for attn_kind, mlp_kind in kinds:
         name = f"{attn_kind}+{mlp_kind}"
-        _, source = runner_layer_terms(ctx, attn_kind, mlp_kind, 0.0, 0.0)
-        curves = comps.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
-        if curves is None:
+        terms, source = runner_layer_terms(ctx, attn_kind, mlp_kind, 0.0, 0.0)
+        if terms is None:
             unmeasured.append(name)
             continue
+        curves = (comps.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
+                  or comps.same_kind(attn_kind, mlp_kind, ctx.model.hidden_size)[1])
         notes = [n for n in source.removeprefix("measured (").removesuffix(")").split("; ") if n != "measured"]
         if "recompute modelled" in notes:
             recompute_modelled.append(name)
@@ -518,7 +530,12 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     points = sorted(comps.cpu_adam)
     at = next((n for n, _ in points if n >= ranks), None)
     pcie = f"PCIe copies at the host-device bandwidth of the {ctx.rates.source}"
-    if at is not None:
+    if comps.offload_s_per_param is not None:
+        lines["offload"] = (f"measured: the offloaded optimizer step {comps.offload_s_per_param * 1e12:.0f} ms per 1e9 "
+                            f"parameters on the CPU with 1 rank per host (megatron's HybridDeviceOptimizer: copies and "
+                            f"CPU Adam; {where})" + ("" if ranks == 1 else
+                            f", slowed by the CPU Adam rate measured with {ranks} ranks per host (modelled)"))
+    elif at is not None:
         lines["offload"] = (f"measured: CPU Adam {comps.cpu_adam_rate(ranks) / 1e6:,.0f} M params/s per rank with "
                             f"{at} ranks per host{'' if at == ranks else f' (for {ranks})'} ({where}); {pcie}")
     elif points:

@@ -68,7 +68,22 @@ def test_runner_step_follows_recompute_microbatches_and_offload():
     offload = runner(model, Layout(1, max_tokens_per_gpu=8192, optimizer_offload_fraction=0.5))
     assert base.breakdown["offload"] == 0 and offload.breakdown["offload"] > 0
     assert offload.breakdown["optimizer"] < base.breakdown["optimizer"]
-    assert offload.term_sources["offload"].startswith("measured: CPU Adam")
+    assert offload.term_sources["offload"].startswith("measured: the offloaded optimizer step")
+    # the profile's offload builds: the step's extra time per parameter on the CPU, linear in the fraction
+    whole = runner(model, Layout(1, max_tokens_per_gpu=8192, optimizer_offload_fraction=1.0))
+    assert whole.breakdown["offload"] == pytest.approx(2 * offload.breakdown["offload"])
+
+
+def test_a_layer_the_profile_did_not_run_is_timed_from_the_nearest_measured_layer_of_its_kind():
+    from cost_model.runner_components import signature_dims, signature_model
+    big = load_model("llama3-70b")        # its layer is not in the profile; llama3-8b's is
+    comps = shipped_profile("h200").runner
+    sig, curves = comps.same_kind("full_attention", "dense", big.hidden_size)
+    assert curves.model == "llama3-8b" and signature_dims(sig)["hidden_size"] == 4096
+    assert signature_model(big, sig).intermediate_size == 14336
+    p = runner(trial_model(big, 2), Layout(1, max_tokens_per_gpu=8192))
+    assert p.breakdown["compute_mlp"] == 0 and p.breakdown["layers"] > 0
+    assert "llama3-8b's measured full_attention+dense layer" in p.term_sources["layers"]
 
 
 def test_te_stack_is_priced_by_the_fitted_terms():
@@ -80,18 +95,21 @@ def test_te_stack_is_priced_by_the_fitted_terms():
 
 
 def test_unmeasured_layer_kinds_fall_back_to_the_fitted_terms():
-    # gpt-oss (sliding window, sinks) and moonlight (MLA) are not runnable on the runner; Qwen3-235B-A22B is,
-    # and its layers (other sizes than Qwen3-30B-A3B's) are not in the profile
+    # Qwen3-235B-A22B's layers (other sizes than Qwen3-30B-A3B's) are not in the profile: its MoE layer is
+    # timed from Qwen3-30B-A3B's measured one. Moonlight's MLA layers have no measured layer of their kind.
     full = load_model("qwen3-235b-a22b")
     assert unsupported(full, "torch-native") == []
     model = trial_model(full, 4)
     comps = shipped_profile("h200").runner
     assert comps.layer(layer_signature(model, model.layer_types[0], model.mlp_types[0])) is None
     p = runner(model, Layout(1, max_tokens_per_gpu=8192))
-    assert p.step_time_s > 0 and p.breakdown["layers"] == 0
-    assert p.breakdown["compute_attention"] > 0 and p.breakdown["compute_experts"] > 0
-    assert p.term_sources["layers"].startswith("modelled: fitted Megatron terms (no measurement of full_attention+moe")
-    assert "did not measure" in p.term_sources["compute_experts"]
+    assert p.breakdown["layers"] > 0 and p.breakdown["compute_experts"] == 0
+    assert "qwen3-30b-a3b's measured full_attention+moe layer" in p.term_sources["layers"]
+    mla = trial_model(load_model("moonlight-16b-a3b"), 4)
+    p = runner(mla, Layout(1, max_tokens_per_gpu=8192))
+    assert p.step_time_s > 0 and p.breakdown["compute_attention"] > 0
+    assert "modelled: fitted Megatron terms (no measurement of mla+" in p.term_sources["layers"]
+    assert "did not measure" in p.term_sources["compute_attention"]
     # its ends: another model's measurement scaled to this hidden size and vocabulary
     assert p.term_sources["microbatch_ends"].startswith("modelled: ")
 
@@ -202,7 +220,7 @@ def test_explain_prints_each_terms_source(capsys):
     layers = next(line for line in text.splitlines() if line.strip().startswith("layers "))
     assert "measured: runner components" in layers
     # unmeasured layer kinds: the layers row says they were priced by the fitted terms
-    other = trial_model(load_model("qwen3-235b-a22b"), 4)
+    other = trial_model(load_model("moonlight-16b-a3b"), 4)
     text = explain(other, H200, Layout(1), runner(other, Layout(1)))
     assert "modelled: fitted Megatron terms (no measurement of" in text
     # `tune predict --explain` prices the TE stack (tuner.predict_request.answer): fitted and modelled

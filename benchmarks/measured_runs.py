@@ -1,0 +1,79 @@
+"""Measured runner suites as runs: one per trial name, its repeats together, nothing counted that was not measured.
+
+A suite's results file may hold a trial more than once (a repeat, in another device call); the run's figure is
+the mean of its measurements and the spread between them is its repeat noise. A line that says "ok" but
+timed no step after its warm-up (stored before the runner refused such lines: its figure is a compiling first
+step) is a failed run here, failure "too_few_steps".
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from experiments.megatron.suite import SuiteTrial, parse_suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class MeasuredRun:
+    trial: SuiteTrial
+    source: str                                   # the results file's name
+    tokens: list = field(default_factory=list)    # tokens/s/GPU of each valid measurement
+    peaks: list = field(default_factory=list)     # device peak GiB of each valid measurement
+    failures: list = field(default_factory=list)  # failure class of each failed line
+    seconds: list = field(default_factory=list)   # wall seconds of each line
+    recorded: dict | None = None                  # the prediction the first line recorded when it ran
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.tokens)
+
+    @property
+    def measured(self) -> float:
+        return statistics.mean(self.tokens) if self.tokens else 0.0
+
+    @property
+    def peak(self) -> float:
+        return max(self.peaks) if self.peaks else 0.0
+
+    @property
+    def failure(self) -> str | None:
+        return None if self.ok else (self.failures[0] if self.failures else "failed")
+
+    @property
+    def spread(self) -> float | None:
+        """(max - min) / mean of the repeats; None for one measurement."""
+        return (max(self.tokens) - min(self.tokens)) / self.measured if len(self.tokens) > 1 else None
+
+
+def _valid(line: dict, trial: SuiteTrial) -> bool:
+    """A measured line that timed at least one step after the trial's warm-up (the stored window was clamped to
+    the steps that ran, so the trial's own window says where the warm-up ends)."""
+    if line.get("status") != "ok" or not line.get("tokens_per_s_per_gpu"):
+        return False
+    start = trial.window[0] if trial.window else min(2, trial.steps - 1)
+    return len(line.get("step_times_s") or []) > start
+
+
+def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
+    """The suite's trials that have result lines, in the order they first ran."""
+    trials = {t.name: t for t in parse_suite(str(suite))[0]}
+    runs: dict[str, MeasuredRun] = {}
+    for text in results.read_text().splitlines():
+        line = json.loads(text)
+        t = trials.get(line.get("trial"))
+        if t is None or line.get("status") == "skipped" or line.get("failure_class") == "invalid_config":
+            continue
+        run = runs.setdefault(t.name, MeasuredRun(t, results.name))
+        if run.recorded is None:
+            run.recorded = (line.get("details") or {}).get("prediction_for_model_run") or {}
+        run.seconds.append(float((line.get("details") or {}).get("trial_wall_s") or line.get("elapsed_s") or 60.0))
+        if _valid(line, t):
+            run.tokens.append(float(line["tokens_per_s_per_gpu"]))
+            run.peaks.append(float(line.get("peak_memory_gib") or 0.0))
+        else:
+            run.failures.append(line.get("failure_class") or ("too_few_steps" if line.get("status") == "ok" else "failed"))
+    return list(runs.values())
