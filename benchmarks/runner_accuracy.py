@@ -13,11 +13,14 @@ Usage: python benchmarks/runner_accuracy.py [SUITE.json RESULTS.jsonl ...]
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
 from cost_model.case import Case
+from cost_model.constants import default_constants
+from cost_model.hypotheses import Z90
 from cost_model.hardware import load_gpu
 from cost_model.model_spec import load_model
 from experiments.megatron.model_run import predict_run, trial_model
@@ -104,6 +107,22 @@ def summarize(table: list[dict], label: str) -> dict:
     return summary
 
 
+def interval_check(table: list[dict]) -> dict:
+    """The runner stack's 90% band (cost_model constant runner_prediction_error_sd): the sd the in-sample runs
+    give (90th percentile of their absolute log error over 1.645) beside the shipped one, and how many held-out
+    measurements the shipped band holds."""
+    sd = default_constants().runner_prediction_error_sd
+    ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in table if r["in_sample"] and r["status"] == "ok")
+    held = [abs(math.log(r["predicted"] / r["measured"])) for r in table if not r["in_sample"] and r["status"] == "ok"]
+    fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
+    inside = sum(e <= Z90 * sd for e in held)
+    print(f"interval: the runner stack's 90% band uses sd {sd:.3f} (the {len(ins)} in-sample runs give "
+          f"{fitted if fitted is None else round(fitted, 3)}), width x{math.exp(2 * Z90 * sd):.2f} before any trial; "
+          f"it holds {inside} of {len(held)} held-out measurements")
+    return {"sd": sd, "sd_from_in_sample": fitted, "width": math.exp(2 * Z90 * sd), "held_out_inside": inside,
+            "held_out": len(held)}
+
+
 def main(argv: list[str]) -> int:
     pairs = [(Path(argv[i]), Path(argv[i + 1])) for i in range(0, len(argv), 2)] if argv else DEFAULT
     table = [row for s, r in pairs for row in rows(s, r)]
@@ -126,6 +145,7 @@ def main(argv: list[str]) -> int:
         out["held_out"] = summarize(held, "held out")
         out["in_sample"] = summarize([r for r in table if r["in_sample"]], "in sample")
     out["all"] = summarize(table, "all")
+    out["interval"] = interval_check(table)
     print(json.dumps(out))
     return 0
 

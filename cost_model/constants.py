@@ -49,6 +49,7 @@ class Constants:
     unfused_activation_factor: float
     unfused_moe_activation_factor: float
     prediction_error_sd: float
+    runner_prediction_error_sd: float
     prediction_error_sd_lora_vlm: float
     memory_error_sd: float
     host_base_gib_per_gpu: float

@@ -1,6 +1,7 @@
 """The megatron runner's own stack priced from its measured components (cost_model.runner_components,
 step_time.runner_step_breakdown), and `term_sources`: where each term of a prediction comes from."""
 import json
+import math
 import re
 
 import pytest
@@ -252,3 +253,23 @@ def test_the_runner_stack_needs_megatrons_framework_in_one_line(capsys):
                  "--layout", "max_tokens_per_gpu=8192"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "framework megatron" in err[0]
+
+
+def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stacks():
+    from types import SimpleNamespace
+
+    from cost_model.constants import default_constants
+    from tuner.intervals import interval_dict
+
+    model = qwen3_moe()
+    layout = Layout(1, max_tokens_per_gpu=8192)
+    p = runner(model, layout)
+    config = SimpleNamespace(workload=MEGATRON)
+    iv = interval_dict(config, SimpleNamespace(name="megatron"), layout, p)
+    sd = default_constants().runner_prediction_error_sd
+    assert iv["error_sd"] == sd < default_constants().prediction_error_sd
+    assert iv["high"] / iv["low"] == pytest.approx(math.exp(2 * 1.645 * sd), rel=1e-6) and iv["high"] / iv["low"] < 1.5
+    assert "measured components" in iv["basis"]
+    # a stack priced by the fitted terms keeps the model's residual
+    te = predict(model, H200, MEGATRON, layout, precision_aware_optimizer=True)
+    assert interval_dict(config, SimpleNamespace(name="megatron"), layout, te)["error_sd"] == default_constants().prediction_error_sd

@@ -26,10 +26,13 @@ def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dic
                               profile=config.profile)
         return {**iv.to_dict(), "kind": "predicted", "basis": "hypotheses (cost_model/hypotheses.py) and residual"}
     shipped = next(h for h in default_hypotheses() if h.shipped)
-    iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], residual_sd(default_constants(),
-                                                                                      config.workload))
-    return {**iv.to_dict(), "kind": "predicted",
-            "basis": "the runner's own prediction and the model's residual (Megatron framework: one form)"}
+    c = default_constants()
+    measured_stack = prediction.breakdown.get("layers", 0.0) > 0   # priced from the runner's measured components
+    sd = c.runner_prediction_error_sd if measured_stack else residual_sd(c, config.workload)
+    iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], sd)
+    basis = ("the runner's own prediction from its measured components and their residual on runner runs"
+             if measured_stack else "the runner's own prediction and the model's residual (Megatron framework: one form)")
+    return {**iv.to_dict(), "kind": "predicted", "basis": basis}
 
 
 def hypothesis_predictor(config, runner):
