@@ -8,6 +8,8 @@ part, into a `LayerTime`.
 """
 from __future__ import annotations
 
+from copy import copy
+
 from dataclasses import dataclass
 
 from cost_model.communication import expert_dispatch_time, hidden_state_bytes
@@ -210,12 +212,35 @@ def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: 
         t.selective += t.mlp / t.weight_passes
 
 
+# Scoring a space prices the same layer shape for thousands of layouts that differ only in what a layer does not
+# see (PP, DP, offload, optimizer...). A layer's time depends on the layout only through these fields.
+_LAYER_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher")
+_MEMO: dict = {}
+_MEMO_MAX = 200_000
+
+
 def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
                tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool = False,
                frozen_weights: bool = False) -> LayerTime:
     """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals.
     `gdn_sharded`: Gated DeltaNet as megatron-core's GatedDeltaNet (see `linear_attention`);
-    `frozen_weights`: no weight gradients (LoRA's frozen base; its adapters' few FLOPs are not counted)."""
+    `frozen_weights`: no weight gradients (LoRA's frozen base; its adapters' few FLOPs are not counted).
+    Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs); the
+    caller gets its own copy to change."""
+    key = (attn_kind, mlp_kind, id(model), id(r), id(c), tuple(getattr(layout, f) for f in _LAYER_FIELDS), tokens,
+           seq_len, imbalance, frozenset(mods), gdn_sharded, frozen_weights)
+    hit = _MEMO.get(key)
+    if hit is None:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        hit = _MEMO[key] = (model, r, c, _layer_time(attn_kind, mlp_kind, model, layout, r, c, tokens, seq_len,
+                                                     imbalance, mods, gdn_sharded, frozen_weights))
+    return copy(hit[3])
+
+
+def _layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
+                tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool,
+                frozen_weights: bool) -> LayerTime:
     t = LayerTime(weight_passes=2 if frozen_weights else 3)
     if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
         softmax_attention(t, attn_kind, model, layout, r, c, tokens, seq_len, mods)

@@ -156,7 +156,7 @@ def rates_for(gpu: GpuSpec, c: Constants, precision: str, profile: HardwareProfi
     if hit is not None and hit[0] is gpu and hit[1] is c and hit[2] is profile:
         return hit[3]
     rates = ProfileRates(gpu, c, precision, profile) if profile is not None else ConstantRates(gpu, c, precision)
-    if len(_RECENT) >= 8:
+    if len(_RECENT) >= 64:
         _RECENT.clear()
     _RECENT[key] = (gpu, c, profile, rates)
     return rates

@@ -273,3 +273,22 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
     # a stack priced by the fitted terms keeps the model's residual
     te = predict(model, H200, MEGATRON, layout, precision_aware_optimizer=True)
     assert interval_dict(config, SimpleNamespace(name="megatron"), layout, te)["error_sd"] == default_constants().prediction_error_sd
+
+
+def test_layer_time_memo_gives_what_a_fresh_computation_gives():
+    from cost_model import layer_time as lt_mod
+
+    model = load_model("qwen3.6-35b-a3b")
+    layouts = [Layout(8, ep=8, max_tokens_per_gpu=16384), Layout(8, tp=2, ep=4, max_tokens_per_gpu=8192),
+               Layout(8, pp=2, ep=4, max_tokens_per_gpu=16384, dispatcher="flex")]
+    warm = [predict(model, H200, Workload(), l) for l in layouts for _ in range(2)]
+    lt_mod._MEMO.clear()
+    cold = [predict(model, H200, Workload(), l) for l in layouts for _ in range(2)]
+    for a, b in zip(warm, cold):
+        assert a.breakdown == b.breakdown and a.step_time_s == b.step_time_s
+    # the memo hands out copies: a caller's change does not reach the next caller
+    args = ("full_attention", "moe", model, layouts[0], warm[0].context.rates, warm[0].context.c, 16384.0, 4096,
+            1.0, set())
+    first = lt_mod.layer_time(*args)
+    first.ep_comm = -1.0
+    assert lt_mod.layer_time(*args).ep_comm != -1.0
