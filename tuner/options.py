@@ -178,7 +178,8 @@ def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
     p.add_argument("--steps", type=bounded_int(1, MAX_STEPS), default=20,
                    help=f"steps of a measured trial (default 20; at most {MAX_STEPS:,})")
     p.add_argument("--layers", type=bounded_int(1, MAX_LAYERS), default=None,
-                   help=f"megatron: run the first L layers (default: the most that fit the local GPUs; at most "
+                   help=f"megatron: run the first L layers (default for a study: the most for which a layout without "
+                        f"recompute or offload is predicted to fit the local GPUs, one count for every trial; at most "
                         f"{MAX_LAYERS:,})")
     p.add_argument("--rows", help="megatron: token rows (JSONL {\"tokens\": [...]}) for measured trials and "
                                   "convergence arms (default: random tokens, nothing to learn)")

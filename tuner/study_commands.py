@@ -39,6 +39,11 @@ def cmd_run(args) -> int:
     check_profile_gpu(config.profile, gpu)
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
     space = runner_space(config, runner)         # what this runner's stack can run
+    if runner.name == "megatron" and getattr(runner, "layers", None) is None:
+        # one layer count for the whole study (layouts are only comparable on one model run)
+        runner.layers, how = study_layers(config, runner, space)
+        args.layers = runner.layers
+        print(f"--layers auto: {how}", file=sys.stderr)
     # measured and predicted figures never share a study: a measuring backend gets a study of its own
     # (and one per --layers: a truncated model run is another model)
     layers = getattr(args, "layers", None)
@@ -184,6 +189,60 @@ def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) 
 
 
 PROGRESS_EVERY_S = 30.0
+
+
+def study_layers(config, runner, space: RunnerSpace | None = None) -> tuple[int, str]:
+    """The most layers of the model for which some layout of the space is predicted to fit the local GPUs
+    (the runner's model run for a study with --layers auto; a layout without recompute or offload where one fits),
+    found by bisection over the layer count (memory grows with layers); CliError
+    when not even one layer fits."""
+    every = list(enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
+                                   space.options if space is not None else config.options))
+    # plain layouts (no recompute, no offload): at that size their recompute and offload variants fit too,
+    # so the study has alternatives to compare, not one layout at the edge
+    plain = [l for l in every if not l.recompute_granularity and not l.optimizer_offload_fraction]
+    total = config.model.num_hidden_layers
+    layouts = plain
+
+    def fitting(n: int):
+        probe = _with_layers(runner, n)
+        for layout in layouts:
+            try:
+                p = probe.predict(config.case(layout), config.profile)
+            except (InvalidLayout, ValueError):
+                continue
+            if p.fits:
+                return layout, p
+        return None
+
+    best = None
+    for layouts in (plain, every):
+        lo, hi = 1, total
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            hit = fitting(mid)
+            if hit is None:
+                hi = mid - 1
+            else:
+                lo, best = mid + 1, (mid, hit)
+        if best is not None:
+            break
+    if best is None:
+        raise CliError(f"not even 1 layer of {config.model.display_name} is predicted to fit {config.world_size} x "
+                       f"{config.gpu.display_name} on the {runner.name} runner")
+    n, (layout, p) = best
+    kind = "a layout without recompute or offload" if layouts is plain else "a layout"
+    return n, (f"{n} of {total} layers, the most for which {kind} is predicted to fit (e.g. {layout.long_label}: "
+               f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); figures are for this {n}-layer model run")
+
+
+def _with_layers(runner, n: int):
+    """A copy of the runner whose model run has `n` layers (for prediction only)."""
+    import copy
+
+    twin = copy.copy(runner)
+    twin.layers = n
+    return twin
 
 
 def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
