@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +28,7 @@ from cost_model.stack import Stack
 from cost_model.user_file import parse_yaml, read_user_text
 from cost_model.workload import STEP_OPTION_DEFAULTS, Workload, WorkloadError
 from recipes.correctness import CorrectnessError, correctness_block
+from recipes.files import LinkedTarget, write_atomic
 from recipes.slime_command import actor_placement, slime_env, slime_run
 from search_space.enumerate import MAX_GPUS
 from search_space.rules import STACK, violations
@@ -370,22 +370,10 @@ def write_recipe(recipe: dict, path: str | os.PathLike, *, guard: bool = True) -
     if why:
         raise RecipeError(f"{path}: not replaced: {why}; write to another file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = dump_recipe(recipe)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        # mkstemp makes the file 0600; a recipe is shared like any file written with open(): 0666 - umask
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        write_atomic(path, dump_recipe(recipe))
+    except LinkedTarget as e:
+        raise RecipeError(str(e)) from None
     return path
 
 

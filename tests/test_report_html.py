@@ -147,3 +147,33 @@ def test_run_parser_takes_the_new_proposers_and_a_gpu_hour_budget():
     assert run_parser().parse_args(base + ["--gpu-hours", "2.5"]).gpu_hours == 2.5
     with pytest.raises(CliError):
         run_parser().parse_args(base + ["--proposer", "cmaes"])
+
+
+def test_report_refuses_a_planted_link_and_leaves_its_target_alone(tmp_path, capsys):
+    storage = tmp_path / "s.db"
+    name = make_study(storage, "s", agent_attrs=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (out / "index.html").symlink_to(victim)
+    assert main(["report", "--study", name, "--storage", str(storage), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link" in err and len(err.strip().splitlines()) == 1
+    assert victim.read_text() == "keep me"
+
+
+def test_a_stored_script_is_shown_as_text(tmp_path):
+    storage = tmp_path / "s.db"
+    name = make_study(storage, "s", agent_attrs=False)
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{storage}")
+    config = dict(study.user_attrs["config"], gpus='"><script>alert(1)</script>')
+    study.set_user_attr("config", config)
+    trial = study.trials[0]
+    attrs = dict(trial.user_attrs)
+    attrs["result"] = dict(attrs["result"], kind='"><script>alert(2)</script>')
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs))
+    out = tmp_path / "out"
+    assert main(["report", "--study", name, "--storage", str(storage), "--out", str(out)]) == 0
+    text = (out / "index.html").read_text()
+    assert "<script" not in text.lower() and "&lt;script&gt;alert(1)" in text

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import optuna
+import pytest
 
 from tuner.cli import main
 
@@ -108,3 +109,30 @@ def test_two_config_folders_of_one_name_are_two_studies(tmp_path, capsys, monkey
     assert main(["--model", "x/m1", *args]) == 2
     assert "architecture:" in one_line(capsys)
     assert main(["--model", "m1", *args]) == 0   # the same config resumes its study
+
+
+@pytest.mark.parametrize("value", ["sqlite://", "sqlite:///:memory:", "sqlite:///"])
+def test_an_in_memory_storage_is_refused_before_anything_runs(value):
+    from tuner.study import StudyError, storage_url
+
+    with pytest.raises(StudyError, match="keeps nothing once tune exits"):
+        storage_url(value)
+
+
+def test_a_postgresql_password_is_never_printed(tmp_path):
+    import socket
+
+    from tuner.study import StudyError, open_storage, shown
+
+    assert shown("postgresql://attune:s3cret@db:5432/studies") == "postgresql://attune:***@db:5432/studies"
+    # a server that accepts the connection and never answers: one line within the connect timeout, no password
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        with pytest.raises(StudyError) as err:
+            open_storage(f"postgresql://attune:s3cret@127.0.0.1:{port}/studies")
+    finally:
+        server.close()
+    assert "s3cret" not in str(err.value) and "***" in str(err.value)

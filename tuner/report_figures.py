@@ -6,6 +6,7 @@ whether its figures are predicted (the cost model) or measured (a real run).
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib import ticker  # noqa: E402
+
+from recipes.files import write_atomic  # noqa: E402
 
 COLOR = {"predicted": "tab:blue", "measured": "tab:orange"}
 MARKER = {"predicted": "o", "measured": "D"}
@@ -22,8 +25,10 @@ TOP_WEIGHTS = 7   # hypotheses drawn one by one; the rest are summed as "others"
 
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
+    write_atomic(path, buf.getvalue())
 
 
 def _tokens_axis(ax, kind: str = "") -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cost_model.layout_codec import layout_from_stored
+from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
 from tuner.report import counts_line, ranked_rows, trial_record
 
@@ -103,8 +104,9 @@ def write_report(study, out: Path) -> Path:
         from tuner import report_figures as figs
     except ImportError as e:
         raise CliError(f"tune report needs matplotlib ({e}); pip install 'matplotlib>=3.8'") from None
-    for name in FIGURES.values():  # figures of an earlier report that this one may not draw
-        (out / name).unlink(missing_ok=True)
+    for name in ("index.html", *FIGURES.values()):   # a planted link would take the write elsewhere
+        if (out / name).is_symlink():
+            raise CliError(f"{out / name} is a symbolic link: the report is not written (remove it or use another --out)")
     facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
@@ -120,8 +122,10 @@ def write_report(study, out: Path) -> Path:
         "breakdown": figs.breakdown(top, out / FIGURES["breakdown"]),
         "weights": figs.hypothesis_weights(facts, out / FIGURES["weights"]),
     }
-    page = out / "index.html"
-    page.write_text(render_page(study, facts, captions))
+    page = write_atomic(out / "index.html", render_page(study, facts, captions))
+    for key, name in FIGURES.items():   # figures of an earlier report that this one did not draw, once the page is new
+        if captions.get(key) is None:
+            (out / name).unlink(missing_ok=True)
     return page
 
 
@@ -163,8 +167,8 @@ def _summary(study, facts: list[TrialFacts]) -> str:
     lines = []
     if config:
         w = config.get("workload") or {}
-        lines.append(f"{e(str(config.get('model')))} on {config.get('gpus')} x {e(str(config.get('gpu')))}; "
-                     f"sequence {w.get('seq_len')}, global batch {w.get('global_batch')}, "
+        lines.append(f"{e(str(config.get('model')))} on {e(str(config.get('gpus')))} x {e(str(config.get('gpu')))}; "
+                     f"sequence {e(str(w.get('seq_len')))}, global batch {e(str(w.get('global_batch')))}, "
                      f"{e(str(w.get('precision')))}, framework {e(str(w.get('framework')))}"
                      + "".join(f", {key.replace('_', ' ')} {e(str(w[key]))}"
                                for key in ("cuda_graphs", "peft", "images_per_row", "image_size") if key in w))
@@ -197,9 +201,13 @@ def _figure(key: str, captions: dict, missing: str) -> str:
 
 
 def _kind_value(value: float | None, kind: str | None) -> str:
-    if value is None:
+    """A figure and whether it is predicted or measured; anything else a study holds there (a peer's
+    PostgreSQL study can hold any text) is shown escaped, never as markup."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "-"
-    return f'<span class="{kind}">{value:,.0f} tokens/s/GPU ({kind})</span>'
+    label = html.escape(str(kind))
+    css = kind if kind in ("predicted", "measured") else "other"
+    return f'<span class="{css}">{value:,.0f} tokens/s/GPU ({label})</span>'
 
 
 def _reasons_table(facts: list[TrialFacts]) -> str:

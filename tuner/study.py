@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -128,7 +129,21 @@ def storage_url(value: str | None) -> str:
     if "://" not in value and any(ch in value for ch in "?#"):
         # in an SQLite URL they start the query or fragment: the study would go to another file
         raise StudyError(f"--storage {value}: a file name with '?' or '#' cannot be an SQLite URL; rename it")
-    return value if "://" in value else f"sqlite:///{value}"
+    url = value if "://" in value else f"sqlite:///{value}"
+    if url.startswith("sqlite:") and url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
+        raise StudyError(f"--storage {value}: an in-memory SQLite database keeps nothing once tune exits; give a file")
+    return url
+
+
+def shown(url: str) -> str:
+    """The storage URL as tune prints it: a password in it is masked."""
+    if "@" not in url:
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse: mask what looks like user:password@
+        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
 def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
@@ -143,9 +158,12 @@ def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
         try:
             _check_sqlite_file(url, Path(url[len("sqlite:///"):]), create_dirs, must_exist, writable)
         except OSError as e:  # an unreadable file, a folder that cannot be made
-            raise StudyError(" ".join(f"study storage {url}: {e.strerror or e}".split())) from None
+            raise StudyError(" ".join(f"study storage {shown(url)}: {e.strerror or e}".split())) from None
         # several tuners on one file wait for each other's write lock instead of failing at once
         engine_kwargs = {"connect_args": {"timeout": 120}}
+    elif url.startswith(("postgresql", "postgres")):
+        # a server that accepts the connection but never answers fails in seconds, not never
+        engine_kwargs = {"connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}}
     for attempt in range(SCHEMA_RACE_ATTEMPTS):
         try:
             with warnings.catch_warnings():  # the heartbeat arguments are experimental in Optuna 5
@@ -158,9 +176,11 @@ def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
             if attempt + 1 < SCHEMA_RACE_ATTEMPTS and _schema_race(e):
                 time.sleep(0.2 + random.random() * 0.5 * (attempt + 1))
                 continue
-            raise StudyError(f"cannot open study storage {url}: {_first_line(e)}") from None
+            raise StudyError(f"cannot open study storage {shown(url)}: {_first_line(e)}") from None
     raise AssertionError("unreachable")
 
+
+POSTGRES_CONNECT_TIMEOUT_S = 15
 
 # Tuners that open a new database at the same moment all create Optuna's tables: on PostgreSQL all but
 # one fail on a duplicate type or table; a moment later the tables exist and opening succeeds.
@@ -183,7 +203,7 @@ def storage_errors(url: str):
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
         cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
         text = getattr(cause, "orig", None) or cause
-        raise StudyError(f"study storage {url}: {_first_line(text)}") from None
+        raise StudyError(f"study storage {shown(url)}: {_first_line(text)}") from None
 
 
 def check_storage(url: str, allow_new_folder: bool = False, must_exist: bool = False, writable: bool = True) -> None:
@@ -197,7 +217,7 @@ def check_storage(url: str, allow_new_folder: bool = False, must_exist: bool = F
     try:
         _check_sqlite_file(url, path, False, must_exist, writable)
     except OSError as e:  # an unreadable file
-        raise StudyError(" ".join(f"study storage {url}: {e.strerror or e}".split())) from None
+        raise StudyError(" ".join(f"study storage {shown(url)}: {e.strerror or e}".split())) from None
 
 
 def _check_can_make(url: str, folder: Path) -> None:
@@ -205,10 +225,10 @@ def _check_can_make(url: str, folder: Path) -> None:
     ancestor = folder
     while not ancestor.exists():
         if os.path.lexists(ancestor):
-            raise StudyError(f"study storage {url}: folder {ancestor} cannot be made (a link to nowhere)")
+            raise StudyError(f"study storage {shown(url)}: folder {ancestor} cannot be made (a link to nowhere)")
         ancestor = ancestor.parent
     if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
-        raise StudyError(f"study storage {url}: folder {folder} cannot be made in {ancestor}")
+        raise StudyError(f"study storage {shown(url)}: folder {folder} cannot be made in {ancestor}")
 
 
 def _first_line(e: Exception) -> str:
@@ -222,37 +242,37 @@ def _check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool
     its folder (made only when asked), and commands that only read never create one."""
     if path.exists():
         if path.is_dir():
-            raise StudyError(f"study storage {url}: {path} is a directory, not an SQLite file")
+            raise StudyError(f"study storage {shown(url)}: {path} is a directory, not an SQLite file")
         if not path.is_file():
-            raise StudyError(f"study storage {url}: {path} is not a regular file")
+            raise StudyError(f"study storage {shown(url)}: {path} is not a regular file")
         with path.open("rb") as f:
             head = f.read(len(SQLITE_MAGIC))
         if head and head != SQLITE_MAGIC:
-            raise StudyError(f"study storage {url}: {path} is not an SQLite database (corrupt or another file)")
+            raise StudyError(f"study storage {shown(url)}: {path} is not an SQLite database (corrupt or another file)")
         tables = _sqlite_tables(url, path) if head else set()
         if tables and not OPTUNA_TABLES <= tables:
-            shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-            raise StudyError(f"study storage {url}: {path} is an SQLite database but not an Optuna study storage "
-                             f"(tables: {shown}); tune writes nothing into it: pass another --storage")
+            names = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+            raise StudyError(f"study storage {shown(url)}: {path} is an SQLite database but not an Optuna study storage "
+                             f"(tables: {names}); tune writes nothing into it: pass another --storage")
         if must_exist and not tables:
-            raise StudyError(f"study storage {url}: {path} is empty (no study was ever stored in it)")
+            raise StudyError(f"study storage {shown(url)}: {path} is empty (no study was ever stored in it)")
         if writable and not os.access(path, os.W_OK):
-            raise StudyError(f"study storage {url}: {path} is read-only; tune writes trials to it "
+            raise StudyError(f"study storage {shown(url)}: {path} is read-only; tune writes trials to it "
                              f"(make it writable or pass another --storage)")
         if not os.access(path.parent, os.W_OK | os.X_OK) and writable:
-            raise StudyError(f"study storage {url}: folder {path.parent} is read-only (SQLite writes a journal "
+            raise StudyError(f"study storage {shown(url)}: folder {path.parent} is read-only (SQLite writes a journal "
                              f"beside the file)")
     elif must_exist:
-        raise StudyError(f"study storage {url}: no such file {path}")
+        raise StudyError(f"study storage {shown(url)}: no such file {path}")
     elif path.parent.exists() and not path.parent.is_dir():
-        raise StudyError(f"cannot open study storage {url}: {path.parent} is a file, not a folder")
+        raise StudyError(f"cannot open study storage {shown(url)}: {path.parent} is a file, not a folder")
     elif path.parent.exists() and not os.access(path.parent, os.W_OK | os.X_OK):
-        raise StudyError(f"cannot open study storage {url}: folder {path.parent} is read-only")
+        raise StudyError(f"cannot open study storage {shown(url)}: folder {path.parent} is read-only")
     elif not path.parent.exists():
         if create_dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
         else:
-            raise StudyError(f"study storage {url}: folder {path.parent} does not exist")
+            raise StudyError(f"study storage {shown(url)}: folder {path.parent} does not exist")
 
 
 OPTUNA_TABLES = {"studies", "trials", "version_info"}   # a few of the tables every Optuna RDB storage has
@@ -268,7 +288,7 @@ def _sqlite_tables(url: str, path: Path) -> set[str]:
                                                 uri=True, timeout=60)) as db:
             return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.Error as e:
-        raise StudyError(f"study storage {url}: {path}: {_first_line(e)}") from None
+        raise StudyError(f"study storage {shown(url)}: {path}: {_first_line(e)}") from None
 
 
 def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:

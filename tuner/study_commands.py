@@ -22,7 +22,7 @@ from tuner.export import export_rows
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
-from tuner.study import (StudyConfig, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
+from tuner.study import (StudyConfig, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
                          recover_interrupted, run_study, runner_space, storage_errors, storage_url)
 
 
@@ -74,7 +74,7 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
            else "left out: the sampler does not weigh the risk")
     also = f" and {borderline:,} borderline ones (they may not fit; {how})" if borderline else ""
     print(f"tuning {config.describe()}: {len(candidates) - borderline:,} fitting layouts of the search space{also}; "
-          f"study '{name}' in {url}; backend {args.backend} (figures are {kind})", file=sys.stderr)
+          f"study '{name}' in {shown(url)}; backend {args.backend} (figures are {kind})", file=sys.stderr)
     for line in space.reasons:
         print(f"  search space narrowed: {line}", file=sys.stderr)
     for line in space.notes:
