@@ -365,6 +365,7 @@ def test_show_csv_has_one_row_per_trial(tmp_path, capsys):
     frame = pd.read_csv(io.StringIO(capsys.readouterr().out))
     assert tuple(frame.columns) == TRIAL_COLUMNS
     assert list(frame["number"]) == [0, 1, 2, 3]
+    assert frame.iloc[1]["ep"] == 4 and frame.iloc[1]["tp"] == 1
     assert list(frame["state"]) == ["complete", "complete", "pruned", "failed"]
     assert list(frame["kind"].fillna("")) == ["predicted", "measured", "predicted", ""]
     assert list(frame["backend"].fillna("")) == ["predict", "megatron", "predict", ""]
@@ -380,6 +381,20 @@ def test_show_csv_has_one_row_per_trial(tmp_path, capsys):
     assert list(pd.read_csv(io.StringIO(capsys.readouterr().out))["number"]) == [0, 1]
 
 
+def test_show_prints_a_peers_escape_codes_as_text(tmp_path, capsys):
+    storage = tmp_path / "s.db"
+    name = handmade_study(storage)
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{storage}")
+    t = study.trials[1]
+    study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs={
+        **t.user_attrs, "result": {**t.user_attrs["result"], "source": "\x1b]0;owned\x07\x1b[2J", "mfu": "x"}}))
+    for fmt in ("csv", "json", "table"):
+        assert main(["show", "--study", name, "--storage", str(storage), "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x07" not in out, fmt
+    assert "owned" in out
+
+
 def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
     from tuner.report import TRIAL_COLUMNS
 
@@ -389,8 +404,10 @@ def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
     records = json.loads(capsys.readouterr().out)
     assert [r["number"] for r in records] == [0, 1, 2, 3]
     assert all(tuple(r) == TRIAL_COLUMNS for r in records)
+    assert (records[1]["tp"], records[1]["pp"], records[1]["ep"]) == (1, 1, 4)
     assert records[1] | {"rationale": None} == {
         "number": 1, "state": "complete", "kind": "measured", "label": records[1]["label"],
+        **{k: records[1][k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu")},
         "tokens_per_s_per_gpu": 1234.5, "step_time_s": 2.5, "peak_memory_gib": 60.25, "mfu": 0.125,
         "usd_per_million_tokens": 0.75, "predicted_tokens_per_s_per_gpu": records[1]["predicted_tokens_per_s_per_gpu"],
         "predicted_low": records[1]["predicted_low"], "predicted_high": records[1]["predicted_high"],

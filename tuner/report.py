@@ -1,6 +1,8 @@
 """A study's trials: the ranked table of completed ones, and one record per trial as CSV or JSON."""
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass
 
 import optuna
@@ -29,19 +31,26 @@ class Row:
 
 
 def ranked_rows(study: optuna.Study) -> list[Row]:
+    """The complete trials, best first. A trial whose stored layout or figures are malformed (another
+    program's, a peer's) is left out or shows '-', never a traceback."""
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        result = t.user_attrs.get("result") or {}
-        prediction = t.user_attrs.get("prediction") or {}
+        result, prediction = _dict(t.user_attrs.get("result")), _dict(t.user_attrs.get("prediction"))
+        interval = _dict(prediction.get("interval"))
+        try:
+            layout = layout_from_stored(t.user_attrs["layout"])
+        except Exception:  # noqa: BLE001 - any malformed stored layout: the trial cannot be ranked
+            continue
+        if _number(t.value) is None:
+            continue
         rows.append(Row(
-            number=t.number, layout=layout_from_stored(t.user_attrs["layout"]),
-            tokens_per_s_per_gpu=t.value, peak_memory_gib=result.get("peak_memory_gib"),
-            mfu=result.get("mfu"), usd_per_million_tokens=result.get("usd_per_million_tokens"),
-            kind=result.get("kind", "predicted"), source=result.get("source", ""),
-            predicted_tokens_per_s_per_gpu=prediction.get("tokens_per_s_per_gpu"),
-            rationale=t.user_attrs.get("rationale", ""),
-            predicted_low=(prediction.get("interval") or {}).get("low"),
-            predicted_high=(prediction.get("interval") or {}).get("high"),
+            number=t.number, layout=layout,
+            tokens_per_s_per_gpu=t.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
+            mfu=_number(result.get("mfu")), usd_per_million_tokens=_number(result.get("usd_per_million_tokens")),
+            kind=printable(result.get("kind", "predicted")), source=printable(result.get("source", "")),
+            predicted_tokens_per_s_per_gpu=_number(prediction.get("tokens_per_s_per_gpu")),
+            rationale=printable(t.user_attrs.get("rationale", "")),
+            predicted_low=_number(interval.get("low")), predicted_high=_number(interval.get("high")),
             fit=fit_of(prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
@@ -65,7 +74,7 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
                     and r.predicted_high is not None else "-")
         lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}", interval,
                       _fmt(r.peak_memory_gib, "{:.1f}"), r.fit, _fmt(r.mfu, "{:.1%}"),
-                      _fmt(r.usd_per_million_tokens, "{:.3f}"), r.kind))
+                      _fmt(r.usd_per_million_tokens, "{:.3f}"), printable(r.kind)))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
     right = {0, 1, 3, 4, 5, 7, 8}
 
@@ -75,7 +84,7 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
     out = [fmt_line(header), fmt_line(["-" * w for w in widths])] + [fmt_line(l) for l in lines]
     sources = sorted({r.source for r in rows[:limit] if r.source} if limit else {r.source for r in rows if r.source})
     for s in sources:
-        out.append(f"figures from: {s}")
+        out.append(f"figures from: {printable(s)}")
     return "\n".join(out)
 
 
@@ -93,28 +102,49 @@ def counts_line(study: optuna.Study) -> str:
 
 # One record per trial (`tune show --format csv|json`): its figures come from its result when it ran,
 # else from its prediction (a pruned trial), and `kind` says which.
-TRIAL_COLUMNS = ("number", "state", "kind", "label", "tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu",
-                 "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "predicted_low", "predicted_high",
-                 "source", "backend", "reason", "rationale", "learnt")
+LAYOUT_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu")
+TRIAL_COLUMNS = ("number", "state", "kind", "label", *LAYOUT_COLUMNS, "tokens_per_s_per_gpu", "step_time_s",
+                 "peak_memory_gib", "mfu", "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "predicted_low",
+                 "predicted_high", "source", "backend", "reason", "rationale", "learnt")
 FIGURES = ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu", "usd_per_million_tokens")
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
           TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
 
 
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if chr(i) not in "\t\n"}
+
+
+def printable(value):
+    """Text from a study as it may be printed: control characters (a peer's terminal escape codes) shown as
+    \\xNN; a value that is not text or a number becomes text."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return str(value).translate(_CONTROL)
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def trial_record(t: optuna.trial.FrozenTrial) -> dict:
+    """One trial's record; a malformed attribute (another program's, a peer's) reads as missing, not as a crash."""
     attrs = t.user_attrs
-    result = attrs.get("result") or {}
-    prediction = attrs.get("prediction") or {}
+    result, prediction = _dict(attrs.get("result")), _dict(attrs.get("prediction"))
     figures = result or prediction
+    layout, interval = _dict(attrs.get("layout")), _dict(prediction.get("interval"))
     return {"number": t.number, "state": STATES[t.state],
-            "kind": figures.get("kind", "predicted") if figures else None, "label": attrs.get("label"),
-            **{k: figures.get(k) for k in FIGURES},
-            "predicted_tokens_per_s_per_gpu": prediction.get("tokens_per_s_per_gpu"),
-            "predicted_low": (prediction.get("interval") or {}).get("low"),
-            "predicted_high": (prediction.get("interval") or {}).get("high"),
-            "source": figures.get("source"), "backend": attrs.get("backend"),
-            "reason": attrs.get("prune_reason") or attrs.get("fail_reason"), "rationale": attrs.get("rationale"),
-            "learnt": attrs.get("learnt")}
+            "kind": printable(figures.get("kind", "predicted")) if figures else None,
+            "label": printable(attrs.get("label")), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
+            **{k: _number(figures.get(k)) for k in FIGURES},
+            "predicted_tokens_per_s_per_gpu": _number(prediction.get("tokens_per_s_per_gpu")),
+            "predicted_low": _number(interval.get("low")), "predicted_high": _number(interval.get("high")),
+            "source": printable(figures.get("source")), "backend": printable(attrs.get("backend")),
+            "reason": printable(attrs.get("prune_reason") or attrs.get("fail_reason")),
+            "rationale": printable(attrs.get("rationale")), "learnt": printable(attrs.get("learnt"))}
 
 
 def trials_frame(study: optuna.Study, limit: int | None = None):
@@ -131,7 +161,14 @@ def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
 
 def trials_json(study: optuna.Study, limit: int | None = None) -> str:
     """A JSON array of trial records; a figure a trial does not have is null."""
-    return trials_frame(study, limit).to_json(orient="records", indent=1, double_precision=15)
+    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    records = records[:limit] if limit else records
+    return json.dumps([{k: _short(r.get(k)) for k in TRIAL_COLUMNS} for r in records], indent=1)
+
+
+def _short(value):
+    """A float to 6 significant digits (the figures' precision, not the binary noise)."""
+    return float(f"{value:.6g}") if isinstance(value, float) else value
 
 
 def _fmt(value, pattern: str) -> str:
