@@ -67,6 +67,17 @@ def architecture_digest(model: ModelSpec) -> str | None:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def check_model_identity(identity: dict, model: ModelSpec) -> None:
+    """The model a study's name loads now is the model it was tuned on (the digest it recorded; none for a
+    catalog model): a config.json edited after tuning, or another model under the name, is refused."""
+    recorded, now = identity.get("architecture"), architecture_digest(model)
+    if recorded != now:
+        then = f"architecture {recorded}" if recorded else "the catalog's"
+        raise StudyError(f"study was tuned on {identity.get('model')} with {then} model; the name now loads "
+                         f"{'architecture ' + now if now else 'the catalog model'} (a config.json changed, or another "
+                         f"model has its name): its figures would be another model's")
+
+
 def workload_identity(workload: Workload) -> dict:
     """The workload's fields, its step options only when set: studies made before those options resume."""
     base = {k: v for k, v in asdict(workload).items() if k not in (*STEP_OPTION_DEFAULTS, "image_size")}

@@ -22,7 +22,7 @@ from tuner.export import export_rows
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
-from tuner.study import (StudyConfig, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
+from tuner.study import (StudyConfig, check_model_identity, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
                          recover_interrupted, run_study, runner_space, storage_errors, storage_url)
 
 
@@ -312,8 +312,9 @@ def cmd_export(args) -> int:
         raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
     # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
     gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
-    config = StudyConfig(load_model(identity["model"]), gpu, identity["gpus"],
-                         Workload(**identity["workload"]), Stack(**identity["stack"]))
+    model = load_model(identity["model"])
+    check_model_identity(identity, model)
+    config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
     rows = ranked_rows(study)
     if not rows:
         raise CliError(f"study '{args.study}' has no completed trial to export")
