@@ -97,6 +97,27 @@ def test_batch_from_stdin_survives_undecodable_bytes(monkeypatch, capsys):
     assert out[1]["line"] == 2 and out[1]["gpus"] == 8
 
 
+def test_batch_of_endless_binary_input_ends(monkeypatch, capsys):
+    class Zeros(io.StringIO):           # /dev/zero: NULs without end
+        def readline(self, limit=-1):
+            return "\x00" * (limit if limit > 0 else 4096)
+
+    monkeypatch.setattr(sys, "stdin", Zeros())
+    assert main(["predict", "--batch", "-"]) == 1
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(out) == 1 and "not text" in out[0]["error"]
+    # an endless line of text ends too, after a bounded read
+    monkeypatch.setattr(what_if, "MAX_DROPPED_CHARS", 10 ** 6)
+
+    class Endless(io.StringIO):
+        def readline(self, limit=-1):
+            return "a" * (limit if limit > 0 else 4096)
+
+    monkeypatch.setattr(sys, "stdin", Endless())
+    assert main(["predict", "--batch", "-"]) == 1
+    assert "no line end" in capsys.readouterr().out
+
+
 def test_batch_request_count_is_bounded(monkeypatch, capsys):
     monkeypatch.setattr(what_if, "MAX_BATCH_REQUESTS", 3)
     read = []

@@ -77,6 +77,9 @@ def predict_batch(path: str, hardware) -> int:
             if asked > MAX_BATCH_REQUESTS:   # a bound on the work, said in place of the first request left out
                 out = _error(number, f"more than {MAX_BATCH_REQUESTS:,} requests in one batch; this line and the "
                                      f"rest are not read (split the file)")
+            elif line is BINARY:
+                out = _error(number, f"not text (a NUL byte, or no line end within {MAX_DROPPED_CHARS:,} "
+                                     f"characters); this line and the rest are not read")
             elif line is None:
                 out = _error(number, f"longer than {MAX_REQUEST_CHARS:,} characters")
             else:
@@ -95,6 +98,10 @@ def _stdin():
     return io.TextIOWrapper(buffer, encoding="utf-8", errors="replace") if buffer is not None else sys.stdin
 
 
+BINARY = object()   # _request_lines: the input is not text; nothing after it is read
+MAX_DROPPED_CHARS = 64 * 2 ** 20
+
+
 def _request_lines(stream):
     """(line number, text) of each non-blank line; text None for a line over MAX_REQUEST_CHARS characters,
     of which no more than that is ever held (the rest is read and dropped)."""
@@ -104,10 +111,17 @@ def _request_lines(stream):
         if not line:
             return
         number += 1
+        if "\x00" in line:   # binary input (/dev/zero, an image): no request can follow; stop reading it
+            yield number, BINARY
+            return
         if len(line) > MAX_REQUEST_CHARS and not line.endswith("\n"):
-            rest = line
+            rest, dropped = line, len(line)
             while rest and not rest.endswith("\n"):
                 rest = stream.readline(MAX_REQUEST_CHARS + 1)
+                dropped += len(rest)
+                if "\x00" in rest or dropped > MAX_DROPPED_CHARS:   # an endless line is not a request file
+                    yield number, BINARY
+                    return
             yield number, None
         elif line.strip():
             yield number, line
