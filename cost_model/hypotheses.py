@@ -32,7 +32,7 @@ from cost_model.errors import AttuneError
 from cost_model.hardware import GpuSpec
 from cost_model.layout import Layout
 from cost_model.model_spec import ModelSpec
-from cost_model.predict import Prediction, predict
+from cost_model.predict import Prediction, predict, step_time_only
 from cost_model.profile import HardwareProfile
 from cost_model.workload import Workload
 
@@ -71,14 +71,14 @@ class Hypothesis:
                        flex_overhead_factor=self.flex_overhead_factor,
                        cpu_adam_share_of_profile=self.cpu_adam_share_of_profile)
 
-    def extra_s(self, p: Prediction, layout: Layout, workload: Workload) -> float:
+    def extra_s(self, num_microbatches: int, layout: Layout, workload: Workload) -> float:
         """Seconds this form adds to a step beyond what `predict` counts with its constants."""
         if workload.framework != "slime" or self.form == "per_layer_pass":
             return 0.0
         if self.form in ("per_token", "pass_and_token"):
             base = self.unexplained * workload.tokens_per_step / (layout.dp * layout.cp)
         elif self.form == "per_microbatch":
-            base = self.unexplained * p.num_microbatches
+            base = self.unexplained * num_microbatches
         else:
             base = self.unexplained
         return base * (self.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
@@ -90,7 +90,7 @@ def predict_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workl
     """`predict` under hypothesis `h`: its constants, and its extra term as `unexplained` in the breakdown."""
     c = constants or default_constants()
     p = predict(model, gpu, workload, layout, h.constants(c), profile, **kw)
-    extra = h.extra_s(p, layout, workload)
+    extra = h.extra_s(p.num_microbatches, layout, workload)
     if extra == 0.0:
         return p
     step = p.step_time_s + extra
@@ -98,6 +98,17 @@ def predict_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workl
     breakdown = {**p.breakdown, "unexplained": extra}
     return replace(p, step_time_s=step, breakdown=breakdown, tokens_per_s_per_gpu=p.tokens_per_s_per_gpu * scale,
                    mfu=p.mfu * scale, usd_per_million_tokens=p.usd_per_million_tokens / scale)
+
+
+def tokens_per_s_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
+                       constants: Constants | None = None, profile: HardwareProfile | None = None, **kw) -> float:
+    """`predict_under(...).tokens_per_s_per_gpu` without the memory model (the agent's table of every
+    candidate under every hypothesis needs only this)."""
+    c = constants or default_constants()
+    step, n_mb = step_time_only(model, gpu, workload, layout, h.constants(c), profile, **kw)
+    tokens = workload.tokens_per_step / step / layout.world_size
+    extra = h.extra_s(n_mb, layout, workload)
+    return tokens if extra == 0.0 else tokens * (step / (step + extra))   # predict_under's arithmetic, to the bit
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:

@@ -190,6 +190,33 @@ def runner_components(rt: Runtime, profile: HardwareProfile | None):
     return profile.runner
 
 
+def _step_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, c: Constants,
+                  profile: HardwareProfile | None, rt: Runtime) -> StepContext:
+    rates = rates_for(gpu, c, workload.precision, profile)
+    tokens, n_mb = microbatches(layout, workload)
+    imbalance = routing_imbalance(model, workload, layout, c)
+    vision = vision_work(model, workload, layout)
+    ranks = layout_rank_layers(model, layout, with_vision=vision is not None)
+    # Static memory and the optimizer step are set by the rank holding the most parameters.
+    dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
+    return StepContext(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c, workload.framework,
+                       dense, expert, rt.gdn_sharded, workload.cuda_graphs, workload.frozen_weights, vision,
+                       rt.per_expert_gemm_calls, runner_components(rt, profile),
+                       min(layout.world_size, gpu.gpus_per_node))
+
+
+def step_time_only(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
+                   constants: Constants | None = None, profile: HardwareProfile | None = None,
+                   precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> tuple[float, int]:
+    """(step seconds, micro-batches) exactly as `predict` computes them, without the memory model (what
+    ranking a layout under another set of time constants needs)."""
+    c = constants or default_constants()
+    profile = profile or shipped_profile(gpu.name)
+    rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
+    ctx = _step_context(model, gpu, workload, layout, c, profile, rt)
+    return sum(step_breakdown(ctx).values()), ctx.num_microbatches
+
+
 def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             constants: Constants | None = None, profile: HardwareProfile | None = None,
             precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
@@ -200,17 +227,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     c = constants or default_constants()
     profile = profile or shipped_profile(gpu.name)
     rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
-    rates = rates_for(gpu, c, workload.precision, profile)
-    tokens, n_mb = microbatches(layout, workload)
-    imbalance = routing_imbalance(model, workload, layout, c)
-    vision = vision_work(model, workload, layout)
-    ranks = layout_rank_layers(model, layout, with_vision=vision is not None)
-    # Static memory and the optimizer step are set by the rank holding the most parameters.
-    dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
-    ctx = StepContext(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c, workload.framework,
-                      dense, expert, rt.gdn_sharded, workload.cuda_graphs, workload.frozen_weights, vision,
-                      rt.per_expert_gemm_calls, runner_components(rt, profile),
-                      min(layout.world_size, gpu.gpus_per_node))
+    ctx = _step_context(model, gpu, workload, layout, c, profile, rt)
+    rates, tokens, n_mb, imbalance, vision, ranks = ctx.rates, ctx.tokens, ctx.num_microbatches, ctx.imbalance, \
+        ctx.vision, ctx.ranks
+    dense, expert = ctx.dense, ctx.expert
     breakdown = step_breakdown(ctx)
     step_time = sum(breakdown.values())
 

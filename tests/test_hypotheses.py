@@ -96,3 +96,19 @@ def test_bad_hypotheses_files_name_the_problem(data, message):
 
 def test_layout_for_the_interval_test_is_valid():
     Layout(8, ep=8, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+
+
+def test_tokens_per_s_under_is_predict_under_without_the_memory_model():
+    from cost_model.hardware import load_gpu
+    from cost_model.hypotheses import default_hypotheses, predict_under, tokens_per_s_under
+    from cost_model.layout import Layout
+    from cost_model.model_spec import load_model
+    from cost_model.workload import Workload
+
+    model, gpu = load_model("qwen3.6-35b-a3b"), load_gpu("h200")
+    for workload in (Workload(), Workload(framework="megatron")):
+        for layout in (Layout(8, ep=8, max_tokens_per_gpu=16384, dispatcher="flex"),
+                       Layout(8, pp=2, ep=4, max_tokens_per_gpu=8192)):
+            for h in default_hypotheses():
+                assert tokens_per_s_under(h, model, gpu, workload, layout) == \
+                    predict_under(h, model, gpu, workload, layout).tokens_per_s_per_gpu

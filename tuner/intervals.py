@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cost_model.constants import default_constants
 from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, interval_of, predict_interval,
-                                   predict_under, residual_sd)
+                                   residual_sd, tokens_per_s_under)
 from cost_model.layout import Layout
 from cost_model.predict import Prediction
 
@@ -39,8 +39,7 @@ def hypothesis_predictor(config, runner):
     """(hypotheses, predict_h) for the agent: tokens/s/GPU of a layout under a hypothesis."""
     if uses_hypotheses(runner):
         def predict_h(h: Hypothesis, layout: Layout) -> float:
-            return predict_under(h, config.model, config.gpu, config.workload, layout,
-                                 profile=config.profile).tokens_per_s_per_gpu
+            return tokens_per_s_under(h, config.model, config.gpu, config.workload, layout, profile=config.profile)
         return applicable(default_hypotheses(), config.workload), predict_h   # 3 for Megatron, as predict
     shipped = tuple(h for h in default_hypotheses() if h.shipped)
 
