@@ -43,7 +43,7 @@ from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
 from tuner.intervals import interval_dict
-from tuner.proposer import History, Proposer, family
+from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
 from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt
@@ -526,6 +526,8 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     here = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         owner = t.user_attrs.get("owner") or {}
+        if t.state == TrialState.WAITING and user_enqueued(t):
+            continue        # a user's seed (study.enqueue_trial): run_study runs it before proposing
         orphan = t.state == TrialState.WAITING
         if orphan or (owner.get("host") == here and not _alive(int(owner.get("pid", -1)))):
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
@@ -534,6 +536,11 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
                 if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                     marked.append(t.number)
     return sorted(marked)
+
+
+def user_enqueued(t: optuna.trial.FrozenTrial) -> bool:
+    """A WAITING trial a user queued with study.enqueue_trial (tune's own trials carry its attributes)."""
+    return not any(k in t.user_attrs for k in ("owner", "backend", "proposer"))
 
 
 def runner_space(config: StudyConfig, runner: TrialRunner) -> RunnerSpace:
@@ -575,7 +582,9 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
                     break
                 fail_stale(study)   # trials of tuners that died (any host) are failed before proposing
                 history = history_of(study, skip_interrupted, runner.name)
-                proposal = proposer.propose(history)
+                seeded = any(user_enqueued(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+                proposal = (Proposal(None, "enqueued by the user (study.enqueue_trial): run before the proposer's "
+                                           "own choices") if seeded else proposer.propose(history))
                 if proposal is None:
                     summary.exhausted = True
                     summary.reason = getattr(proposer, "stop_reason", None) or \
