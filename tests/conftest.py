@@ -24,3 +24,17 @@ def workload():
 @pytest.fixture(scope="session")
 def stack():
     return Stack()
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Ray installs a SIGTERM handler when a test starts it; left in place, a later SIGTERM sent to a test's
+    own child would surface in whichever test runs as a SystemExit. Each test leaves the handlers as it
+    found them."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        if signal.getsignal(s) is not handler and handler is not None:
+            signal.signal(s, handler)
