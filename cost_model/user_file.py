@@ -163,6 +163,8 @@ def _unique_keys_loader():
     def mapping(loader, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base`: merged by SafeLoader, its keys overridable
+                continue
             key = loader.construct_object(key_node, deep=True)
             try:
                 duplicate = key in seen

@@ -480,11 +480,28 @@ def _check_says_its_layout(top: _Fields, layout: Layout) -> None:
     run = top.data.get("run")
     if not isinstance(run, str):
         return
-    for flag, field_name in RUN_FLAGS.items():
-        for value in re.findall(rf"{re.escape(flag)}[ =]+(\d+)\b", run):
-            if int(value) != getattr(layout, field_name):
-                top.fail(f"field 'run' sets {flag} {value} but the layout has {field_name.upper()} "
-                         f"{getattr(layout, field_name)}")
+    for flag, value in _run_flag_values(run):
+        field_name = RUN_FLAGS[flag]
+        if not value.isdigit() or int(value) != getattr(layout, field_name):
+            top.fail(f"field 'run' sets {flag} {value[:20]} but the layout has {field_name.upper()} "
+                     f"{getattr(layout, field_name)}")
+
+
+def _run_flag_values(run: str) -> list[tuple[str, str]]:
+    """(flag, value) of each parallel-size flag in the command as the shell would split it (quotes removed:
+    `--tensor-model-parallel-size '4'` is 4); a line the shell cannot split is read word by word."""
+    import shlex
+
+    try:
+        words = shlex.split(run.replace("\\\n", " "), comments=False)   # line continuations joined
+    except ValueError:   # an unbalanced quote
+        words = run.split()
+    out = []
+    for i, word in enumerate(words):
+        flag, eq, value = word.partition("=")
+        if flag in RUN_FLAGS:
+            out.append((flag, value if eq else (words[i + 1] if i + 1 < len(words) else "")))
+    return out
 
 
 def _read_mapping(path: Path) -> dict:

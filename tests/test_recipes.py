@@ -425,6 +425,10 @@ def test_recipes_that_do_not_say_one_thing_are_refused(tmp_path, edit, needle):
     (("  label: TP1 PP1 EP8 DP8\n", "  label: TP8 PP8 EP1 DP1\n"), "says 'TP8 PP8 EP1 DP1' but the layout's fields"),
     (("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 8"),
      "sets --tensor-model-parallel-size 8 but the layout has TP 1"),
+    (("--tensor-model-parallel-size 1", "--tensor-model-parallel-size '4'"),
+     "sets --tensor-model-parallel-size 4 but the layout has TP 1"),
+    (("--tensor-model-parallel-size 1", "--tensor-model-parallel-size=\"2\""),
+     "sets --tensor-model-parallel-size 2 but the layout has TP 1"),
 ])
 def test_a_recipe_whose_label_or_command_contradicts_its_layout_is_refused(tmp_path, edit, needle):
     text = reference("attune-tp1-pp1-ep8.yaml").read_text()
@@ -433,3 +437,12 @@ def test_a_recipe_whose_label_or_command_contradicts_its_layout_is_refused(tmp_p
     broken.write_text(text.replace(edit[0], edit[1]))
     with pytest.raises(RecipeError, match=needle):
         load_recipe(broken)
+
+
+def test_yaml_merge_keys_are_read_and_a_merged_key_may_be_overridden():
+    from cost_model.user_file import parse_yaml
+
+    text = "base: &b\n  tp: 1\n  ep: 8\nlayout:\n  <<: *b\n  tp: 2\n"
+    assert parse_yaml(text, "r.yaml", ValueError)["layout"] == {"tp": 2, "ep": 8}
+    with pytest.raises(ValueError, match="duplicate key 'tp'"):
+        parse_yaml("layout:\n  <<: {ep: 8}\n  tp: 1\n  tp: 2\n", "r.yaml", ValueError)
