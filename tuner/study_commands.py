@@ -256,26 +256,33 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
             return predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
         return runner.predict(config.case(layout), config.profile)
 
-    scored, refused = [], []
+    # only the layouts that may fit are kept (and the one nearest to fitting, for the error): memory stays
+    # bounded by what the study can use, not by the space
+    fitting, refused, least, count = [], [], None, 0
     started = last = time.monotonic()
     for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
                                space.options if space is not None else config.options):
         try:
-            scored.append((l, prediction(l)))
+            p = prediction(l)
         except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
-            refused.append(str(e))
-        if progress is not None and len(scored) % 1000 == 0 and time.monotonic() - last > PROGRESS_EVERY_S:
+            if not refused:
+                refused.append(str(e))
+            continue
+        count += 1
+        if p.may_fit:
+            fitting.append((l, p))
+        elif least is None or p.peak_memory_gib < least[1].peak_memory_gib:
+            least = (l, p)
+        if progress is not None and count % 200 == 0 and time.monotonic() - last > PROGRESS_EVERY_S:
             last = time.monotonic()   # a large space (hundreds of GPUs) takes minutes: say it is moving
-            progress(f"  scored {len(scored):,} layouts in {last - started:.0f} s "
-                     f"({len(scored) / (last - started):,.0f}/s); still enumerating")
-    if not scored:
+            progress(f"  scored {count:,} layouts in {last - started:.0f} s ({count / (last - started):,.0f}/s), "
+                     f"{len(fitting):,} may fit; still enumerating")
+    if not count:
         if refused:
             raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")
         raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
                        f"model's heads, experts and layers)")
-    fitting = [(l, p) for l, p in scored if p.may_fit]
     if not fitting:
-        least = min(scored, key=lambda lp: lp[1].peak_memory_gib)
         raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
                        f"{config.gpu.display_name}: the smallest predicted peak is {least[1].peak_memory_gib:.1f} GiB "
                        f"({least[0].long_label}), {least[1].reasons[0] if least[1].reasons else ''}")
