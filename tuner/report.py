@@ -10,6 +10,7 @@ from optuna.trial import TrialState
 
 from cost_model.layout import Layout
 from cost_model.layout_codec import layout_from_stored
+from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
 
 
@@ -111,15 +112,12 @@ STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialSta
           TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
 
 
-_CONTROL = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7f, *range(0x80, 0xa0)) if chr(i) not in "\t\n"}
-
-
 def printable(value):
-    """Text from a study as it may be printed: control characters (a peer's terminal escape codes) shown as
-    \\xNN; a value that is not text or a number becomes text."""
+    """Text from a study as it may be printed (cost_model.names.printable: a peer's terminal escape codes shown
+    as \\x1b); a number or None as it is, anything else as text."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    return str(value).translate(_CONTROL)
+    return printable_text(str(value))
 
 
 def _number(value):

@@ -43,6 +43,7 @@ from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
 from tuner.intervals import interval_dict
+from tuner.model_identity import architecture_digest
 from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
 from tuner.space_params import distributions
@@ -53,29 +54,6 @@ from cost_model.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def architecture_digest(model: ModelSpec) -> str | None:
-    """A short digest of a model read from a config.json (None for a catalog model, named by its key)."""
-    import hashlib
-
-    from cost_model.model_spec import catalog_names, load_model
-
-    if model.name in catalog_names() and load_model(model.name) == model:
-        return None
-    fields = {k: v for k, v in asdict(model).items() if k != "sources"}
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def check_model_identity(identity: dict, model: ModelSpec) -> None:
-    """The model a study's name loads now is the model it was tuned on (the digest it recorded; none for a
-    catalog model): a config.json edited after tuning, or another model under the name, is refused."""
-    recorded, now = identity.get("architecture"), architecture_digest(model)
-    if recorded != now:
-        then = f"architecture {recorded}" if recorded else "the catalog's"
-        raise StudyError(f"study was tuned on {identity.get('model')} with {then} model; the name now loads "
-                         f"{'architecture ' + now if now else 'the catalog model'} (a config.json changed, or another "
-                         f"model has its name): its figures would be another model's")
 
 
 def workload_identity(workload: Workload) -> dict:

@@ -22,7 +22,8 @@ from tuner.export import export_rows
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
-from tuner.study import (StudyConfig, check_model_identity, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
+from tuner.model_identity import check_model_identity
+from tuner.study import (StudyConfig, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
                          recover_interrupted, run_study, runner_space, storage_errors, storage_url)
 
 
