@@ -138,40 +138,40 @@ def test_a_postgresql_password_is_never_printed(tmp_path):
     assert "s3cret" not in str(err.value) and "***" in str(err.value)
 
 
-def test_export_refuses_a_config_changed_after_tuning(tmp_path, capsys, monkeypatch):
+SMALL_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+               "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 32,
+               "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
+
+
+def tuned_small_llama(tmp_path, monkeypatch) -> list[str]:
+    """A one-trial predicted study 's' in s.db of the model in ./m1/config.json; the tune arguments."""
     import json
 
     monkeypatch.chdir(tmp_path)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-              "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 32,
-              "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
     Path("m1").mkdir()
-    Path("m1", "config.json").write_text(json.dumps(config))
-    args = ["--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0", "--storage", "s.db",
-            "--study", "s"]
-    assert main(["--model", "m1", *args]) == 0
+    Path("m1", "config.json").write_text(json.dumps(SMALL_LLAMA))
+    args = ["--model", "m1", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0",
+            "--storage", "s.db", "--study", "s"]
+    assert main(args) == 0
+    return args
+
+
+def test_export_refuses_a_config_changed_after_tuning(tmp_path, capsys, monkeypatch):
+    import json
+
+    tuned_small_llama(tmp_path, monkeypatch)
     assert main(["export", "--study", "s", "--storage", "s.db", "--out", "r1"]) == 0
     capsys.readouterr()
-    Path("m1", "config.json").write_text(json.dumps(dict(config, num_hidden_layers=4)))   # edited after tuning
+    Path("m1", "config.json").write_text(json.dumps(dict(SMALL_LLAMA, num_hidden_layers=4)))   # edited after tuning
     assert main(["export", "--study", "s", "--storage", "s.db", "--out", "r2"]) == 2
     assert "another model's" in one_line(capsys) and not Path("r2").exists()
 
 
 def test_a_trial_the_user_enqueued_runs_first(tmp_path, capsys, monkeypatch):
-    import json
-
     from cost_model.layout import Layout
     from cost_model.layout_codec import to_optuna_params
 
-    monkeypatch.chdir(tmp_path)
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-              "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 8, "num_hidden_layers": 32,
-              "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
-    Path("m1").mkdir()
-    Path("m1", "config.json").write_text(json.dumps(config))
-    args = ["--model", "m1", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0",
-            "--storage", "s.db", "--study", "s"]
-    assert main(args) == 0
+    args = tuned_small_llama(tmp_path, monkeypatch)
     mine = Layout(8, tp=2, pp=2, max_tokens_per_gpu=8192)   # the user's current recipe, as a seed
     study = optuna.load_study(study_name="s", storage="sqlite:///s.db")
     study.enqueue_trial(to_optuna_params(mine))

@@ -516,6 +516,15 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     return sorted(marked)
 
 
+def _complete_seed(study: optuna.Study, t: optuna.trial.FrozenTrial, dists: dict) -> None:
+    """A user's seed names the layout's sizes; a choice it leaves out that has a 'none' (no pipeline layout
+    string) is 'none', not whatever the sampler would draw."""
+    fixed = dict(t.system_attrs.get("fixed_params") or {})
+    missing = {n: "none" for n, d in dists.items() if n not in fixed and "none" in getattr(d, "choices", ())}
+    if missing:
+        study._storage.set_trial_system_attr(t._trial_id, "fixed_params", {**fixed, **missing})
+
+
 def user_enqueued(t: optuna.trial.FrozenTrial) -> bool:
     """A WAITING trial a user queued with study.enqueue_trial (tune's own trials carry its attributes)."""
     return not any(k in t.user_attrs for k in ("owner", "backend", "proposer"))
@@ -560,7 +569,9 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
                     break
                 fail_stale(study)   # trials of tuners that died (any host) are failed before proposing
                 history = history_of(study, skip_interrupted, runner.name)
-                seeded = any(user_enqueued(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+                seeded = [t for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)) if user_enqueued(t)]
+                if seeded:
+                    _complete_seed(study, seeded[0], dists)
                 proposal = (Proposal(None, "enqueued by the user (study.enqueue_trial): run before the proposer's "
                                            "own choices") if seeded else proposer.propose(history))
                 if proposal is None:
