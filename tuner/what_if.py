@@ -78,8 +78,8 @@ def predict_batch(path: str, hardware) -> int:
                 out = _error(number, f"more than {MAX_BATCH_REQUESTS:,} requests in one batch; this line and the "
                                      f"rest are not read (split the file)")
             elif line is BINARY:
-                out = _error(number, f"not text (a NUL byte, or no line end within {MAX_DROPPED_CHARS:,} "
-                                     f"characters); this line and the rest are not read")
+                out = _error(number, f"not text (a NUL byte in an over-long line, or no line end within "
+                                     f"{MAX_DROPPED_CHARS:,} characters); this line and the rest are not read")
             elif line is None:
                 out = _error(number, f"longer than {MAX_REQUEST_CHARS:,} characters")
             else:
@@ -104,22 +104,21 @@ MAX_DROPPED_CHARS = 64 * 2 ** 20
 
 def _request_lines(stream):
     """(line number, text) of each non-blank line; text None for a line over MAX_REQUEST_CHARS characters,
-    of which no more than that is ever held (the rest is read and dropped)."""
+    of which no more than that is ever held (the rest is read and dropped); BINARY, and nothing after it, for an
+    over-long line that holds a NUL or has no end within MAX_DROPPED_CHARS."""
     number = 0
     while True:
         line = stream.readline(MAX_REQUEST_CHARS + 1)
         if not line:
             return
         number += 1
-        if "\x00" in line:   # binary input (/dev/zero, an image): no request can follow; stop reading it
-            yield number, BINARY
-            return
         if len(line) > MAX_REQUEST_CHARS and not line.endswith("\n"):
             rest, dropped = line, len(line)
             while rest and not rest.endswith("\n"):
                 rest = stream.readline(MAX_REQUEST_CHARS + 1)
                 dropped += len(rest)
-                if "\x00" in rest or dropped > MAX_DROPPED_CHARS:   # an endless line is not a request file
+                # an endless line (/dev/zero) or a long binary one is not a request file: stop reading it
+                if "\x00" in rest or dropped > MAX_DROPPED_CHARS:
                     yield number, BINARY
                     return
             yield number, None
