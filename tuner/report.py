@@ -75,7 +75,7 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
                     and r.predicted_high is not None else "-")
         lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}", interval,
                       _fmt(r.peak_memory_gib, "{:.1f}"), r.fit, _fmt(r.mfu, "{:.1%}"),
-                      _fmt(r.usd_per_million_tokens, "{:.3f}"), printable(r.kind)))
+                      _fmt(r.usd_per_million_tokens, "{:.3f}"), r.kind))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
     right = {0, 1, 3, 4, 5, 7, 8}
 
@@ -85,7 +85,7 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
     out = [fmt_line(header), fmt_line(["-" * w for w in widths])] + [fmt_line(l) for l in lines]
     sources = sorted({r.source for r in rows[:limit] if r.source} if limit else {r.source for r in rows if r.source})
     for s in sources:
-        out.append(f"figures from: {printable(s)}")
+        out.append(f"figures from: {s}")
     return "\n".join(out)
 
 
@@ -149,8 +149,12 @@ def trials_frame(study: optuna.Study, limit: int | None = None):
     """Every trial in trial order, one row each (a pandas DataFrame with TRIAL_COLUMNS)."""
     import pandas as pd
 
+    return pd.DataFrame.from_records(_records(study, limit), columns=list(TRIAL_COLUMNS))
+
+
+def _records(study: optuna.Study, limit: int | None) -> list[dict]:
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
-    return pd.DataFrame.from_records(records[:limit] if limit else records, columns=list(TRIAL_COLUMNS))
+    return records[:limit] if limit else records
 
 
 def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
@@ -159,9 +163,7 @@ def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
 
 def trials_json(study: optuna.Study, limit: int | None = None) -> str:
     """A JSON array of trial records; a figure a trial does not have is null."""
-    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
-    records = records[:limit] if limit else records
-    return json.dumps([{k: _short(r.get(k)) for k in TRIAL_COLUMNS} for r in records], indent=1)
+    return json.dumps([{k: _short(r.get(k)) for k in TRIAL_COLUMNS} for r in _records(study, limit)], indent=1)
 
 
 def _short(value):
