@@ -1,3 +1,4 @@
+# SUITE=path picks the grid suite (default v2).
 # Device call: re-profile qwen3-30b-a3b's runner components at 4 micro-batches (plus an offload build, and one
 # of llama3-8b), then as many grid trials as the call's budget leaves. Usage: bash ... [PROFILE=0|1] [ONLY=names]
 set -u
@@ -16,6 +17,6 @@ if [ "${PROFILE:-1}" = 1 ]; then
 fi
 left=$(( ${BUDGET:-575} - ( $(date +%s) - S0 ) ))
 echo "grids with $left s left"
-python -m experiments.megatron --suite benchmarks/runner_grids_h200_v2_suite.json --out $OUT/grids.jsonl \
+python -m experiments.megatron --suite ${SUITE:-benchmarks/runner_grids_h200_v2_suite.json} --out $OUT/grids.jsonl \
   --budget-s $left ${ONLY:+--only $ONLY} > $OUT/grids.log 2>&1
 grep -c '"status":"ok"' $OUT/grids.jsonl; grep -o '"trial":"[^"]*","gpus":1,"expect":"","elapsed_s":[0-9.]*,"status":"[a-z]*"' $OUT/grids.jsonl
