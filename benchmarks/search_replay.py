@@ -21,10 +21,11 @@ there (each trial's wall time x its GPUs, as recorded); the last line is one JSO
 What the grids are: the 2026-12-02 runner grids (3-9 layouts, none repeated), the v2 grids (10 layouts each;
 llama3-8b L6 every layout and qwen3-30b-a3b L4 half its layouts run twice in separate device calls, so their
 best is confirmed by a repeat and their repeat noise is printed; llama3-70b L2 and qwen3.6 L4 once), and two
-small earlier GDN suites. A line that timed no step after its warm-up is a failed trial here
+small earlier GDN suites, and the v3 grids (Llama3-8B L4 seq 8192, Qwen3-235B-A22B L1, Qwen3.6 L5, Qwen3-Next L2 seq
+8192; measured after the components became least-squares lines, Llama3-8B and Qwen3-235B twice). A line that timed no step after its warm-up is a failed trial here
 (benchmarks/measured_runs.py). Predictions use the code and shipped profile as they are now; the profile's
-method was changed after the first grids were looked at (see benchmarks/runner_accuracy.py), the v2 grids fit
-nothing.
+method was changed after the first grids were looked at (see benchmarks/runner_accuracy.py), the v2 grids were
+looked at when the components became lines, the v3 grids fit nothing.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ K = 5
 # (results, suite): the measured runner suites whose layouts are alternatives for one model run.
 SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"),
            ("runner-grids-h200-v2-2026-12-02.jsonl", "runner_grids_h200_v2_suite.json"),
+           ("runner-grids-h200-v3-2026-12-02.jsonl", "runner_grids_h200_v3_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
