@@ -156,9 +156,29 @@ def nccl_gib(created: tuple, used: tuple, dev: DeviceMemory | None, c: Constants
     return sum(per(size).init_gib for _, size in created) + sum(per(size).buffers_gib for _, size in used)
 
 
+# Scoring a space asks for the same communicators thousands of times: the overheads depend on the layout only
+# through its process groups and dispatcher (the allocator's reserve follows the allocated peak: `Overheads.at`).
+_GROUP_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "edp", "world_size", "dispatcher")
+_MEMO: dict = {}
+_MEMO_MAX = 50_000
+
+
 def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: float, gpu: GpuSpec,
               dev: DeviceMemory | None, c: Constants) -> Overheads:
-    """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`."""
+    """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`.
+    Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs)."""
+    key = (tuple(getattr(layout, f) for f in _GROUP_FIELDS), id(runtime), is_moe, id(gpu), id(dev), id(c))
+    hit = _MEMO.get(key)
+    if hit is None:
+        if len(_MEMO) >= _MEMO_MAX:
+            _MEMO.clear()
+        hit = _MEMO[key] = (runtime, gpu, dev, c, _overheads(layout, runtime, is_moe, gpu, dev, c))
+    return hit[4].at(allocated_gib)
+
+
+def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev: DeviceMemory | None,
+               c: Constants) -> Overheads:
+    allocated_gib = 0.0   # the reserve is set by `Overheads.at`
     dev = dev or DeviceMemory()
     src = dict(dev.sources)
     fallback = "constants.yaml (no measured figure in the profile)"

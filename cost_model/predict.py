@@ -217,34 +217,69 @@ def step_time_only(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: L
     return sum(step_breakdown(ctx).values()), ctx.num_microbatches
 
 
-def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
-            constants: Constants | None = None, profile: HardwareProfile | None = None,
-            precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
-    """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply.
-    `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer).
-    `runtime`: the stack's memory behaviour (cost_model.runtime); by default the framework's, or the
-    megatron runner's without the precision-aware optimizer."""
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """The memory side of a prediction alone (what deciding whether a layout may fit needs)."""
+
+    memory: MemoryBreakdown
+    capacity: float            # usable GiB of one GPU
+    host: float                # host GiB per node
+    fit_probability: float
+    fit_verdict: str
+    context: StepContext = field(default=None, compare=False, repr=False)   # what `predict` goes on from
+
+    @property
+    def may_fit(self) -> bool:
+        return self.fit_verdict != DOES_NOT_FIT
+
+
+def _memory_verdict(ctx: StepContext, model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
+                    c: Constants, profile: HardwareProfile | None, rt: Runtime,
+                    precision_aware_optimizer: bool) -> MemoryVerdict:
+    routed_rows_per_token = model.num_experts_per_tok * ctx.imbalance * layout.etp
+    inputs = MemoryInputs(workload.precision, ctx.tokens, routed_rows_per_token, ctx.num_microbatches, rt, gpu,
+                          profile.device_memory if profile is not None else None, precision_aware_optimizer,
+                          workload.frozen_weights, ctx.vision)
+    memory = peak_memory(ctx.ranks, model, layout, inputs, c)
+    host = host_memory_gib_per_node(gpu, layout, workload.framework, ctx.dense, ctx.expert, c, workload.frozen_weights)
+    capacity = memory.usable
+    # the GPU side under the memory model's measured error; a node short of host memory does not fit
+    p_fit = 0.0 if host > gpu.host_memory_gib_per_node else fit_probability(memory.total, capacity, c.memory_error_sd)
+    return MemoryVerdict(memory, capacity, host, p_fit, fit_verdict(p_fit), ctx)
+
+
+def memory_verdict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
+                   constants: Constants | None = None, profile: HardwareProfile | None = None,
+                   precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> MemoryVerdict:
+    """The memory side of `predict` exactly as it computes it, without the step time: scoring a space asks
+    this first and prices the step only of the layouts that may fit."""
     c = constants or default_constants()
     profile = profile or shipped_profile(gpu.name)
     rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
     ctx = _step_context(model, gpu, workload, layout, c, profile, rt)
-    rates, tokens, n_mb, imbalance, vision, ranks = ctx.rates, ctx.tokens, ctx.num_microbatches, ctx.imbalance, \
-        ctx.vision, ctx.ranks
-    dense, expert = ctx.dense, ctx.expert
+    return _memory_verdict(ctx, model, gpu, workload, layout, c, profile, rt, precision_aware_optimizer)
+
+
+def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
+            constants: Constants | None = None, profile: HardwareProfile | None = None,
+            precision_aware_optimizer: bool = True, runtime: Runtime | None = None,
+            verdict: MemoryVerdict | None = None) -> Prediction:
+    """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply.
+    `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer).
+    `runtime`: the stack's memory behaviour (cost_model.runtime); by default the framework's, or the
+    megatron runner's without the precision-aware optimizer. `verdict`: `memory_verdict`'s answer for these
+    same arguments, when the caller asked it first (its memory and context are not computed again)."""
+    c = constants or default_constants()
+    profile = profile or shipped_profile(gpu.name)
+    rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
+    ctx = verdict.context if verdict is not None else _step_context(model, gpu, workload, layout, c, profile, rt)
+    rates, tokens, n_mb = ctx.rates, ctx.tokens, ctx.num_microbatches
     breakdown = step_breakdown(ctx)
     step_time = sum(breakdown.values())
 
-    routed_rows_per_token = model.num_experts_per_tok * imbalance * layout.etp
-    inputs = MemoryInputs(workload.precision, tokens, routed_rows_per_token, n_mb, rt, gpu,
-                          profile.device_memory if profile is not None else None, precision_aware_optimizer,
-                          workload.frozen_weights, vision)
-    memory = peak_memory(ranks, model, layout, inputs, c)
-    host = host_memory_gib_per_node(gpu, layout, workload.framework, dense, expert, c, workload.frozen_weights)
-    capacity = memory.usable
+    mv = verdict or _memory_verdict(ctx, model, gpu, workload, layout, c, profile, rt, precision_aware_optimizer)
+    memory, capacity, host, p_fit, verdict = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
     reasons = fit_reasons(memory, capacity, host, gpu)
-    # the GPU side under the memory model's measured error; a node short of host memory does not fit
-    p_fit = 0.0 if host > gpu.host_memory_gib_per_node else fit_probability(memory.total, capacity, c.memory_error_sd)
-    verdict = fit_verdict(p_fit)
     if verdict == BORDERLINE:
         reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from cost_model.case import Case
 from cost_model.constants import Constants
-from cost_model.predict import Prediction, predict
+from cost_model.predict import MemoryVerdict, Prediction, memory_verdict, predict
 from cost_model.profile import HardwareProfile
 from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
@@ -18,8 +18,14 @@ class PredictedRunner(TrialRunner):
         self.constants = constants
         self.profile = profile
 
-    def predict(self, case: Case, profile: HardwareProfile | None = None) -> Prediction:
-        return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
+    def predict(self, case: Case, profile: HardwareProfile | None = None,
+                verdict: MemoryVerdict | None = None) -> Prediction:
+        """`verdict`: this runner's `memory_verdict` for the same case, when asked first (not computed again)."""
+        return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile,
+                       verdict=verdict)
+
+    def memory_verdict(self, case: Case, profile: HardwareProfile | None = None) -> MemoryVerdict:
+        return memory_verdict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
 
     def run(self, spec: TrialSpec) -> TrialResult:
         p = self.predict(spec.case)

@@ -156,6 +156,11 @@ class TrialRunner(abc.ABC):
 
         return predict(case.model, case.gpu, case.workload, case.layout, profile=profile)
 
+    def memory_verdict(self, case: Case, profile=None):
+        """The memory side of `predict` alone (cost_model.predict.MemoryVerdict), when this runner can give it
+        cheaper than `predict`; None: ask `predict` (scoring a space then prices every layout in full)."""
+        return None
+
     @abc.abstractmethod
     def run(self, spec: TrialSpec) -> TrialResult:
         """Run the trial and return its result; failures are results, not exceptions."""

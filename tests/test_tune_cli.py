@@ -115,12 +115,12 @@ def run_tune(*args, cwd):
 # What tune prints on stderr when scoring takes more than a second (tuner.study_commands._say_if_slow): progress,
 # not part of the error. A space that must be scored before it can say that nothing fits (DeepSeek-V3 on 3 GPUs
 # takes 2-4 s on 2 cores) prints it before its one error line.
-PROGRESS = ("scoring the search space",)
+PROGRESS = ("scoring the search space", "  scored ")
 
 
 def assert_one_line_error(proc, *needles):
     assert proc.returncode == 2, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith(PROGRESS)]
+    lines = [l for l in proc.stderr.splitlines() if l.strip() and not l.startswith(PROGRESS) and not l.startswith("\r")]
     assert len(lines) == 1, proc.stderr
     for n in needles:
         assert n in lines[0], lines[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_values, parse_pairs, to_optuna_params
 from cost_model.model_spec import load_model
-from cost_model.predict import Prediction, predict
+from cost_model.predict import Prediction, memory_verdict, predict
 from cost_model.hardware import load_gpu
 from cost_model.stack import Stack
 from cost_model.workload import Workload
@@ -59,7 +59,7 @@ def cmd_run(args) -> int:
         with storage_errors(url):
             precheck_study(storage, name, config, runner.figures)
     with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
-        candidates = score_space(config, runner, space, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        candidates = score_space(config, runner, space, progress=_progress_printer())
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
@@ -189,7 +189,31 @@ def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) 
     return layout
 
 
-PROGRESS_EVERY_S = 30.0
+PROGRESS_AFTER_S = 2.0      # the first progress line of a long scoring
+PROGRESS_EVERY_S = 2.0      # then one every so often: rewritten in place on a terminal,
+PROGRESS_LOG_EVERY_S = 10.0  # a new line when stderr is a file or a pipe
+
+
+def _progress_printer():
+    """print(line) for scoring progress on stderr: a line rewritten in place on a terminal, else a line
+    every PROGRESS_LOG_EVERY_S (a log keeps a readable trail). Returns the callable; call .done() at the end."""
+    tty = sys.stderr.isatty()
+    state = {"last": 0.0, "open": False}
+
+    def say(line: str):
+        now = time.monotonic()
+        if tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+            state["open"] = True
+        elif now - state["last"] >= PROGRESS_LOG_EVERY_S:
+            print(line, file=sys.stderr, flush=True)
+            state["last"] = now
+
+    def done():
+        if state["open"]:
+            print(file=sys.stderr, flush=True)
+    say.done = done
+    return say
 
 
 def study_layers(config, runner, space: RunnerSpace | None = None) -> tuple[int, str]:
@@ -252,10 +276,18 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
     fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
     for the full model); CliError when none may fit."""
-    def prediction(layout: Layout):
+    def prediction(layout: Layout, verdict=None):
         if runner is None:
-            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
+            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile, verdict=verdict)
+        if verdict is not None:   # only a runner that gave the verdict is handed it back
+            return runner.predict(config.case(layout), config.profile, verdict=verdict)
         return runner.predict(config.case(layout), config.profile)
+
+    def memory(layout: Layout):
+        """The memory verdict alone where the runner gives it cheaper (most of a space does not fit)."""
+        if runner is None:
+            return memory_verdict(config.model, config.gpu, config.workload, layout, profile=config.profile)
+        return runner.memory_verdict(config.case(layout), config.profile)
 
     # only the layouts that may fit are kept (and the one nearest to fitting, for the error): memory stays
     # bounded by what the study can use, not by the space
@@ -264,29 +296,37 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
                                space.options if space is not None else config.options):
         try:
-            p = prediction(l)
+            mv = memory(l)
+            p = prediction(l, mv) if mv is None or mv.may_fit else None
         except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
             if not refused:
                 refused.append(str(e))
             continue
         count += 1
-        if p.may_fit:
+        if p is not None and p.may_fit:
             fitting.append((l, p))
-        elif least is None or p.peak_memory_gib < least[1].peak_memory_gib:
-            least = (l, p)
-        if progress is not None and count % 200 == 0 and time.monotonic() - last > PROGRESS_EVERY_S:
-            last = time.monotonic()   # a large space (hundreds of GPUs) takes minutes: say it is moving
-            progress(f"  scored {count:,} layouts in {last - started:.0f} s ({count / (last - started):,.0f}/s), "
-                     f"{len(fitting):,} may fit; still enumerating")
+        else:
+            peak = p.peak_memory_gib if p is not None else mv.memory.total
+            if least is None or peak < least[1]:
+                least = (l, peak)
+        if progress is not None and count % 100 == 0:
+            now = time.monotonic()   # a large space (hundreds of GPUs) takes minutes: say it is moving
+            if now - started >= PROGRESS_AFTER_S and now - last >= PROGRESS_EVERY_S:
+                last = now
+                progress(f"  scored {count:,} layouts in {now - started:.0f} s ({count / (now - started):,.0f}/s), "
+                         f"{len(fitting):,} may fit; still enumerating")
+    if progress is not None and hasattr(progress, "done"):
+        progress.done()
     if not count:
         if refused:
             raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")
         raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
                        f"model's heads, experts and layers)")
     if not fitting:
+        nearest = prediction(least[0])
         raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
-                       f"{config.gpu.display_name}: the smallest predicted peak is {least[1].peak_memory_gib:.1f} GiB "
-                       f"({least[0].long_label}), {least[1].reasons[0] if least[1].reasons else ''}")
+                       f"{config.gpu.display_name}: the smallest predicted peak is {nearest.peak_memory_gib:.1f} GiB "
+                       f"({least[0].long_label}), {nearest.reasons[0] if nearest.reasons else ''}")
     return fitting
 
 
