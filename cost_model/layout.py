@@ -261,7 +261,15 @@ class Layout:
                 f"offload {offload} | {self.dispatcher}{overlap}{adam}")
 
     def key(self) -> str:
-        """A stable identity, used to never evaluate the same layout twice in a study."""
+        """A stable identity, used to never evaluate the same layout twice in a study (computed once: the
+        agent asks it of every candidate at every proposal)."""
+        cached = self.__dict__.get("_key")
+        if cached is None:
+            cached = self._make_key()
+            object.__setattr__(self, "_key", cached)
+        return cached
+
+    def _make_key(self) -> str:
         # fields added later only when set: keys of studies made before they existed stay the same
         return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self)
                         if not (f.name in LATER_FIELDS and getattr(self, f.name) in (None, False)))

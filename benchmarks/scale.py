@@ -1,0 +1,155 @@
+"""How long `tune` takes to answer, on this machine, from the default job up to large clusters.
+
+    python benchmarks/scale.py [--cap-s 180] [--skip-large]
+
+Runs `tune` as a user would (a subprocess, the embedded cost model, a fresh SQLite study in a temporary folder)
+and prints, beside the figure issue 27 recorded before the work on it ("then", 2-core machine) and its target:
+
+- the default main job end to end (`tune --model qwen3.6-35b-a3b --gpu h200`) and when its first line appeared;
+- a resume: the same command again on the same study;
+- DeepSeek-V3 on 256 x B200 and Qwen3-235B-A22B on 1,024 x H100 up to the first proposal (`--trials 1`), with the
+  process's peak resident memory; a case that runs past --cap-s is stopped and printed as "> cap";
+- layouts scored per second on the default space (tuner.study_commands.score_space, in this process).
+
+Every figure is measured here, now; the machine's load changes them (say what else ran when quoting them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200"]
+LARGE = {"DeepSeek-V3 on 256 x B200": ["--model", "deepseek-v3", "--gpu", "b200", "--gpus", "256", "--trials", "1"],
+         "Qwen3-235B-A22B on 1,024 x H100": ["--model", "qwen3-235b-a22b", "--gpu", "h100", "--gpus", "1024",
+                                             "--trials", "1"]}
+# issue 27's figures before the work on it, and its targets
+THEN = {"main job": "85-103 s", "first line": "-", "resume": "69 s", "DeepSeek-V3 on 256 x B200": "> 24 min, > 9 GB",
+        "Qwen3-235B-A22B on 1,024 x H100": "not measured", "layouts/s": "1,300-1,800"}
+TARGET = {"main job": "<= 10 s", "first line": "<= 1 s", "resume": "<= 5 s",
+          "DeepSeek-V3 on 256 x B200": "<= 60 s, <= 2 GB", "Qwen3-235B-A22B on 1,024 x H100": "<= 60 s",
+          "layouts/s": ">= 50,000"}
+
+
+def peak_rss_gib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2 ** 20
+    except OSError:
+        return None
+    return None
+
+
+def run_tune(args: list[str], workdir: Path, cap_s: float, until: str | None = None) -> dict:
+    """Run tune; the seconds to its first stderr/stdout line, to a line containing `until` (if given), to exit;
+    its peak RSS. Stopped at `cap_s`."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", *args, "--storage", str(workdir / "studies.db")],
+                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    out = {"first_line_s": None, "until_s": None, "exit_s": None, "rc": None, "peak_rss_gib": None, "capped": False}
+    rss = [0.0]
+
+    def watch():
+        while proc.poll() is None:
+            r = peak_rss_gib(proc.pid)
+            if r:
+                rss[0] = max(rss[0], r)
+            time.sleep(0.2)
+    threading.Thread(target=watch, daemon=True).start()
+    timer = threading.Timer(cap_s, proc.kill)
+    timer.start()
+    tail = []
+    for line in proc.stdout:
+        now = time.monotonic() - started
+        if out["first_line_s"] is None:
+            out["first_line_s"] = now
+        if until and out["until_s"] is None and until in line:
+            out["until_s"] = now
+        tail = (tail + [line.rstrip()])[-3:]
+    proc.wait()
+    timer.cancel()
+    out["exit_s"] = time.monotonic() - started
+    out["rc"] = proc.returncode
+    out["capped"] = out["exit_s"] >= cap_s - 0.5 and proc.returncode < 0
+    out["peak_rss_gib"] = rss[0] or None
+    out["tail"] = tail
+    return out
+
+
+def layouts_per_s() -> tuple[int, float]:
+    from cost_model.hardware import load_gpu
+    from cost_model.model_spec import load_model
+    from cost_model.workload import Workload
+    from search_space.enumerate import enumerate_layouts
+    from tuner.study import StudyConfig
+    from tuner.study_commands import score_space
+    from experiments.predicted_runner import PredictedRunner
+
+    config = StudyConfig(load_model("qwen3.6-35b-a3b"), load_gpu("h200"), 8, Workload())
+    total = sum(1 for _ in enumerate_layouts(config.model, 8, config.workload, config.stack, config.options))
+    started = time.monotonic()
+    score_space(config, PredictedRunner())
+    return total, total / (time.monotonic() - started)
+
+
+def fmt_s(x, capped=False, cap=None) -> str:
+    if capped:
+        return f"> {cap:.0f} s (stopped)"
+    return "-" if x is None else f"{x:.1f} s"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cap-s", type=float, default=180.0, help="stop a large case after this many seconds")
+    ap.add_argument("--skip-large", action="store_true", help="only the default job, its resume and layouts/s")
+    args = ap.parse_args(argv)
+    rows, figures = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        main_job = run_tune(DEFAULT, work, args.cap_s)
+        rows.append(("main job", fmt_s(main_job["exit_s"], main_job["capped"], args.cap_s)))
+        rows.append(("first line", fmt_s(main_job["first_line_s"])))
+        resume = run_tune(DEFAULT, work, args.cap_s)
+        rows.append(("resume", fmt_s(resume["exit_s"], resume["capped"], args.cap_s)))
+        figures.update(main_job_s=main_job["exit_s"], first_line_s=main_job["first_line_s"], resume_s=resume["exit_s"],
+                       main_job_rc=main_job["rc"], resume_rc=resume["rc"])
+        if not args.skip_large:
+            for name, cmd in LARGE.items():
+                sub = work / name.split()[0]
+                sub.mkdir()
+                r = run_tune(cmd, sub, args.cap_s, until="trial 0:")
+                rss = f", peak RSS {r['peak_rss_gib']:.1f} GB" if r["peak_rss_gib"] else ""
+                if r["until_s"] is not None or r["capped"]:
+                    shown = f"first proposal {fmt_s(r['until_s'], r['until_s'] is None, args.cap_s)}{rss}"
+                else:   # it ended without proposing: say how (a refusal is a figure too)
+                    shown = f"no proposal: exit {r['rc']} after {r['exit_s']:.1f} s{rss}"
+                    print(f"{name}: {r['tail'][-1] if r['tail'] else ''}", file=sys.stderr)
+                rows.append((name, shown))
+                figures[name] = {"first_proposal_s": r["until_s"], "stopped_at_cap": r["capped"], "rc": r["rc"],
+                                 "exit_s": r["exit_s"], "peak_rss_gib": r["peak_rss_gib"],
+                                 "last_line": r["tail"][-1] if r["tail"] else ""}
+    total, rate = layouts_per_s()
+    rows.append(("layouts/s", f"{rate:,.0f} ({total:,} layouts of the default space)"))
+    figures.update(layouts_per_s=rate, default_space_layouts=total, cap_s=args.cap_s)
+    print(f"measured on this machine ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d %H:%M')}:")
+    print(f"{'':34} {'now':46} {'then (issue 27)':22} target")
+    for name, now in rows:
+        print(f"{name:34} {now:46} {THEN.get(name, ''):22} {TARGET.get(name, '')}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
