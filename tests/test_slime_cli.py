@@ -110,6 +110,19 @@ def test_dry_run_prints_the_job_and_connects_to_nothing(capsys):
     assert flex["runtime_env"]["env_vars"]["NVSHMEM_DISABLE_NCCL"] == "1"
 
 
+def test_dry_run_warns_when_the_layout_is_predicted_not_to_fit_and_keeps_the_whole_layout(capsys):
+    # no --layout: the default EP1 layout, predicted at about 300 GiB of 139.8
+    assert main(["trial", "--backend", "slime", *TARGET, "--dry-run", "--cluster", str(EXAMPLE)]) == 0
+    captured = capsys.readouterr()
+    job = json.loads(captured.out)
+    assert captured.err.startswith("tune: warning: ") and captured.err.count("\n") == 1, captured.err
+    assert "does not fit" in captured.err and "GiB usable of H200" in captured.err
+    assert [n for n in job["notes"] if n.startswith("predicted does not fit (")]
+    assert job["metadata"]["layout"].startswith("world_size=8|") and job["metadata"]["layout"].endswith("exp_avg_dtype=fp32")
+    fits = _dry_run(capsys, "--cluster", str(EXAMPLE))     # the EP8 full-recompute layout: no warning
+    assert not [n for n in fits["notes"] if n.startswith("predicted")]
+
+
 # --- end to end on a local Ray cluster -----------------------------------------------------------------------
 
 

@@ -240,6 +240,15 @@ def test_unreachable_address_is_a_runner_error(tmp_path):
         SlimeRunner(f"127.0.0.1:{port}", str(tmp_path))
 
 
+def test_core_ray_without_the_jobs_api_names_ray_default(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
+    with pytest.raises(RunnerError, match=r"needs ray\[default\] \(missing here: aiohttp\); pip install 'ray\[default\]'"):
+        SlimeRunner("127.0.0.1:1", str(tmp_path))
+
+
 def test_summarize_reports_the_window(qwen36, h200):
     spec = TrialSpec(Case(qwen36, h200, SMALL, REFERENCE_LAYOUT), steps=STEPS, window=WINDOW)
     lines = []

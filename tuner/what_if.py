@@ -236,7 +236,14 @@ def cmd_trial(args) -> int:
     runner = make_runner(args, hardware)
     spec = TrialSpec(case, steps=args.steps, window=measured_window(args.steps))
     if dry_run:  # the job as submit_job would get it; no Ray connection, nothing submitted
-        print(json.dumps(runner.job_request(spec), indent=2))
+        request = runner.job_request(spec)
+        p = runner.predict(case, hardware)
+        if not p.fits:   # a job a user may submit as printed: say first that it is not expected to fit
+            note = f"predicted {p.fit_label} ({p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB): " \
+                   f"{'; '.join(p.reasons)}"
+            request["notes"].append(note)
+            print(f"tune: warning: {case.layout.label}: {note}", file=sys.stderr)
+        print(json.dumps(request, indent=2))
         return 0
     result = runner.run(spec)
     if args.json:

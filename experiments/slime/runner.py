@@ -37,6 +37,7 @@ authentication when the tuner's environment lacks the token (set RAY_AUTH_MODE=t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shlex
@@ -63,6 +64,8 @@ SHIPPED_FILES = {
     "peak_memory_hook.py": os.path.join(HERE, "hooks", "peak_memory_hook.py"),
 }
 METADATA_KEY = "attune_runner"
+# what ray[default] adds that the Jobs SDK needs (core ray has neither the dashboard client nor its HTTP stack)
+JOBS_API_MODULES = ("aiohttp", "requests")
 MODEL_ARGS_MARK = "--attune-model-args-here"
 # slime's flag for the training actors' environment (slime/utils/arguments.py, slime/ray/actor_group.py).
 TRAIN_ENV_FLAG = "--train-env-vars"
@@ -195,6 +198,11 @@ class SlimeRunner(TrialRunner):
     # -- connection ----------------------------------------------------------------------------------
 
     def _connect(self):
+        # core ray imports its Jobs SDK without these, then fails inside the client with a connection error
+        missing = [m for m in JOBS_API_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            raise RunnerError(f"the slime backend submits through Ray's Jobs API, which needs ray[default] (missing "
+                              f"here: {', '.join(missing)}); pip install 'ray[default]' (make setup-ray)")
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as e:
@@ -304,7 +312,7 @@ class SlimeRunner(TrialRunner):
             "runtime_env": {"working_dir": "<a folder made at submission holding working_dir_files>",
                             "env_vars": _redacted(cmd.env)},
             "working_dir_files": files,
-            "metadata": {METADATA_KEY: self.name, "layout": spec.case.layout.key()[:200]},
+            "metadata": {METADATA_KEY: self.name, "layout": spec.case.layout.key()},
             "command": " ".join(w if w == str(MODEL_ARGS) else shlex.quote(w) for w in cmd.argv),
             "model_script": cmd.model_script,
             "computed_on_cluster": {name: f"{SHELL_ENV_INPUTS[expr]}; {name}={expr}" for name, expr in cmd.on_cluster},
