@@ -422,6 +422,25 @@ def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
     assert "4 trials (2 complete, 1 pruned, 1 failed)" in out and "figures from: test runner" in out
 
 
+def test_show_export_and_report_print_json_with_json(tmp_path, capsys):
+    storage = tmp_path / "s.db"
+    name = handmade_study(storage)
+    common = ["--study", name, "--storage", str(storage)]
+    assert main(["show", *common, "--format", "json"]) == 0
+    expected = capsys.readouterr().out
+    assert main(["show", *common, "--json"]) == 0
+    assert capsys.readouterr().out == expected and isinstance(json.loads(expected), list)
+    assert main(["show", *common, "--json", "--format", "csv"]) == 2
+    assert "ask for two formats" in capsys.readouterr().err
+    assert main(["export", *common, "--out", str(tmp_path / "recipes"), "--top", "1", "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["study"] == name and len(exported["recipes"]) == 1 and Path(exported["recipes"][0]).is_file()
+    pytest.importorskip("matplotlib")
+    assert main(["report", *common, "--out", str(tmp_path / "report"), "--json"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert page["study"] == name and Path(page["page"]).name == "index.html" and Path(page["page"]).is_file()
+
+
 def test_files_that_cannot_be_read_or_written_end_in_one_line(tmp_path, capsys):
     storage = tmp_path / "s.db"
     name = handmade_study(storage)

@@ -287,6 +287,7 @@ def show_parser():
                         "csv/json")
     p.add_argument("--format", choices=SHOW_FORMATS, default="table",
                    help="table: ranked completed trials (default); csv, json: every trial, in trial order")
+    p.add_argument("--json", action="store_true", help="the same as --format json")
     return p
 
 
@@ -295,6 +296,7 @@ def export_parser():
     add_storage(p)
     p.add_argument("--top", type=bounded_int(1, 1000), default=3, help="recipes to write, 1 to 1,000 (default 3)")
     p.add_argument("--out", required=True, help="folder; recipes go to OUT/<model>/<gpu>/<name>.yaml")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the recipes written")
     return p
 
 
@@ -303,6 +305,7 @@ def report_parser():
                                 "OUT/index.html and its PNG figures (no JavaScript, no network).")
     add_storage(p)
     p.add_argument("--out", required=True, help="folder for index.html and its figures (made if missing)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the page written")
     return p
 
 

@@ -6,6 +6,8 @@ copied or attached as it is. Every figure on it says whether it is predicted (th
 """
 from __future__ import annotations
 
+import json
+
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +96,7 @@ def cmd_report(args) -> int:
     with writing_user_file():
         out.mkdir(parents=True, exist_ok=True)
         page = write_report(study, out)
-    print(page)
+    print(json.dumps({"study": args.study, "page": str(page)}) if args.json else page)
     return 0
 
 

@@ -1,6 +1,7 @@
 """The study commands: `tune` (run the study loop), `tune show` and `tune export`."""
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -343,6 +344,10 @@ def open_existing(args):
 
 def cmd_show(args) -> int:
     study = open_existing(args)
+    if args.json:
+        if args.format not in ("table", "json"):
+            raise CliError(f"--json and --format {args.format} ask for two formats: give one")
+        args.format = "json"
     if args.format == "csv":
         print(trials_csv(study, limit=args.limit), end="")
     elif args.format == "json":
@@ -366,6 +371,10 @@ def cmd_export(args) -> int:
     rows = ranked_rows(study)
     if not rows:
         raise CliError(f"study '{args.study}' has no completed trial to export")
-    for path in export_rows(rows[:args.top], config, Path(args.out), study):
-        print(path)
+    paths = export_rows(rows[:args.top], config, Path(args.out), study)
+    if args.json:
+        print(json.dumps({"study": args.study, "recipes": [str(p) for p in paths]}))
+    else:
+        for path in paths:
+            print(path)
     return 0
