@@ -422,6 +422,18 @@ def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
     assert "4 trials (2 complete, 1 pruned, 1 failed)" in out and "figures from: test runner" in out
 
 
+def test_megatron_backend_without_torch_or_megatron_core_says_what_to_install(tmp_path, capsys, monkeypatch):
+    import tuner.backends as backends
+
+    real = backends._find_spec
+    monkeypatch.setattr(backends, "_find_spec", lambda m: None if m == "megatron.core" else real(m))
+    code = main(["trial", "--backend", "megatron", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "1",
+                 "--layout", "ep=1", "--layers", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "missing here: megatron-core" in err[0] and "pip install 'attune-llm[megatron]'" in err[0]
+
+
 def test_show_export_and_report_print_json_with_json(tmp_path, capsys):
     storage = tmp_path / "s.db"
     name = handmade_study(storage)

@@ -34,6 +34,12 @@ def _megatron_runner(args):
     from experiments.megatron.runner import MegatronRunner, visible_gpus
     from experiments.runner import RunnerError
 
+    missing = [name for name, module in (("torch", "torch"), ("megatron-core", "megatron.core"))
+               if _find_spec(module) is None]
+    if missing:
+        raise RunnerError(f"--backend megatron runs trials with torch and megatron-core on this machine's GPUs; "
+                          f"missing here: {', '.join(missing)} (pip install 'attune-llm[megatron]', or a torch "
+                          f"build for your CUDA first)")
     if visible_gpus() < 1:
         raise RunnerError("no CUDA GPU found: --backend megatron runs trials on this machine's GPUs")
 
@@ -46,6 +52,16 @@ def _megatron_runner(args):
     if args.hang_timeout:
         runner.hang_timeout_s = args.hang_timeout
     return runner
+
+
+def _find_spec(module: str):
+    """importlib's spec of `module`, None when it (or its parent package) is not installed."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return None
 
 
 def _check_rows(path: str) -> None:
