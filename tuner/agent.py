@@ -240,15 +240,23 @@ class AgentProposer(Proposer):
         measured = [v for _, v in getattr(history, "measured_layouts", [])]
         best = max(measured) if measured else 0.0
         limits = self._oom_limits(history)
-        # the discrimination bonus only while the weighted hypotheses disagree on the best layout
-        leaders = {max(range(len(self.table.candidates)), key=lambda i: self.table.values[k][i])
-                   for k, w in enumerate(b.weights) if w >= 0.05}
-        disc = self.discriminate if len(leaders) > 1 else 0.0
-        out = []
+        # A candidate's outlook changes only with the posterior, the best measured and the OOM limits: while
+        # they stay (a predicted study, failures that teach nothing) the outlooks are reused, not recomputed.
+        state = (b, best, tuple(sorted(limits.items())), len(self.table.candidates))
+        if getattr(self, "_outlook_state", None) != state:
+            # the discrimination bonus only while the weighted hypotheses disagree on the best layout
+            leaders = {max(range(len(self.table.candidates)), key=lambda i: self.table.values[k][i])
+                       for k, w in enumerate(b.weights) if w >= 0.05}
+            self._outlook_state, self._outlook_memo = state, {}
+            self._disc = self.discriminate if len(leaders) > 1 else 0.0
+        memo, out = self._outlook_memo, []
         for i, c in enumerate(self.table.candidates):
             if c.layout.key() in history.tried:
                 continue
-            out.append(outlook(self.table, b, i, best, self._p_fit(c, limits), disc))
+            o = memo.get(i)
+            if o is None:
+                o = memo[i] = outlook(self.table, b, i, best, self._p_fit(c, limits), self._disc)
+            out.append(o)
         return b, out, best
 
     def propose(self, history: History) -> Proposal | None:
