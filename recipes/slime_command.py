@@ -238,6 +238,45 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     return "\n".join(out) + "\n"
 
 
+LAUNCH_VARIABLES = ("SLIME_DIR", "HF_CKPT", "TORCH_DIST", "SFT_DATA", "PROFILE_DIR")
+
+
+def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, *, num_rollout: int = 20,
+                 title: str = "", rollout_dir: str = "") -> str:
+    """A runnable bash launch of the recipe's `run`, as slime's own run scripts launch it: from slime's
+    checkout ($SLIME_DIR), NVLINK_COUNT computed first, MODEL_ARGS sourced from slime's scripts/models, then
+    `python3 train_async.py` with the recipe's flags (deprecated ones as current Megatron-LM takes them). The
+    cluster's paths are variables the user sets; the script stops at once, naming the one unset. The rollout
+    function (attune's pretokenized_sft_rollout.py) is imported from $ATTUNE_SLIME_FILES, by default
+    `rollout_dir` (where it was at export)."""
+    out = ["#!/usr/bin/env bash",
+           f"# {clean_name(title)}: the recipe's run as a launch you can execute (bash this file on the Ray head, or",
+           "# ray job submit --working-dir . -- bash this file). Set the variables below to your cluster's paths.",
+           "set -eu   # not pipefail: NVLINK_COUNT's pipeline finds no NV link on a machine without one"]
+    out += [f': "${{{name}:?set {name} (see the recipe)}}"' for name in LAUNCH_VARIABLES]
+    out.append(f': "${{ATTUNE_SLIME_FILES:={shlex.quote(rollout_dir)}}}"   # the folder of pretokenized_sft_rollout.py')
+    out.append('[ -f "$ATTUNE_SLIME_FILES/pretokenized_sft_rollout.py" ] || { echo "set ATTUNE_SLIME_FILES to the '
+               'folder of attune\'s experiments/slime/pretokenized_sft_rollout.py" >&2; exit 2; }')
+    out.append('export PYTHONPATH="$ATTUNE_SLIME_FILES${PYTHONPATH:+:$PYTHONPATH}"')
+    out.append('cd -- "$SLIME_DIR"')
+    env = slime_env(layout, gpu)
+    out += [SHELL_ENV_INPUTS[v] for v in dict.fromkeys(env.values()) if v in SHELL_ENV_INPUTS]
+    out += [f"export {name}={_env_value(value)}" for name, value in env.items()]
+    script = slime_model_script(model)
+    if script is None:
+        out.append("echo 'slime has no scripts/models script for this model: define MODEL_ARGS here' >&2; exit 2")
+    else:
+        out.append(f"source {shlex.quote(script)}   # MODEL_ARGS")
+    lines = [tuple(job_flags(list(line))[0]) for line in slime_flag_lines(model, gpu, workload, layout,
+                                                                         num_rollout=num_rollout)]
+    body = [_words(job_entry_words("python3"))] + [_words(line) for line in lines]
+    out += [f"{'  ' if i else ''}{text} \\" for i, text in enumerate(body[:-1])] + [f"  {body[-1]}"]
+    bad = [line for line in out if _CONTROL.search(line)]
+    if bad:
+        raise CommandError(f"slime launch line has a control character: {bad[0][:80]!r}")
+    return "\n".join(out) + "\n"
+
+
 def flat(lines: list[tuple[str, ...]]) -> list[str]:
     """The words of the command lines, in order, as plain strings (an argument list)."""
     return [str(word) for line in lines for word in line]

@@ -2,6 +2,7 @@
 (measured, and its convergence arm passed). Nothing becomes verified without a passing verdict."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cost_model.metrics import usd_per_million_tokens
@@ -26,8 +27,32 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
         path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
         with writing_user_file():
             write_recipe(recipe, path, guard=False)   # free_path already chose a file it may replace
+            write_launch(path, config, row.layout)
         paths.append(path)
     return paths
+
+
+def launch_path(recipe: Path) -> Path:
+    """Where the runnable launch of a recipe goes: beside it, NAME.launch.sh."""
+    return recipe.with_name(recipe.stem + ".launch.sh")
+
+
+def write_launch(recipe: Path, config, layout) -> Path:
+    """Write the recipe's run as a runnable bash launch beside it (the recipe keeps the leaderboard's format)."""
+    import stat
+
+    from recipes.files import write_atomic
+    from recipes.recipe import STEPS_PER_RUN
+    from recipes.slime_command import slime_launch
+
+    from experiments.slime.runner import SHIPPED_FILES
+
+    path = launch_path(recipe)
+    rollout_dir = os.path.dirname(os.path.abspath(SHIPPED_FILES["pretokenized_sft_rollout.py"]))
+    write_atomic(path, slime_launch(config.model, config.gpu, config.workload, layout, num_rollout=STEPS_PER_RUN,
+                                    title=recipe.name, rollout_dir=rollout_dir))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
 
 
 def interval_block(config, layout) -> dict:
