@@ -278,9 +278,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     step_time = sum(breakdown.values())
 
     mv = verdict or _memory_verdict(ctx, model, gpu, workload, layout, c, profile, rt, precision_aware_optimizer)
-    memory, capacity, host, p_fit, verdict = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
+    memory, capacity, host, p_fit, fit = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
     reasons = fit_reasons(memory, capacity, host, gpu)
-    if verdict == BORDERLINE:
+    if fit == BORDERLINE:
         reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
@@ -292,9 +292,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
         source += f"; GDN kernel {rates.gdn_source}"
     source += workload_note(workload)
     return Prediction(
-        fits=verdict == FITS, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
+        fits=fit == FITS, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,
         step_time_s=step_time, breakdown=breakdown, tokens_per_s_per_gpu=tokens_per_s_per_gpu, mfu=mfu,
         usd_per_million_tokens=usd, num_microbatches=n_mb, tokens_per_microbatch=tokens, source=source,
-        fit_probability=p_fit, fit_verdict=verdict, context=ctx,
+        fit_probability=p_fit, fit_verdict=fit, context=ctx,
     )

@@ -227,14 +227,21 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
     entry = Raw(entry_module) if re.fullmatch(r"<[\w .-]*>", entry_module) else entry_module
-    out.append(_words(entry_words("python3", entry)) + " \\")
-    body = [_words(line) for line in lines]
-    out += [f"  {text} \\" for text in body[:-1]]
-    out.append(f"  {body[-1]}")
-    # every line of the command is one of the lines above: no field may have added one
+    return _script(out + _command_block(entry_words("python3", entry), lines), "command")
+
+
+def _command_block(head, lines) -> list[str]:
+    """The command as shell lines: `head` then one indented line per flag line, joined by continuations."""
+    body = [_words(head)] + [_words(line) for line in lines]
+    return [f"{'  ' if i else ''}{text} \\" for i, text in enumerate(body[:-1])] + [f"  {body[-1]}"]
+
+
+def _script(out: list[str], what: str) -> str:
+    """The lines as one text; every line is one written above, so none may hold a control character (a field
+    that added a shell line of its own)."""
     bad = [line for line in out if _CONTROL.search(line)]
     if bad:
-        raise CommandError(f"slime command line has a control character: {bad[0][:80]!r}")
+        raise CommandError(f"slime {what} line has a control character: {bad[0][:80]!r}")
     return "\n".join(out) + "\n"
 
 
@@ -269,12 +276,7 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         out.append(f"source {shlex.quote(script)}   # MODEL_ARGS")
     lines = [tuple(job_flags(list(line))[0]) for line in slime_flag_lines(model, gpu, workload, layout,
                                                                          num_rollout=num_rollout)]
-    body = [_words(job_entry_words("python3"))] + [_words(line) for line in lines]
-    out += [f"{'  ' if i else ''}{text} \\" for i, text in enumerate(body[:-1])] + [f"  {body[-1]}"]
-    bad = [line for line in out if _CONTROL.search(line)]
-    if bad:
-        raise CommandError(f"slime launch line has a control character: {bad[0][:80]!r}")
-    return "\n".join(out) + "\n"
+    return _script(out + _command_block(job_entry_words("python3"), lines), "launch")
 
 
 def flat(lines: list[tuple[str, ...]]) -> list[str]:

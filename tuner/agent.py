@@ -203,6 +203,8 @@ class AgentProposer(Proposer):
         self.stop_reason: str | None = None
         self.last: Belief | None = None
         self._rng = random.Random()   # only to spread proposals between concurrent tuners
+        # the outlooks of the last posterior (`outlooks`): its state, candidate index -> Outlook, the bonus
+        self._outlook_state, self._outlook_memo, self._disc = None, {}, 0.0
 
     # -- what the study knows
     def _measured(self, history: History) -> list[tuple[int, float]]:
@@ -243,7 +245,7 @@ class AgentProposer(Proposer):
         # A candidate's outlook changes only with the posterior, the best measured and the OOM limits: while
         # they stay (a predicted study, failures that teach nothing) the outlooks are reused, not recomputed.
         state = (b, best, tuple(sorted(limits.items())), len(self.table.candidates))
-        if getattr(self, "_outlook_state", None) != state:
+        if self._outlook_state != state:
             # the discrimination bonus only while the weighted hypotheses disagree on the best layout
             leaders = {max(range(len(self.table.candidates)), key=lambda i: self.table.values[k][i])
                        for k, w in enumerate(b.weights) if w >= 0.05}

@@ -41,11 +41,10 @@ def write_launch(recipe: Path, config, layout) -> Path:
     """Write the recipe's run as a runnable bash launch beside it (the recipe keeps the leaderboard's format)."""
     import stat
 
+    from experiments.slime.runner import SHIPPED_FILES
     from recipes.files import write_atomic
     from recipes.recipe import STEPS_PER_RUN
     from recipes.slime_command import slime_launch
-
-    from experiments.slime.runner import SHIPPED_FILES
 
     path = launch_path(recipe)
     rollout_dir = os.path.dirname(os.path.abspath(SHIPPED_FILES["pretokenized_sft_rollout.py"]))

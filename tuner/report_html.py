@@ -6,9 +6,8 @@ copied or attached as it is. Every figure on it says whether it is predicted (th
 """
 from __future__ import annotations
 
-import json
-
 import html
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 

@@ -60,7 +60,7 @@ def cmd_run(args) -> int:
         with storage_errors(url):
             precheck_study(storage, name, config, runner.figures)
     with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
-        candidates = score_space(config, runner, space, progress=_progress_printer())
+        candidates = score_space(config, runner, space, progress=_ScoringProgress())
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
@@ -195,26 +195,25 @@ PROGRESS_EVERY_S = 2.0      # then one every so often: rewritten in place on a t
 PROGRESS_LOG_EVERY_S = 10.0  # a new line when stderr is a file or a pipe
 
 
-def _progress_printer():
-    """print(line) for scoring progress on stderr: a line rewritten in place on a terminal, else a line
-    every PROGRESS_LOG_EVERY_S (a log keeps a readable trail). Returns the callable; call .done() at the end."""
-    tty = sys.stderr.isatty()
-    state = {"last": 0.0, "open": False}
+class _ScoringProgress:
+    """Scoring progress on stderr: a line rewritten in place on a terminal, else a new line every
+    PROGRESS_LOG_EVERY_S (a log keeps a readable trail); `done` ends a line left open."""
 
-    def say(line: str):
+    def __init__(self):
+        self.tty, self.last, self.open = sys.stderr.isatty(), 0.0, False
+
+    def __call__(self, line: str) -> None:
         now = time.monotonic()
-        if tty:
+        if self.tty:
             print("\r" + line, end="", file=sys.stderr, flush=True)
-            state["open"] = True
-        elif now - state["last"] >= PROGRESS_LOG_EVERY_S:
+            self.open = True
+        elif now - self.last >= PROGRESS_LOG_EVERY_S:
             print(line, file=sys.stderr, flush=True)
-            state["last"] = now
+            self.last = now
 
-    def done():
-        if state["open"]:
+    def done(self) -> None:
+        if self.open:
             print(file=sys.stderr, flush=True)
-    say.done = done
-    return say
 
 
 def study_layers(config, runner, space: RunnerSpace | None = None) -> tuple[int, str]:
@@ -316,7 +315,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
                 last = now
                 progress(f"  scored {count:,} layouts in {now - started:.0f} s ({count / (now - started):,.0f}/s), "
                          f"{len(fitting):,} may fit; still enumerating")
-    if progress is not None and hasattr(progress, "done"):
+    if isinstance(progress, _ScoringProgress):
         progress.done()
     if not count:
         if refused:
