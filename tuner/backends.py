@@ -5,10 +5,11 @@ from tuner.options import CliError
 
 
 def measured_window(steps: int) -> tuple[int, int]:
-    """The leaderboard's window 5..19 for 20 steps; the same shape (skip the first quarter) otherwise."""
+    """The leaderboard's window 5..19 for 20 steps; the same shape (skip the first quarter, and at least the two
+    warm-up steps whenever a step is left after them) otherwise."""
     if steps < 2:
         raise CliError(f"--steps must be at least 2, got {steps}")
-    return (5, 19) if steps == 20 else (max(1, steps // 4), steps - 1)
+    return (5, 19) if steps == 20 else (max(min(2, steps - 1), steps // 4), steps - 1)
 
 
 def make_runner(args, profile=None):
