@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 B, R = ROOT / "benchmarks", ROOT / "benchmarks/results"
 DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-02.jsonl"),
            (B / "runner_grids_h200_v2_suite.json", R / "runner-grids-h200-v2-2026-12-02.jsonl"),
-           (B / "runner_grids_h200_v3_suite.json", R / "runner-grids-h200-v3-2026-12-02.jsonl")]
+           (B / "runner_grids_h200_v3_suite.json", R / "runner-grids-h200-v3-2026-12-02.jsonl"),
+           (B / "runner_grids_h200_v4_suite.json", R / "runner-grids-h200-v4-2026-12-02.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -41,7 +42,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # used for nothing but judging until the components became least-squares lines, a change made looking at the
 # first and v2 grids (Llama3-8B's were misordered): from then on both are in sample. The v3 grids were measured
 # after that change, with their predictions committed before they ran
-# (benchmarks/results/runner-grids-h200-v3-predicted-before.txt), and used for nothing but judging.
+# (benchmarks/results/runner-grids-h200-v3-predicted-before.txt), and used for nothing but judging; their step
+# times were looked at when every grid's figure became its steady state (benchmarks/measured_runs.py), the model
+# unchanged. The v4 grids (three models at layer counts and sequence lengths no earlier grid ran) were measured
+# after that, predictions committed before (runner-grids-h200-v4-predicted-before.txt).
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl"}
 
 
