@@ -226,6 +226,10 @@ class ModelSpec:
         )
 
     # ------------------------------------------------------------------ per-layer counts
+    def layer_params(self, layer_type: str, mlp_type: str) -> LayerParams:
+        """Parameter counts of one decoder layer of this kind."""
+        return self._layer_params(layer_type, mlp_type)
+
     def _layer_params(self, layer_type: str, mlp_type: str) -> LayerParams:
         attn, gdn, attn_repl = self._attention(layer_type)
         dense, shared, routed, active, mlp_repl = self._mlp(mlp_type)

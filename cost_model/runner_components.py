@@ -11,8 +11,8 @@ and without full recompute. Differences of those builds give:
 - the per-step work: zeroing gradient buffers and the optimizer step, per parameter and per step;
 - the CPU optimizer step per parameter (offload), and CPU Adam per rank with several ranks per host.
 
-Each component is the least-squares line through its measured points (a fixed cost per micro-batch plus a
-cost per token), looked up at any token count. Pure
+Each component is a host floor and a least-squares line through its measured points (`_point_curve`), looked
+up at any token count. Pure
 data and arithmetic: no I/O.
 """
 from __future__ import annotations
@@ -64,13 +64,23 @@ def signature_model(model, signature: str):
 
 @dataclass(frozen=True)
 class Curve:
-    """Seconds as a function of tokens per micro-batch: measured points, linear between them."""
+    """Seconds as a function of tokens per micro-batch. With `line`: max(host floor, fixed + per-token x tokens),
+    the floor being what the host takes to launch the kernels (the same for any work per kernel); without it, the
+    measured points, linear between them."""
 
     tokens: tuple[float, ...]
     seconds: tuple[float, ...]
+    floor: float = 0.0
+    line: tuple[float, float] | None = None    # (fixed, per-token) seconds of the GPU-bound part
 
-    def __call__(self, tokens: float) -> float:
+    def __call__(self, tokens: float, work: float = 1.0) -> float:
+        """Seconds at `tokens`, the GPU's work per token scaled by `work` (a shard or a layer of another size
+        timed on this one's measurement: its kernels are as many, each doing `work` times the work)."""
+        if self.line is not None:
+            fixed, slope = self.line
+            return max(self.floor, fixed + slope * tokens * work, 0.0)
         xs, ys = self.tokens, self.seconds
+        tokens = tokens * work
         if len(xs) == 1:
             return ys[0] * tokens / xs[0]
         i = 1
@@ -129,21 +139,42 @@ class RunnerComponents:
         return rate * ranks / ranks_per_host
 
 
+# An extra host-bound point must cut the summed squared relative error by this much (about 2% rms on one point)
+HOST_BOUND_POINT_GAIN = 5e-4
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """(fixed, per-token) of the least-squares line through the points."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
 def _point_curve(points: dict) -> Curve | None:
-    """The least-squares line through measured (tokens, seconds) points, kept at those tokens: a fixed cost per
-    micro-batch plus a cost per token. A difference of two builds carries both builds' noise, and a point that
-    came out a few percent slow reordered layouts that differ by less (Llama3-8B's 16k-token layer read 7%
-    dearer per token than its 8k one, so 4 rows per micro-batch was predicted below 1 and the runs said the
-    opposite); the line keeps what the points agree on."""
+    """A component's seconds per micro-batch through its measured (tokens, seconds) points, kept at those tokens:
+    max(host floor, fixed + per-token). At few tokens a layer is bound by the host launching its kernels (the
+    marginal layer of the 1- and 2-layer builds costs as much at 4k tokens as at 8k on the MoE and GDN layers),
+    above that by the GPU: the first k points (k from 0, as long as each cuts the squared relative error by
+    HOST_BOUND_POINT_GAIN) are the floor, the least-squares line runs through the rest. A difference of two
+    builds carries both builds' noise, and a line keeps what the points agree on (Llama3-8B's 16k-token layer
+    read 7% dearer per token than its 8k one); a line through host-bound points too overstates the fixed cost
+    (Qwen3.6's GDN layer at 8k tokens by 17%)."""
     xs = sorted(points)
     if len(xs) < 3:
         return Curve(tuple(float(x) for x in xs), tuple(float(points[x]) for x in xs)) if xs else None
     ys = [float(points[x]) for x in xs]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    fixed = max(my - slope * mx, 0.0)
-    slope = max(slope, 0.0)
-    return Curve(tuple(float(x) for x in xs), tuple(fixed + slope * x for x in xs))
+    best = None
+    for k in range(len(xs) - 2):
+        fixed, slope = _line(xs[k:], ys[k:])
+        if k == 0:
+            fixed, slope = max(fixed, 0.0), max(slope, 0.0)
+        floor = max(ys[:k], default=0.0)
+        fit = [max(floor, fixed + slope * x, 0.0) for x in xs]
+        err = sum(((f - y) / y) ** 2 for f, y in zip(fit, ys) if y > 0) + HOST_BOUND_POINT_GAIN * k
+        if slope >= 0 and (best is None or err < best[0]):
+            best = (err, fit, floor, (fixed, slope))
+    _, fit, floor, line = best
+    return Curve(tuple(float(x) for x in xs), tuple(fit), floor, line)
 
 
 def parse_runner_components(section: dict) -> RunnerComponents:

@@ -6,6 +6,8 @@ sends, the data-parallel gradient sync and the optimizer. All times are seconds 
 """
 from __future__ import annotations
 
+import math
+
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -262,6 +264,18 @@ def step_breakdown(ctx: StepContext) -> dict[str, float]:
 SOFTMAX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
 
 
+# Megatron's unfused gradient accumulation per parameter and micro-batch: the bf16 grad read, the fp32 main grad
+# read and written (megatron-core 0.19.2 DDP hook, main_grad.add_(grad) without gradient_accumulation_fusion)
+GRAD_ACCUMULATION_BYTES = 2 + 4 + 4
+
+
+def shard_layer_params(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout) -> float:
+    """Parameters of one layer of this kind held by one GPU (megatron-core shards the GDN projections too)."""
+    p = model.layer_params(attn_kind, mlp_kind)
+    return ((p.attention + p.linear_attention + p.dense_mlp + p.shared_expert) / layout.tp + p.replicated
+            + p.routed_experts / (layout.ep * layout.etp))
+
+
 def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fraction: float,
                        ep_overlap: float) -> tuple[dict[str, float], str]:
     """One layer's seconds per micro-batch on the runner's stack, by term, and where the figure comes from.
@@ -284,18 +298,22 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
             return None, "modelled"
         curves = near[1]
         measured_model = signature_model(ctx.model, near[0])
-        notes.append(f"{curves.model}'s measured {attn_kind}+{mlp_kind} layer at the tokens of this layer's "
-                     f"modelled GPU work")
-    at = ctx.tokens
+        notes.append(f"{curves.model}'s measured {attn_kind}+{mlp_kind} layer, its GPU work scaled to this "
+                     f"layer's (modelled ratio), its host floor as measured")
+    ratio = 1.0
     if measured_model is not ctx.model or any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
         whole = layer_time(attn_kind, mlp_kind, measured_model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
                            ctx.imbalance, mods, True, ctx.frozen_weights)
         ratio = lt.gpu_work / whole.gpu_work
-        at = ctx.tokens * ratio
         if measured_model is ctx.model:
-            notes.append(f"shard timed at {ratio:.2f}x the tokens (modelled GPU-work ratio)")
-    base = curves.none(at)
-    full_extra = (curves.full(at) - base) if curves.full is not None else None
+            notes.append(f"shard's GPU work {ratio:.2f}x the layer's (modelled ratio), host floor as measured")
+    base = curves.none(ctx.tokens, ratio)
+    full_extra = (curves.full(ctx.tokens, ratio) - base) if curves.full is not None else None
+    if ratio != 1.0:
+        # the measured layer's fixed cost per micro-batch holds its own gradient accumulation; this one's differs
+        held = shard_layer_params(ctx.model, attn_kind, mlp_kind, layout)
+        measured = shard_layer_params(measured_model, attn_kind, mlp_kind, Layout(1))
+        base = max(base + (held - measured) * GRAD_ACCUMULATION_BYTES / ctx.rates.hbm, 0.0)
     if attn_kind in SOFTMAX_KINDS and ctx.seq_len != ctx.runner.seq_len:
         at_profile = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens,
                                 ctx.runner.seq_len, ctx.imbalance, mods, True, ctx.frozen_weights)
@@ -315,17 +333,34 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     return terms, "measured" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def lm_head_seconds(ctx: StepContext, hidden: int, vocab: int) -> float:
+    """The output layer's GEMMs of one micro-batch (forward and both backward products) on one GPU at the
+    profile's measured GEMM rate for that shape."""
+    t = ctx.tokens
+    return 3 * 2 * t * hidden * vocab / ctx.rates.gemm(t, vocab, hidden)
+
+
+def nearest_ends(ends: dict, hidden: int, vocab: int) -> tuple[int, int]:
+    """The measured ends nearest this model's: the same vocabulary first (its loss path carries over), then the
+    nearest hidden size."""
+    return min(ends, key=lambda k: (abs(math.log(k[1] / vocab)), abs(math.log(k[0] / hidden))))
+
+
 def runner_ends(ctx: StepContext) -> float:
     """A micro-batch's embedding, LM head, cross-entropy and schedule time on the runner: measured for this
-    hidden size and vocabulary, else the nearest measured one scaled by the logits' work (hidden x vocab)."""
+    hidden size and vocabulary. Otherwise the nearest measured ends: its LM head GEMMs (at the measured GEMM rate)
+    replaced by this model's, the rest (cross-entropy, embedding, schedule: work per logit, not per hidden x
+    logit) scaled by the vocabulary."""
     model, ends = ctx.model, ctx.runner.ends
     key = (model.hidden_size, model.vocab_size)
     if key in ends:
         return ends[key][1](ctx.tokens) / ctx.layout.tp
     if not ends:
         return 0.0
-    near = min(ends, key=lambda k: abs(k[0] * k[1] - key[0] * key[1]))
-    return ends[near][1](ctx.tokens) * (key[0] * key[1]) / (near[0] * near[1]) / ctx.layout.tp
+    near = nearest_ends(ends, *key)
+    measured = ends[near][1](ctx.tokens)
+    rest = max(measured - lm_head_seconds(ctx, *near), 0.0) * key[1] / near[1]
+    return (lm_head_seconds(ctx, *key) + rest) / ctx.layout.tp
 
 
 def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> dict[str, float]:
@@ -520,9 +555,11 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
         lines["microbatch_ends"] = (f"measured: embedding, LM head, cross-entropy and schedule of {name}'s build "
                                     f"(hidden {h}, vocab {v:,}; {where}){span}{tp}")
     elif comps.ends:
-        near = min(comps.ends, key=lambda k: abs(k[0] * k[1] - h * v))
+        near = nearest_ends(comps.ends, h, v)
         lines["microbatch_ends"] = (f"modelled: {comps.ends[near][0]}'s measured ends (hidden {near[0]}, vocab "
-                                    f"{near[1]:,}) scaled by hidden x vocab to {h} x {v:,}{tp}")
+                                    f"{near[1]:,}; {where}) with its LM head GEMMs replaced by this model's "
+                                    f"({h} x {v:,}, at the profile's measured GEMM rates) and the rest scaled by "
+                                    f"the vocabulary{tp}")
     lines["optimizer"] = (f"measured: per-step work (zero grads, grad norm, clip, Adam) "
                           f"{comps.optimizer_s_per_step * 1e3:.2f} ms + {comps.optimizer_s_per_param * 1e12:.1f} ms "
                           f"per 1e9 parameters of the optimizer shard (line through the builds; {where})")

@@ -292,3 +292,28 @@ def test_layer_time_memo_gives_what_a_fresh_computation_gives():
     first = lt_mod.layer_time(*args)
     first.ep_comm = -1.0
     assert lt_mod.layer_time(*args).ep_comm != -1.0
+
+
+def test_a_component_is_a_host_floor_then_a_line_and_scaled_work_keeps_the_floor():
+    from cost_model.runner_components import _point_curve
+    # host-bound at 4k tokens (as much as 8k), then 1 ms per 1k tokens on the GPU
+    c = _point_curve({4096: 0.0125, 8192: 0.0123, 16384: 0.0206, 32768: 0.0369})
+    assert c.floor == pytest.approx(0.0125) and c.line is not None
+    assert c(8192) == pytest.approx(0.0123 + 0.0, abs=6e-4)        # the line, not pulled up by the floor point
+    assert c(2048) == pytest.approx(0.0125)                        # fewer tokens: still the host's time
+    assert c(2048, work=8.0) == pytest.approx(c(16384))            # 8x the work per token: the GPU's time
+    # points on one line: no floor
+    line = _point_curve({4096: 0.004, 8192: 0.008, 16384: 0.016})
+    assert line.floor == 0 and line(32768) == pytest.approx(0.032)
+
+
+def test_ends_of_an_unprofiled_hidden_size_swap_the_lm_head_gemms_and_keep_the_loss_path():
+    from cost_model.predict import runner_components  # noqa: F401  (the profile holds llama3-8b's ends, hidden 4096)
+    big = trial_model(load_model("llama3-70b"), 1)
+    small = trial_model(load_model("llama3-8b"), 1)
+    layout = Layout(1, max_tokens_per_gpu=8192)
+    ends_big = runner(big, layout).breakdown["microbatch_ends"]
+    ends_small = runner(small, layout).breakdown["microbatch_ends"]
+    # twice the hidden size doubles the LM head's GEMMs, not the cross-entropy over the same vocabulary
+    assert ends_small < ends_big < 2 * ends_small
+    assert "LM head GEMMs replaced" in runner(big, layout).term_sources["microbatch_ends"]
