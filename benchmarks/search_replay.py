@@ -44,6 +44,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model.case import Case  # noqa: E402
+from cost_model.constants import default_constants  # noqa: E402
 from cost_model.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses  # noqa: E402
 from cost_model.layout_codec import to_optuna_params  # noqa: E402
@@ -51,6 +52,7 @@ from cost_model.model_spec import load_model  # noqa: E402
 from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from tuner.agent import AgentProposer  # noqa: E402
+from tuner.intervals import prior_parts  # noqa: E402
 from tuner.proposer import Candidate, History, SamplerProposer  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -61,6 +63,8 @@ K = 5
 SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"),
            ("runner-grids-h200-v2-2026-12-02.jsonl", "runner_grids_h200_v2_suite.json"),
            ("runner-grids-h200-v3-2026-12-02.jsonl", "runner_grids_h200_v3_suite.json"),
+           ("runner-grids-h200-v4-2026-12-02.jsonl", "runner_grids_h200_v4_suite.json"),
+           ("runner-grids-h200-v5-2026-12-02.jsonl", "runner_grids_h200_v5_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -131,11 +135,15 @@ def outcome(grid: Grid, order: list) -> Outcome:
     return Outcome(reached or len(grid.cands) + 1, regret, hours)
 
 
-def agent_order(grid: Grid) -> list:
+def agent_order(grid: Grid, bands: list | None = None) -> list:
+    """The agent's order over the grid, with `tune`'s prior for the runner stack; `bands` collects, per trial,
+    (trial number, low, high, measured or None) of the 90% band it printed before the trial."""
     cands = [c for c in grid.cands if c.prediction.may_fit]
     by_params = {json.dumps(to_optuna_params(c.layout), sort_keys=True): c for c in cands}
+    level_sd, family_sd, sigma = prior_parts(default_constants().runner_prediction_error_sd)
     agent = AgentProposer(cands, to_optuna_params, default_hypotheses(),
-                          lambda h, l: next(c.prediction.tokens_per_s_per_gpu for c in cands if c.layout == l))
+                          lambda h, l: next(c.prediction.tokens_per_s_per_gpu for c in cands if c.layout == l),
+                          sigma=sigma, level_sd=level_sd, family_sd=family_sd, stop_margin=None)
     h, order = History(), []
     while len(order) < len(cands):
         p = agent.propose(h)
@@ -144,6 +152,9 @@ def agent_order(grid: Grid) -> list:
         c = by_params[json.dumps(p.params, sort_keys=True)]
         key = c.layout.key()
         order.append(key)
+        if bands is not None:
+            e = p.attrs["expected"]
+            bands.append((len(order), e["low"], e["high"], grid.truth.get(key)))
         h.tried.add(key)
         if key in grid.truth:
             h.measured_layouts.append((c.layout, grid.truth[key]))
@@ -204,11 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     proposers = args.proposers.split(",")
     grids = load_grids(args.min_layouts)
     every: dict = {p: [] for p in proposers}
+    bands: list = []
     for g in grids:
         per = {}
         for p in proposers:
             if p == "agent":
-                outs = [outcome(g, agent_order(g))]
+                outs = [outcome(g, agent_order(g, bands))]
             elif p == "predicted":
                 outs = [outcome(g, predicted_order(g))]
             elif p == "random":
@@ -240,7 +252,21 @@ def main(argv: list[str] | None = None) -> int:
                       "median_gpu_hours": round(statistics.median(o.hours for o in outs), 4)}
         print(f"  {p:9} trials to 3%: median {statistics.median(t):g}, p90 {pct(t, 0.9):g}; mean regret after 1..5: "
               + " ".join(f"{100 * r:.1f}%" for r in reg))
-    print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary}))
+    held = [(n, lo, hi, y) for n, lo, hi, y in bands if y is not None]
+    inside = sum(lo <= y <= hi for _, lo, hi, y in held)
+    first = [hi / lo for n, lo, hi, _ in bands if n == 1]
+    third = [hi / lo for n, lo, hi, _ in bands if n == 3]
+    intervals = {"inside": inside, "measured": len(held),
+                 "median_width_first_trial": statistics.median(first) if first else None,
+                 "median_width_after_2_trials": statistics.median(third) if third else None}
+    print(f"agent's 90% band printed before each trial: holds {inside} of {len(held)} measurements; width (high/low) "
+          f"before the first trial median x{intervals['median_width_first_trial'] or float('nan'):.2f}, after 2 trials "
+          f"x{intervals['median_width_after_2_trials'] or float('nan'):.2f}")
+    print("labels: every figure here is measured (grid truth); the predictions that order the agent and the predicted "
+          "order come from the cost model, whose runner components were shaped looking at the v1-v4 grids "
+          "(benchmarks/runner_accuracy.py: in sample), the v5 grid held out")
+    print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
+                      "intervals": intervals}))
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from cost_model.case import Case
 from cost_model.constants import Constants
+from cost_model.hypotheses import Hypothesis, applicable, default_hypotheses, predict_under, weighted_quantile
 from cost_model.predict import MemoryVerdict, Prediction, memory_verdict, predict
 from cost_model.profile import HardwareProfile
 from experiments.runner import TrialResult, TrialRunner, TrialSpec
@@ -27,14 +28,27 @@ class PredictedRunner(TrialRunner):
     def memory_verdict(self, case: Case, profile: HardwareProfile | None = None) -> MemoryVerdict:
         return memory_verdict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
 
+    def central(self, case: Case) -> tuple[Hypothesis, Prediction, int]:
+        """The prediction under the hypothesis at the weighted median of the cost model's hypotheses (their prior
+        weights): what a run of the layout is expected to do, not the most optimistic reading of it."""
+        c, profile = case, self.profile
+        hs = applicable(default_hypotheses(), c.workload)
+        preds = [predict_under(h, c.model, c.gpu, c.workload, c.layout, self.constants, profile) for h in hs]
+        median = weighted_quantile([q.tokens_per_s_per_gpu for q in preds], [h.prior for h in hs], 0.5)
+        k = next(i for i, q in enumerate(preds) if q.tokens_per_s_per_gpu == median)
+        return hs[k], preds[k], len(hs)
+
     def run(self, spec: TrialSpec) -> TrialResult:
         p = self.predict(spec.case)
         if not p.under_limit:   # the point prediction: a borderline layout under the limit runs
             return TrialResult(status="failed", kind="predicted", source=p.source, failure_class="cuda_oom"
                                if p.memory.total > p.gpu_memory_gib else "host_oom",
                                detail="; ".join(p.reasons), peak_memory_gib=p.peak_memory_gib)
+        h, p, n = self.central(spec.case)
         return TrialResult(
-            status="ok", kind="predicted", source=p.source,
+            status="ok", kind="predicted",
+            source=f"{p.source}; the median of its {n} hypotheses (cost_model/hypotheses.py)",
+            details={"hypothesis": h.name},
             tokens_per_s_per_gpu=p.tokens_per_s_per_gpu, step_time_s=p.step_time_s,
             peak_memory_gib=p.peak_memory_gib, mfu=p.mfu, usd_per_million_tokens=p.usd_per_million_tokens,
             breakdown=dict(p.breakdown),

@@ -140,3 +140,46 @@ def test_the_table_shortlists_one_layout_per_group(space):
     t = Table.build(cands, default_hypotheses(), tps)
     assert 0 < len(t.candidates) < len(cands) and len(t.values) == len(default_hypotheses())
     assert all(len(v) == len(t.candidates) for v in t.values)
+
+
+def test_the_band_printed_before_a_trial_is_the_one_the_study_stores(space):
+    from tuner.intervals import posterior_interval
+    agent = agent_for(space)
+    p = agent.propose(History())
+    stored = posterior_interval(p.attrs["expected"], 0)
+    assert f"expects {stored['median']:,.0f} [{stored['low']:,.0f}-{stored['high']:,.0f}]" in p.rationale
+    assert stored["low"] < stored["median"] < stored["high"]
+    assert posterior_interval(None, 0) is None and posterior_interval({"low": "x"}, 0) is None
+
+
+def test_the_runner_stacks_prior_is_its_measured_error_so_the_band_is_narrow(space):
+    from cost_model.constants import default_constants
+    from tuner.intervals import prior_parts
+    cands, tps = space
+    level_sd, family_sd, sigma = prior_parts(default_constants().runner_prediction_error_sd)
+    agent = agent_for(space, sigma=sigma, level_sd=level_sd, family_sd=family_sd)
+    e = agent.propose(History()).attrs["expected"]
+    assert e["high"] / e["low"] <= 1.5 * 1.7   # the runner band (x1.14) over the hypotheses' own spread
+    h = History()
+    for c in cands[:2]:
+        h.tried.add(c.layout.key())
+        h.measured_layouts.append((c.layout, tps(default_hypotheses()[0], c.layout)))
+    before, after = agent.propose(History()).attrs["expected"], agent.propose(h).attrs["expected"]
+    assert after["high"] / after["low"] < before["high"] / before["low"]   # measurements narrow it
+
+
+def test_the_predicted_backend_headlines_the_hypotheses_median_not_the_shipped_one():
+    from cost_model.case import Case
+    from cost_model.hypotheses import predict_interval
+    from cost_model.layout_codec import layout_from_values
+    from experiments.predicted_runner import PredictedRunner
+    from experiments.runner import TrialSpec
+    model, gpu, wl = load_model("qwen3.6-35b-a3b"), load_gpu("h200"), Workload()
+    layout = layout_from_values({"ep": 8, "max_tokens_per_gpu": 16384, "recompute_granularity": "full",
+                                 "recompute_method": "uniform", "recompute_num_layers": 1}, 8, 8192)
+    result = PredictedRunner().run(TrialSpec(Case(model, gpu, wl, layout), 20, (5, 19)))
+    assert result.status == "ok", result.detail
+    iv = predict_interval(default_hypotheses(), model, gpu, wl, layout)
+    shipped = predict(model, gpu, wl, layout).tokens_per_s_per_gpu
+    assert result.tokens_per_s_per_gpu == pytest.approx(iv.median, rel=1e-9)
+    assert result.tokens_per_s_per_gpu < shipped and "median of its 15 hypotheses" in result.source

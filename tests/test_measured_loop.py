@@ -171,7 +171,9 @@ def test_study_is_named_for_the_dashboard_and_its_best_trial_is_measured(memory,
         a = t.user_attrs
         assert a["figures"] == "measured" and a["result"]["kind"] == "measured" and a["prediction"]["breakdown"]
         assert (a["peak_memory_gib"], a["mfu"], a["usd_per_million_tokens"]) == (40.0, 0.2, 1.5)
-        assert a["predicted_tokens_per_s_per_gpu"] == a["prediction"]["tokens_per_s_per_gpu"] > 0
+        # what was predicted: the agent's posterior median, stored as the interval's median
+        assert a["predicted_tokens_per_s_per_gpu"] == a["prediction"]["interval"]["median"] > 0
+        assert a["predicted_low"] < a["predicted_tokens_per_s_per_gpu"] < a["predicted_high"]
     for t in study.trials:
         if t.state == TrialState.PRUNED and "prediction" in t.user_attrs:
             assert t.value is None and t.user_attrs["figures"] == "predicted"
@@ -194,7 +196,7 @@ def test_flat_attrs_carry_the_prediction_interval(memory, config, scored):
     run_study(study, config, runner, AgentProposer(study_commands.proposer_candidates(scored), to_optuna_params),
               trials=1, progress=False)
     attrs = study.trials[0].user_attrs
-    interval = attrs["prediction"]["interval"]     # tuner.intervals: the runner's prediction and the residual
+    interval = attrs["prediction"]["interval"]     # tuner.intervals: the agent's posterior before the trial
     assert (attrs["predicted_low"], attrs["predicted_high"], attrs["figures"]) == (interval["low"], interval["high"],
                                                                                     "measured")
     assert attrs["predicted_low"] < attrs["predicted_tokens_per_s_per_gpu"] < attrs["predicted_high"]

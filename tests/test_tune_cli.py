@@ -324,13 +324,17 @@ def handmade_study(storage: Path) -> str:
     from cost_model.workload import Workload
     from experiments.predicted_runner import PredictedRunner
     from experiments.runner import TrialResult, TrialSpec
+    from tuner.intervals import interval_dict
     from tuner.study import StudyConfig, load_or_create, open_storage
 
     config = StudyConfig(load_model("qwen3.6-35b-a3b"), load_gpu("h200"), 8, Workload())
     study = load_or_create(open_storage(f"sqlite:///{storage}"), "hand", config)
 
-    def attrs(layout, **extra):
-        prediction = predict(config.model, config.gpu, config.workload, layout).to_dict()
+    def attrs(layout, with_interval=True, **extra):
+        p = predict(config.model, config.gpu, config.workload, layout)
+        prediction = p.to_dict()
+        if with_interval:   # as the predict backend stores it
+            prediction["interval"] = interval_dict(config, PredictedRunner(), layout, p)
         return {"layout": {"world_size": 8, **layout_values(layout)}, "label": layout.long_label,
                 "layout_key": layout.key(), "prediction": prediction, "backend": "predict", **extra}
 
@@ -343,7 +347,7 @@ def handmade_study(storage: Path) -> str:
                            step_time_s=2.5, peak_memory_gib=60.25, mfu=0.125, usd_per_million_tokens=0.75)
     trials = [
         (TrialState.COMPLETE, predicted.tokens_per_s_per_gpu, attrs(fits, result=predicted.to_dict())),
-        (TrialState.COMPLETE, 1234.5, attrs(other, result=measured.to_dict(), backend="megatron")),
+        (TrialState.COMPLETE, 1234.5, attrs(other, False, result=measured.to_dict(), backend="megatron")),
         (TrialState.PRUNED, None, attrs(fits, prune_reason="already evaluated in this study")),
         (TrialState.FAIL, None, {"fail_reason": "interrupted: the tuner stopped while this trial ran"}),
     ]

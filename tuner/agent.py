@@ -157,6 +157,7 @@ class Outlook:
     mean: float
     low: float
     high: float
+    median: float          # the weighted median of the hypotheses' posterior medians
     p_fit: float
     ei: float
     spread: float          # weighted sd of the hypotheses' log means
@@ -176,7 +177,8 @@ def outlook(table: Table, b: Belief, i: int, best: float, p_fit: float, discrimi
     low = weighted_quantile([m - Z90 * math.sqrt(v) for m, v in zip(mus, var)], list(b.weights), 0.05)
     high = weighted_quantile([m + Z90 * math.sqrt(v) for m, v in zip(mus, var)], list(b.weights), 0.95)
     value = p_fit * (ei + discriminate * mean * spread)
-    return Outlook(i, mean, math.exp(low), math.exp(high), p_fit, ei, spread, value)
+    median = math.exp(weighted_quantile(mus, list(b.weights), 0.5))
+    return Outlook(i, mean, math.exp(low), math.exp(high), median, p_fit, ei, spread, value)
 
 
 class AgentProposer(Proposer):
@@ -289,7 +291,7 @@ class AgentProposer(Proposer):
         return {h.name: round(w, 4) for h, w in zip(self.table.hypotheses, b.weights)}
 
     def _attrs(self, o: Outlook, b: Belief) -> dict:
-        return {"expected": {"mean": o.mean, "low": o.low, "high": o.high, "p_fit": o.p_fit,
+        return {"expected": {"mean": o.mean, "median": o.median, "low": o.low, "high": o.high, "p_fit": o.p_fit,
                              "fit_verdict": self.table.candidates[o.index].prediction.fit_verdict},
                 "hypothesis_weights": self.weights(b)}
 
@@ -310,8 +312,8 @@ class AgentProposer(Proposer):
         borderline = "borderline: " if p.borderline else ""
         fam = "" if b.measured == 0 else (" (its family measured)" if family(c.layout) in b.families
                                           else " (an unmeasured family)")
-        return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu} rc {c.layout.recompute_label}{fam}: expects {o.mean:,.0f} "
-                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU, P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
+        return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu} rc {c.layout.recompute_label}{fam}: expects {o.median:,.0f} "
+                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU (posterior median, 90%), P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
                 f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); weights {weights}; largest terms {top}")
 
     def after_trial(self, history: History) -> dict:

@@ -1,9 +1,10 @@
 """The interval a study records beside each prediction, and what the agent proposer predicts with.
 
-For a runner that predicts with the cost model's own framework (the predict backend, slime) the interval
-is the hypotheses' spread widened by the residual (cost_model.hypotheses). The megatron runner's model
-run is predicted in the Megatron framework, where only the flex factor varies; its interval is the residual
-around the runner's own prediction, and its level against measurements is what the agent learns.
+One posterior: a trial the agent proposed stores the band the agent printed before it (`posterior_interval`), and
+the agent's prior is the stack's own prediction error (`agent_prior`), so before any measurement that band is the
+prediction's interval. Without the agent: for a runner that predicts with the cost model's own framework (the
+predict backend, slime) the hypotheses' spread widened by the residual (cost_model.hypotheses); for the megatron
+runner the runner stack's residual around its own prediction.
 """
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dic
     return {**iv.to_dict(), "kind": "predicted", "basis": basis}
 
 
+def prediction_sd(config, runner) -> float:
+    """The log-normal sd of the runner's predictions on runs no fit saw: the runner stack's own (measured on its
+    grids) when the runner prices what it runs from measured components, else the model's held-out residual."""
+    c = default_constants()
+    return c.runner_prediction_error_sd if not uses_hypotheses(runner) else residual_sd(c, config.workload)
+
+
+def agent_prior(config, runner) -> tuple[float, float, float]:
+    """(level sd, family sd, per-layout sd) of the agent's prior: the stack's prediction sd split evenly over the
+    three, so the band it prints before any trial is the prediction's own (on the runner grids the level sd per
+    grid is 0.018 and the residual within a grid 0.026: about even between level and layouts)."""
+    return prior_parts(prediction_sd(config, runner))
+
+
+def prior_parts(sd: float) -> tuple[float, float, float]:
+    """`sd` split evenly over level, family and layout (`agent_prior`)."""
+    part = sd / 3 ** 0.5
+    return part, part, part
+
+
 def hypothesis_predictor(config, runner):
     """(hypotheses, predict_h) for the agent: tokens/s/GPU of a layout under a hypothesis."""
     if uses_hypotheses(runner):
@@ -46,3 +67,18 @@ def hypothesis_predictor(config, runner):
     def runner_h(h: Hypothesis, layout: Layout) -> float:
         return runner.predict(config.case(layout), config.profile).tokens_per_s_per_gpu
     return shipped, runner_h
+
+
+def measured_before(history) -> int:
+    return len(getattr(history, "measured_layouts", []) or [])
+
+
+def posterior_interval(expected, measured: int) -> dict | None:
+    """The agent's posterior for this trial's layout, as the study stores a prediction's interval: the band it
+    printed before the trial (None when no agent proposed it)."""
+    if not isinstance(expected, dict) or not all(isinstance(expected.get(k), (int, float)) for k in ("low", "high")):
+        return None
+    median = expected.get("median", expected.get("mean"))
+    return {"low": expected["low"], "median": median, "high": expected["high"], "quantiles": [0.05, 0.95],
+            "kind": "predicted", "basis": f"the agent's posterior before this trial ({measured} measured before it): "
+                                          f"the hypotheses' mixture, levels learnt from the measurements"}

@@ -49,7 +49,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             tokens_per_s_per_gpu=t.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
             mfu=_number(result.get("mfu")), usd_per_million_tokens=_number(result.get("usd_per_million_tokens")),
             kind=printable(result.get("kind", "predicted")), source=printable(result.get("source", "")),
-            predicted_tokens_per_s_per_gpu=_number(prediction.get("tokens_per_s_per_gpu")),
+            predicted_tokens_per_s_per_gpu=predicted_figure(prediction, interval),
             rationale=printable(t.user_attrs.get("rationale", "")),
             predicted_low=_number(interval.get("low")), predicted_high=_number(interval.get("high")),
             fit=fit_of(prediction),
@@ -128,6 +128,12 @@ def _dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def predicted_figure(prediction: dict, interval: dict) -> float | None:
+    """What was predicted for a trial: the posterior median its interval stored, else the point prediction."""
+    median = _number(interval.get("median"))
+    return median if median is not None else _number(prediction.get("tokens_per_s_per_gpu"))
+
+
 def trial_record(t: optuna.trial.FrozenTrial) -> dict:
     """One trial's record; a malformed attribute (another program's, a peer's) reads as missing, not as a crash."""
     attrs = t.user_attrs
@@ -138,7 +144,7 @@ def trial_record(t: optuna.trial.FrozenTrial) -> dict:
             "kind": printable(figures.get("kind", "predicted")) if figures else None,
             "label": printable(attrs.get("label")), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
             **{k: _number(figures.get(k)) for k in FIGURES},
-            "predicted_tokens_per_s_per_gpu": _number(prediction.get("tokens_per_s_per_gpu")),
+            "predicted_tokens_per_s_per_gpu": predicted_figure(prediction, interval),
             "predicted_low": _number(interval.get("low")), "predicted_high": _number(interval.get("high")),
             "source": printable(figures.get("source")), "backend": printable(attrs.get("backend")),
             "reason": printable(attrs.get("prune_reason") or attrs.get("fail_reason")),

@@ -42,7 +42,7 @@ from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
-from tuner.intervals import interval_dict
+from tuner.intervals import interval_dict, measured_before, posterior_interval
 from tuner.model_identity import architecture_digest
 from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
@@ -738,7 +738,8 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     except InvalidLayout as e:
         return prune(f"the {runner.name} runner cannot run it: {e}")
     predicted = prediction.to_dict()
-    predicted["interval"] = interval_dict(config, runner, layout, prediction)
+    predicted["interval"] = posterior_interval(trial.user_attrs.get("expected"), measured_before(history)) \
+        or interval_dict(config, runner, layout, prediction)
     trial.set_user_attr("prediction", _jsonable(predicted))
     if not prediction.may_fit:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
@@ -774,8 +775,10 @@ def _flat_attrs(trial: optuna.Trial, prediction: dict | None, result: dict | Non
     flat = {k: figures.get(k) for k in FLAT_FIGURES}
     flat["predicted_tokens_per_s_per_gpu"] = prediction.get("tokens_per_s_per_gpu")
     interval = prediction.get("interval")
-    if isinstance(interval, dict):
+    if isinstance(interval, dict):   # the posterior's median, where the study stored one, is what was predicted
         flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
+        if isinstance(interval.get("median"), (int, float)):
+            flat["predicted_tokens_per_s_per_gpu"] = interval["median"]
     for k, v in flat.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             trial.set_user_attr(k, float(v))

@@ -141,14 +141,12 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
         except ImportError as e:
             raise CliError(str(e)) from None
     from tuner.agent import AgentProposer
-    from tuner.intervals import hypothesis_predictor
+    from tuner.intervals import agent_prior, hypothesis_predictor
 
     hypotheses, predict_h = hypothesis_predictor(config, runner)
-    # the predict and slime backends are what the hypotheses were calibrated on; the megatron runner's
-    # level against its predictions is unknown until it measures (measured 0.6-0.8x on H200)
-    level_sd = 0.5 if runner.name == "megatron" else 0.25
-    return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, level_sd=level_sd,
-                         stop_margin=stop_margin)
+    level_sd, family_sd, sigma = agent_prior(config, runner)
+    return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, sigma=sigma,
+                         level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
 
 
 def _verify(study, config, runner, top: int, reference: Layout) -> None:
