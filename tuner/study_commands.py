@@ -19,6 +19,7 @@ from experiments.runner import TrialRunner
 from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_options
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
+from tuner.space_cache import SpaceCache
 from tuner.export import export_rows
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.proposer import Candidate, SamplerProposer
@@ -59,17 +60,26 @@ def cmd_run(args) -> int:
     if storage is not None:
         with storage_errors(url):
             precheck_study(storage, name, config, runner.figures)
-    with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
-        candidates = score_space(config, runner, space, progress=_ScoringProgress())
+    cache = SpaceCache.for_study(url, config, runner, space)
+    candidates = cache.load() if cache is not None and storage is not None else None
+    if candidates is None:
+        with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
+            candidates = score_space(config, runner, space, progress=_ScoringProgress())
+    else:
+        print(f"the scored search space of {config.describe()}: read from the study's cache ({shown(str(cache.path))}; "
+              f"the same inputs and code)", file=sys.stderr)
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
         return _run(args, config, runner, space, candidates, reference, gpus, name, url,
-                    load_or_create(storage, name, config, runner.figures))
+                    load_or_create(storage, name, config, runner.figures), cache)
 
 
-def _run(args, config, runner, space, candidates, reference, gpus, name, url, study) -> int:
-    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03))
+def _run(args, config, runner, space, candidates, reference, gpus, name, url, study, cache=None) -> int:
+    known = None if cache is None else len(cache.hypothesis_values)
+    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03), cache)
+    if cache is not None and (known == 0 or len(cache.hypothesis_values) != known):
+        cache.save(candidates)   # scored now, or the agent predicted more: a resume reads it back
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     borderline = sum(p.borderline for _, p in candidates)
     how = ("the agent weighs them by their chance to fit" if proposer.weighs_fit_risk
@@ -131,7 +141,7 @@ def measured_only_flags(args) -> list[str]:
     return flags_set(args, MEASURED_ONLY, "run") if args.backend == "predict" else []
 
 
-def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03):
+def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03, cache=None):
     """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers."""
     if kind != "agent":
         try:
@@ -144,6 +154,8 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     from tuner.intervals import agent_prior, hypothesis_predictor
 
     hypotheses, predict_h = hypothesis_predictor(config, runner)
+    if cache is not None:
+        predict_h = cache.memo(predict_h)
     level_sd, family_sd, sigma = agent_prior(config, runner)
     return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, sigma=sigma,
                          level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
