@@ -39,3 +39,53 @@ def test_a_space_where_nothing_fits_names_the_same_nearest_layout():
             score_space(config, runner)
         errors.append(str(info.value))
     assert errors[0] == errors[1] and "smallest predicted peak" in errors[0]
+
+
+def _each_alone(config, runner):
+    """Every layout of the space priced in full on its own, in enumeration order: those that may fit."""
+    from cost_model.layout import InvalidLayout
+    from search_space.enumerate import enumerate_layouts
+
+    out = []
+    for layout in enumerate_layouts(config.model, config.world_size, config.workload, config.stack, config.options):
+        try:
+            p = runner.predict(config.case(layout), config.profile)
+        except InvalidLayout:
+            continue
+        if p.may_fit:
+            out.append((layout, p))
+    return out
+
+
+CATALOG = ["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "llama3-70b", "llama3-8b", "llama3.1-405b", "moonlight-16b-a3b",
+           "qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "qwen3.5-35b-a3b", "qwen3.5-397b-a17b",
+           "qwen3.6-35b-a3b"]
+
+
+@pytest.mark.parametrize("model", CATALOG)
+def test_ruling_out_larger_micro_batches_keeps_what_scoring_each_layout_alone_keeps(model):
+    """A layout ruled out by memory rules out its siblings with more tokens per micro-batch without scoring them:
+    on every catalog model the kept layouts and their figures are those of pricing each layout alone."""
+    from search_space.enumerate import SpaceOptions
+
+    # the default space where it is small; elsewhere a narrower one (one recompute depth, whole or no offload, no
+    # virtual stages, one dispatcher and moment type) on the fewest GPUs that hold the model: micro-batch sizes,
+    # parallel shapes and recompute kinds vary as in any space
+    narrow = SpaceOptions(full_recompute_layers=(1,), offload_fractions=(0.0, 1.0), max_vpp=1,
+                          dispatchers=("alltoall",), exp_avg_dtypes=("bf16",))
+    gpus = {"gpt-oss-120b": 16, "llama3.1-405b": 64, "qwen3-235b-a22b": 32, "qwen3.5-397b-a17b": 32,
+            "deepseek-v3": 64}.get(model, 4)
+    options = SpaceOptions() if model in ("llama3-8b", "qwen3-30b-a3b", "qwen3.6-35b-a3b", "llama3-70b") else narrow
+    rows = 64 if model == "deepseek-v3" else 128
+    config = StudyConfig(load_model(model), load_gpu("h200"), gpus, Workload(seq_len=4096, global_batch=rows),
+                         options=options)
+    try:
+        fast = score_space(config, PredictedRunner())
+    except CliError:
+        fast = []
+    alone = _each_alone(config, FullPricing())
+    assert alone, "nothing fits: the comparison would be empty"
+    assert [l for l, _ in fast] == [l for l, _ in alone]
+    for (_, pf), (_, pa) in zip(fast, alone):
+        assert (pf.tokens_per_s_per_gpu, pf.peak_memory_gib, pf.fit_verdict) == \
+            (pa.tokens_per_s_per_gpu, pa.peak_memory_gib, pa.fit_verdict)

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 from cost_model.layout import InvalidLayout, Layout
@@ -121,7 +123,7 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
 
 
 @contextmanager
-def _say_if_slow(message: str, after_s: float = 1.0):
+def _say_if_slow(message: str, after_s: float = 0.5):
     """`message` on stderr once the block has run `after_s` seconds: a large space says what it is doing
     within seconds, and a command that fails at once still prints one line."""
     timer = threading.Timer(after_s, lambda: print(message, file=sys.stderr, flush=True))
@@ -280,6 +282,15 @@ def _with_layers(runner, n: int):
     return twin
 
 
+_PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
+_SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
+
+
+def sibling_key(layout: Layout) -> tuple:
+    """The layout but for its tokens per micro-batch: its siblings differ only in that."""
+    return tuple(getattr(layout, f) for f in _SIBLING_FIELDS)
+
+
 def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
                 progress=None) -> list[tuple[Layout, Prediction]]:
     """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
@@ -302,9 +313,16 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     # only the layouts that may fit are kept (and the one nearest to fitting, for the error): memory stays
     # bounded by what the study can use, not by the space
     fitting, refused, least, count = [], [], None, 0
+    # peak memory grows with a micro-batch's tokens: a layout ruled out by memory rules out the same layout with
+    # more tokens per micro-batch, unscored (tests/test_score_space.py checks the result is scoring each alone)
+    ruled_out: dict[tuple, int] = {}
     started = last = time.monotonic()
     for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
                                space.options if space is not None else config.options):
+        siblings = sibling_key(l)
+        if ruled_out.get(siblings, math.inf) <= l.max_tokens_per_gpu:
+            count += 1
+            continue
         try:
             mv = memory(l)
             p = prediction(l, mv) if mv is None or mv.may_fit else None
@@ -316,6 +334,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
         if p is not None and p.may_fit:
             fitting.append((l, p))
         else:
+            ruled_out[siblings] = min(ruled_out.get(siblings, math.inf), l.max_tokens_per_gpu)
             peak = p.peak_memory_gib if p is not None else mv.memory.total
             if least is None or peak < least[1]:
                 least = (l, peak)
