@@ -97,12 +97,28 @@ def _pipeline_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> N
                                                                     f"{layers} layers: {e}"))
         return
     if layers % pp:
-        out.append(Violation("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp} "
-                                                                 f"(an uneven split sets decoder_first/last_"
-                                                                 f"pipeline_num_layers)"))
+        out.append(Violation("layers_divisible_by_pp", MEGATRON, f"{layers} layers are not divisible by PP {pp}"
+                                                                 f"{balanced_splits_hint(layers, pp, vpp)}"))
     elif vpp > 1 and (layers // pp) % vpp:
         out.append(Violation("stage_layers_divisible_by_vpp", MEGATRON,
-                             f"{layers // pp} layers per pipeline stage are not divisible by VPP {vpp}"))
+                             f"{layers // pp} layers per pipeline stage are not divisible by VPP {vpp}"
+                             f"{balanced_splits_hint(layers, pp, vpp)}"))
+
+
+def balanced_splits_hint(layers: int, pp: int, vpp: int) -> str:
+    """The balanced splits the search space uses for these layers (search_space.pipeline_splits), as layout
+    fields a user can add; or how Megatron would take an uneven split where there is none."""
+    from search_space.pipeline_splits import accounting_splits, uneven_splits
+
+    names = {"decoder_first_pipeline_num_layers": 0, "decoder_last_pipeline_num_layers": 1}
+    options = [" ".join(f"{k}={split[i]}" for k, i in names.items() if split[i] is not None)
+               for split in uneven_splits(layers, pp, vpp)]
+    options += [" ".join(f"{k}=true" for k, on in (("account_for_embedding_in_pipeline_split", e),
+                                                   ("account_for_loss_in_pipeline_split", l)) if on)
+                for e, l in accounting_splits(layers, pp, vpp)]
+    if not options:
+        return " (an uneven split sets decoder_first/last_pipeline_num_layers; none balances these stages)"
+    return f"; the balanced splits the search space uses: {' | '.join(options)}"
 
 
 def layers_per_stage(layout: Layout, model: ModelSpec) -> list[int]:

@@ -124,3 +124,17 @@ def test_context_parallel_rules_follow_the_framework_and_cp():
     assert not violations(Layout(8, max_tokens_per_gpu=8191), load_model("llama3-8b"), odd, Stack())
     assert "row_divisible_by_2cp" in [v.rule for v in violations(Layout(8, cp=2, max_tokens_per_gpu=4096),
                                                                  load_model("llama3-8b"), odd, Stack())]
+
+
+def test_an_indivisible_pipeline_names_the_balanced_splits_and_each_runs(capsys):
+    from tuner.cli import main
+    args = ["predict", "--model", "deepseek-v3", "--gpu", "h200", "--gpus", "128", "--layout", "pp=16", "ep=8"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "61 layers are not divisible by PP 16" in err
+    hint = err.split("the balanced splits the search space uses: ")[1].split(" [megatron")[0]
+    splits = hint.split(" | ")
+    assert "decoder_first_pipeline_num_layers=1" in splits and len(splits) == 4
+    for split in splits:   # each named split is a layout `tune predict` takes as written
+        assert main(args + split.split()) == 0, split
+        capsys.readouterr()
