@@ -71,6 +71,16 @@ class DeviceMemory:
         return min(pool, key=lambda n: (abs(math.log2(n.ranks) - math.log2(ranks)), -n.ranks))
 
 
+def _count(value, what: str, origin: str) -> int:
+    """A positive whole number of ranks or GPUs (sizes are compared in log2)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a positive whole number, got a "
+                                f"{type(value).__name__}")
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a positive whole number, got {value!r}")
+    return int(value)
+
+
 def _gib(value, what: str, origin: str) -> float:
     try:
         x = float(value)
@@ -107,11 +117,13 @@ def parse_device_memory(data: dict | None, origin: str = "profile") -> DeviceMem
     for row in data.get("nccl") or []:
         if not isinstance(row, dict) or "ranks" not in row:
             raise DeviceMemoryError(f"{origin}: device_memory.nccl rows need ranks, init_gib, buffers_gib")
-        nccl.append(NcclMemory(int(row["ranks"]), _gib(row.get("init_gib", 0), "nccl.init_gib", origin),
+        nccl.append(NcclMemory(_count(row["ranks"], "nccl.ranks", origin),
+                               _gib(row.get("init_gib", 0), "nccl.init_gib", origin),
                                _gib(row.get("buffers_gib", 0), "nccl.buffers_gib", origin)))
     if nccl:
         sources["nccl"] = f"profile device_memory.nccl: {basis}"
-    runner = tuple((int(r["gpus"]), _gib(r["outside_gib"], "runner_outside.outside_gib", origin))
+    runner = tuple((_count(r.get("gpus"), "runner_outside.gpus", origin),
+                    _gib(r["outside_gib"], "runner_outside.outside_gib", origin))
                    for r in data.get("runner_outside") or [] if isinstance(r, dict) and r.get("outside_gib") is not None)
     if runner:
         sources["runner_outside"] = (f"profile device_memory.runner_outside ({', '.join(f'{g} GPU(s): {x:g} GiB' for g, x in runner)}): "

@@ -398,3 +398,14 @@ def test_runner_probe_rows_from_the_runners_own_records():
     section = dm.device_memory_section(dict(visible_gib=139.8), {}, True, {"runner_outside": out})
     from cost_model.device_memory import parse_device_memory
     assert parse_device_memory(section).runner_outside == ((1, 9.1),)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, float("inf"), "eight", True, None])
+def test_a_profile_with_a_communicator_of_no_ranks_is_refused_in_one_line(bad):
+    """Found by the fuzzer: an nccl row of 0 ranks reached a log2 and escaped as a traceback from tune predict."""
+    from cost_model.device_memory import DeviceMemoryError, parse_device_memory
+    for section in ({"nccl": [{"ranks": bad, "init_gib": 0.5, "buffers_gib": 1.0}]},
+                    {"runner_outside": [{"gpus": bad, "outside_gib": 9.0}]}):
+        with pytest.raises(DeviceMemoryError) as info:
+            parse_device_memory(section, "p.yaml")
+        assert "\n" not in str(info.value) and str(info.value).startswith("p.yaml: device_memory.")
