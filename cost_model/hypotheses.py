@@ -177,12 +177,19 @@ def predict_interval(hypotheses: tuple[Hypothesis, ...], model: ModelSpec, gpu: 
                      profile: HardwareProfile | None = None, **kw) -> Interval:
     """The interval of tokens/s/GPU over `hypotheses` (weights by name; default their priors)."""
     c = constants or default_constants()
-    triples = []
-    for h in applicable(hypotheses, workload):
-        w = (weights or {}).get(h.name, h.prior)
-        p = predict_under(h, model, gpu, workload, layout, c, profile, **kw)
-        triples.append((h, w, p.tokens_per_s_per_gpu))
+    triples = [(h, w, p.tokens_per_s_per_gpu)
+               for h, w, p in predictions_under(hypotheses, model, gpu, workload, layout, weights, c, profile, **kw)]
     return interval_of(triples, residual_sd(c, workload))
+
+
+def predictions_under(hypotheses: tuple[Hypothesis, ...], model: ModelSpec, gpu: GpuSpec, workload: Workload,
+                      layout: Layout, weights: dict[str, float] | None = None, constants: Constants | None = None,
+                      profile: HardwareProfile | None = None, **kw) -> list[tuple[Hypothesis, float, Prediction]]:
+    """(hypothesis, weight, prediction) for each hypothesis that applies to the workload (weights by name;
+    default their priors)."""
+    return [(h, (weights or {}).get(h.name, h.prior), predict_under(h, model, gpu, workload, layout, constants,
+                                                                     profile, **kw))
+            for h in applicable(hypotheses, workload)]
 
 
 def residual_sd(c: Constants, workload: Workload) -> float:

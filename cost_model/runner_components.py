@@ -221,9 +221,8 @@ def parse_runner_components(section: dict) -> RunnerComponents:
         if steps:
             xs.append(float(b["params"]))
             ys.append(statistics.median(steps))
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    intercept = max(my - slope * mx, 0.0)
+    intercept, slope = _line(xs, ys)
+    intercept = max(intercept, 0.0)
     # The offloaded optimizer: its step's extra seconds per parameter over the GPU step's line (one rank on the
     # host: CPU Adam and the copies both ways as megatron's HybridDeviceOptimizer runs them).
     per_param = [(statistics.median(p["zero_grad_s"] + p["optimizer_s"] for p in b["points"])

@@ -7,7 +7,6 @@ sends, the data-parallel gradient sync and the optimizer. All times are seconds 
 from __future__ import annotations
 
 import math
-
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from cost_model.case import Case
 from cost_model.constants import Constants
-from cost_model.hypotheses import Hypothesis, applicable, default_hypotheses, predict_under, weighted_quantile
+from cost_model.hypotheses import Hypothesis, default_hypotheses, predictions_under, weighted_quantile
 from cost_model.predict import MemoryVerdict, Prediction, memory_verdict, predict
 from cost_model.profile import HardwareProfile
 from experiments.runner import TrialResult, TrialRunner, TrialSpec
@@ -31,12 +31,11 @@ class PredictedRunner(TrialRunner):
     def central(self, case: Case) -> tuple[Hypothesis, Prediction, int]:
         """The prediction under the hypothesis at the weighted median of the cost model's hypotheses (their prior
         weights): what a run of the layout is expected to do, not the most optimistic reading of it."""
-        c, profile = case, self.profile
-        hs = applicable(default_hypotheses(), c.workload)
-        preds = [predict_under(h, c.model, c.gpu, c.workload, c.layout, self.constants, profile) for h in hs]
-        median = weighted_quantile([q.tokens_per_s_per_gpu for q in preds], [h.prior for h in hs], 0.5)
-        k = next(i for i, q in enumerate(preds) if q.tokens_per_s_per_gpu == median)
-        return hs[k], preds[k], len(hs)
+        every = predictions_under(default_hypotheses(), case.model, case.gpu, case.workload, case.layout,
+                                  constants=self.constants, profile=self.profile)
+        median = weighted_quantile([p.tokens_per_s_per_gpu for _, _, p in every], [w for _, w, _ in every], 0.5)
+        h, _, p = next(x for x in every if x[2].tokens_per_s_per_gpu == median)
+        return h, p, len(every)
 
     def run(self, spec: TrialSpec) -> TrialResult:
         p = self.predict(spec.case)

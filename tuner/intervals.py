@@ -82,3 +82,12 @@ def posterior_interval(expected, measured: int) -> dict | None:
     return {"low": expected["low"], "median": median, "high": expected["high"], "quantiles": [0.05, 0.95],
             "kind": "predicted", "basis": f"the agent's posterior before this trial ({measured} measured before it): "
                                           f"the hypotheses' mixture, levels learnt from the measurements"}
+
+
+def predicted_figure(prediction: dict, interval: dict) -> float | None:
+    """What was predicted for a trial, from its stored prediction and interval: the posterior median the interval
+    holds, else the point prediction (None where neither is a number)."""
+    for value in (interval.get("median"), prediction.get("tokens_per_s_per_gpu")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None

@@ -12,6 +12,7 @@ from cost_model.layout import Layout
 from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
+from tuner.intervals import predicted_figure
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,6 @@ def _number(value):
 
 def _dict(value) -> dict:
     return value if isinstance(value, dict) else {}
-
-
-def predicted_figure(prediction: dict, interval: dict) -> float | None:
-    """What was predicted for a trial: the posterior median its interval stored, else the point prediction."""
-    median = _number(interval.get("median"))
-    return median if median is not None else _number(prediction.get("tokens_per_s_per_gpu"))
 
 
 def trial_record(t: optuna.trial.FrozenTrial) -> dict:

@@ -42,7 +42,7 @@ from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
-from tuner.intervals import interval_dict, measured_before, posterior_interval
+from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
 from tuner.model_identity import architecture_digest
 from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
@@ -773,12 +773,10 @@ def _flat_attrs(trial: optuna.Trial, prediction: dict | None, result: dict | Non
     if not figures:
         return
     flat = {k: figures.get(k) for k in FLAT_FIGURES}
-    flat["predicted_tokens_per_s_per_gpu"] = prediction.get("tokens_per_s_per_gpu")
     interval = prediction.get("interval")
-    if isinstance(interval, dict):   # the posterior's median, where the study stored one, is what was predicted
-        flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
-        if isinstance(interval.get("median"), (int, float)):
-            flat["predicted_tokens_per_s_per_gpu"] = interval["median"]
+    interval = interval if isinstance(interval, dict) else {}
+    flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction, interval)
+    flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
     for k, v in flat.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             trial.set_user_attr(k, float(v))

@@ -314,7 +314,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     # bounded by what the study can use, not by the space
     fitting, refused, least, count = [], [], None, 0
     # peak memory grows with a micro-batch's tokens: a layout ruled out by memory rules out the same layout with
-    # more tokens per micro-batch, unscored (tests/test_score_space.py checks the result is scoring each alone)
+    # more tokens per micro-batch, unscored (tests/test_score_space_memory_first.py checks the result is scoring each alone)
     ruled_out: dict[tuple, int] = {}
     started = last = time.monotonic()
     for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
