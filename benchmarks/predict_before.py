@@ -1,0 +1,39 @@
+"""Predictions for a runner suite before any of it runs, from the code and shipped profile as they are now.
+
+Committed beside the suite before the device call, so the judged figures cannot have been chosen after the
+fact (benchmarks/runner_accuracy.py re-predicts them later with whatever model is then current).
+
+Usage: python benchmarks/predict_before.py SUITE.json [> benchmarks/results/NAME-predicted-before.txt]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cost_model.case import Case  # noqa: E402
+from cost_model.hardware import load_gpu  # noqa: E402
+from cost_model.model_spec import load_model  # noqa: E402
+from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
+from experiments.megatron.suite import parse_suite  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python benchmarks/predict_before.py SUITE.json", file=sys.stderr)
+        return 2
+    trials, _ = parse_suite(argv[0])
+    gpu = load_gpu("h200")
+    print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'peak GiB':>9} verdict   (predicted before any of these ran)")
+    for t in trials:
+        model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
+        p = predict_run(Case(model, gpu, t.workload, t.layout))
+        verdict = getattr(p, "fit_verdict", "fits" if p.fits else "does not fit")
+        print(f"{t.name:22} {p.tokens_per_s_per_gpu:20.0f} {p.peak_memory_gib:9.1f} {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
