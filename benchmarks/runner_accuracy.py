@@ -50,7 +50,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # The v1-v4 grids were then looked at when the components became a host floor plus a line, when the ends of an
 # unprofiled hidden size swapped their LM head GEMMs, and when a layer timed on another's measurement took its own
 # gradient accumulation: all four are in sample from then on. The v5 grids were measured after those changes,
-# predictions committed before (runner-grids-h200-v5-predicted-before.txt), and used for nothing but judging.
+# predictions committed before (runner-grids-h200-v5-predicted-before.txt, written by benchmarks/predict_before.py;
+# ten Qwen3-30B-A3B and Llama3-8B trials added later, the model unchanged), and used for nothing but judging.
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl",
                    "runner-grids-h200-v3-2026-12-02.jsonl", "runner-grids-h200-v4-2026-12-02.jsonl"}
 
