@@ -24,6 +24,7 @@ _FAMILIES = {
     "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
     "gpt_oss": "gpt_oss",
     "llama": "llama",
+    "mixtral": "mixtral",
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
@@ -234,6 +235,18 @@ def _gpt_oss(r: _Reader, n: int) -> dict[str, Any]:
     )
 
 
+def _mixtral(r: _Reader, n: int) -> dict[str, Any]:
+    """Mixtral: Llama's attention (no q/k norms) with routed SwiGLU experts in every layer, no shared expert;
+    Mistral's sliding window on every layer when the config sets one (Mixtral-8x7B/8x22B set null)."""
+    window = r.int("sliding_window", 0, minimum=0)
+    return dict(
+        layer_types=((SLIDING_ATTENTION if window else FULL_ATTENTION),) * n, mlp_types=(MOE,) * n,
+        sliding_window=window,
+        num_experts=r.int("num_local_experts"), num_experts_per_tok=r.int("num_experts_per_tok"),
+        moe_intermediate_size=r.int("intermediate_size"),
+    )
+
+
 def _llama(r: _Reader, n: int) -> dict[str, Any]:
     """Llama: dense softmax attention and SwiGLU MLP."""
     return dict(
@@ -243,7 +256,7 @@ def _llama(r: _Reader, n: int) -> dict[str, Any]:
 
 
 _FAMILY_FIELDS = {"qwen3_5": _qwen3_5, "qwen3_moe": _qwen3_moe, "deepseek": _deepseek, "gpt_oss": _gpt_oss,
-                  "llama": _llama}
+                  "llama": _llama, "mixtral": _mixtral}
 
 
 # ---------------------------------------------------------------------- a VLM's vision encoder

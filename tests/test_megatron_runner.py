@@ -163,6 +163,18 @@ def test_transformer_config_rejections_are_invalid_config():
         config.transformer_config_kwargs(dense, Layout(1), Workload(precision="fp8"))
 
 
+def test_mixtral_config_builds_and_a_sliding_window_is_refused():
+    from cost_model.hf_config import from_hf_config
+    from tests.test_model_catalog import MIXTRAL_8X7B
+    run = model_run.trial_model(from_hf_config(MIXTRAL_8X7B, "mixtral-8x7b"), 2)
+    cfg = config.build_transformer_config(run, Layout(1), WL, use_cpu_initialization=True)
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == (8, 2, 14336)
+    assert not cfg.qk_layernorm and cfg.moe_shared_expert_intermediate_size is None
+    windowed = from_hf_config({**MIXTRAL_8X7B, "sliding_window": 4096}, "mistral-windowed")
+    with pytest.raises(NotImplementedError, match="sliding-window"):
+        config.transformer_config_kwargs(windowed, Layout(1), WL)
+
+
 # ------------------------------------------------------------------------------ grouped GEMM
 SPLITS = [5, 0, 17, 3, 0, 11]  # includes experts that receive no token
 

@@ -177,6 +177,24 @@ def test_gpt_oss_layers_alternate_and_carry_biases():
     assert load_model("gpt-oss-20b").num_experts == 32
 
 
+MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 4096,
+                "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                "max_position_embeddings": 32768, "rope_theta": 1e6, "sliding_window": None,
+                "tie_word_embeddings": False}
+
+
+def test_mixtral_config_counts_match_the_published_model():
+    """Mixtral-8x7B's config.json (a family the catalog does not ship): 46,702,792,704 parameters, 12.9B active."""
+    spec = from_hf_config(MIXTRAL_8X7B, "mixtral-8x7b")
+    assert spec.params.total == 46_702_792_704
+    assert rel(spec.params.active, 12.9e9) < 0.01
+    assert spec.layer_types == (FULL_ATTENTION,) * 32 and spec.mlp_types == (MOE,) * 32
+    assert not spec.qk_norm and spec.shared_expert_intermediate_size == 0
+    windowed = from_hf_config({**MIXTRAL_8X7B, "sliding_window": 4096}, "mistral-windowed")
+    assert windowed.layer_types == (SLIDING_ATTENTION,) * 32 and windowed.sliding_window == 4096
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"

@@ -6,7 +6,7 @@ with TransformerConfig's own names.
 from __future__ import annotations
 
 from cost_model.layout import Layout
-from cost_model.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
+from cost_model.model_spec import LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.workload import Workload
 
 
@@ -44,6 +44,8 @@ def _check_supported(model: ModelSpec, workload: Workload, layout: Layout | None
         raise NotImplementedError(f"{model.display_name}: MLA models are not supported by the megatron runner")
     if model.model_type == "gpt_oss":
         raise NotImplementedError("GPT-OSS (clamped SwiGLU, sinks, sliding window) is not wired into the megatron runner")
+    if model.count(SLIDING_ATTENTION):
+        raise NotImplementedError(f"{model.display_name}: sliding-window attention is not wired into the megatron runner")
     if workload.precision != "bf16":
         raise NotImplementedError(f"precision {workload.precision} needs Transformer Engine; the runner trains bf16")
 
