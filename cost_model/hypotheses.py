@@ -42,6 +42,9 @@ SHIPPED = ("per_layer_pass", 0.8)
 INTERVAL_QUANTILES = (0.05, 0.95)
 
 
+_CONSTANTS: dict = {}   # (hypothesis, id(base constants)) -> (base constants, constants under it)
+
+
 class HypothesisError(AttuneError, ValueError):
     """A hypotheses file that cannot be used."""
 
@@ -67,9 +70,19 @@ class Hypothesis:
         return (self.form, self.flex_overhead_factor) == SHIPPED
 
     def constants(self, c: Constants) -> Constants:
-        return replace(c, layer_launch_overhead_s=self.layer_launch_overhead_s,
-                       flex_overhead_factor=self.flex_overhead_factor,
-                       cpu_adam_share_of_profile=self.cpu_adam_share_of_profile)
+        """`c` under this hypothesis: the same object for the same `c`, so the layer and rate memos keyed by the
+        constants' identity hit across the thousands of layouts the agent weighs under each hypothesis."""
+        key = (self, id(c))
+        hit = _CONSTANTS.get(key)
+        if hit is not None and hit[0] is c:
+            return hit[1]
+        if len(_CONSTANTS) >= 256:
+            _CONSTANTS.clear()
+        out = replace(c, layer_launch_overhead_s=self.layer_launch_overhead_s,
+                      flex_overhead_factor=self.flex_overhead_factor,
+                      cpu_adam_share_of_profile=self.cpu_adam_share_of_profile)
+        _CONSTANTS[key] = (c, out)
+        return out
 
     def extra_s(self, num_microbatches: int, layout: Layout, workload: Workload) -> float:
         """Seconds this form adds to a step beyond what `predict` counts with its constants."""

@@ -8,7 +8,6 @@ part, into a `LayerTime`.
 """
 from __future__ import annotations
 
-from copy import copy
 
 from dataclasses import dataclass
 
@@ -225,8 +224,8 @@ def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, 
     """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals.
     `gdn_sharded`: Gated DeltaNet as megatron-core's GatedDeltaNet (see `linear_attention`);
     `frozen_weights`: no weight gradients (LoRA's frozen base; its adapters' few FLOPs are not counted).
-    Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs); the
-    caller gets its own copy to change."""
+    Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs): the
+    result is shared, so a caller that changes it copies it first."""
     key = (attn_kind, mlp_kind, id(model), id(r), id(c), tuple(getattr(layout, f) for f in _LAYER_FIELDS), tokens,
            seq_len, imbalance, frozenset(mods), gdn_sharded, frozen_weights)
     hit = _MEMO.get(key)
@@ -235,7 +234,7 @@ def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, 
             _MEMO.clear()
         hit = _MEMO[key] = (model, r, c, _layer_time(attn_kind, mlp_kind, model, layout, r, c, tokens, seq_len,
                                                      imbalance, mods, gdn_sharded, frozen_weights))
-    return copy(hit[3])
+    return hit[3]
 
 
 def _layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,

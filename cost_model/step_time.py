@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from copy import copy
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -163,9 +164,32 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
     return ep_overlap * max(0.0, host - lt.gpu_work) + (1 - ep_overlap) * alone
 
 
+# Scoring a space prices the same rank at the same micro-batch for the thousands of layouts that differ only in
+# what a micro-batch does not see (DP, PP splits elsewhere, offload, the optimizer...). A rank's micro-batch
+# terms depend on the layout only through these fields (layer_time's, recompute's and the launch's).
+_RANK_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher", "selective_modules", "recompute_granularity",
+                "recompute_method", "recompute_num_layers", "vpp")
+_RANK_MEMO: dict = {}
+_RANK_MEMO_MAX = 100_000
+
+
 def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float = 0.0) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms).
-    `ep_overlap`: the share of chunks whose expert all-to-alls overlap another's compute (`ep_overlap_share`)."""
+    `ep_overlap`: the share of chunks whose expert all-to-alls overlap another's compute (`ep_overlap_share`).
+    Memoized on its inputs (objects by identity, held by the memo): the dict is shared, not to be changed."""
+    held = (ctx.model, ctx.rates, ctx.c, ctx.vision)
+    key = (tuple(map(id, held)), tuple(getattr(ctx.layout, f) for f in _RANK_FIELDS), ctx.tokens, ctx.seq_len,
+           ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
+           rank, ep_overlap)
+    hit = _RANK_MEMO.get(key)
+    if hit is None:
+        if len(_RANK_MEMO) >= _RANK_MEMO_MAX:
+            _RANK_MEMO.clear()
+        hit = _RANK_MEMO[key] = (held, _rank_microbatch_terms(ctx, rank, ep_overlap))
+    return hit[1]
+
+
+def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> dict[str, float]:
     model, rates, layout, tokens, c = ctx.model, ctx.rates, ctx.layout, ctx.tokens, ctx.c
     frozen_weights, vision = ctx.frozen_weights, ctx.vision
     h, tp = model.hidden_size, layout.tp
@@ -182,7 +206,10 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
     for attn_kind, mlp_kind, count in rank.kinds:
         lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, ctx.seq_len, ctx.imbalance, mods,
                         ctx.gdn_sharded, frozen_weights)
-        lt.ep_comm = exposed_ep_comm(lt, ep_overlap)
+        ep_comm = exposed_ep_comm(lt, ep_overlap)
+        if ep_comm != lt.ep_comm:   # the memo's layer is shared: change a copy
+            lt = copy(lt)
+            lt.ep_comm = ep_comm
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
         # (only the modules this layer has, and never more than the whole layer).
         passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))

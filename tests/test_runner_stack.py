@@ -3,6 +3,7 @@ step_time.runner_step_breakdown), and `term_sources`: where each term of a predi
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -277,21 +278,22 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
 
 def test_layer_time_memo_gives_what_a_fresh_computation_gives():
     from cost_model import layer_time as lt_mod
+    from cost_model import step_time as st_mod
 
     model = load_model("qwen3.6-35b-a3b")
     layouts = [Layout(8, ep=8, max_tokens_per_gpu=16384), Layout(8, tp=2, ep=4, max_tokens_per_gpu=8192),
                Layout(8, pp=2, ep=4, max_tokens_per_gpu=16384, dispatcher="flex")]
-    warm = [predict(model, H200, Workload(), l) for l in layouts for _ in range(2)]
+    overlapped = Layout(8, pp=2, vpp=2, ep=4, max_tokens_per_gpu=16384, dispatcher="flex",
+                        overlap_moe_expert_parallel_comm=True)
+    # an overlapped layout (its exposed all-to-all differs from the shared layer's) priced in between
+    warm = [predict(model, H200, Workload(), l) for l in layouts + [overlapped] + layouts]
     lt_mod._MEMO.clear()
-    cold = [predict(model, H200, Workload(), l) for l in layouts for _ in range(2)]
-    for a, b in zip(warm, cold):
+    st_mod._RANK_MEMO.clear()
+    cold = [predict(model, H200, Workload(), l) for l in layouts + layouts]
+    for a, b in zip(warm[:3] + warm[4:], cold):
         assert a.breakdown == b.breakdown and a.step_time_s == b.step_time_s
-    # the memo hands out copies: a caller's change does not reach the next caller
-    args = ("full_attention", "moe", model, layouts[0], warm[0].context.rates, warm[0].context.c, 16384.0, 4096,
-            1.0, set())
-    first = lt_mod.layer_time(*args)
-    first.ep_comm = -1.0
-    assert lt_mod.layer_time(*args).ep_comm != -1.0
+    assert warm[3].breakdown["ep_comm"] != predict(model, H200, Workload(), replace(
+        overlapped, overlap_moe_expert_parallel_comm=False)).breakdown["ep_comm"]
 
 
 def test_a_component_is_a_host_floor_then_a_line_and_scaled_work_keeps_the_floor():
