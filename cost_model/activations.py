@@ -132,52 +132,74 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
     return extra * tokens
 
 
+def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, tokens: float,
+                              routed_rows_per_token: float) -> float:
+    """Bytes of one [rows, ffn] bf16 tensor of the layer's SwiGLU MLP (routed rows and an expert's ffn for a MoE
+    layer): the unit in which the eager backward's gradient temporaries (d fc2 input, d activation, silu's
+    terms, d gate, d up and their concatenation) are counted, while the layer runs its backward."""
+    if mlp_kind == MOE:
+        return BF16 * model.moe_intermediate_size / layout.etp * routed_rows_per_token / layout.tp * tokens
+    return BF16 * model.intermediate_size / layout.tp * tokens
+
+
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
                                     routed_rows_per_token: float, gdn_sharded: bool = False,
-                                    unfused: tuple[float, float] | None = None) -> tuple[float, float]:
+                                    unfused: tuple[float, float, float] | None = None) -> tuple[float, float]:
     """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
 
     `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the
     expert rows this GPU receives per local token (top-k x routing imbalance). `unfused` (a stack
     without fused kernels): the factors (dense-MLP layers, MoE layers) on the count with
-    `unfused_extra_bytes`, for what that count misses or over-counts, fitted per MLP kind.
+    `unfused_extra_bytes`, for what that count misses or over-counts, fitted per MLP kind, and the eager
+    SwiGLU backward's gradient temporaries in [rows, ffn] tensors (`glu_backward_tensor_bytes`), added to the
+    working set of the layer running its backward.
     """
     mods = set(layout.selective_modules)
     saved = 0.0
-    largest = 0.0
+    largest = 0.0      # the working set of the layer running its backward, over the rank's layers
+    whole_max = temps_max = 0.0
     for attn_kind, mlp_kind, count in rank.kinds:
         layer = layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded)
         whole = layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded)
-        if unfused is not None:
+        if unfused is None:
+            # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
+            working = whole
+        else:
             factor = unfused[1] if mlp_kind == MOE else unfused[0]
             layer = factor * (layer + unfused_extra_bytes(attn_kind, mlp_kind, model, layout, mods, tokens,
                                                           routed_rows_per_token, gdn_sharded))
             whole = factor * (whole + unfused_extra_bytes(attn_kind, mlp_kind, model, layout, set(), tokens,
                                                           routed_rows_per_token, gdn_sharded))
+            # Beyond its saved bytes (already counted in `saved`), the layer running its backward holds what
+            # recompute rebuilds and the eager backward's gradient temporaries.
+            temps = unfused[2] * glu_backward_tensor_bytes(mlp_kind, model, layout, tokens, routed_rows_per_token)
+            working = whole - layer + temps
+            temps_max = max(temps_max, temps)
+        whole_max = max(whole_max, whole)
         saved += layer * count
-        # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
-        largest = max(largest, whole)
+        largest = max(largest, working)
     if layout.recompute_granularity == "full":
-        saved, largest = _full_recompute(rank, model, layout, tokens, saved, largest)
+        saved, largest = _full_recompute(rank, model, layout, tokens, saved, whole_max, temps_max)
     if rank.has_embedding:
         saved += BF16 * model.hidden_size / layout.tp * tokens
     return saved, largest
 
 
 def _full_recompute(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float, saved: float,
-                    largest: float) -> tuple[float, float]:
-    """(saved, largest) once full recompute keeps only the input of each recomputed layer (one hidden
-    state per chunk of layers)."""
+                    whole: float, temps: float) -> tuple[float, float]:
+    """(saved, working set) once full recompute keeps only the input of each recomputed layer (one hidden
+    state per chunk of layers): the chunk's layers are rebuilt together (`whole`: the largest layer), and the
+    one running its backward holds its gradient temporaries (`temps`, the unfused stack's)."""
     n = rank.num_layers
     k = layout.recompute_num_layers
     layer_input = BF16 * model.hidden_size / layout.tp * tokens
     if layout.recompute_method == "uniform":
-        return layer_input * -(-n // k), largest * min(k, n)
+        return layer_input * -(-n // k), whole * min(k, n) + temps
     # block: the first k layers of each virtual stage are recomputed
     per_chunk = n // layout.vpp
     recomputed = min(k, per_chunk) * layout.vpp
     avg = saved / max(n, 1)
-    return avg * (n - recomputed) + layer_input * recomputed, largest
+    return avg * (n - recomputed) + layer_input * recomputed, whole + temps
 
 
 def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
@@ -204,7 +226,8 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     linear layers' inputs. A stack without fused kernels (`fused` False, cost_model.runtime) keeps the
     extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
-    unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor)
+    unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
+                                  c.unfused_glu_backward_tensors)
     saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token, gdn_sharded,
                                                      unfused)
     pp = layout.pp

@@ -48,6 +48,7 @@ class Constants:
     fp8_activation_factor: float
     unfused_activation_factor: float
     unfused_moe_activation_factor: float
+    unfused_glu_backward_tensors: float
     prediction_error_sd: float
     runner_prediction_error_sd: float
     prediction_error_sd_lora_vlm: float
