@@ -65,6 +65,8 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v3-2026-12-02.jsonl", "runner_grids_h200_v3_suite.json"),
            ("runner-grids-h200-v4-2026-12-02.jsonl", "runner_grids_h200_v4_suite.json"),
            ("runner-grids-h200-v5-2026-12-02.jsonl", "runner_grids_h200_v5_suite.json"),
+           ("runner-grids-h200-v6-2026-12-02.jsonl", "runner_grids_h200_v6_suite.json"),
+           ("runner-grids-h200-v7-2026-12-02.jsonl", "runner_grids_h200_v7_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -264,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
           f"x{intervals['median_width_after_2_trials'] or float('nan'):.2f}")
     print("labels: every figure here is measured (grid truth); the predictions that order the agent and the predicted "
           "order come from the cost model, whose runner components were shaped looking at the v1-v4 grids "
-          "(benchmarks/runner_accuracy.py: in sample), the v5 grid held out")
+          "(benchmarks/runner_accuracy.py: in sample), the v5 grid held out; the v6 grid (Mixtral-8x7B) held out for "
+          "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid held out")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
