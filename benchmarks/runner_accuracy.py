@@ -23,6 +23,7 @@ from cost_model.constants import default_constants
 from cost_model.hypotheses import Z90
 from cost_model.hardware import load_gpu
 from cost_model.model_spec import load_model
+from cost_model.profile import shipped_profile
 from experiments.megatron.model_run import predict_run, trial_model
 
 if __package__ in (None, ""):
@@ -57,10 +58,11 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # The v6 grid (Mixtral-8x7B, a family never run before) was measured with predictions committed before; its
 # recompute runs' peaks were then used to fit unfused_glu_backward_tensors: in sample from then on (its tokens/s
 # figures, which nothing was fitted to, are in runner-accuracy-v6-held-out-2026-12-02.txt). The v7 grid
-# (Mixtral-8x22B) was measured after that, predictions committed before, and used for nothing but judging.
+# (Mixtral-8x22B) was measured after that, predictions committed before (runner-accuracy-v7-held-out-2026-12-02.txt);
+# its selective moe_act run and v6's were then used to fit unfused_moe_act_recompute_tensors: in sample from then on.
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl",
                    "runner-grids-h200-v3-2026-12-02.jsonl", "runner-grids-h200-v4-2026-12-02.jsonl",
-                   "runner-grids-h200-v6-2026-12-02.jsonl"}
+                   "runner-grids-h200-v6-2026-12-02.jsonl", "runner-grids-h200-v7-2026-12-02.jsonl"}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -77,6 +79,12 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
+def own_layers(model, gpu) -> bool:
+    """Whether the shipped profile measured every layer kind of `model` (else one is timed as another model's)."""
+    runner = shipped_profile(gpu.name).runner
+    return runner is not None and runner.measures_layers_of(model)
+
+
 def rows(suite_path: Path, results_path: Path) -> list[dict]:
     out = []
     gpu = load_gpu("h200")
@@ -90,7 +98,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "spread": run.spread, "then": (run.recorded or {}).get("tokens_per_s_per_gpu"),
                     "peak": run.peak, "peak_predicted": p.peak_memory_gib, "capacity": p.gpu_memory_gib,
                     "fits": p.fits, "verdict": getattr(p, "fit_verdict", "fits" if p.fits else "does not fit"),
-                    "in_sample": results_path.name in IN_SAMPLE_FILES})
+                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own_layers(model, gpu)})
     return out
 
 
@@ -130,19 +138,25 @@ def summarize(table: list[dict], label: str) -> dict:
 
 
 def interval_check(table: list[dict]) -> dict:
-    """The runner stack's 90% band (cost_model constant runner_prediction_error_sd): the sd the in-sample runs
-    give (90th percentile of their absolute log error over 1.645) beside the shipped one, and how many held-out
-    measurements the shipped band holds."""
-    sd = default_constants().runner_prediction_error_sd
-    ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in table if r["in_sample"] and r["status"] == "ok")
-    held = [abs(math.log(r["predicted"] / r["measured"])) for r in table if not r["in_sample"] and r["status"] == "ok"]
-    fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
-    inside = sum(e <= Z90 * sd for e in held)
-    print(f"interval: the runner stack's 90% band uses sd {sd:.3f} (the {len(ins)} in-sample runs give "
-          f"{fitted if fitted is None else round(fitted, 3)}), width x{math.exp(2 * Z90 * sd):.2f} before any trial; "
-          f"it holds {inside} of {len(held)} held-out measurements")
-    return {"sd": sd, "sd_from_in_sample": fitted, "width": math.exp(2 * Z90 * sd), "held_out_inside": inside,
-            "held_out": len(held)}
+    """The runner stack's 90% bands (cost_model constants runner_prediction_error_sd, for a model whose layer kinds
+    the profile measured, and runner_scaled_layer_error_sd, for one whose layer is timed as another model's): the
+    sd the in-sample runs of each class give (90th percentile of their absolute log error over 1.645) beside the
+    shipped one, and how many held-out measurements the shipped band holds."""
+    c = default_constants()
+    out = {}
+    for own, name, sd in ((True, "own layers", c.runner_prediction_error_sd),
+                          (False, "scaled layers", c.runner_scaled_layer_error_sd)):
+        ok = [r for r in table if r["status"] == "ok" and r["own_layers"] == own]
+        ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in ok if r["in_sample"])
+        held = [abs(math.log(r["predicted"] / r["measured"])) for r in ok if not r["in_sample"]]
+        fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
+        inside = sum(e <= Z90 * sd for e in held)
+        print(f"interval ({name}): the runner stack's 90% band uses sd {sd:.3f} (the {len(ins)} in-sample runs give "
+              f"{fitted if fitted is None else round(fitted, 3)}), width x{math.exp(2 * Z90 * sd):.2f} before any "
+              f"trial; it holds {inside} of {len(held)} held-out measurements")
+        out[name] = {"sd": sd, "sd_from_in_sample": fitted, "width": math.exp(2 * Z90 * sd), "held_out_inside": inside,
+                     "held_out": len(held)}
+    return out
 
 
 def main(argv: list[str]) -> int:

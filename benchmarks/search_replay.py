@@ -49,6 +49,7 @@ from cost_model.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses  # noqa: E402
 from cost_model.layout_codec import to_optuna_params  # noqa: E402
 from cost_model.model_spec import load_model  # noqa: E402
+from cost_model.profile import shipped_profile  # noqa: E402
 from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from tuner.agent import AgentProposer  # noqa: E402
@@ -79,6 +80,7 @@ class Grid:
     hours: dict          # layout key -> GPU-hours its trial took
     spreads: list = None  # (max - min) / mean of each layout measured more than once
     repeated: set = None  # layout keys measured more than once
+    prior_sd: float = 0.0  # the runner stack's prediction sd for this grid's model (what `tune` gives the agent)
 
     @property
     def best(self) -> float:
@@ -112,7 +114,10 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
                 spreads.append(run.spread)
                 repeated.add(t.layout.key())
         name = f"{model} L{layers} x{gpus} seq {seq} gb {gb} ({result.split('-2026')[0].split('.jsonl')[0]})"
-        grids.append(Grid(name, cands, truth, hours, spreads, repeated))
+        c = default_constants()
+        own = shipped_profile("h200").runner.measures_layers_of(model_run)
+        grids.append(Grid(name, cands, truth, hours, spreads, repeated,
+                          c.runner_prediction_error_sd if own else c.runner_scaled_layer_error_sd))
     return grids
 
 
@@ -142,7 +147,7 @@ def agent_order(grid: Grid, bands: list | None = None) -> list:
     (trial number, low, high, measured or None) of the 90% band it printed before the trial."""
     cands = [c for c in grid.cands if c.prediction.may_fit]
     by_params = {json.dumps(to_optuna_params(c.layout), sort_keys=True): c for c in cands}
-    level_sd, family_sd, sigma = prior_parts(default_constants().runner_prediction_error_sd)
+    level_sd, family_sd, sigma = prior_parts(grid.prior_sd)
     agent = AgentProposer(cands, to_optuna_params, default_hypotheses(),
                           lambda h, l: next(c.prediction.tokens_per_s_per_gpu for c in cands if c.layout == l),
                           sigma=sigma, level_sd=level_sd, family_sd=family_sd, stop_margin=None)

@@ -144,7 +144,7 @@ def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, t
 
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
                                     routed_rows_per_token: float, gdn_sharded: bool = False,
-                                    unfused: tuple[float, float, float] | None = None) -> tuple[float, float]:
+                                    unfused: tuple[float, float, float, float] | None = None) -> tuple[float, float]:
     """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
 
     `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the
@@ -152,7 +152,8 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
     without fused kernels): the factors (dense-MLP layers, MoE layers) on the count with
     `unfused_extra_bytes`, for what that count misses or over-counts, fitted per MLP kind, and the eager
     SwiGLU backward's gradient temporaries in [rows, ffn] tensors (`glu_backward_tensor_bytes`), added to the
-    working set of the layer running its backward.
+    working set of the layer running its backward, and with the experts' activation recomputed (moe_act) the more
+    such tensors the measured runs hold.
     """
     mods = set(layout.selective_modules)
     saved = 0.0
@@ -172,7 +173,8 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
                                                           routed_rows_per_token, gdn_sharded))
             # Beyond its saved bytes (already counted in `saved`), the layer running its backward holds what
             # recompute rebuilds and the eager backward's gradient temporaries.
-            temps = unfused[2] * glu_backward_tensor_bytes(mlp_kind, model, layout, tokens, routed_rows_per_token)
+            tensors = unfused[2] + (unfused[3] if mlp_kind == MOE and "moe_act" in mods and "moe" not in mods else 0.0)
+            temps = tensors * glu_backward_tensor_bytes(mlp_kind, model, layout, tokens, routed_rows_per_token)
             working = whole - layer + temps
             temps_max = max(temps_max, temps)
         whole_max = max(whole_max, whole)
@@ -227,7 +229,7 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
     unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
-                                  c.unfused_glu_backward_tensors)
+                                  c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors)
     saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token, gdn_sharded,
                                                      unfused)
     pp = layout.pp

@@ -49,8 +49,10 @@ class Constants:
     unfused_activation_factor: float
     unfused_moe_activation_factor: float
     unfused_glu_backward_tensors: float
+    unfused_moe_act_recompute_tensors: float
     prediction_error_sd: float
     runner_prediction_error_sd: float
+    runner_scaled_layer_error_sd: float
     prediction_error_sd_lora_vlm: float
     memory_error_sd: float
     host_base_gib_per_gpu: float

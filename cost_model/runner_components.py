@@ -120,6 +120,12 @@ class RunnerComponents:
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
 
+    def measures_layers_of(self, model) -> bool:
+        """Whether every layer kind of `model` has its own measurement (else some layer is timed as another
+        model's, its GPU work scaled: a prediction with a larger error, runner_scaled_layer_error_sd)."""
+        kinds = set(zip(model.layer_types, model.mlp_types))
+        return all(self.layer(layer_signature(model, a, m)) is not None for a, m in kinds)
+
     def same_kind(self, attn_kind: str, mlp_kind: str, hidden_size: int) -> tuple[str, LayerCurves] | None:
         """The measured layer of this kind with the nearest hidden size (for a model the profile did not run)."""
         prefix = f"{attn_kind}+{mlp_kind}|"

@@ -265,12 +265,18 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
     model = qwen3_moe()
     layout = Layout(1, max_tokens_per_gpu=8192)
     p = runner(model, layout)
-    config = SimpleNamespace(workload=MEGATRON)
+    config = SimpleNamespace(workload=MEGATRON, model=model, gpu=H200, profile=None)
     iv = interval_dict(config, SimpleNamespace(name="megatron"), layout, p)
-    sd = default_constants().runner_prediction_error_sd
-    assert iv["error_sd"] == sd < default_constants().prediction_error_sd
+    c = default_constants()
+    sd = c.runner_prediction_error_sd
+    assert iv["error_sd"] == sd < c.runner_scaled_layer_error_sd < c.prediction_error_sd
     assert iv["high"] / iv["low"] == pytest.approx(math.exp(2 * 1.645 * sd), rel=1e-6) and iv["high"] / iv["low"] < 1.5
     assert "measured components" in iv["basis"]
+    # a model whose layer the profile did not measure (timed as Qwen3-30B's, scaled) carries the larger residual
+    other = trial_model(load_model("qwen3-235b-a22b"), 1)
+    scaled = SimpleNamespace(workload=MEGATRON, model=other, gpu=H200, profile=None)
+    assert interval_dict(scaled, SimpleNamespace(name="megatron"), layout, runner(other, layout))["error_sd"] == \
+        c.runner_scaled_layer_error_sd
     # a stack priced by the fitted terms keeps the model's residual
     te = predict(model, H200, MEGATRON, layout, precision_aware_optimizer=True)
     assert interval_dict(config, SimpleNamespace(name="megatron"), layout, te)["error_sd"] == default_constants().prediction_error_sd
