@@ -25,12 +25,17 @@ class CurveRunner(TrialRunner):
 
     name = "fake-measured"
 
+    def __init__(self, proxy: bool = False):
+        self.proxy = proxy   # a 4-layer run on another stack (the megatron runner's way), not the recipe's job
+
     def run(self, spec):
         tp = spec.case.layout.tp
         losses = tuple(x * (1.25 if tp == 2 else 1.0) + 0.001 * i for i, x in enumerate(BASE))
         speed = 1000.0 * spec.case.layout.max_tokens_per_gpu / 8192 * (1.2 if tp == 2 else 1.0)
-        details = {"notes": ["truncated: 4 of 40 layers (--layers)"], "model_run": {"name": "m[L4]"},
-                   "window": [5, 19], "steps_run": 20, "global_batch_rows": 16, "seq_len": 4096}
+        details = {"window": [5, 19], "steps_run": 20, "global_batch_rows": 16, "seq_len": 4096}
+        if self.proxy:
+            details.update(notes=["truncated: 4 of 40 layers (--layers)"], runner="megatron",
+                           model_run={"name": "m[L4]", "layers": 4})
         return TrialResult(status="ok", kind="measured", source="test runner", tokens_per_s_per_gpu=speed,
                            step_time_s=1.0, peak_memory_gib=50.0, losses=losses, step_time_cv_percent=1.0,
                            details=details)
@@ -64,8 +69,8 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
         block = recipe["correctness"]
         if recipe["status"] == "verified":
             assert block["convergence"]["result"] == "pass" and block["result"] == "pass"
-            assert recipe["result"]["measured"] == "test runner; model run m[L4]: truncated: 4 of 40 layers (--layers)"
-            assert recipe["result"]["mfu_note"].startswith("measured: 6 x active params of the model run (m[L4])")
+            assert recipe["result"]["measured"] == "test runner"
+            assert recipe["result"]["mfu_note"].startswith("measured: 6 x active params of the model run x")
             assert recipe["result"]["window_tokens"] == 15 * 16 * 4096 and recipe["result"]["runs"] == 1
             assert recipe["result"]["gpu_hours_note"].startswith("measured")
             assert block["summary"] == "passed; convergence passed"
@@ -76,6 +81,27 @@ def test_verified_only_through_a_passing_convergence_arm(tmp_path, qwen36, h200)
             if block["convergence"]["result"] == "fail":
                 assert block["result"] == "fail" and block["summary"] == "fail; convergence FAILED"
     assert statuses[2] == {"measured"} and "verified" in statuses[1], statuses
+
+
+def test_a_proxy_run_is_evidence_not_the_recipes_result(tmp_path, qwen36, h200):
+    """A trial that ran 4 of 40 layers on another stack chose the layout; the recipe stays the whole model's
+    prediction (status predicted) and lists the proxy run with what ran, however well it converged."""
+    workload = Workload()
+    config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=20, window=(5, 19))
+    candidates = [c for c in fitting_candidates(qwen36, h200, workload, every=20) if c.layout.tp == 1][:2]
+    study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "p", config)
+    run_study(study, config, CurveRunner(proxy=True), AgentProposer(candidates, to_optuna_params, stop_margin=None),
+              trials=2, progress=False)
+    verify_top(study, config, CurveRunner(proxy=True), 1, default_reference(candidates, 8))
+    rows = ranked_rows(study)
+    for path, row in zip(export_rows(rows, config, tmp_path / "out", study), rows):
+        recipe = yaml.safe_load(path.read_text())
+        assert recipe["status"] == "predicted" and recipe["correctness"]["result"] == "not run"
+        assert recipe["result"]["tokens_per_s_per_gpu"] == pytest.approx(recipe["result"]["predicted"]["tokens_per_s_per_gpu"])
+        [proxy] = recipe["result"]["proxy_runs"]
+        assert proxy["tokens_per_s_per_gpu"] == pytest.approx(row.tokens_per_s_per_gpu, abs=0.01)
+        assert "m[L4] (4 of 40 layers)" in proxy["ran"] and "megatron runner" in proxy["ran"]
+        assert "proxy_runs measured another job" in recipe["result"]["proxy_note"]
 
 
 def test_default_reference_is_the_simplest_fitting_layout(qwen36, h200):

@@ -22,7 +22,12 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
         recipe["result"]["predicted_interval"] = interval_block(config, row.layout)
         trial = trials.get(row.number)
         if row.kind == "measured" and trial is not None:
-            _record_measurement(recipe, row, trial, config, study)
+            result = trial.user_attrs.get("result") or {}
+            proxy = proxy_differences(result, config)
+            if proxy:
+                _record_proxy(recipe, row, trial, config, study, proxy)
+            else:
+                _record_measurement(recipe, row, trial, config, study)
         # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
         path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
         with writing_user_file():
@@ -65,6 +70,46 @@ def interval_block(config, layout) -> dict:
                      f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
                      f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"
                      f"{iv.spread_high:,.0f}")}
+
+
+def proxy_differences(result: dict, config) -> list[str]:
+    """How a measured trial differs from the job the recipe describes (the study's whole model on slime, on the
+    study's GPUs): fewer layers, replaced layers, another stack. Empty: the trial ran the recipe's job."""
+    from experiments.runner import TrialResult
+
+    detail = TrialResult.from_dict(result).details
+    out = []
+    run = detail.get("model_run") or {}
+    layers = run.get("num_hidden_layers") or run.get("layers")
+    if run.get("name") and run.get("name") != config.model.name:
+        out.append(f"model run {run['name']}" + (f" ({layers} of {config.model.num_hidden_layers} layers)"
+                                                  if layers else ""))
+    if (detail.get("runner") or "slime") != "slime":
+        out.append(f"stack: the {detail['runner']} runner ({result.get('source') or 'not slime'}), not slime")
+    return out
+
+
+def _record_proxy(recipe: dict, row, trial, config, study, differences: list[str]) -> None:
+    """A measured trial that ran a proxy (fewer layers, another stack) is evidence for the recipe, not its result:
+    the recipe stays the target's prediction (status predicted), and the proxy run is listed with what ran."""
+    from tuner.verify import convergence_of
+
+    result = trial.user_attrs.get("result") or {}
+    proxy_prediction = (trial.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+    entry = {"trial": row.number, "ran": "; ".join(differences),
+             "tokens_per_s_per_gpu": round(row.tokens_per_s_per_gpu, 2),
+             "predicted_for_the_proxy": round(proxy_prediction, 2) if proxy_prediction else None,
+             **{k: v for k, v in measured_run_fields(result, config).items() if k in ("measured", "window")},
+             "gpu_hours": result.get("gpu_hours")}
+    convergence = convergence_of(study, row.number)
+    if convergence:
+        entry["convergence"] = convergence.get("result") or convergence.get("verdict")
+    recipe["status"] = "predicted"
+    recipe["result"]["proxy_runs"] = [entry]
+    recipe["result"]["proxy_note"] = ("this recipe's figures are predicted for the whole model on slime; proxy_runs "
+                                      "measured another job (it chose this layout): run the recipe to measure it")
+    if not recipe["result"]["predicted"].get("fits", True):
+        recipe["result"]["proxy_note"] += "; the whole model is predicted NOT to fit this layout on these GPUs"
 
 
 def _record_measurement(recipe: dict, row, trial, config, study) -> None:

@@ -296,6 +296,8 @@ def export_parser():
     add_storage(p)
     p.add_argument("--top", type=bounded_int(1, 1000), default=3, help="recipes to write, 1 to 1,000 (default 3)")
     p.add_argument("--out", required=True, help="folder; recipes go to OUT/<model>/<gpu>/<name>.yaml")
+    p.add_argument("--model", help="the config.json a study was tuned on, when it was not a catalog model (checked "
+                                   "against the architecture the study recorded)")
     p.add_argument("--json", action="store_true", help="print one JSON object: the recipes written")
     return p
 

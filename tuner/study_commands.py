@@ -12,7 +12,7 @@ from pathlib import Path
 
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_values, parse_pairs, to_optuna_params
-from cost_model.model_spec import load_model
+from cost_model.model_spec import catalog_names, load_model
 from cost_model.predict import Prediction, memory_verdict, predict
 from cost_model.hardware import load_gpu
 from cost_model.stack import Stack
@@ -386,6 +386,16 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _study_model(args, identity: dict):
+    """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key)."""
+    if getattr(args, "model", None):
+        return load_model(args.model)
+    if identity.get("architecture") and identity["model"] not in catalog_names():
+        raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}): pass that file "
+                       f"with --model PATH")
+    return load_model(identity["model"])
+
+
 def cmd_export(args) -> int:
     study = open_existing(args)
     identity = study.user_attrs.get("config")
@@ -393,7 +403,7 @@ def cmd_export(args) -> int:
         raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
     # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
     gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
-    model = load_model(identity["model"])
+    model = _study_model(args, identity)
     check_model_identity(identity, model)
     config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
     rows = ranked_rows(study)
