@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     print("labels: every figure here is measured (grid truth); the predictions that order the agent and the predicted "
           "order come from the cost model, whose runner components were shaped looking at the v1-v4 grids "
           "(benchmarks/runner_accuracy.py: in sample), the v5 grid held out; the v6 grid (Mixtral-8x7B) held out for "
-          "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid held out")
+          "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid (Mixtral-8x22B) "
+          "held out for tokens/s, in sample for memory (unfused_moe_act_recompute_tensors)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
