@@ -145,7 +145,9 @@ def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, t
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
                                     routed_rows_per_token: float, gdn_sharded: bool = False,
                                     unfused: tuple[float, float, float, float] | None = None) -> tuple[float, float]:
-    """(saved bytes of one micro-batch through all layers of the rank, working set of its largest layer).
+    """(saved bytes of one micro-batch through all layers of the rank, working set of the layer running its
+    backward: on the unfused stack what it holds beyond its saved bytes, measured so on the runner; on the fused
+    count the whole layer, as before, since no fused-stack run has separated the two).
 
     `tokens` is the micro-batch's tokens on this GPU (its CP shard); `routed_rows_per_token` the
     expert rows this GPU receives per local token (top-k x routing imbalance). `unfused` (a stack
