@@ -167,6 +167,16 @@ def test_export_refuses_a_config_changed_after_tuning(tmp_path, capsys, monkeypa
     assert "another model's" in one_line(capsys) and not Path("r2").exists()
 
 
+def test_export_of_a_config_json_study_elsewhere_takes_its_file(tmp_path, capsys, monkeypatch):
+    tuned_small_llama(tmp_path, monkeypatch)
+    capsys.readouterr()
+    Path("m1").rename("moved")    # the study is exported from where its config.json folder is not
+    assert main(["export", "--study", "s", "--storage", "s.db", "--out", "r1"]) == 2
+    assert "pass that file with --model PATH" in one_line(capsys) and not Path("r1").exists()
+    assert main(["export", "--study", "s", "--storage", "s.db", "--out", "r1", "--model", "moved/config.json"]) == 0
+    assert list(Path("r1").rglob("*.yaml"))
+
+
 def test_a_trial_the_user_enqueued_runs_first(tmp_path, capsys, monkeypatch):
     from cost_model.layout import Layout
     from cost_model.layout_codec import to_optuna_params

@@ -7,12 +7,12 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import fields as dataclass_fields
+from dataclasses import fields as dataclass_fields, replace
 from pathlib import Path
 
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_values, parse_pairs, to_optuna_params
-from cost_model.model_spec import catalog_names, load_model
+from cost_model.model_spec import ModelError, catalog_names, load_model
 from cost_model.predict import Prediction, memory_verdict, predict
 from cost_model.hardware import load_gpu
 from cost_model.stack import Stack
@@ -389,11 +389,18 @@ def cmd_show(args) -> int:
 def _study_model(args, identity: dict):
     """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key)."""
     if getattr(args, "model", None):
-        return load_model(args.model)
-    if identity.get("architecture") and identity["model"] not in catalog_names():
-        raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}): pass that file "
-                       f"with --model PATH")
-    return load_model(identity["model"])
+        model = load_model(args.model)
+        if model.name != identity["model"] and model.display_name == model.name:
+            # a config.json is named by its folder: the same file in another folder is the same model
+            model = replace(model, name=identity["model"], display_name=identity["model"])
+        return model
+    try:
+        return load_model(identity["model"])   # a catalog key, or the config.json folder of that name here
+    except ModelError:
+        if identity.get("architecture") and identity["model"] not in catalog_names():
+            raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}) not found "
+                           f"here: pass that file with --model PATH") from None
+        raise
 
 
 def cmd_export(args) -> int:
