@@ -13,10 +13,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_model.case import Case  # noqa: E402
+from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
 from cost_model.hardware import load_gpu  # noqa: E402
-from cost_model.model_spec import load_model  # noqa: E402
-from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from experiments.megatron.suite import parse_suite  # noqa: E402
 
 
@@ -28,10 +26,8 @@ def main(argv: list[str]) -> int:
     gpu = load_gpu("h200")
     print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'peak GiB':>9} verdict   (predicted before any of these ran)")
     for t in trials:
-        model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-        p = predict_run(Case(model, gpu, t.workload, t.layout))
-        verdict = getattr(p, "fit_verdict", "fits" if p.fits else "does not fit")
-        print(f"{t.name:22} {p.tokens_per_s_per_gpu:20.0f} {p.peak_memory_gib:9.1f} {verdict}")
+        _, p = trial_prediction(t, gpu)
+        print(f"{t.name:22} {p.tokens_per_s_per_gpu:20.0f} {p.peak_memory_gib:9.1f} {p.fit_verdict}")
     return 0
 
 

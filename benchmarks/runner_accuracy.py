@@ -23,12 +23,12 @@ from cost_model.constants import default_constants
 from cost_model.hypotheses import Z90
 from cost_model.hardware import load_gpu
 from cost_model.model_spec import load_model
-from cost_model.profile import shipped_profile
 from experiments.megatron.model_run import predict_run, trial_model
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measured_runs import load_runs  # noqa: E402
+from tuner.intervals import measures_layers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 B, R = ROOT / "benchmarks", ROOT / "benchmarks/results"
@@ -79,10 +79,10 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
-def own_layers(model, gpu) -> bool:
-    """Whether the shipped profile measured every layer kind of `model` (else one is timed as another model's)."""
-    runner = shipped_profile(gpu.name).runner
-    return runner is not None and runner.measures_layers_of(model)
+def trial_prediction(t, gpu):
+    """(the model a suite trial trains, the cost model's prediction for it on the runner's stack)."""
+    model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
+    return model, predict_run(Case(model, gpu, t.workload, t.layout))
 
 
 def rows(suite_path: Path, results_path: Path) -> list[dict]:
@@ -90,15 +90,14 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
     gpu = load_gpu("h200")
     for run in load_runs(suite_path, results_path):
         t = run.trial
-        model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-        p = predict_run(Case(model, gpu, t.workload, t.layout))
+        model, p = trial_prediction(t, gpu)
         grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({results_path.name.split('-2026')[0]})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
                     "measured": run.measured, "predicted": p.tokens_per_s_per_gpu, "repeats": len(run.tokens),
                     "spread": run.spread, "then": (run.recorded or {}).get("tokens_per_s_per_gpu"),
                     "peak": run.peak, "peak_predicted": p.peak_memory_gib, "capacity": p.gpu_memory_gib,
-                    "fits": p.fits, "verdict": getattr(p, "fit_verdict", "fits" if p.fits else "does not fit"),
-                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own_layers(model, gpu)})
+                    "fits": p.fits, "verdict": p.fit_verdict,
+                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": measures_layers(model, gpu)})
     return out
 
 

@@ -44,16 +44,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model.case import Case  # noqa: E402
-from cost_model.constants import default_constants  # noqa: E402
 from cost_model.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses  # noqa: E402
 from cost_model.layout_codec import to_optuna_params  # noqa: E402
 from cost_model.model_spec import load_model  # noqa: E402
-from cost_model.profile import shipped_profile  # noqa: E402
 from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from tuner.agent import AgentProposer  # noqa: E402
-from tuner.intervals import prior_parts  # noqa: E402
+from tuner.intervals import prior_parts, runner_stack_sd  # noqa: E402
 from tuner.proposer import Candidate, History, SamplerProposer  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -114,10 +112,7 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
                 spreads.append(run.spread)
                 repeated.add(t.layout.key())
         name = f"{model} L{layers} x{gpus} seq {seq} gb {gb} ({result.split('-2026')[0].split('.jsonl')[0]})"
-        c = default_constants()
-        own = shipped_profile("h200").runner.measures_layers_of(model_run)
-        grids.append(Grid(name, cands, truth, hours, spreads, repeated,
-                          c.runner_prediction_error_sd if own else c.runner_scaled_layer_error_sd))
+        grids.append(Grid(name, cands, truth, hours, spreads, repeated, runner_stack_sd(model_run, load_gpu("h200"))))
     return grids
 
 

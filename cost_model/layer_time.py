@@ -8,7 +8,6 @@ part, into a `LayerTime`.
 """
 from __future__ import annotations
 
-
 from dataclasses import dataclass
 
 from cost_model.communication import expert_dispatch_time, hidden_state_bytes

@@ -25,7 +25,7 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
             result = trial.user_attrs.get("result") or {}
             proxy = proxy_differences(result, config)
             if proxy:
-                _record_proxy(recipe, row, trial, config, study, proxy)
+                _record_proxy(recipe, row, result, trial, config, study, proxy)
             else:
                 _record_measurement(recipe, row, trial, config, study)
         # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
@@ -80,8 +80,8 @@ def proxy_differences(result: dict, config) -> list[str]:
     detail = TrialResult.from_dict(result).details
     out = []
     run = detail.get("model_run") or {}
-    layers = run.get("num_hidden_layers") or run.get("layers")
-    if run.get("name") and run.get("name") != config.model.name:
+    layers = run.get("layers")
+    if run.get("name") and run["name"] != config.model.name:
         out.append(f"model run {run['name']}" + (f" ({layers} of {config.model.num_hidden_layers} layers)"
                                                   if layers else ""))
     if (detail.get("runner") or "slime") != "slime":
@@ -89,12 +89,11 @@ def proxy_differences(result: dict, config) -> list[str]:
     return out
 
 
-def _record_proxy(recipe: dict, row, trial, config, study, differences: list[str]) -> None:
+def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differences: list[str]) -> None:
     """A measured trial that ran a proxy (fewer layers, another stack) is evidence for the recipe, not its result:
     the recipe stays the target's prediction (status predicted), and the proxy run is listed with what ran."""
     from tuner.verify import convergence_of
 
-    result = trial.user_attrs.get("result") or {}
     proxy_prediction = (trial.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
     entry = {"trial": row.number, "ran": "; ".join(differences),
              "tokens_per_s_per_gpu": round(row.tokens_per_s_per_gpu, 2),
@@ -103,7 +102,7 @@ def _record_proxy(recipe: dict, row, trial, config, study, differences: list[str
              "gpu_hours": result.get("gpu_hours")}
     convergence = convergence_of(study, row.number)
     if convergence:
-        entry["convergence"] = convergence.get("result") or convergence.get("verdict")
+        entry["convergence"] = convergence.get("result")
     recipe["status"] = "predicted"
     recipe["result"]["proxy_runs"] = [entry]
     recipe["result"]["proxy_note"] = ("this recipe's figures are predicted for the whole model on slime; proxy_runs "

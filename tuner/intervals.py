@@ -30,7 +30,7 @@ def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dic
     shipped = next(h for h in default_hypotheses() if h.shipped)
     c = default_constants()
     measured_stack = prediction.breakdown.get("layers", 0.0) > 0   # priced from the runner's measured components
-    sd = runner_stack_sd(config) if measured_stack else residual_sd(c, config.workload)
+    sd = runner_stack_sd(config.model, config.gpu, config.profile) if measured_stack else residual_sd(c, config.workload)
     iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], sd)
     basis = ("the runner's own prediction from its measured components and their residual on runner runs"
              if measured_stack else "the runner's own prediction and the model's residual (Megatron framework: one form)")
@@ -41,17 +41,22 @@ def prediction_sd(config, runner) -> float:
     """The log-normal sd of the runner's predictions on runs no fit saw: the runner stack's own (measured on its
     grids) when the runner prices what it runs from measured components, else the model's held-out residual."""
     c = default_constants()
-    return runner_stack_sd(config) if not uses_hypotheses(runner) else residual_sd(c, config.workload)
+    if uses_hypotheses(runner):
+        return residual_sd(c, config.workload)
+    return runner_stack_sd(config.model, config.gpu, config.profile)
 
 
-def runner_stack_sd(config) -> float:
-    """The runner stack's prediction sd for the study's model: its residual where the profile measured every layer
-    kind of the model, the larger one where a layer is timed as another model's (cost_model constants)."""
+def measures_layers(model, gpu, profile=None) -> bool:
+    """Whether the profile (default: the one shipped for the GPU) measured every layer kind of `model` on the runner."""
+    profile = profile or shipped_profile(gpu.name)
+    return profile is not None and profile.runner is not None and profile.runner.measures_layers_of(model)
+
+
+def runner_stack_sd(model, gpu, profile=None) -> float:
+    """The runner stack's prediction sd for `model`: its residual where the profile measured every layer kind of
+    the model, the larger one where a layer is timed as another model's (cost_model constants)."""
     c = default_constants()
-    profile = config.profile or shipped_profile(config.gpu.name)
-    runner = profile.runner if profile is not None else None
-    own = runner is not None and runner.measures_layers_of(config.model)
-    return c.runner_prediction_error_sd if own else c.runner_scaled_layer_error_sd
+    return c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else c.runner_scaled_layer_error_sd
 
 
 def agent_prior(config, runner) -> tuple[float, float, float]:
