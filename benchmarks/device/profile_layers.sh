@@ -1,0 +1,22 @@
+# Device call: own-layer runner-component builds for the models in SPECS (one "model kind layers extra rows" per
+# line; extra is - for none, --real-vocab or --offload), appended to $OUT/builds.jsonl, then the grid SUITE (if set)
+# with the time left of BUDGET seconds. Needs .whl/a's megatron-core (and .whl/b for GDN models).
+# Usage: SPECS="$(cat specs.txt)" BUDGET=570 [SUITE=...] bash benchmarks/device/profile_layers.sh
+set -u
+S0=$(date +%s)
+. benchmarks/device/session_env.sh
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+while read -r model kind layers extra rows; do
+  [ -z "$model" ] && continue
+  [ "$extra" = - ] && extra=
+  timeout 170 python -m experiments.checks.runner_components --model "$model" --kind "$kind" --layers "$layers" \
+    $extra --microbatches 4 --rows "$rows" --out $OUT/builds.jsonl >> $OUT/profile.log 2>&1
+  echo "build $model $kind x$layers $extra: rc $? at $(( $(date +%s) - S0 )) s"
+done <<< "$SPECS"
+if [ -n "${SUITE:-}" ]; then
+  left=$(( ${BUDGET:-570} - ( $(date +%s) - S0 ) ))
+  echo "grid with $left s left"
+  python -m experiments.megatron --suite "$SUITE" --out $OUT/grids.jsonl --budget-s $left > $OUT/grids.log 2>&1
+  grep -o '"trial":"[^"]*","gpus":1,"expect":"","elapsed_s":[0-9.]*,"status":"[a-z]*"' $OUT/grids.jsonl
+fi
+grep -h "fb " $OUT/profile.log | tail -5
