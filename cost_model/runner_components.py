@@ -18,6 +18,7 @@ data and arithmetic: no I/O.
 from __future__ import annotations
 
 import ast
+import math
 import statistics
 from dataclasses import dataclass, fields, replace
 
@@ -126,13 +127,19 @@ class RunnerComponents:
         kinds = set(zip(model.layer_types, model.mlp_types))
         return all(self.layer(layer_signature(model, a, m)) is not None for a, m in kinds)
 
-    def same_kind(self, attn_kind: str, mlp_kind: str, hidden_size: int) -> tuple[str, LayerCurves] | None:
-        """The measured layer of this kind with the nearest hidden size (for a model the profile did not run)."""
+    def same_kind(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:
+        """The measured layer of this kind nearest `model`'s (for a model the profile did not run): nearest in
+        the log of every size that sets a layer's kernels (`NEAR_DIMS`), so Mixtral-8x7B's layer is priced
+        from Mixtral-8x22B's, not from a 128-expert one of the same hidden size. Its host floor is the lowest
+        measured for the kind: a larger donor's first point is GPU work, not host launch time (leave-one-model-
+        out on the H200 builds, benchmarks/layer_transfer.py: Mixtral-8x7B at 4k tokens 55% over without)."""
         prefix = f"{attn_kind}+{mlp_kind}|"
         found = [(sig, c) for sig, c in self.layers.items() if sig.startswith(prefix)]
         if not found:
             return None
-        return min(found, key=lambda sc: abs(int(signature_dims(sc[0]).get("hidden_size", 0)) - hidden_size))
+        sig, curves = min(found, key=lambda sc: _layer_distance(signature_dims(sc[0]), model))
+        return sig, replace(curves, none=_lowest_floor(curves.none, [c.none for _, c in found]),
+                            full=_lowest_floor(curves.full, [c.full for _, c in found]))
 
     def cpu_adam_rate(self, ranks_per_host: int) -> float:
         """CPU Adam parameters/s of one rank when `ranks_per_host` ranks step at once: measured at 1, 2, 4
@@ -143,6 +150,30 @@ class RunnerComponents:
                 return rate
         ranks, rate = points[-1]
         return rate * ranks / ranks_per_host
+
+
+# The sizes that set what one layer's kernels do: the nearest measured layer of a kind is the one closest in
+# the sum of |log| ratios of these (0 where a model has none, so a shared expert counts).
+NEAR_DIMS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+             "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
+def _layer_distance(dims: dict, model) -> float:
+    moe = bool(getattr(model, "num_experts", 0))
+    total = 0.0
+    for name in NEAR_DIMS:
+        if moe and name == "intermediate_size":
+            continue  # an MoE layer's dense size is unused (Qwen3-30B-A3B's 6144)
+        a, b = float(dims.get(name, 0) or 0), float(getattr(model, name, 0) or 0)
+        total += abs(math.log((a + 1) / (b + 1)))
+    return total
+
+
+def _lowest_floor(curve: Curve | None, curves: list) -> Curve | None:
+    floors = [c.floor for c in curves if c is not None]
+    if curve is None or not floors:
+        return curve
+    return replace(curve, floor=min(curve.floor, min(floors)))
 
 
 # An extra host-bound point must cut the summed squared relative error by this much (about 2% rms on one point)

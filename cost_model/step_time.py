@@ -319,13 +319,13 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
     measured_model, notes = ctx.model, []
     if curves is None:
-        near = ctx.runner.same_kind(attn_kind, mlp_kind, ctx.model.hidden_size)
+        near = ctx.runner.same_kind(attn_kind, mlp_kind, ctx.model)
         if near is None:
             return None, "modelled"
         curves = near[1]
         measured_model = signature_model(ctx.model, near[0])
         notes.append(f"{curves.model}'s measured {attn_kind}+{mlp_kind} layer, its GPU work scaled to this "
-                     f"layer's (modelled ratio), its host floor as measured")
+                     f"layer's (modelled ratio), its host floor the lowest measured of the kind")
     ratio = 1.0
     if measured_model is not ctx.model or any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
         whole = layer_time(attn_kind, mlp_kind, measured_model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
@@ -548,7 +548,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
             unmeasured.append(name)
             continue
         curves = (comps.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
-                  or comps.same_kind(attn_kind, mlp_kind, ctx.model.hidden_size)[1])
+                  or comps.same_kind(attn_kind, mlp_kind, ctx.model)[1])
         notes = [n for n in source.removeprefix("measured (").removesuffix(")").split("; ") if n != "measured"]
         if "recompute modelled" in notes:
             recompute_modelled.append(name)

@@ -78,14 +78,33 @@ def test_runner_step_follows_recompute_microbatches_and_offload():
 
 def test_a_layer_the_profile_did_not_run_is_timed_from_the_nearest_measured_layer_of_its_kind():
     from cost_model.runner_components import signature_dims, signature_model
-    big = load_model("llama3-70b")        # its layer is not in the profile; llama3-8b's is
+    big = load_model("llama3.1-405b")     # its layer is not in the profile; llama3-8b's and llama3-70b's are
     comps = shipped_profile("h200").runner
-    sig, curves = comps.same_kind("full_attention", "dense", big.hidden_size)
-    assert curves.model == "llama3-8b" and signature_dims(sig)["hidden_size"] == 4096
-    assert signature_model(big, sig).intermediate_size == 14336
+    sig, curves = comps.same_kind("full_attention", "dense", big)
+    assert curves.model == "llama3-70b" and signature_dims(sig)["hidden_size"] == 8192
+    assert signature_model(big, sig).intermediate_size == 28672
     p = runner(trial_model(big, 2), Layout(1, max_tokens_per_gpu=8192))
     assert p.breakdown["compute_mlp"] == 0 and p.breakdown["layers"] > 0
-    assert "llama3-8b's measured full_attention+dense layer" in p.term_sources["layers"]
+    assert "llama3-70b's measured full_attention+dense layer" in p.term_sources["layers"]
+
+
+def test_the_nearest_measured_layer_is_nearest_in_every_size_and_keeps_the_lowest_host_floor():
+    from cost_model.runner_components import Curve, LayerCurves, RunnerComponents, layer_signature
+    comps = shipped_profile("h200").runner
+    # a Mixtral-like model of another hidden size: the 8-expert top-2 layer is nearer than any 128-expert one
+    mixtral = load_model("benchmarks/models/mixtral-8x7b/config.json")
+    odd = replace(mixtral, name="mixtral-odd", hidden_size=5120, num_attention_heads=40)
+    assert comps.layer(layer_signature(odd, "full_attention", "moe")) is None
+    _, near = comps.same_kind("full_attention", "moe", odd)
+    assert near.model.startswith("mixtral")
+    # the donor's first point may be GPU work: the floor carried over is the kind's lowest
+    big, small = (LayerCurves(name, Curve((4096.0, 8192.0), (f, 2 * f), floor=f, line=(0.0, f / 4096)), None)
+                  for name, f in (("big", 0.040), ("small", 0.010)))
+    two = RunnerComponents({layer_signature(mixtral, "full_attention", "moe"): big,
+                            layer_signature(load_model("qwen3-30b-a3b"), "full_attention", "moe"): small},
+                           {}, 0.0, 0.0, (), 4096, "test")
+    _, chosen = two.same_kind("full_attention", "moe", odd)
+    assert chosen.model == "big" and chosen.none.floor == 0.010
 
 
 def test_te_stack_is_priced_by_the_fitted_terms():
@@ -97,16 +116,16 @@ def test_te_stack_is_priced_by_the_fitted_terms():
 
 
 def test_unmeasured_layer_kinds_fall_back_to_the_fitted_terms():
-    # Qwen3-235B-A22B's layers (other sizes than Qwen3-30B-A3B's) are not in the profile: its MoE layer is
-    # timed from Qwen3-30B-A3B's measured one. Moonlight's MLA layers have no measured layer of their kind.
-    full = load_model("qwen3-235b-a22b")
+    # A Qwen3-235B-A22B with larger experts is not in the profile: its MoE layer is timed from Qwen3-235B-A22B's
+    # measured one. Moonlight's MLA layers have no measured layer of their kind.
+    full = replace(load_model("qwen3-235b-a22b"), name="q235-big-experts", moe_intermediate_size=2048)
     assert unsupported(full, "torch-native") == []
     model = trial_model(full, 4)
     comps = shipped_profile("h200").runner
     assert comps.layer(layer_signature(model, model.layer_types[0], model.mlp_types[0])) is None
     p = runner(model, Layout(1, max_tokens_per_gpu=8192))
     assert p.breakdown["layers"] > 0 and p.breakdown["compute_experts"] == 0
-    assert "qwen3-30b-a3b's measured full_attention+moe layer" in p.term_sources["layers"]
+    assert "qwen3-235b-a22b's measured full_attention+moe layer" in p.term_sources["layers"]
     mla = trial_model(load_model("moonlight-16b-a3b"), 4)
     p = runner(mla, Layout(1, max_tokens_per_gpu=8192))
     assert p.step_time_s > 0 and p.breakdown["compute_attention"] > 0
@@ -272,8 +291,8 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
     assert iv["error_sd"] == sd < c.runner_scaled_layer_error_sd < c.prediction_error_sd
     assert iv["high"] / iv["low"] == pytest.approx(math.exp(2 * 1.645 * sd), rel=1e-6) and iv["high"] / iv["low"] < 1.5
     assert "measured components" in iv["basis"]
-    # a model whose layer the profile did not measure (timed as Qwen3-30B's, scaled) carries the larger residual
-    other = trial_model(load_model("qwen3-235b-a22b"), 1)
+    # a model whose layer the profile did not measure (timed as another's, scaled) carries the larger residual
+    other = trial_model(load_model("llama3.1-405b"), 1)
     scaled = SimpleNamespace(workload=MEGATRON, model=other, gpu=H200, profile=None)
     assert interval_dict(scaled, SimpleNamespace(name="megatron"), layout, runner(other, layout))["error_sd"] == \
         c.runner_scaled_layer_error_sd

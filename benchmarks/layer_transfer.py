@@ -1,0 +1,111 @@
+"""How well a layer the profile did not measure is priced from the layers it did: leave one model out.
+
+For every model whose 1- and 2-layer builds the runner profile holds (the shipped H200 profile plus any build
+files given), the model's own builds are taken out of the profile and its layer's seconds per micro-batch are
+predicted from the remaining layers exactly as `tune` prices an unprofiled model (cost_model.step_time's
+runner_layer_terms: the nearest measured layer of the same kind, its GPU work scaled); the measurement is the
+difference of that model's 2- and 1-layer builds at each token count, no recompute. All figures measured on
+the H200 (the builds); nothing is simulated.
+
+Usage: python benchmarks/layer_transfer.py [BUILDS.jsonl ...]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from cost_model.constants import default_constants
+from cost_model.hardware import load_gpu
+from cost_model.layout import Layout
+from cost_model.model_spec import load_model
+from cost_model.predict import _step_context
+from cost_model.profile import shipped_profile
+from cost_model.runner_components import parse_runner_components, signature_dims
+from cost_model.runtime import MEGATRON_RUNNER
+from cost_model.step_time import runner_layer_terms
+from cost_model.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BUILDS = [ROOT / "benchmarks/results/runner-components-h200-2026-12-02c/builds.jsonl"]
+# config.json models the builds name (the catalog holds the rest)
+CONFIGS = {"mixtral-8x7b": "benchmarks/models/mixtral-8x7b/config.json",
+           "mixtral-8x22b": "benchmarks/models/mixtral-8x22b/config.json"}
+
+
+def build_record(b: dict) -> dict:
+    """A measured build in the profile's form (the fields the cost model reads)."""
+    points = [{k: p[k] for k in ("tokens", "full_recompute", "zero_grad_s", "fwd_bwd_s", "optimizer_s")}
+              for p in b["points"] if "error" not in p]
+    return {"model": b["model"], "signature": b["signature"], "kind": list(b["kind"]), "layers": b["layers"],
+            "vocab": b["vocab"], "hidden_size": int(signature_dims(b["signature"])["hidden_size"]),
+            "params": b["params"], "microbatches": b["microbatches"],
+            **({"offload": 1.0} if b.get("offload") else {}), "points": points}
+
+
+def measured_layer(builds: list[dict], model: str, section_microbatches: int) -> dict:
+    """{tokens: seconds per micro-batch} of one layer: the 2-layer build minus the 1-layer one (no recompute)."""
+    by_layers = {}
+    for b in builds:
+        if b["model"] == model and int(b["vocab"]) < 4096 and not b.get("offload"):
+            mb = int(b.get("microbatches", section_microbatches))
+            by_layers[int(b["layers"])] = {p["tokens"]: p["fwd_bwd_s"] / mb for p in b["points"]
+                                           if not p.get("full_recompute")}
+    one, two = by_layers.get(1, {}), by_layers.get(2, {})
+    return {t: two[t] - one[t] for t in sorted(set(one) & set(two))}
+
+
+def predicted_layer(model, components, tokens: float) -> tuple[float, str]:
+    """The runner stack's price of one layer of `model` per micro-batch at `tokens`, from `components`."""
+    gpu = load_gpu("h200")
+    profile = replace(shipped_profile("h200"), runner=components)
+    rows = max(1, int(tokens // 4096))
+    workload = Workload(seq_len=4096, global_batch=rows, framework="megatron")
+    layout = Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows)
+    ctx = _step_context(model, gpu, workload, layout, default_constants(), profile, MEGATRON_RUNNER)
+    (attn, mlp), = set(zip(model.layer_types, model.mlp_types))
+    terms, source = runner_layer_terms(ctx, attn, mlp, 0.0, 0.0)
+    return terms["layers"], source
+
+
+def main(argv: list[str]) -> int:
+    section = yaml.safe_load((ROOT / "cost_model/data/profiles/h200.yaml").read_text())["runner_components"]
+    extra = [build_record(json.loads(line)) for f in (argv or DEFAULT_BUILDS) for line in Path(f).read_text().splitlines()
+             if line.strip()]
+    builds = section["builds"] + extra
+    models = sorted({b["model"] for b in builds if len({b2["signature"] for b2 in builds if b2["model"] == b["model"]}) == 1})
+    print(f"{len(builds)} builds ({len(extra)} from {', '.join(str(f) for f in argv or DEFAULT_BUILDS)}); "
+          f"models with one layer kind: {', '.join(models)}")
+    print(f"{'held-out model':18} {'tokens':>7} {'measured ms':>11} {'predicted':>9} {'err%':>6}  priced from")
+    errors, per_model = [], {}
+    for name in models:
+        measured = measured_layer(builds, name, int(section["microbatches"]))
+        if not measured:
+            continue
+        rest = [b for b in builds if b["model"] != name]
+        comps = parse_runner_components({**section, "builds": rest})
+        model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
+        one = replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
+        for tokens, seconds in measured.items():
+            pred, source = predicted_layer(one, comps, tokens)
+            err = pred / seconds - 1
+            errors.append(abs(err))
+            per_model.setdefault(name, []).append(abs(err))
+            print(f"{name:18} {tokens:7d} {1e3 * seconds:11.1f} {1e3 * pred:9.1f} {100 * err:+6.1f}  {source[:90]}")
+    print()
+    for name, errs in per_model.items():
+        print(f"{name:18} median APE {100 * statistics.median(errs):5.1f}%  max {100 * max(errs):5.1f}%")
+    summary = {"points": len(errors), "median_ape": statistics.median(errors), "max_ape": max(errors),
+               "per_model_median_ape": {k: statistics.median(v) for k, v in per_model.items()}}
+    print(f"all: {len(errors)} points, median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main(sys.argv[1:]))
