@@ -38,7 +38,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v4_suite.json", R / "runner-grids-h200-v4-2026-12-02.jsonl"),
            (B / "runner_grids_h200_v5_suite.json", R / "runner-grids-h200-v5-2026-12-02.jsonl"),
            (B / "runner_grids_h200_v6_suite.json", R / "runner-grids-h200-v6-2026-12-02.jsonl"),
-           (B / "runner_grids_h200_v7_suite.json", R / "runner-grids-h200-v7-2026-12-02.jsonl")]
+           (B / "runner_grids_h200_v7_suite.json", R / "runner-grids-h200-v7-2026-12-02.jsonl"),
+           (B / "runner_grids_h200_v8_suite.json", R / "runner-grids-h200-v8-2026-12-02.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -60,6 +61,12 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # figures, which nothing was fitted to, are in runner-accuracy-v6-held-out-2026-12-02.txt). The v7 grid
 # (Mixtral-8x22B) was measured after that, predictions committed before (runner-accuracy-v7-held-out-2026-12-02.txt);
 # its selective moe_act run and v6's were then used to fit unfused_moe_act_recompute_tensors: in sample from then on.
+# Run5 of the profile (Mixtral-8x7B/8x22B, Qwen3-235B-A22B and Llama3-70B's own layers, builds used for nothing
+# else) and the nearest-layer rule (chosen on benchmarks/layer_transfer.py's leave-one-model-out figures) came
+# after v6 and v7 had been looked at. The v8 grids (Llama-3.2-3B and -1B whole, layers never profiled, and
+# Mixtral-8x7B at 3 layers, seq 8192) ran after that, predictions committed before
+# (runner-grids-h200-v8-predicted-before.txt), and are used for nothing but judging; runner_scaled_layer_error_sd
+# was set after they ran, from the layer builds (not fitted to them).
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl",
                    "runner-grids-h200-v3-2026-12-02.jsonl", "runner-grids-h200-v4-2026-12-02.jsonl",
                    "runner-grids-h200-v6-2026-12-02.jsonl", "runner-grids-h200-v7-2026-12-02.jsonl"}

@@ -66,6 +66,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v5-2026-12-02.jsonl", "runner_grids_h200_v5_suite.json"),
            ("runner-grids-h200-v6-2026-12-02.jsonl", "runner_grids_h200_v6_suite.json"),
            ("runner-grids-h200-v7-2026-12-02.jsonl", "runner_grids_h200_v7_suite.json"),
+           ("runner-grids-h200-v8-2026-12-02.jsonl", "runner_grids_h200_v8_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
