@@ -3,6 +3,7 @@ run a layout twice, never crash on each other, keep every rationale on its own t
 with -9 is recovered by another (heartbeat, any host); SIGTERM at any moment leaves no RUNNING trial."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -262,3 +263,92 @@ def test_sampler_workers_never_run_a_layout_twice(tmp_path):
     figures = judge(url, runs)
     assert figures["crashed_workers"] == [] and figures["running_left"] == 0, figures
     assert figures["duplicates"] == 0 and figures["complete"] > 0, figures
+
+
+PAUSED = [sys.executable, str(ROOT / "tests" / "paused_worker.py")]
+PAUSE_STEPS = ("created", "keyed", "claimed", "measured")
+SMALL_SPACE = ["--model", "llama3-8b", "--gpu", "h200", "--gpus", "2", "--study", "conc", "--no-progress", "--top", "0"]
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("T")
+
+
+def _paused_scenario(tmp: Path, proposer: str, step: str) -> dict:
+    """A worker stopped at `step` of its first claim for longer than the heartbeat grace period; another runs
+    meanwhile (for a sampler's ask stopped before its key, at once: it must wait for the storage's verdict on
+    the stopped trial, not a timer); then the first is continued. Returns what the study holds."""
+    tmp.mkdir()
+    url = f"sqlite:///{tmp}/study.db"
+    args = SMALL_SPACE + ["--storage", url, "--proposer", proposer]
+    run = dict(cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if proposer == "tpe":   # past the sampler's random start, so the next proposals come from Optuna's ask
+        subprocess.run(PAUSED + args + ["--trials", "10"], check=True, timeout=120, **run)
+        tried = {t.user_attrs.get("layout_key") for t in load(url).trials}
+        top = f"sqlite:///{tmp}/top.db"   # an untried valid layout both asks will propose
+        subprocess.run(PAUSED + SMALL_SPACE + ["--storage", top, "--trials", "12"], check=True, timeout=120, **run)
+        env["ATTUNE_TEST_ASK_PARAMS"] = json.dumps(next(
+            t.params for t in optuna.load_study(study_name="conc", storage=top).trials
+            if t.state == TrialState.COMPLETE and t.user_attrs.get("layout_key") not in tried))
+    a = subprocess.Popen(PAUSED + args + ["--trials", "1"], env={**env, "ATTUNE_TEST_PAUSE_AT": step}, **run)
+    try:
+        _wait_for(a, f"pausing at {step}")
+        deadline = time.monotonic() + 30
+        while not _stopped(a.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stopped(a.pid)
+        if (proposer, step) != ("tpe", "created"):
+            time.sleep(GRACE_PERIOD_S + 8)   # its trial goes stale: the next worker may take the layout again
+        b = subprocess.run(PAUSED + args + ["--trials", "1"], timeout=180, env=env, **run)
+        assert b.returncode == 0, b.stderr[-2000:]
+        a.send_signal(signal.SIGCONT)
+        a.communicate(timeout=120)
+    finally:
+        if a.poll() is None:
+            a.send_signal(signal.SIGCONT)
+            a.kill()
+    trials = load(url).trials
+    first_of_a = trials[10 if proposer == "tpe" else 0]
+    complete: dict = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            complete.setdefault((t.user_attrs.get("backend"), t.user_attrs.get("layout_key")), []).append(t.number)
+    return {"twice": {k: v for k, v in complete.items() if len(v) > 1},
+            "running": [t.number for t in trials if t.state == TrialState.RUNNING],
+            "collided": any(t.params == first_of_a.params for t in trials if t.number > first_of_a.number),
+            "a_exit": a.returncode}
+
+
+@pytest.mark.slow
+def test_a_worker_paused_at_any_step_of_its_claim_never_completes_a_layout_twice(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    cases = [(p, s) for p in ("agent", "tpe") for s in PAUSE_STEPS]
+    with ThreadPoolExecutor(len(cases)) as pool:
+        found = dict(zip(cases, pool.map(lambda c: _paused_scenario(tmp_path / f"{c[0]}-{c[1]}", *c), cases)))
+    for case, f in found.items():
+        assert f["twice"] == {} and f["running"] == [] and f["a_exit"] == 0, (case, f)
+    # the scenarios do race: the other worker ran the layout the stopped one had proposed
+    assert all(f["collided"] for f in found.values()), [c for c, f in found.items() if not f["collided"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_each_signal_at_random_moments_ends_tune_within_5_s(tmp_path, sig):
+    import random
+    rng = random.Random(int(sig))
+    url = f"sqlite:///{tmp_path}/study.db"
+    env = {**os.environ, "ATTUNE_TEST_TRIAL_S": "300"}
+    for moment in [rng.uniform(0.0, 3.0) for _ in range(3)] + ["trial"]:
+        p = subprocess.Popen(SLOW + SMALL_SPACE + ["--trials", "3", "--storage", url], env=env, cwd=tmp_path,
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        if moment == "trial":
+            _wait_for(p, "running ")
+        else:
+            time.sleep(moment)
+        sent = time.monotonic()
+        p.send_signal(sig)
+        p.communicate(timeout=60)
+        assert time.monotonic() - sent <= 5.0, (sig, moment)
+    if Path(f"{tmp_path}/study.db").exists():
+        assert not [t for t in load(url).trials if t.state == TrialState.RUNNING]

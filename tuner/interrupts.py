@@ -1,6 +1,6 @@
-"""SIGTERM and SIGINT end a tuning run the same way, and never between a trial's creation and its record.
+"""SIGTERM, SIGINT and SIGHUP end a tuning run the same way, never between a trial's creation and its record.
 
-While a run is on (`as_interrupt`), both signals raise KeyboardInterrupt, so the running trial is marked
+While a run is on (`as_interrupt`), each raises KeyboardInterrupt, so the running trial is marked
 failed ("interrupted") instead of being left RUNNING. Inside `held()` (a trial being created and getting
 its owner and first heartbeat) a signal is noted and raised only when the block ends: a trial is then
 either not made at all or made with everything the next run needs to recover it. A flag, not
@@ -13,7 +13,7 @@ import contextlib
 import signal
 import threading
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 _state = {"held": 0, "pending": None}
 
 
@@ -26,7 +26,7 @@ def _handler(signum, frame):
 
 @contextlib.contextmanager
 def as_interrupt():
-    """SIGTERM and SIGINT raise KeyboardInterrupt while the block runs (main thread only)."""
+    """SIGTERM, SIGINT and SIGHUP raise KeyboardInterrupt while the block runs (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -49,7 +49,7 @@ from cost_model.layout_codec import from_optuna_params, layout_from_stored, layo
 from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
-                                  heartbeat, is_lost_claim, lost_to)
+                                  heartbeat, is_lost_claim, lost_to, still_running)
 from cost_model.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
@@ -630,6 +630,8 @@ def _claim_and_evaluate(study, dists, config, runner, history, space, proposal, 
                 trial.set_user_attr("prune_reason", f"{CLAIM_LOST} {holder} (another tuner proposed it first)")
                 study.tell(trial, state=TrialState.PRUNED)
                 return None, trial
+            if not still_running(study, trial):  # paused past the grace period: failed as stale meanwhile
+                raise optuna.exceptions.UpdateFinishedTrialError(f"trial {trial.number} ended by another tuner")
             _say(bar, f"trial {trial.number}: {proposal.rationale}")
             state = _evaluate(study, trial, config, runner, history, space,
                               learn=lambda t, layout, r: _learn(study, t, proposer, layout, r,

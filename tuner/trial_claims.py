@@ -97,16 +97,25 @@ def holds_claim(t: FrozenTrial) -> bool:
 
 def lost_to(study: optuna.Study, trial: optuna.Trial, key: str, backend: str, settle_s: float = 0.0) -> int | None:
     """The number of an earlier trial holding layout `key` for `backend`, or None when `trial` has it.
-    `settle_s`: for trials whose key is written after their creation (a sampler's ask), wait that long
-    at most for the earlier running trials to write theirs, so neither of two racing trials misses the
-    other's key."""
+
+    An earlier RUNNING trial without a key yet (a sampler's ask writes it just after) may be of the same layout:
+    its tuner either writes the key, or ends the trial, or stops sending heartbeats and is failed as stale by
+    `fail_stale` here (a paused tuner stops its heartbeat thread too). So with heartbeats (RDB storages) this
+    waits for one of those three, however long the other tuner is paused: the storage decides, not a timer.
+    A tuner paused past the grace period finds its trial failed when it wakes, and can no longer complete it.
+    Without heartbeats, `settle_s` bounds the wait (one process per study there)."""
+    storage = study._storage
+    beats = getattr(storage, "get_heartbeat_interval", lambda: None)() is not None
     deadline = time.monotonic() + settle_s
+    next_sweep = time.monotonic() + 1.0
     while True:
-        earlier = [t for t in study._storage.get_all_trials(study._study_id, deepcopy=False)
-                   if t.number < trial.number]
+        earlier = [t for t in storage.get_all_trials(study._study_id, deepcopy=False) if t.number < trial.number]
         unkeyed = [t for t in earlier if t.state == TrialState.RUNNING and "layout_key" not in t.user_attrs]
-        if not unkeyed or time.monotonic() > deadline:
+        if not unkeyed or not settle_s or (not beats and time.monotonic() > deadline):
             break
+        if beats and time.monotonic() > next_sweep:
+            fail_stale(study)
+            next_sweep = time.monotonic() + 1.0
         time.sleep(0.05)
     for t in earlier:
         if t.user_attrs.get("layout_key") != key:
@@ -114,6 +123,11 @@ def lost_to(study: optuna.Study, trial: optuna.Trial, key: str, backend: str, se
         if t.user_attrs.get("backend", "predict") == backend and holds_claim(t):
             return t.number
     return None
+
+
+def still_running(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether the storage still has `trial` running (another tuner fails it when its heartbeat stopped)."""
+    return study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
 
 
 def is_lost_claim(t: FrozenTrial) -> bool:

@@ -1,0 +1,67 @@
+"""A `tune` worker that stops itself (SIGSTOP) once, at one step of claiming its first trial, until the test
+sends SIGCONT: `ATTUNE_TEST_PAUSE_AT` = created (the trial made: for a sampler's ask, before its layout key is
+written), keyed (before the claim is checked), claimed (the claim won, before the trial runs) or measured (the
+result in hand, before it is recorded). With `ATTUNE_TEST_ASK_PARAMS` (JSON), Optuna's TPE sampler proposes
+those parameters, so two workers' asks race for one layout. A stopped process stops its heartbeat thread too, as a loaded or
+suspended machine does. Run as `python tests/paused_worker.py TUNE-ARGS...`."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import tuner.study as study  # noqa: E402
+import tuner.study_commands as study_commands  # noqa: E402
+from experiments.predicted_runner import PredictedRunner  # noqa: E402
+from tuner.cli import main  # noqa: E402
+
+STEP = os.environ.get("ATTUNE_TEST_PAUSE_AT", "")
+_paused = []
+
+
+def pause(step: str) -> None:
+    if step == STEP and not _paused:
+        _paused.append(step)
+        print(f"pausing at {step}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def after(step: str, fn):
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        pause(step)
+        return out
+    return wrapped
+
+
+def before(step: str, fn):
+    def wrapped(*args, **kwargs):
+        pause(step)
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+class PausingRunner(PredictedRunner):
+    def run(self, spec):
+        return after("measured", super().run)(spec)
+
+
+study.create_trial = after("created", study.create_trial)
+study.ask_trial = after("created", study.ask_trial)
+study.lost_to = before("keyed", study.lost_to)
+study._evaluate = before("claimed", study._evaluate)
+study_commands.make_runner = lambda args, profile=None: PausingRunner(profile=profile)
+if os.environ.get("ATTUNE_TEST_ASK_PARAMS"):
+    import optuna
+
+    _params = json.loads(os.environ["ATTUNE_TEST_ASK_PARAMS"])
+    optuna.samplers.TPESampler.sample_relative = lambda self, s, t, space: {}
+    optuna.samplers.TPESampler.sample_independent = lambda self, s, t, name, dist: _params.get(
+        name, "none" if "none" in getattr(dist, "choices", ()) else dist.choices[0])
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
