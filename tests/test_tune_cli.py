@@ -457,6 +457,25 @@ def test_show_export_and_report_print_json_with_json(tmp_path, capsys):
     assert page["study"] == name and Path(page["page"]).name == "index.html" and Path(page["page"]).is_file()
 
 
+def test_the_run_and_every_subcommand_print_json_with_json(tmp_path, capsys):
+    """`--json`: stdout holds one JSON object (numbers as numbers), whatever else goes to stderr."""
+    storage = tmp_path / "s.db"
+    args = ["--model", "llama3-8b", "--gpu", "h200", "--gpus", "2", "--trials", "2", "--storage", str(storage),
+            "--out", str(tmp_path / "recipes"), "--no-progress", "--json"]
+    assert main(args) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["backend"] == "predict" and run["figures"] == "predicted" and len(run["trials"]) == 2
+    assert isinstance(run["trials"][0]["tokens_per_s_per_gpu"], float) and run["trials"][0]["tp"] == 1
+    assert len(run["recipes"]) == 2 and all(Path(p).is_file() for p in run["recipes"])
+    out = tmp_path / "b200.yaml"
+    assert main(["profile", "--derive", "b200", "--from", "h200", "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"profile": str(out), "gpu_type": "b200", "derived_from": "h200"}
+    for sub in (["models", "--json"], ["gpus", "--json"],
+                ["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "2", "--layout", "tp=2", "--json"]):
+        assert main(sub) == 0
+        json.loads(capsys.readouterr().out)
+
+
 def test_files_that_cannot_be_read_or_written_end_in_one_line(tmp_path, capsys):
     storage = tmp_path / "s.db"
     name = handmade_study(storage)

@@ -1,6 +1,7 @@
 """The catalog and hardware commands: `tune models`, `tune gpus` and `tune profile`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -75,7 +76,14 @@ def cmd_profile(args) -> int:
     if model is not None and not args.quick:
         _runner_components(profile, args.model)
     with writing_user_file():
-        report_written(profile, args.out)
+        if args.json:
+            with contextlib.redirect_stdout(sys.stderr):   # stdout holds the JSON object alone
+                path = report_written(profile, args.out)
+            print(json.dumps({"profile": str(path), "gpu_type": profile.get("gpu_type"),
+                              "device": profile.get("device"), "count": profile.get("count"),
+                              "sections": sorted(k for k, v in profile.items() if isinstance(v, (list, dict)))}))
+        else:
+            report_written(profile, args.out)
     return 0
 
 
@@ -107,5 +115,8 @@ def _derive(args) -> int:
     out = Path(args.out or f"profile-{target.name}.yaml")
     with writing_user_file():
         write_profile(derived, out)
-    print(f"derived profile for {target.display_name} written to {out}")
+    if args.json:
+        print(json.dumps({"profile": str(out), "gpu_type": target.name, "derived_from": source.name}))
+    else:
+        print(f"derived profile for {target.display_name} written to {out}")
     return 0

@@ -269,6 +269,8 @@ def run_parser():
                    help="recipes to export for the best layouts (default 3; 0: none; at most 1,000)")
     p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object on stdout (the ranked trials and the recipes written)")
     p.add_argument("--verify-top", type=bounded_int(0, 1000), default=None,
                    help="measured backends: run the convergence arm for the K fastest measured layouts (default 3)")
     p.add_argument("--reference", nargs="*", default=None, metavar="KEY=VALUE",
@@ -356,6 +358,7 @@ def profile_parser():
     p.add_argument("--quick", action="store_true", help="small grids, for a smoke run")
     p.add_argument("--derive", metavar="GPU", help="write a profile for GPU derived from a measured one")
     p.add_argument("--from", dest="source", default="h200", help="the measured profile's GPU type (with --derive)")
+    p.add_argument("--json", action="store_true", help="print what was written as one JSON object on stdout")
     return p
 
 

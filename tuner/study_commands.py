@@ -107,18 +107,24 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
     if summary.exhausted:
         print(summary.reason, file=sys.stderr)
     rows = ranked_rows(study)
-    print(counts_line(study))
-    print(format_table(rows, limit=10))
+    as_json = getattr(args, "json", False)
+    out = sys.stderr if as_json else sys.stdout   # with --json, stdout holds the JSON object alone
+    print(counts_line(study), file=out)
+    print(format_table(rows, limit=10), file=out)
     verify_top = args.verify_top if args.verify_top is not None else (0 if args.backend == "predict" else 3)
     if verify_top > 0 and args.backend != "predict":
         failed = history_of(study, backend=runner.name).failed
         _verify(study, config, runner, verify_top, reference or default_reference_of(candidates, gpus, failed))
         rows = ranked_rows(study)
-    if rows and args.top > 0:
-        paths = export_rows(rows[:args.top], config, Path(args.out), study)
-        print("recipes (status predicted, measured or verified):")
+    paths = export_rows(rows[:args.top], config, Path(args.out), study) if rows and args.top > 0 else []
+    if paths:
+        print("recipes (status predicted, measured or verified):", file=out)
         for path in paths:
-            print(f"  {path}")
+            print(f"  {path}", file=out)
+    if as_json:
+        print(json.dumps({"study": name, "storage": shown(url), "backend": args.backend,
+                          "figures": runner.figures, "trials": json.loads(trials_json(study, limit=10)),
+                          "recipes": [str(p) for p in paths]}, indent=1))
     return 0
 
 
