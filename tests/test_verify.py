@@ -102,6 +102,19 @@ def test_a_proxy_run_is_evidence_not_the_recipes_result(tmp_path, qwen36, h200):
         assert proxy["tokens_per_s_per_gpu"] == pytest.approx(row.tokens_per_s_per_gpu, abs=0.01)
         assert "m[L4] (4 of 40 layers)" in proxy["ran"] and "megatron runner" in proxy["ran"]
         assert "proxy_runs measured another job" in recipe["result"]["proxy_note"]
+        calibration = recipe["result"]["calibration"]   # another stack: no level carries over to slime
+        assert calibration["applied"] is False and "megatron runner's stack" in calibration["note"]
+
+
+def test_a_proxy_on_slimes_own_stack_calibrates_the_target_by_its_measured_ratio():
+    from tuner.export import _calibration
+    result = {"tokens_per_s_per_gpu": 4000.0, "predicted_interval": {"tokens_per_s_per_gpu_low": 3000,
+              "tokens_per_s_per_gpu_median": 4000, "tokens_per_s_per_gpu_high": 5000, "note": "x"}}
+    proxy = {"tokens_per_s_per_gpu": 900.0, "predicted_for_the_proxy": 1000.0}
+    got = _calibration(result, proxy, {"model_run": {"layers": 4}})
+    assert got["applied"] and got["factor"] == 0.9 and got["tokens_per_s_per_gpu"] == 3600.0
+    assert got["interval"] == {"low": 2700, "median": 3600, "high": 4500}
+    assert _calibration(result, {"tokens_per_s_per_gpu": 900.0}, {})["applied"] is False
 
 
 def test_default_reference_is_the_simplest_fitting_layout(qwen36, h200):

@@ -92,6 +92,7 @@ def proxy_differences(result: dict, config) -> list[str]:
 def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differences: list[str]) -> None:
     """A measured trial that ran a proxy (fewer layers, another stack) is evidence for the recipe, not its result:
     the recipe stays the target's prediction (status predicted), and the proxy run is listed with what ran."""
+    from experiments.runner import TrialResult
     from tuner.verify import convergence_of
 
     proxy_prediction = (trial.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
@@ -107,8 +108,31 @@ def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differe
     recipe["result"]["proxy_runs"] = [entry]
     recipe["result"]["proxy_note"] = ("this recipe's figures are predicted for the whole model on slime; proxy_runs "
                                       "measured another job (it chose this layout): run the recipe to measure it")
+    recipe["result"]["calibration"] = _calibration(recipe["result"], entry, TrialResult.from_dict(result).details)
     if not recipe["result"]["predicted"].get("fits", True):
         recipe["result"]["proxy_note"] += "; the whole model is predicted NOT to fit this layout on these GPUs"
+
+
+def _calibration(result: dict, proxy: dict, detail: dict) -> dict:
+    """What the proxy run says of the target's figure. On slime's own stack (fewer layers or GPUs), the proxy's
+    measured/predicted ratio is the level slime's constants miss on this model and layout: the target's figure and
+    interval are scaled by it. On another stack (the megatron runner) its error is that stack's own components'
+    and says nothing of slime's constants: the target keeps slime's prediction and interval."""
+    measured, predicted = proxy.get("tokens_per_s_per_gpu"), proxy.get("predicted_for_the_proxy")
+    stack = detail.get("runner") or "slime"
+    if stack != "slime" or not measured or not predicted:
+        why = (f"the proxy ran the {stack} runner's stack (predicted {predicted:,.0f}, measured {measured:,.0f} "
+               f"tokens/s/GPU for the proxy): that error is the runner's own components', not slime's constants"
+               if predicted and measured and stack != "slime" else "the proxy run has no prediction to compare")
+        return {"applied": False, "note": f"not calibrated: {why}; the figure and interval are slime's prediction"}
+    factor = measured / predicted
+    interval = result.get("predicted_interval") or {}
+    scaled = {k.replace("tokens_per_s_per_gpu_", ""): round(v * factor) for k, v in interval.items()
+              if k.startswith("tokens_per_s_per_gpu_") and isinstance(v, (int, float))}
+    return {"applied": True, "factor": round(factor, 4),
+            "tokens_per_s_per_gpu": round(result["tokens_per_s_per_gpu"] * factor, 2), "interval": scaled or None,
+            "note": "predicted for the whole model on slime, scaled by the proxy's measured/predicted ratio (same "
+                    "stack); what the proxy does not share (the other layers, GPUs) stays modelled"}
 
 
 def _record_measurement(recipe: dict, row, trial, config, study) -> None:
