@@ -220,6 +220,14 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
     return min(pp * (1 + (pp - 1) / (pp * vpp)) + extra, float(num_microbatches))
 
 
+# Scoring a space asks for one rank's activations under many layouts that differ elsewhere: the bytes depend on the
+# layout only through these fields (this module's readers), memoized with the model held by the memo.
+_ACTIVATION_FIELDS = ("tp", "cp", "etp", "pp", "vpp", "overlap_moe_expert_parallel_comm", "recompute_granularity",
+                      "recompute_method", "recompute_num_layers", "selective_modules")
+_ACTIVATION_MEMO: dict = {}
+_ACTIVATION_MEMO_MAX = 100_000
+
+
 def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, precision: str,
                           tokens: float, routed_rows_per_token: float, in_flight: float, c: Constants,
                           gdn_sharded: bool = False, fused: bool = True) -> tuple[float, float]:
@@ -232,8 +240,15 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
     unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
                                   c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors)
-    saved, working = activation_bytes_per_microbatch(rank, model, layout, tokens, routed_rows_per_token, gdn_sharded,
-                                                     unfused)
+    key = (id(model), rank, tuple(getattr(layout, f) for f in _ACTIVATION_FIELDS), tokens, routed_rows_per_token,
+           gdn_sharded, unfused)
+    hit = _ACTIVATION_MEMO.get(key)
+    if hit is None:
+        if len(_ACTIVATION_MEMO) >= _ACTIVATION_MEMO_MAX:
+            _ACTIVATION_MEMO.clear()
+        hit = _ACTIVATION_MEMO[key] = (model, activation_bytes_per_microbatch(
+            rank, model, layout, tokens, routed_rows_per_token, gdn_sharded, unfused))
+    saved, working = hit[1]
     pp = layout.pp
     in_flight_rank = in_flight if index == 0 else max(1.0, in_flight * (pp - index) / pp)
     scale = c.fp8_activation_factor if precision == "fp8" else 1.0

@@ -149,6 +149,12 @@ class Overheads:
         """The same overheads for another allocated peak (only the allocator's reserve follows it)."""
         return replace(self, allocator_reserve=allocated_gib * self.reserve_fraction)
 
+    def reserve_and_cache(self, allocated_gib: float) -> tuple[float, float]:
+        """(allocator_reserve, allocator_cache) at another allocated peak: `at(allocated_gib)`'s, without the copy."""
+        reserve = allocated_gib * self.reserve_fraction
+        room = self.usable - (allocated_gib + reserve + self.outside_pytorch)
+        return reserve, max(0.0, min(allocated_gib * self.cache_fraction - reserve, room))
+
     @property
     def outside_pytorch(self) -> float:
         return self.cuda_context + self.nccl + self.deepep

@@ -185,7 +185,8 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
-    best = None
+    outside = sum(getattr(fixed, k) for k in OUTSIDE_PARTS)
+    best, best_total = None, None
     for i, r in enumerate(ranks):
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
                                                   inputs.frozen_weights)
@@ -202,13 +203,14 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
                      loss_path=loss / GIB, optimizer_step=step / GIB)
         allocated = sum(parts.values())
-        over = fixed.at(allocated)
-        mem = MemoryBreakdown(**parts, allocator_reserve=over.allocator_reserve,
-                              allocator_cache=over.allocator_cache(allocated), cuda_context=over.cuda_context,
-                              nccl=over.nccl, deepep=over.deepep, usable=over.usable, sources=over.sources)
-        if best is None or mem.total > best.total:
-            best = mem
-    return best
+        # MemoryBreakdown.total, summed as it sums: only the peak rank's breakdown is built
+        total = allocated + allocated * fixed.reserve_fraction + outside
+        if best_total is None or total > best_total:
+            best, best_total = (parts, allocated), total
+    parts, allocated = best
+    reserve, cache = fixed.reserve_and_cache(allocated)
+    return MemoryBreakdown(**parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
+                           nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=fixed.sources)
 
 
 def host_memory_gib_per_node(gpu: GpuSpec, layout: Layout, framework: str, dense: float, expert: float,
