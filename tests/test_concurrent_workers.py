@@ -332,6 +332,13 @@ def test_a_worker_paused_at_any_step_of_its_claim_never_completes_a_layout_twice
     assert all(f["collided"] for f in found.values()), [c for c, f in found.items() if not f["collided"]]
 
 
+def _foreground() -> None:
+    """A tune started as a user starts it in a terminal: no signal ignored (under nohup or `&` in a script, the
+    test's own process would pass SIGHUP or SIGINT down ignored, and tune keeps them ignored)."""
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_each_signal_at_random_moments_ends_tune_within_5_s(tmp_path, sig):
@@ -341,7 +348,7 @@ def test_each_signal_at_random_moments_ends_tune_within_5_s(tmp_path, sig):
     env = {**os.environ, "ATTUNE_TEST_TRIAL_S": "300"}
     for moment in [rng.uniform(0.0, 3.0) for _ in range(3)] + ["trial"]:
         p = subprocess.Popen(SLOW + SMALL_SPACE + ["--trials", "3", "--storage", url], env=env, cwd=tmp_path,
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=_foreground)
         if moment == "trial":
             _wait_for(p, "running ")
         else:
@@ -352,3 +359,23 @@ def test_each_signal_at_random_moments_ends_tune_within_5_s(tmp_path, sig):
         assert time.monotonic() - sent <= 5.0, (sig, moment)
     if Path(f"{tmp_path}/study.db").exists():
         assert not [t for t in load(url).trials if t.state == TrialState.RUNNING]
+
+
+@pytest.mark.slow
+def test_a_signal_the_tuner_was_started_ignoring_stays_ignored(tmp_path):
+    """`nohup tune ...`: SIGHUP was ignored when tune started, and stays so during a trial."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    p = subprocess.Popen(["nohup"] + SLOW + SMALL_SPACE + ["--trials", "1", "--storage", url],
+                         env={**os.environ, "ATTUNE_TEST_TRIAL_S": "300"}, cwd=tmp_path, stderr=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, text=True)
+    try:
+        _wait_for(p, "running ")
+        p.send_signal(signal.SIGHUP)
+        time.sleep(2.0)
+        assert p.poll() is None   # still running its trial
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not [t for t in load(url).trials if t.state == TrialState.RUNNING]

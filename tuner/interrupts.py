@@ -30,7 +30,9 @@ def as_interrupt():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    # a signal the process was started ignoring stays ignored: `nohup tune` keeps running when the terminal closes,
+    # and a job a script put in the background ignores SIGINT, as Unix has it
+    previous = {s: signal.signal(s, _handler) for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
