@@ -152,8 +152,7 @@ class Overheads:
     def reserve_and_cache(self, allocated_gib: float) -> tuple[float, float]:
         """(allocator_reserve, allocator_cache) at another allocated peak: `at(allocated_gib)`'s, without the copy."""
         reserve = allocated_gib * self.reserve_fraction
-        room = self.usable - (allocated_gib + reserve + self.outside_pytorch)
-        return reserve, max(0.0, min(allocated_gib * self.cache_fraction - reserve, room))
+        return reserve, self._cache(allocated_gib, reserve)
 
     @property
     def outside_pytorch(self) -> float:
@@ -162,8 +161,11 @@ class Overheads:
     def allocator_cache(self, allocated_gib: float) -> float:
         """GiB the allocator keeps beyond its reserve when the card has room: its free-running reserve
         over the allocated peak, but never past the usable capacity (then it gives the cache back)."""
-        room = self.usable - (allocated_gib + self.allocator_reserve + self.outside_pytorch)
-        return max(0.0, min(allocated_gib * self.cache_fraction - self.allocator_reserve, room))
+        return self._cache(allocated_gib, self.allocator_reserve)
+
+    def _cache(self, allocated_gib: float, reserve: float) -> float:
+        room = self.usable - (allocated_gib + reserve + self.outside_pytorch)
+        return max(0.0, min(allocated_gib * self.cache_fraction - reserve, room))
 
 
 def nccl_gib(created: tuple, used: tuple, dev: DeviceMemory | None, c: Constants) -> float:

@@ -185,7 +185,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
-    outside = sum(getattr(fixed, k) for k in OUTSIDE_PARTS)
+    outside = fixed.outside_pytorch
     best, best_total = None, None
     for i, r in enumerate(ranks):
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,

@@ -120,10 +120,14 @@ def _calibration(result: dict, proxy: dict, detail: dict) -> dict:
     and says nothing of slime's constants: the target keeps slime's prediction and interval."""
     measured, predicted = proxy.get("tokens_per_s_per_gpu"), proxy.get("predicted_for_the_proxy")
     stack = detail.get("runner") or "slime"
-    if stack != "slime" or not measured or not predicted:
+    if not measured or not predicted:
+        why = "the proxy run has no prediction to compare"
+    elif stack != "slime":
         why = (f"the proxy ran the {stack} runner's stack (predicted {predicted:,.0f}, measured {measured:,.0f} "
-               f"tokens/s/GPU for the proxy): that error is the runner's own components', not slime's constants"
-               if predicted and measured and stack != "slime" else "the proxy run has no prediction to compare")
+               f"tokens/s/GPU for the proxy): that error is the runner's own components', not slime's constants")
+    else:
+        why = None
+    if why:
         return {"applied": False, "note": f"not calibrated: {why}; the figure and interval are slime's prediction"}
     factor = measured / predicted
     interval = result.get("predicted_interval") or {}

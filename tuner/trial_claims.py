@@ -79,8 +79,14 @@ def end_interrupted(storage, trial_id: int, reason: str) -> None:
         storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
 
 
+def _interval(storage) -> int | None:
+    """The storage's heartbeat interval: RDB storages have one (Optuna's BaseHeartbeat, not exported), in-memory
+    ones None."""
+    return getattr(storage, "get_heartbeat_interval", lambda: None)()
+
+
 def _beat(storage, trial_id: int) -> None:
-    if getattr(storage, "get_heartbeat_interval", lambda: None)() is not None:
+    if _interval(storage) is not None:
         storage.record_heartbeat(trial_id)
 
 
@@ -105,7 +111,7 @@ def lost_to(study: optuna.Study, trial: optuna.Trial, key: str, backend: str, se
     A tuner paused past the grace period finds its trial failed when it wakes, and can no longer complete it.
     Without heartbeats, `settle_s` bounds the wait (one process per study there)."""
     storage = study._storage
-    beats = getattr(storage, "get_heartbeat_interval", lambda: None)() is not None
+    beats = _interval(storage) is not None
     deadline = time.monotonic() + settle_s
     next_sweep = time.monotonic() + 1.0
     while True:
@@ -157,7 +163,7 @@ def fail_stale(study: optuna.Study) -> None:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     storage = study._storage
-    if getattr(storage, "get_heartbeat_interval", lambda: None)() is None:
+    if _interval(storage) is None:
         return
     # an older tune, which sent none, wrote its owner at once: a trial without owner nor beat is dead too
     since = datetime.datetime.now() - datetime.timedelta(seconds=2 * GRACE_PERIOD_S)
@@ -185,8 +191,7 @@ def _beating(storage, trial_ids: list[int]) -> set[int]:
 def heartbeat(study: optuna.Study, trial: optuna.Trial):
     """Record the trial's heartbeat now and every HEARTBEAT_INTERVAL_S while the block runs."""
     storage = study._storage
-    # RDB storages have a heartbeat (Optuna's BaseHeartbeat, not exported); in-memory ones do not
-    interval = getattr(storage, "get_heartbeat_interval", lambda: None)()
+    interval = _interval(storage)
     if interval is None:
         yield
         return
