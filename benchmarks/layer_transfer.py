@@ -25,26 +25,16 @@ from cost_model.layout import Layout
 from cost_model.model_spec import load_model
 from cost_model.predict import _step_context
 from cost_model.profile import shipped_profile
-from cost_model.runner_components import parse_runner_components, signature_dims
+from cost_model.runner_components import parse_runner_components
 from cost_model.runtime import MEGATRON_RUNNER
 from cost_model.step_time import runner_layer_terms
 from cost_model.workload import Workload
+from experiments.checks.runner_components import section_from_builds
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BUILDS = [ROOT / "benchmarks/results/runner-components-h200-2026-12-02c/builds.jsonl"]
 # config.json models the builds name (the catalog holds the rest)
 CONFIGS = {"mixtral-8x7b": "benchmarks/models/mixtral-8x7b/config.json",
            "mixtral-8x22b": "benchmarks/models/mixtral-8x22b/config.json"}
-
-
-def build_record(b: dict) -> dict:
-    """A measured build in the profile's form (the fields the cost model reads)."""
-    points = [{k: p[k] for k in ("tokens", "full_recompute", "zero_grad_s", "fwd_bwd_s", "optimizer_s")}
-              for p in b["points"] if "error" not in p]
-    return {"model": b["model"], "signature": b["signature"], "kind": list(b["kind"]), "layers": b["layers"],
-            "vocab": b["vocab"], "hidden_size": int(signature_dims(b["signature"])["hidden_size"]),
-            "params": b["params"], "microbatches": b["microbatches"],
-            **({"offload": 1.0} if b.get("offload") else {}), "points": points}
 
 
 def measured_layer(builds: list[dict], model: str, section_microbatches: int) -> dict:
@@ -74,11 +64,12 @@ def predicted_layer(model, components, tokens: float) -> tuple[float, str]:
 
 def main(argv: list[str]) -> int:
     section = yaml.safe_load((ROOT / "cost_model/data/profiles/h200.yaml").read_text())["runner_components"]
-    extra = [build_record(json.loads(line)) for f in (argv or DEFAULT_BUILDS) for line in Path(f).read_text().splitlines()
-             if line.strip()]
+    records = [json.loads(line) for f in argv for line in Path(f).read_text().splitlines()
+               if line.strip()]
+    extra = section_from_builds(records, {})["builds"]
     builds = section["builds"] + extra
     models = sorted({b["model"] for b in builds if len({b2["signature"] for b2 in builds if b2["model"] == b["model"]}) == 1})
-    print(f"{len(builds)} builds ({len(extra)} from {', '.join(str(f) for f in argv or DEFAULT_BUILDS)}); "
+    print(f"{len(builds)} builds ({len(extra)} from {', '.join(argv) or 'no file given'}); "
           f"models with one layer kind: {', '.join(models)}")
     print(f"{'held-out model':18} {'tokens':>7} {'measured ms':>11} {'predicted':>9} {'err%':>6}  priced from")
     errors, per_model = [], {}

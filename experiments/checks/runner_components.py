@@ -263,8 +263,9 @@ POINT_FIELDS = ("tokens", "full_recompute", "zero_grad_s", "fwd_bwd_s", "optimiz
 
 def section_from_builds(builds: list[dict], meta: dict) -> dict:
     """The profile's runner_components section from one-build records (`one_build`'s JSON lines): the
-    builds that measured something, with the fields the cost model reads, and what ran where."""
-    from cost_model.model_spec import load_model
+    builds that measured something, with the fields the cost model reads, and what ran where. The hidden size is
+    read from the layer's signature: a config.json model's name is not a catalog key."""
+    from cost_model.runner_components import signature_dims
 
     out = []
     for b in builds:
@@ -272,7 +273,7 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
         if not points or "params" not in b:
             continue
         out.append({"model": b["model"], "signature": b["signature"], "kind": b["kind"], "layers": b["layers"],
-                    "vocab": b["vocab"], "hidden_size": load_model(b["model"]).hidden_size, "params": b["params"],
+                    "vocab": b["vocab"], "hidden_size": int(signature_dims(b["signature"])["hidden_size"]), "params": b["params"],
                     "microbatches": b.get("microbatches", meta.get("microbatches", MICROBATCHES)),
                     **({"offload": 1.0} if b.get("offload") else {}), "points": points})
     return {"provenance": "measured", **meta, "builds": out}
