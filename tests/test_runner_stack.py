@@ -344,3 +344,14 @@ def test_ends_of_an_unprofiled_hidden_size_swap_the_lm_head_gemms_and_keep_the_l
     # twice the hidden size doubles the LM head's GEMMs, not the cross-entropy over the same vocabulary
     assert ends_small < ends_big < 2 * ends_small
     assert "LM head GEMMs replaced" in runner(big, layout).term_sources["microbatch_ends"]
+
+
+def test_builds_of_a_config_json_model_make_a_profile_section():
+    """`tune profile --model PATH`: the build records name the model by its folder, not a catalog key."""
+    from experiments.checks.runner_components import section_from_builds
+    mixtral = load_model("benchmarks/models/mixtral-8x7b/config.json")
+    point = {"tokens": 4096, "full_recompute": False, "zero_grad_s": 0.001, "fwd_bwd_s": 0.1, "optimizer_s": 0.04}
+    build = {"model": mixtral.name, "signature": layer_signature(mixtral, "full_attention", "moe"),
+             "kind": ["full_attention", "moe"], "layers": 1, "vocab": 1024, "params": 1, "points": [point]}
+    [record] = section_from_builds([build], {"microbatches": 4})["builds"]
+    assert record["hidden_size"] == 4096 and record["microbatches"] == 4 and record["points"] == [point]
