@@ -39,3 +39,28 @@ def test_cost_model_imports_only_itself():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             upward += [f"{path.name}: {n}" for n in names if n.split(".")[0] in set(PACKAGES) - {"cost_model"}]
     assert not upward, f"cost_model imports from the packages above it: {upward}"
+
+
+def _imports_torch_at_top(tree: ast.Module) -> bool:
+    tops = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [a.name for n in tops if isinstance(n, ast.Import) for a in n.names] + \
+        [n.module or "" for n in tops if isinstance(n, ast.ImportFrom)]
+    return any(x.split(".")[0] in ("torch", "megatron", "megatron_cpu") for x in names)
+
+
+def _marked_torch(tree: ast.Module) -> bool:
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets):
+            return "torch" in ast.unparse(n.value)
+    return False
+
+
+def test_test_files_importing_torch_are_the_listed_ones_and_marked_torch():
+    """`make test-fast` collects without torch only if conftest leaves out exactly the files that import it at
+    module level, and leaving them out loses nothing only if every test in them is marked torch."""
+    from conftest import NEEDS_TORCH_TO_IMPORT
+
+    importing = {p.name for p in (ROOT / "tests").glob("test_*.py") if _imports_torch_at_top(ast.parse(p.read_text()))}
+    assert importing == set(NEEDS_TORCH_TO_IMPORT)
+    unmarked = [n for n in importing if not _marked_torch(ast.parse((ROOT / "tests" / n).read_text()))]
+    assert not unmarked, f"import torch at module level but not marked torch as a whole: {unmarked}"

@@ -16,7 +16,7 @@ from cost_model.runner_components import Curve, layer_signature, parse_runner_co
 from cost_model.step_time import TERMS, term_sources
 from cost_model.workload import Workload
 from experiments.megatron.model_run import trial_model
-from experiments.megatron.torch_native import unsupported
+from experiments.megatron.backend_support import unsupported
 from tuner.cli import main
 from tuner.what_if import explain
 

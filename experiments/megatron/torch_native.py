@@ -59,8 +59,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cost_model.model_spec import DENSE, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.model_spec import DENSE, LINEAR_ATTENTION, MOE, ModelSpec
 from experiments.megatron import same_weights
+from experiments.megatron.backend_support import unsupported  # noqa: F401  (build_* check it; callers import it here)
 
 BACKENDS = ("auto", "te", "torch-native", "local")
 
@@ -183,22 +184,6 @@ def resolve_backend(requested: str = "auto") -> tuple[str, str]:
     return "local", f"auto: transformer_engine not importable and {why}"
 
 
-def unsupported(model: ModelSpec, backend: str, cp: int = 1) -> list[str]:
-    """Why `backend` cannot build `model` (empty: it can)."""
-    out = []
-    if MLA in model.layer_types:
-        out.append("MLA models are not wired into this runner (needs MLATransformerConfig)")
-    if backend == "torch-native":
-        if cp > 1:
-            out.append(f"context parallelism (CP {cp}) needs TE's ring attention; SDPA has none")
-        if model.attention_sinks:
-            out.append("attention sinks (learnable softmax offset) are not expressible with "
-                       "scaled_dot_product_attention; use backend local")
-        if SLIDING_ATTENTION in model.layer_types:
-            out.append("sliding-window attention: SDPA has no window argument; use backend local")
-    if backend == "local" and cp > 1:
-        out.append(f"context parallelism (CP {cp}): megatron's DotProductAttention supports CP 1 only")
-    return out
 
 
 _OFFS_CACHE: dict = {}
