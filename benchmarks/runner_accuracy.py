@@ -39,7 +39,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v5_suite.json", R / "runner-grids-h200-v5-2026-12-02.jsonl"),
            (B / "runner_grids_h200_v6_suite.json", R / "runner-grids-h200-v6-2026-12-02.jsonl"),
            (B / "runner_grids_h200_v7_suite.json", R / "runner-grids-h200-v7-2026-12-02.jsonl"),
-           (B / "runner_grids_h200_v8_suite.json", R / "runner-grids-h200-v8-2026-12-02.jsonl")]
+           (B / "runner_grids_h200_v8_suite.json", R / "runner-grids-h200-v8-2026-12-02.jsonl"),
+           (B / "runner_grids_h200_v9_suite.json", R / "runner-grids-h200-v9-llama2-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v9_suite.json", R / "runner-grids-h200-v9-q36-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v10_suite.json", R / "runner-grids-h200-v10-2026-12-03.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -66,7 +69,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # after v6 and v7 had been looked at. The v8 grids (Llama-3.2-3B and -1B whole, layers never profiled, and
 # Mixtral-8x7B at 3 layers, seq 8192) ran after that, predictions committed before
 # (runner-grids-h200-v8-predicted-before.txt), and are used for nothing but judging; runner_scaled_layer_error_sd
-# was set after they ran, from the layer builds (not fitted to them).
+# was set after they ran, from the layer builds (not fitted to them). The v9 grids (Llama-2-7B, a model and layer
+# shape never run or profiled, and Qwen3.6-35B-A3B with its real Gated DeltaNet) and v10 (Llama-2-7B layouts
+# within 3% of the memory limit) ran with the model unchanged since v8, predictions committed before
+# (runner-grids-h200-v9/v10-predicted-before.txt), and are used for nothing but judging.
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl",
                    "runner-grids-h200-v3-2026-12-02.jsonl", "runner-grids-h200-v4-2026-12-02.jsonl",
                    "runner-grids-h200-v6-2026-12-02.jsonl", "runner-grids-h200-v7-2026-12-02.jsonl"}

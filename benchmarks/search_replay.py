@@ -67,6 +67,8 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v6-2026-12-02.jsonl", "runner_grids_h200_v6_suite.json"),
            ("runner-grids-h200-v7-2026-12-02.jsonl", "runner_grids_h200_v7_suite.json"),
            ("runner-grids-h200-v8-2026-12-02.jsonl", "runner_grids_h200_v8_suite.json"),
+           ("runner-grids-h200-v9-llama2-2026-12-03.jsonl", "runner_grids_h200_v9_suite.json"),
+           ("runner-grids-h200-v9-q36-2026-12-03.jsonl", "runner_grids_h200_v9_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
