@@ -214,3 +214,38 @@ def test_two_reports_into_one_folder_leave_a_page_whose_figures_exist(tmp_path, 
     assert not errors, errors
     refs = images(out / "index.html")
     assert refs and all((out / ref).is_file() for ref in refs), (refs, sorted(p.name for p in out.iterdir()))
+
+
+# ---------------------------------------------------------------- malformed values are left out of the figures
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attr, value", [
+    ("prediction.tokens_per_s_per_gpu", "fast"), ("prediction.breakdown", {"compute": "1.5 s"}),
+    ("prediction.interval", {"low": "a", "high": 2.0}), ("prediction.interval.quantiles", ["5%", None]),
+    ("hypothesis_weights", {"per_token flex 0.8": "heavy"}), ("layout", {"tp": "four"}), ("prediction", [1, 2]),
+    ("result.step_time_s", "13 s"),
+])
+def test_a_malformed_stored_value_is_left_out_of_the_report(tmp_path, capsys, attr, value):
+    storage = tmp_path / "s.db"
+    good = optuna.load_study(study_name=make_study(storage, "s"), storage=f"sqlite:///{storage}")
+    attrs = dict(good.trials[1].user_attrs)   # the measured trial, with an interval and weights
+    key, _, rest = attr.partition(".")
+    if not rest:
+        attrs[key] = value
+    elif rest == "interval.quantiles":
+        attrs[key] = dict(attrs[key], interval=dict(attrs[key]["interval"], quantiles=value))
+    else:
+        attrs[key] = dict(attrs[key], **{rest: value})
+    # a study of tune's whose first trials carry the value (the best one: every figure draws it; a pruned and a
+    # failed one), then make_study's
+    study = optuna.create_study(study_name="bad", storage=f"sqlite:///{storage}", direction="maximize")
+    study.set_user_attr("config", good.user_attrs["config"])
+    for state, v in ((TrialState.COMPLETE, 99999.0), (TrialState.PRUNED, None), (TrialState.FAIL, None)):
+        study.add_trial(optuna.trial.create_trial(state=state, value=v, user_attrs=attrs))
+    for t in good.trials:
+        study.add_trial(optuna.trial.create_trial(state=t.state, value=t.value, user_attrs=t.user_attrs))
+    out = tmp_path / "out"
+    code, _, err = run(["report", "--study", "bad", "--storage", str(storage), "--out", str(out)], capsys)
+    assert code == 0 and "Traceback" not in err, err[-300:]
+    refs = images(out / "index.html")
+    assert len(refs) == 6 and all((out / ref).read_bytes().startswith(PNG_MAGIC) for ref in refs)
