@@ -60,11 +60,13 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
 
 
 def fit_of(prediction: dict) -> str:
-    """A trial's predicted fit verdict; a prediction recorded before the verdicts says only whether it fit."""
+    """A trial's predicted fit verdict; a prediction recorded before the verdicts says only whether it fit. The
+    verdict is stored text (a peer's may be anything): printed as text, its terminal codes shown escaped."""
     verdict = prediction.get("fit_verdict")
     if not verdict:
         return "fits" if prediction.get("fits") else "-"
-    return fit_label(verdict, prediction.get("fit_probability") or 0.0)
+    probability = _number(prediction.get("fit_probability"))
+    return printable(fit_label(str(verdict), probability or 0.0))
 
 
 def format_table(rows: list[Row], limit: int | None = None) -> str:
@@ -98,7 +100,7 @@ def counts_line(study: optuna.Study) -> str:
     count = {s: sum(1 for t in trials if t.state == s) for s in (TrialState.COMPLETE, TrialState.PRUNED,
                                                                    TrialState.FAIL)}
     races = f"; {lost} more were layouts another tuner claimed first, not run" if lost else ""
-    return (f"study '{study.study_name}': {len(trials) - lost} trials ({count[TrialState.COMPLETE]} complete, "
+    return (f"study '{printable(study.study_name)}': {len(trials) - lost} trials ({count[TrialState.COMPLETE]} complete, "
             f"{count[TrialState.PRUNED] - lost} pruned, {count[TrialState.FAIL]} failed{races})")
 
 

@@ -1,13 +1,14 @@
 """The PNG figures of `tune report` (matplotlib, Agg backend: no display, no network).
 
-Each function takes the report's trial facts (tuner.report_html.TrialFacts), writes one PNG and returns a
-one-line caption, or returns None when the study has nothing to draw. Every axis and legend entry says
-whether its figures are predicted (the cost model) or measured (a real run).
+Each function takes the report's trial facts (tuner.report_html.TrialFacts) and returns a Drawn figure (its
+PNG bytes and a one-line caption), or None when the study has nothing to draw; tuner.report_html names and
+writes the files. Every axis and legend entry says whether its figures are predicted (the cost model) or
+measured (a real run). A name from a study (a hypothesis, a step term) is drawn as plain text (`_text`).
 """
 from __future__ import annotations
 
 import io
-from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -15,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib import ticker  # noqa: E402
 
-from recipes.files import write_atomic  # noqa: E402
+from cost_model.names import printable  # noqa: E402
 
 COLOR = {"predicted": "tab:blue", "measured": "tab:orange"}
 MARKER = {"predicted": "o", "measured": "D"}
@@ -23,12 +24,25 @@ WIDTH, DPI = 11.0, 100
 TOP_WEIGHTS = 7   # hypotheses drawn one by one; the rest are summed as "others"
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=DPI, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+class Drawn(NamedTuple):
+    caption: str
+    png: bytes
+
+
+def _png(fig) -> bytes:
+    try:
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=DPI, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def _text(value) -> str:
+    """Stored text as matplotlib draws it literally: no control characters (no font has them) and no $...$
+    (read as mathematics: an unbalanced one is an exception, not a figure)."""
+    return "\n".join(printable(line) for line in str(value).split("\n")).replace("$", r"\$")
 
 
 def _tokens_axis(ax, kind: str = "") -> None:
@@ -55,7 +69,7 @@ def _running_best(points: list[tuple[int, float]], last: int) -> tuple[list[int]
     return xs, ys
 
 
-def best_over_trials(facts, path: Path) -> str | None:
+def best_over_trials(facts) -> Drawn | None:
     """The best tokens/s/GPU so far, trial by trial: measured when any trial was measured, and predicted."""
     done = [f for f in facts if f.state == "complete"]
     series = {"measured": [(f.number, f.measured) for f in done if f.measured is not None],
@@ -79,11 +93,10 @@ def best_over_trials(facts, path: Path) -> str | None:
     _tokens_axis(ax)
     ax.set_title("Best tokens/s/GPU over trials")
     ax.legend(loc="lower right", fontsize=9)
-    _save(fig, path)
-    return "; ".join(captions)
+    return Drawn("; ".join(captions), _png(fig))
 
 
-def interval_vs_measured(facts, path: Path) -> str | None:
+def interval_vs_measured(facts) -> Drawn | None:
     """Per trial that ran: the predicted figure, its interval when recorded, and the measured figure."""
     ran = [f for f in facts if f.ran and f.predicted is not None]
     if not ran:
@@ -112,10 +125,10 @@ def interval_vs_measured(facts, path: Path) -> str | None:
     _tokens_axis(ax)
     ax.set_title("Predicted vs measured tokens/s/GPU, per trial")
     ax.legend(loc="best", fontsize=9)
-    _save(fig, path)
+    png = _png(fig)
     parts = [f"{len(ran)} trials predicted", f"{len(with_interval)} with a predicted interval",
              f"{len(measured)} measured"]
-    return ", ".join(parts)
+    return Drawn(", ".join(parts), png)
 
 
 def pareto_optimal(points: list[tuple[float, float]]) -> list[bool]:
@@ -128,7 +141,7 @@ def pareto_optimal(points: list[tuple[float, float]]) -> list[bool]:
     return flags
 
 
-def pareto(facts, path: Path, cost: str, xlabel: str, title: str, capacity: float | None = None) -> str | None:
+def pareto(facts, cost: str, xlabel: str, title: str, capacity: float | None = None) -> Drawn | None:
     """Tokens/s/GPU against a cost (peak memory, $ per 1M tokens); each kind's Pareto-optimal points marked."""
     done = [f for f in facts if f.state == "complete" and f.value is not None and getattr(f, cost) is not None]
     if not done:
@@ -154,11 +167,10 @@ def pareto(facts, path: Path, cost: str, xlabel: str, title: str, capacity: floa
     _tokens_axis(ax)
     ax.set_title(title, fontsize=11)
     ax.legend(loc="best", fontsize=8)
-    _save(fig, path)
-    return "; ".join(captions)
+    return Drawn("; ".join(captions), _png(fig))
 
 
-def breakdown(facts, path: Path) -> str | None:
+def breakdown(facts) -> Drawn | None:
     """Stacked bars of each layout's predicted step time by term; a measured step time as a black tick."""
     rows = [f for f in facts if f.breakdown]
     if not rows:
@@ -174,22 +186,21 @@ def breakdown(facts, path: Path) -> str | None:
     left = [0.0] * len(rows)
     for k, term in enumerate(terms):
         widths = [f.breakdown.get(term, 0.0) for f in rows]
-        ax.barh(ys, widths, left=left, color=cmap(k % 20), label=term, height=0.6)
+        ax.barh(ys, widths, left=left, color=cmap(k % 20), label=_text(term), height=0.6)
         left = [a + b for a, b in zip(left, widths)]
     measured = [(y, f.measured_step_s) for y, f in zip(ys, rows) if f.measured_step_s is not None]
     if measured:
         ax.scatter([s for _, s in measured], [y for y, _ in measured], marker="|", s=500, color="black",
                    zorder=4, label="measured step time")
-    ax.set_yticks(ys, [f"#{f.number} {f.short_label}" for f in rows], fontsize=8)
+    ax.set_yticks(ys, [_text(f"#{f.number} {f.short_label}") for f in rows], fontsize=8)
     ax.set_xlabel("predicted step time (s), by term")
     ax.grid(True, axis="x", alpha=0.3)
     ax.set_title("Where the time goes (predicted), best completed layouts first")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, ncol=1)
-    _save(fig, path)
-    return ", ".join(f"trial {f.number}: {sum(f.breakdown.values()):.2f} s predicted" for f in rows)
+    return Drawn(", ".join(f"trial {f.number}: {sum(f.breakdown.values()):.2f} s predicted" for f in rows), _png(fig))
 
 
-def hypothesis_weights(facts, path: Path) -> str | None:
+def hypothesis_weights(facts) -> Drawn | None:
     """The proposer's hypothesis weights, normalised to sum 1 in each trial; the heaviest drawn one by one."""
     weighted = [f for f in facts if f.weights]
     if not weighted:
@@ -198,13 +209,14 @@ def hypothesis_weights(facts, path: Path) -> str | None:
     for f in weighted:
         total = sum(max(w, 0.0) for w in f.weights.values()) or 1.0
         shares.append({name: max(w, 0.0) / total for name, w in f.weights.items()})
-    names = sorted({n for s in shares for n in s}, key=lambda n: -max(s.get(n, 0.0) for s in shares))
+    # by name first: ties keep one order from run to run (a figure is named by its bytes)
+    names = sorted(sorted({n for s in shares for n in s}), key=lambda n: -max(s.get(n, 0.0) for s in shares))
     shown, rest = names[:TOP_WEIGHTS], names[TOP_WEIGHTS:]
     xs = [f.number for f in weighted]
     fig, ax = plt.subplots(figsize=(WIDTH, 4.4))
     cmap = plt.get_cmap("tab10")
     for k, name in enumerate(shown):
-        ax.plot(xs, [s.get(name, 0.0) for s in shares], marker="o", markersize=4, color=cmap(k % 10), label=name)
+        ax.plot(xs, [s.get(name, 0.0) for s in shares], marker="o", markersize=4, color=cmap(k % 10), label=_text(name))
     if rest:
         ax.plot(xs, [sum(s.get(n, 0.0) for n in rest) for s in shares], marker="o", markersize=4, color="grey",
                 linestyle="--", label=f"others ({len(rest)}), summed")
@@ -214,7 +226,8 @@ def hypothesis_weights(facts, path: Path) -> str | None:
     ax.grid(True, alpha=0.3)
     ax.set_title("Hypothesis weights over trials")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    _save(fig, path)
+    png = _png(fig)
     last = shares[-1]
     lead = max(last, key=last.get)
-    return f"{len(weighted)} trials carry weights; at trial {xs[-1]} the heaviest is {lead} ({last[lead]:.0%})"
+    return Drawn(f"{len(weighted)} trials carry weights; at trial {xs[-1]} the heaviest is {lead} ({last[lead]:.0%})",
+                 png)

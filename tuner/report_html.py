@@ -3,22 +3,38 @@
 No JavaScript and no network: the page references its figures by relative path, so the folder can be
 copied or attached as it is. Every figure on it says whether it is predicted (the cost model) or measured
 (a real run). The trial figures come from tuner.report (trial records, ranked rows, the counts line).
+
+A report is replaced whole (write_report): each figure is named by its content (best-<hash>.png) and written
+before the page that points at it is renamed into place, and an earlier report's figures are removed only
+after that, so a kill at any point leaves a page whose figures are all its own. Every text from the study
+is escaped for HTML and shown without control characters (`_h`).
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import html
 import json
+import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cost_model.layout_codec import layout_from_stored
+from cost_model.names import printable
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
 from tuner.report import counts_line, ranked_rows, trial_record
 
 TOP_BREAKDOWN = 5
-FIGURES = {"best": "best.png", "interval": "interval.png", "pareto_memory": "pareto-memory.png",
-           "pareto_cost": "pareto-cost.png", "breakdown": "breakdown.png", "weights": "weights.png"}
+FIGURES = {"best": "best", "interval": "interval", "pareto_memory": "pareto-memory", "pareto_cost": "pareto-cost",
+           "breakdown": "breakdown", "weights": "weights"}   # file stems: a figure is STEM-<hash>.png
+PAGE = "index.html"
+# The report's own files in its folder: its page, its figures (and those of reports before content names,
+# STEM.png), and write_atomic's temporary files of either that a kill left behind.
+_OWN = re.compile(r"(?:index\.html|(?:%s)(?:-[0-9a-f]{12})?\.png)" % "|".join(map(re.escape, FIGURES.values())))
+_LEFT_BEHIND = re.compile(r"\.(%s)\..+\.tmp" % _OWN.pattern)
 SECTIONS = ("1. Best tokens/s/GPU over trials", "2. Predicted interval vs measured, per trial",
             "3. Pareto fronts", "4. Where the time goes: the top layouts",
             "5. Hypothesis weights over trials", "6. The agent's reasons")
@@ -58,30 +74,49 @@ class TrialFacts:
 
 
 def trial_facts(t) -> TrialFacts:
+    """A trial as the report draws it; a stored value of the wrong type (a peer's, another program's) is left
+    out, as if not recorded, so the figures never meet it."""
     record = trial_record(t)
     attrs = t.user_attrs
-    prediction = attrs.get("prediction") or {}
-    result = attrs.get("result") or {}
-    interval = prediction.get("interval")
+    prediction, result = _dict(attrs.get("prediction")), _dict(attrs.get("result"))
+    interval = _dict(prediction.get("interval"))
+    low, high = _number(interval.get("low")), _number(interval.get("high"))
+    quantiles = tuple(q for q in interval.get("quantiles") or () if _number(q) is not None) \
+        if isinstance(interval.get("quantiles"), (list, tuple)) else ()
     measured = result.get("kind") == "measured" and result.get("status", "ok") == "ok"
     return TrialFacts(
         number=t.number, state=record["state"], kind=record["kind"], label=record["label"] or "",
         short_label=_short_label(attrs.get("layout")), value=record["tokens_per_s_per_gpu"],
         peak_memory_gib=record["peak_memory_gib"], usd_per_million_tokens=record["usd_per_million_tokens"],
-        predicted=prediction.get("tokens_per_s_per_gpu"),
-        interval=(interval["low"], interval["high"], tuple(interval.get("quantiles") or ()))
-        if isinstance(interval, dict) and "low" in interval and "high" in interval else None,
-        measured=result.get("tokens_per_s_per_gpu") if measured else None,
-        measured_step_s=result.get("step_time_s") if measured else None, ran=bool(result),
-        breakdown=dict(prediction.get("breakdown") or {}), weights=attrs.get("hypothesis_weights") or None,
+        predicted=_number(prediction.get("tokens_per_s_per_gpu")),
+        interval=(low, high, quantiles if len(quantiles) >= 2 else ()) if low is not None and high is not None else None,
+        measured=_number(result.get("tokens_per_s_per_gpu")) if measured else None,
+        measured_step_s=_number(result.get("step_time_s")) if measured else None, ran=bool(result),
+        breakdown=_numbers(prediction.get("breakdown")), weights=_numbers(attrs.get("hypothesis_weights")) or None,
         rationale=record["rationale"] or "", learnt=str(attrs.get("learnt") or ""), reason=record["reason"] or "",
         proposer=str(attrs.get("proposer") or ""))
 
 
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _numbers(value) -> dict:
+    """A stored name -> number map, its entries that are not numbers left out."""
+    return {str(k): v for k, v in _dict(value).items() if _number(v) is not None}
+
+
 def _short_label(stored) -> str:
-    if not stored:
+    try:
+        layout = layout_from_stored(stored) if stored else None
+    except Exception:  # noqa: BLE001 - a malformed stored layout: the trial is drawn without a layout label
         return ""
-    layout = layout_from_stored(stored)
+    if layout is None:
+        return ""
     return f"{layout.label}\nmt {layout.max_tokens_per_gpu} | rc {layout.recompute_label} | {layout.dispatcher}"
 
 
@@ -100,61 +135,89 @@ def cmd_report(args) -> int:
 
 
 def write_report(study, out: Path) -> Path:
-    """Write OUT/index.html and its figures; the page's path."""
+    """Write OUT/index.html and its figures, replacing an earlier report in OUT whole; the page's path."""
     try:
         from tuner import report_figures as figs
     except ImportError as e:
         raise CliError(f"tune report needs matplotlib ({e}); pip install 'matplotlib>=3.8'") from None
-    for name in ("index.html", *FIGURES.values()):   # a planted link would take the write elsewhere
-        if (out / name).is_symlink():
-            raise CliError(f"{out / name} is a symbolic link: the report is not written (remove it or use another --out)")
     facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
-    capacity = next((t.user_attrs["prediction"].get("gpu_memory_gib") for t in study.get_trials(deepcopy=False)
-                     if t.user_attrs.get("prediction")), None)
-    captions = {
-        "best": figs.best_over_trials(facts, out / FIGURES["best"]),
-        "interval": figs.interval_vs_measured(facts, out / FIGURES["interval"]),
-        "pareto_memory": figs.pareto(facts, out / FIGURES["pareto_memory"], "peak_memory_gib", "peak memory (GiB)",
-                                     "tokens/s/GPU vs peak memory", capacity),
-        "pareto_cost": figs.pareto(facts, out / FIGURES["pareto_cost"], "usd_per_million_tokens",
-                                   "$ per 1M tokens", "tokens/s/GPU vs $ per 1M tokens"),
-        "breakdown": figs.breakdown(top, out / FIGURES["breakdown"]),
-        "weights": figs.hypothesis_weights(facts, out / FIGURES["weights"]),
+    capacity = next((_number(_dict(t.user_attrs.get("prediction")).get("gpu_memory_gib"))
+                     for t in study.get_trials(deepcopy=False) if _dict(t.user_attrs.get("prediction"))), None)
+    drawn = {
+        "best": figs.best_over_trials(facts),
+        "interval": figs.interval_vs_measured(facts),
+        "pareto_memory": figs.pareto(facts, "peak_memory_gib", "peak memory (GiB)", "tokens/s/GPU vs peak memory",
+                                     capacity),
+        "pareto_cost": figs.pareto(facts, "usd_per_million_tokens", "$ per 1M tokens",
+                                   "tokens/s/GPU vs $ per 1M tokens"),
+        "breakdown": figs.breakdown(top),
+        "weights": figs.hypothesis_weights(facts),
     }
-    page = write_atomic(out / "index.html", render_page(study, facts, captions))
-    for key, name in FIGURES.items():   # figures of an earlier report that this one did not draw, once the page is new
-        if captions.get(key) is None:
-            (out / name).unlink(missing_ok=True)
+    # a figure's name is its content's: a new figure never overwrites one the current page shows
+    figures = {key: (d.caption, f"{FIGURES[key]}-{hashlib.sha256(d.png).hexdigest()[:12]}.png", d.png)
+               for key, d in drawn.items() if d is not None}
+    with _only_report_in(out):
+        for name in os.listdir(out):   # a planted link would take the write (or a removal) elsewhere
+            if _OWN.fullmatch(name) and (out / name).is_symlink():
+                raise CliError(f"{out / name} is a symbolic link: the report is not written "
+                               f"(remove it or use another --out)")
+        for _, name, png in figures.values():
+            write_atomic(out / name, png)
+        page = write_atomic(out / PAGE, render_page(study, facts, {k: (c, n) for k, (c, n, _) in figures.items()}))
+        # only now that the new page is in place: the earlier reports' figures, and what a killed one left
+        keep = {PAGE, *(name for _, name, _ in figures.values())}
+        for name in os.listdir(out):
+            if (_OWN.fullmatch(name) and name not in keep) or _LEFT_BEHIND.fullmatch(name):
+                (out / name).unlink(missing_ok=True)
     return page
+
+
+@contextmanager
+def _only_report_in(out: Path):
+    """One report at a time into `out` (an exclusive lock on the folder itself): another report's clean-up
+    would remove the figures of a page this one has just written."""
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # closing the folder's descriptor releases the lock
 
 
 # ---------------------------------------------------------------- the page
 
-def render_page(study, facts: list[TrialFacts], captions: dict) -> str:
-    e = html.escape
+def _h(value) -> str:
+    """Text from a study for the page: escaped as HTML (no markup of a peer's), its control characters shown
+    as \\x1b (a terminal that prints the file runs none of them)."""
+    return html.escape(printable(str(value)))
+
+
+def render_page(study, facts: list[TrialFacts], figures: dict) -> str:
+    """The page; `figures` maps each drawn figure's key to (caption, file name)."""
+    e = _h
     proposers = sorted({f.proposer for f in facts if f.proposer})
     proposer_text = f"proposer {', '.join(proposers)}" if proposers else "proposer not recorded"
     no_trial = "no completed trial yet"
     body = [
         f"<h1>attune report: study {e(study.study_name)}</h1>", _summary(study, facts),
-        _section(0, [_figure("best", captions, no_trial)],
+        _section(0, [_figure("best", figures, no_trial)],
                  "Solid: the best so far of the kind that decides (measured when any trial was measured). "
                  "Predicted-only studies show the best predicted."),
-        _section(1, [_figure("interval", captions, "no trial has run yet")],
+        _section(1, [_figure("interval", figures, "no trial has run yet")],
                  "Each trial that ran: its predicted tokens/s/GPU (central), the predicted interval as a bar when "
                  "the prediction records one, and the measured figure as a separate marker."
                  + ("" if any(f.interval for f in facts) else " No trial records a predicted interval: points alone.")
                  + ("" if any(f.measured is not None for f in facts) else " No trial was measured.")),
-        _section(2, ['<div class="pair">' + _figure("pareto_memory", captions, no_trial)
-                     + _figure("pareto_cost", captions, no_trial) + "</div>"],
+        _section(2, ['<div class="pair">' + _figure("pareto_memory", figures, no_trial)
+                     + _figure("pareto_cost", figures, no_trial) + "</div>"],
                  "Completed trials; the Pareto-optimal ones (no other layout of the same kind is both faster and "
                  "cheaper in memory or dollars) are outlined and joined."),
-        _section(3, [_figure("breakdown", captions, no_trial)],
+        _section(3, [_figure("breakdown", figures, no_trial)],
                  f"The {TOP_BREAKDOWN} best completed trials: the cost model's predicted seconds per term of one "
                  "step (they sum to the predicted step time); a black tick is a measured step time."),
-        _section(4, [_figure("weights", captions, f"no hypothesis weights recorded ({proposer_text})")]),
+        _section(4, [_figure("weights", figures, f"no hypothesis weights recorded ({proposer_text})")]),
         _section(5, [_reasons_table(facts)]),
     ]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -163,11 +226,11 @@ def render_page(study, facts: list[TrialFacts], captions: dict) -> str:
 
 
 def _summary(study, facts: list[TrialFacts]) -> str:
-    e = html.escape
-    config = study.user_attrs.get("config") or {}
+    e = _h
+    config = _dict(study.user_attrs.get("config"))
     lines = []
     if config:
-        w = config.get("workload") or {}
+        w = _dict(config.get("workload"))
         lines.append(f"{e(str(config.get('model')))} on {e(str(config.get('gpus')))} x {e(str(config.get('gpu')))}; "
                      f"sequence {e(str(w.get('seq_len')))}, global batch {e(str(w.get('global_batch')))}, "
                      f"{e(str(w.get('precision')))}, framework {e(str(w.get('framework')))}"
@@ -193,12 +256,11 @@ def _section(index: int, parts: list[str], caption: str = "") -> str:
     return f"<h2>{html.escape(SECTIONS[index], quote=False)}</h2>\n" + "\n".join(parts) + "\n" + note
 
 
-def _figure(key: str, captions: dict, missing: str) -> str:
-    caption = captions.get(key)
-    if caption is None:
-        return f'<p class="note">{html.escape(missing)}</p>'
-    return (f'<div><img src="{FIGURES[key]}" alt="{html.escape(key)}">'
-            f'<p class="caption">{html.escape(caption)}</p></div>')
+def _figure(key: str, figures: dict, missing: str) -> str:
+    if key not in figures:
+        return f'<p class="note">{_h(missing)}</p>'
+    caption, name = figures[key]
+    return f'<div><img src="{_h(name)}" alt="{_h(key)}"><p class="caption">{_h(caption)}</p></div>'
 
 
 def _kind_value(value: float | None, kind: str | None) -> str:
@@ -206,13 +268,13 @@ def _kind_value(value: float | None, kind: str | None) -> str:
     PostgreSQL study can hold any text) is shown escaped, never as markup."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return "-"
-    label = html.escape(str(kind))
+    label = _h(kind)
     css = kind if kind in ("predicted", "measured") else "other"
     return f'<span class="{css}">{value:,.0f} tokens/s/GPU ({label})</span>'
 
 
 def _reasons_table(facts: list[TrialFacts]) -> str:
-    e = html.escape
+    e = _h
     head = ("trial", "state", "layout", "figures", "tokens/s/GPU", "rationale")
     rows = []
     for f in facts:
