@@ -503,18 +503,23 @@ def _check_says_its_layout(top: _Fields, layout: Layout) -> None:
 
 def _run_flag_values(run: str) -> list[tuple[str, str]]:
     """(flag, value) of each parallel-size flag in the command as the shell would split it (quotes removed:
-    `--tensor-model-parallel-size '4'` is 4); a line the shell cannot split is read word by word."""
+    `--tensor-model-parallel-size '4'` is 4), inside a bash array too (`ARGS=(--tensor-model-parallel-size 4)`).
+    Comment lines are dropped first (an apostrophe there is no quote to the shell); a command the shell cannot
+    split is read word by word, its quotes removed, so a quoted flag or value is still seen."""
     import shlex
 
+    lines = [line for line in run.splitlines() if not line.lstrip().startswith("#")]
+    text = "\n".join(lines).replace("\\\n", " ")   # line continuations joined
     try:
-        words = shlex.split(run.replace("\\\n", " "), comments=False)   # line continuations joined
+        words = shlex.split(text, comments=False)
     except ValueError:   # an unbalanced quote
-        words = run.split()
+        words = [w.replace("'", "").replace('"', "") for w in text.split()]
     out = []
     for i, word in enumerate(words):
-        flag, eq, value = word.partition("=")
+        flag, eq, value = re.sub(r"^[A-Za-z_]\w*\+?=\(|^\(", "", word).partition("=")   # an array's first word
         if flag in RUN_FLAGS:
-            out.append((flag, value if eq else (words[i + 1] if i + 1 < len(words) else "")))
+            value = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+            out.append((flag, value[:-1] if value.endswith(")") else value))   # an array's last word
     return out
 
 

@@ -139,3 +139,62 @@ def test_a_recipe_of_another_model_of_the_name_does_not_replace_one_of_the_catal
     with pytest.raises(RecipeError, match="another model of that name"):
         recipe_of(small, target)
     assert target.read_bytes() == before
+
+
+# ------------------------------------------------------------------ YAML merge keys (point 6)
+def test_a_merge_key_in_a_recipe_is_refused_naming_the_file_and_line(tmp_path, capsys):
+    text = REFERENCE.read_text()
+    text = "gpu_base: &g\n  type: H200\n" + text.replace("gpu:\n  type: H200\n", "gpu:\n  <<: *g\n")
+    assert "<<: *g" in text
+    path = tmp_path / "merged.yaml"
+    path.write_text(text)
+    capsys.readouterr()
+    assert main(["predict", "--recipe", str(path)]) == 2
+    line = one_line(capsys)
+    assert f"{path}: line 6 column 3: YAML merge keys (<<) are not accepted" in line, line
+
+
+def test_a_merge_key_in_a_cluster_file_is_refused_naming_the_file_and_line(tmp_path):
+    from experiments.slime.cluster import ClusterError, load_cluster
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text("ray_address: http://head:8265\nenv:\n  NCCL_DEBUG: WARN\n  <<: {NCCL_IB_DISABLE: '1'}\n")
+    with pytest.raises(ClusterError) as err:
+        load_cluster(str(path))
+    assert str(err.value) == (f"--cluster {path}: line 4 column 3: YAML merge keys (<<) are not accepted: write the "
+                              f"merged keys out")
+
+
+# ------------------------------------------------------------------ the run command's flags (point 6)
+def _edited(tmp_path, old: str, new: str) -> Path:
+    text = REFERENCE.read_text()
+    assert old in text
+    path = tmp_path / "edited.yaml"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+TP = "    --tensor-model-parallel-size 1 \\\n"
+APOSTROPHE = "  python3 -m <slime entry module> --async \\\n"   # a comment with an apostrophe goes above it
+
+
+@pytest.mark.parametrize("old, new", [
+    (TP, "    --tensor-model-parallel-size '4' \\\n"),
+    (TP, '    --tensor-model-parallel-size "4" \\\n'),
+    # a comment's apostrophe made the command unsplittable, and the word split kept the flag's quotes
+    (TP, "    '--tensor-model-parallel-size' 4 \\\n"),
+    # a bash array's first word: `ARGS=(--flag`
+    (APOSTROPHE, "  PERF_ARGS=(--tensor-model-parallel-size 4)\n" + APOSTROPHE),
+])
+def test_a_quoted_or_arrayed_parallel_size_is_checked_against_the_layout(tmp_path, old, new):
+    path = _edited(tmp_path, old, new)
+    if "'--tensor" in new:
+        path.write_text(path.read_text().replace(APOSTROPHE, "  # slime's entry\n" + APOSTROPHE))
+    with pytest.raises(RecipeError, match="sets --tensor-model-parallel-size 4 but the layout has TP 1"):
+        load_recipe(path)
+
+
+def test_a_comment_apostrophe_does_not_refuse_a_quoted_value_that_matches(tmp_path):
+    path = _edited(tmp_path, APOSTROPHE, "  # slime's entry\n" + APOSTROPHE)
+    path.write_text(path.read_text().replace(TP, "    --tensor-model-parallel-size '1' \\\n"))
+    assert load_recipe(path).case.layout.tp == 1
