@@ -151,6 +151,9 @@ def _check_text_nesting(text: str, name: str, error: type[Exception]) -> None:
         raise error(f"{name}: nested deeper than {MAX_NESTING} levels")
 
 
+MERGE_KEY_REFUSED = "YAML merge keys (<<) are not accepted: write the merged keys out"
+
+
 @functools.lru_cache(maxsize=1)
 def _unique_keys_loader():
     """yaml.SafeLoader that refuses a key given twice in one mapping (safe_load keeps the last silently: a
@@ -158,12 +161,18 @@ def _unique_keys_loader():
     import yaml
 
     class UniqueKeysLoader(yaml.SafeLoader):
-        pass
+        def flatten_mapping(self, node):
+            # `<<: *base` is YAML 1.1 only: a YAML 1.2 reader (the leaderboard's) reads a key named `<<` instead,
+            # so one file would say two things; every mapping (sets and ordered maps too) passes here
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    raise yaml.constructor.ConstructorError(None, None, MERGE_KEY_REFUSED, key_node.start_mark)
+            super().flatten_mapping(node)
 
     def mapping(loader, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base`: merged by SafeLoader, its keys overridable
+            if key_node.tag == "tag:yaml.org,2002:merge":   # refused by flatten_mapping, with its line
                 continue
             key = loader.construct_object(key_node, deep=True)
             try:
@@ -191,6 +200,8 @@ def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem == MERGE_KEY_REFUSED:   # not malformed: a feature refused
+            raise error(f"{name}:{where.replace(' at line', ' line')}: {problem}") from None
         raise error(f"{name}: malformed YAML{where}: {problem}") from None
     except RecursionError:
         raise error(f"{name}: nested deeper than {MAX_NESTING} levels") from None

@@ -53,6 +53,8 @@ class LoadedRecipe:
 def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, prediction: Prediction, *,
                  status: str = "predicted", stack_note: str | None = None) -> dict:
     """The recipe of a predicted layout, with every field group of the reference recipes."""
+    from tuner.model_identity import full_digest
+
     _, per_node = actor_placement(layout, gpu)
     window_steps = WINDOW[1] - WINDOW[0] + 1
     return {
@@ -94,6 +96,9 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
                 "count": model.params.active_non_embedding,
                 "source": f"https://huggingface.co/{model.hf_repo}" if model.hf_repo else None,
                 "revision": None,
+                # the digest of the model priced (tuner.model_identity): read back with another model of its
+                # name (a config.json named like a catalog model), its figures would be that model's
+                "architecture": full_digest(model),
             },
             "measured": None,
             "steps_per_run": STEPS_PER_RUN,
@@ -324,6 +329,13 @@ def _run_identity(recipe: dict) -> tuple:
             repr(sorted(layout.items())))
 
 
+def _architecture(recipe: dict):
+    """The model's architecture digest a recipe records (None: the leaderboard's, or an older export's)."""
+    result = recipe.get("result")
+    params = result.get("active_params") if isinstance(result, dict) else None
+    return params.get("architecture") if isinstance(params, dict) else None
+
+
 def replacing(recipe: dict, path: Path) -> str | None:
     """Why `recipe` must not replace the file at `path` (None: it may, with the evidence there carried over):
     a file that is no recipe, a recipe of another run (same layout name, another batch, model or workload), or
@@ -337,6 +349,8 @@ def replacing(recipe: dict, path: Path) -> str | None:
         return f"it is not a recipe tune can read ({e.one_line()})"
     if _run_identity(old) != _run_identity(recipe):
         return "it is a recipe of another run (model, GPUs, workload or layout differ)"
+    if None not in (_architecture(old), _architecture(recipe)) and _architecture(old) != _architecture(recipe):
+        return "it is a recipe of another model of that name (its architecture digest differs)"
     old_status, new_status = old.get("status"), recipe.get("status")
     if STATUS_RANK.get(old_status, 3) > STATUS_RANK.get(new_status, 0):
         return f"it is a {old_status} recipe and this one is {new_status}"
@@ -489,18 +503,23 @@ def _check_says_its_layout(top: _Fields, layout: Layout) -> None:
 
 def _run_flag_values(run: str) -> list[tuple[str, str]]:
     """(flag, value) of each parallel-size flag in the command as the shell would split it (quotes removed:
-    `--tensor-model-parallel-size '4'` is 4); a line the shell cannot split is read word by word."""
+    `--tensor-model-parallel-size '4'` is 4), inside a bash array too (`ARGS=(--tensor-model-parallel-size 4)`).
+    Comment lines are dropped first (an apostrophe there is no quote to the shell); a command the shell cannot
+    split is read word by word, its quotes removed, so a quoted flag or value is still seen."""
     import shlex
 
+    lines = [line for line in run.splitlines() if not line.lstrip().startswith("#")]
+    text = "\n".join(lines).replace("\\\n", " ")   # line continuations joined
     try:
-        words = shlex.split(run.replace("\\\n", " "), comments=False)   # line continuations joined
+        words = shlex.split(text, comments=False)
     except ValueError:   # an unbalanced quote
-        words = run.split()
+        words = [w.replace("'", "").replace('"', "") for w in text.split()]
     out = []
     for i, word in enumerate(words):
-        flag, eq, value = word.partition("=")
+        flag, eq, value = re.sub(r"^[A-Za-z_]\w*\+?=\(|^\(", "", word).partition("=")   # an array's first word
         if flag in RUN_FLAGS:
-            out.append((flag, value if eq else (words[i + 1] if i + 1 < len(words) else "")))
+            value = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+            out.append((flag, value[:-1] if value.endswith(")") else value))   # an array's last word
     return out
 
 

@@ -439,10 +439,12 @@ def test_a_recipe_whose_label_or_command_contradicts_its_layout_is_refused(tmp_p
         load_recipe(broken)
 
 
-def test_yaml_merge_keys_are_read_and_a_merged_key_may_be_overridden():
+def test_yaml_merge_keys_are_refused_and_a_key_twice_still_named():
     from cost_model.user_file import parse_yaml
 
+    # YAML 1.1 only: a YAML 1.2 reader would read a key named `<<` (issue 29, point 6; tests/test_hostile_identity.py)
     text = "base: &b\n  tp: 1\n  ep: 8\nlayout:\n  <<: *b\n  tp: 2\n"
-    assert parse_yaml(text, "r.yaml", ValueError)["layout"] == {"tp": 2, "ep": 8}
+    with pytest.raises(ValueError, match="r.yaml: line 5 column 3: YAML merge keys"):
+        parse_yaml(text, "r.yaml", ValueError)
     with pytest.raises(ValueError, match="duplicate key 'tp'"):
         parse_yaml("layout:\n  <<: {ep: 8}\n  tp: 1\n  tp: 2\n", "r.yaml", ValueError)

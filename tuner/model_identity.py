@@ -1,5 +1,5 @@
 """Which model a study was tuned on: a digest of a config.json's architecture (a catalog model is named by its
-key), and the check that the model a study's name loads now is still that one."""
+key), and the checks that the model a study or a recipe is read back with is still that one."""
 from __future__ import annotations
 
 import json
@@ -8,15 +8,24 @@ from dataclasses import asdict
 from cost_model.errors import AttuneError
 from cost_model.model_spec import ModelSpec
 
+# Where a recipe records its model's architecture digest (recipes/recipe.py writes it under result.active_params,
+# an extension of the format like workload.routing; the leaderboard's recipes have none).
+RECIPE_FIELD = "architecture"
+
 
 def architecture_digest(model: ModelSpec) -> str | None:
     """A short digest of a model read from a config.json (None for a catalog model, named by its key)."""
-    import hashlib
-
     from cost_model.model_spec import catalog_names, load_model
 
     if model.name in catalog_names() and load_model(model.name) == model:
         return None
+    return full_digest(model)
+
+
+def full_digest(model: ModelSpec) -> str:
+    """The digest of every architecture field (a catalog model's too: a recipe records it for either kind)."""
+    import hashlib
+
     fields = {k: v for k, v in asdict(model).items() if k != "sources"}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -25,12 +34,51 @@ class ModelIdentityError(AttuneError):
     """The model a study's name loads is not the one it was tuned on."""
 
 
-def check_model_identity(identity: dict, model: ModelSpec) -> None:
-    """The model a study's name loads now is the model it was tuned on (the digest it recorded; none for a
-    catalog model): a config.json edited after tuning, or another model under the name, is refused."""
+def _described(digest: str | None) -> str:
+    return f"architecture {digest}" if digest else "the catalog's architecture"
+
+
+def check_model_identity(identity: dict, model: ModelSpec, study: str | None = None,
+                         source: str | None = None) -> None:
+    """The model a study is read back with (`source`: where it came from, a path or the catalog) is the model it
+    was tuned on (the digest it recorded; none for a catalog model): a config.json edited after tuning, or
+    another model under the name, is refused."""
     recorded, now = identity.get("architecture"), architecture_digest(model)
     if recorded != now:
-        then = f"architecture {recorded}" if recorded else "the catalog's"
-        raise ModelIdentityError(f"study was tuned on {identity.get('model')} with {then} model; the name now loads "
-                         f"{'architecture ' + now if now else 'the catalog model'} (a config.json changed, or another "
-                         f"model has its name): its figures would be another model's")
+        who = f"study '{study}'" if study else "the study"
+        raise ModelIdentityError(
+            f"{who} was tuned on {identity.get('model')} with {_described(recorded)}; the model loaded now "
+            f"({source or model.name}) has {_described(now)} (a config.json changed, or another model has its "
+            f"name): its figures would be another model's" + ("" if source and source.startswith("--model") else
+                                                              "; pass the model it was tuned on with --model PATH"))
+
+
+def recorded_before_digests(existing: dict, identity: dict) -> bool:
+    """A study recorded before config.json digests (no `architecture`), resumed now with one: the same study when
+    all else matches, unless it names a catalog model: then it was tuned on the catalog's and the model asked
+    now is another one of that name (a config.json folder named like the catalog key)."""
+    from cost_model.model_spec import catalog_names
+
+    if "architecture" not in identity or "architecture" in existing or identity.get("model") in catalog_names():
+        return False
+    return {k: v for k, v in identity.items() if k != "architecture"} == existing
+
+
+def check_recipe_model(recipe: dict, model: ModelSpec, path) -> str | None:
+    """The model a recipe is priced with (`model`: the catalog's of its name) is the one it was exported from.
+    A recipe that records another architecture digest is refused (ModelIdentityError); one that records none
+    (the leaderboard's, or exported before tune recorded it) is priced unchecked: the line saying so is returned."""
+    result = recipe.get("result")
+    block = result.get("active_params") if isinstance(result, dict) else None
+    recorded = block.get(RECIPE_FIELD) if isinstance(block, dict) else None
+    if recorded is None:
+        return (f"{path}: records no model architecture (a leaderboard recipe, or one exported before tune "
+                f"recorded it): priced as the catalog's {model.display_name}, not checked against it")
+    now = full_digest(model)
+    if str(recorded) != now:
+        raise ModelIdentityError(
+            f"{path}: field 'result.active_params.{RECIPE_FIELD}' says it was exported from a model of architecture "
+            f"{str(recorded)[:40]}, but its model '{str(recipe.get('model'))[:60]}' is the catalog's "
+            f"{model.display_name}, architecture {now} (a config.json named like it, or the catalog changed since): "
+            f"its figures are another model's; predict that config.json with --model PATH and the recipe's layout")
+    return None

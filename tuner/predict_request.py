@@ -21,6 +21,7 @@ from search_space.enumerate import MAX_GPUS
 from search_space.rules import check
 from cost_model.stack import STACK_FIXES, STACK_NAMES, Stack
 from cost_model.errors import AttuneError
+from tuner.model_identity import check_recipe_model
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
                 "peft", "images_per_row", "image_size", "usd_per_gpu_hour", "stack_fix", "stack", "layout", "recipe")
@@ -40,7 +41,9 @@ CASE_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "ro
              "peft", "images_per_row", "image_size", "layout")
 
 
-def resolve(request: dict) -> Case:
+def resolve(request: dict, notes: list[str] | None = None) -> Case:
+    """The case a request asks about; `notes` gets what the answer's reader must know (a recipe whose model
+    could not be checked)."""
     if not isinstance(request, dict):
         raise RequestError("a request must be a JSON object")
     unknown = sorted(set(request) - set(REQUEST_KEYS))
@@ -61,7 +64,13 @@ def resolve(request: dict) -> Case:
             raise RequestError(f"a request with a recipe takes its model, GPUs, workload and layout from it; drop "
                                f"{', '.join(extra)}")
 
-        case = load_recipe(request["recipe"]).case
+        loaded = load_recipe(request["recipe"])
+        case = loaded.case
+        # the recipe's name loads the catalog's model: a recipe exported from another model of that name (a
+        # config.json named like it) records that model's digest, and would be priced as the catalog's
+        note = check_recipe_model(loaded.data, case.model, request["recipe"])
+        if note and notes is not None:
+            notes.append(note)
         # A recipe was run on its own image; its stack carries the output-gate fix (see its stack block).
         return case.replace(gpu=case.gpu.with_price(request.get("usd_per_gpu_hour")),
                             stack=Stack.with_fixes(list(fixes) or ["output-gate-tp"]))

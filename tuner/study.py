@@ -43,7 +43,7 @@ from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
 from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
-from tuner.model_identity import architecture_digest
+from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
 from tuner.space_params import distributions
@@ -379,7 +379,7 @@ def _added_since(existing: dict, identity: dict, config: StudyConfig) -> bool:
     """A study recorded before the price and the profile were part of its identity matches when all else
     does and this run uses the catalog price and the shipped profile (what that study was made with)."""
     if "architecture" in identity and "architecture" not in existing:   # recorded before config digests
-        return {k: v for k, v in identity.items() if k != "architecture"} == existing
+        return recorded_before_digests(existing, identity)
     later = ("usd_per_gpu_hour", "profile")
     if any(k in existing for k in later):
         return False

@@ -409,6 +409,14 @@ def _study_model(args, identity: dict):
         raise
 
 
+def _model_source(args, identity: dict) -> str:
+    """Where `_study_model` took the model from, for a message."""
+    if getattr(args, "model", None):
+        return f"--model {str(args.model)[:80]}"
+    name = identity["model"]
+    return f"the catalog's {name}" if name in catalog_names() else f"{str(name)[:80]}/config.json here"
+
+
 def cmd_export(args) -> int:
     study = open_existing(args)
     identity = study.user_attrs.get("config")
@@ -417,7 +425,7 @@ def cmd_export(args) -> int:
     # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
     gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
     model = _study_model(args, identity)
-    check_model_identity(identity, model)
+    check_model_identity(identity, model, args.study, _model_source(args, identity))
     config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
     rows = ranked_rows(study)
     if not rows:

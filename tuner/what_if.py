@@ -46,7 +46,8 @@ def cmd_predict(args) -> int:
         if extra:
             raise CliError(f"--batch takes each request from its lines; drop {', '.join(extra)}")
         return predict_batch(args.batch, hardware)
-    case = resolve(request_from_args(args))
+    case = resolve(request_from_args(args), notes := [])
+    _say(notes)
     check_profile_gpu(hardware, case.gpu)
     prediction = answer(case, hardware)
     interval = interval_for(case, hardware)
@@ -63,6 +64,14 @@ def cmd_predict(args) -> int:
     else:
         print(summary_line(case.model, case.gpu, case.layout, prediction, interval))
     return 0
+
+
+def _say(notes: list[str]) -> None:
+    """What the answer's reader must know (a recipe's model not checked), on stderr: stdout stays the answer."""
+    from cost_model.names import printable
+
+    for note in notes:
+        print(f"tune: note: {printable(note)}", file=sys.stderr)
 
 
 def predict_batch(path: str, hardware) -> int:
@@ -133,8 +142,9 @@ def _error(number: int, message: str) -> dict:
 def _answer_line(line: str, number: int, hardware) -> dict:
     """One request's answer, or an error object naming the line: a bad line never ends the batch."""
     try:
-        case = resolve(parse_json(line, f"line {number}", CliError))
-        return {"line": number, **result_dict(case, answer(case, hardware), interval_for(case, hardware))}
+        case = resolve(parse_json(line, f"line {number}", CliError), notes := [])
+        out = {"line": number, **result_dict(case, answer(case, hardware), interval_for(case, hardware))}
+        return {**out, "notes": notes} if notes else out
     except AttuneError as e:
         text = e.one_line()
         return _error(number, text[len(f"line {number}: "):] if text.startswith(f"line {number}: ") else text)
@@ -229,7 +239,8 @@ def cmd_trial(args) -> int:
     dry_run = getattr(args, "dry_run", False)
     if dry_run and args.backend != "slime":
         raise CliError("--dry-run prints the Ray job of --backend slime; the other backends submit no job")
-    case = resolve(request_from_args(args))
+    case = resolve(request_from_args(args), notes := [])
+    _say(notes)
     answer(case)  # the layout's rules, before any GPU is touched
     hardware = profile(args)
     check_profile_gpu(hardware, case.gpu)
