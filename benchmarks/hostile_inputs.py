@@ -52,7 +52,11 @@ UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\
 FIRST_OUTPUT_S = 2.0                            # issue 15: first output within 2 s (after Python's imports)
 OUTPUT_CAP = 1 << 20                            # bytes of stdout/stderr kept per stream
 CATEGORIES = ("concurrency", "files", "nesting & big numbers", "names & shell", "numbers in flags/batch",
-              "storage", "bounds", "UX")
+              "storage", "bounds", "UX", "issue 29 (pytest)")
+# Issue 29's cases (links, escaping, model identity, storages, malformed records, bounded streams) are tests in
+# these files, each failing on the code the issue was filed against; this script runs them once and counts them.
+ISSUE29_TESTS = ("tests/test_hostile_report.py", "tests/test_hostile_identity.py", "tests/test_hostile_storage.py",
+                 "tests/test_hostile_inputs_29.py")
 
 
 @dataclass
@@ -654,9 +658,37 @@ def ux_cases() -> list[Case]:
     ]
 
 
+def issue29_cases() -> list[Case]:
+    """One case per test of ISSUE29_TESTS; the first case to run runs them all (pytest, one process)."""
+    files = [f for f in ISSUE29_TESTS if (ROOT / f).exists()]
+    listed = subprocess.run([PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+                            cwd=ROOT, capture_output=True, text=True)
+    ids = [line for line in listed.stdout.splitlines() if "::" in line]
+    outcomes: dict[str, str] = {}
+
+    def run_all() -> None:
+        report = Path(tempfile.mkdtemp(prefix="issue29-")) / "report.xml"
+        subprocess.run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
+                       cwd=ROOT, capture_output=True, text=True)
+        import xml.etree.ElementTree as ET
+        for tc in ET.parse(report).getroot().iter("testcase"):
+            name = f"{tc.get('classname', '').replace('.', '/')}.py::{tc.get('name')}"
+            bad = next((c for c in tc if c.tag in ("failure", "error", "skipped")), None)
+            outcomes[name] = "yes" if bad is None else f"{bad.tag}: {' '.join((bad.get('message') or '').split())[:100]}"
+
+    def case(test_id: str) -> Case:
+        def check(folder: Path, ctx: Context) -> str | None:
+            if not outcomes:
+                run_all()
+            got = outcomes.get(test_id, "not reported by pytest")
+            return None if got == "yes" else got
+        return Case("issue 29 (pytest)", test_id.split("::", 1)[1], check)
+    return [case(i) for i in ids]
+
+
 def all_cases() -> list[Case]:
     return (concurrency_cases() + file_cases() + nesting_cases() + names_cases() + number_cases() + storage_cases()
-            + bounds_cases() + ux_cases())
+            + bounds_cases() + ux_cases() + issue29_cases())
 
 
 # ---------------------------------------------------------------- the table

@@ -232,6 +232,7 @@ def test_command_checks_paths_and_window(tmp_path, qwen36, h200, workload):
         _runner(tmp_path).command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT), steps=5, window=(5, 19)))
 
 
+@pytest.mark.ray   # the Jobs API client needs ray[default]
 def test_unreachable_address_is_a_runner_error(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -279,6 +279,7 @@ def test_unreachable_ray_cluster_is_one_line(tmp_path):
                                    str(tmp_path / "s.db"), cwd=tmp_path), "cannot reach the Ray cluster")
 
 
+@pytest.mark.torch   # the megatron backend is made only where torch and megatron-core import
 @pytest.mark.parametrize("flags,cpu_init", [([], True), (["--verify-top", "2"], True), (["--verify-top", "0"], False)])
 def test_megatron_trials_that_may_become_convergence_arms_share_initial_weights(monkeypatch, flags, cpu_init):
     """`tune --backend megatron` measures each layout once and re-uses that run as its convergence arm,
@@ -295,6 +296,7 @@ def test_megatron_trials_that_may_become_convergence_arms_share_initial_weights(
     assert runner.cpu_init is cpu_init
 
 
+@pytest.mark.torch
 def test_megatron_rows_flag_is_checked_before_any_trial(monkeypatch, tmp_path):
     import experiments.megatron.runner as mr
     from tuner.backends import make_runner
@@ -426,6 +428,7 @@ def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
     assert "4 trials (2 complete, 1 pruned, 1 failed)" in out and "figures from: test runner" in out
 
 
+@pytest.mark.torch   # with torch importable, the message names megatron-core alone
 def test_megatron_backend_without_torch_or_megatron_core_says_what_to_install(tmp_path, capsys, monkeypatch):
     import tuner.backends as backends
 
