@@ -140,7 +140,8 @@ def _answer_line(line: str, number: int, hardware) -> dict:
         return _error(number, text[len(f"line {number}: "):] if text.startswith(f"line {number}: ") else text)
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError, ZeroDivisionError) as e:
         # a value no check above caught: still one answer for this line, and the batch goes on
-        return _error(number, f"invalid request ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
+        # the exception's text may quote the line: its kind alone is said
+        return _error(number, f"invalid request ({type(e).__name__})")
 
 
 def interval_text(iv) -> str:

@@ -1,0 +1,121 @@
+"""Issue 29, point 6: errors about a file name the file, line and field but never echo its content; a batch
+stream is bounded; a large search space says what it is doing within seconds, and an error after that progress
+is still one line on stderr."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+# A line of another file (a password line): what a parser may read as a value, and no error may show.
+SECRET = "root:x:0:0:SECRET-7f3a:/root:/bin/bash"
+GOOD = {"model": "qwen3.6-35b-a3b", "gpu": "h200", "layout": {"ep": 8}}
+
+
+def env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+# ---------------------------------------------------------------- errors name the field, never the content
+
+@pytest.mark.parametrize("request_, field", [
+    ({**GOOD, "gpu": SECRET}, "GPU"),
+    ({**GOOD, "precision": SECRET}, "precision"),
+    ({**GOOD, "routing": SECRET}, "routing"),
+    ({**GOOD, "framework": SECRET}, "framework"),
+    ({**GOOD, "gpus": SECRET}, "gpus"),
+    ({**GOOD, "stack": SECRET}, "stack"),
+    ({**GOOD, "stack_fix": [SECRET]}, "stack_fix"),
+    ({**GOOD, SECRET: 1}, "request key"),
+    ({**GOOD, "layout": {"tp": SECRET}}, "tp"),
+    ({**GOOD, "layout": {SECRET: 1}}, "layout key"),
+    ({**GOOD, "layout": {"ep": 8, "dispatcher": SECRET}}, "dispatcher"),
+    ({**GOOD, "layout": {"ep": 8, "exp_avg_dtype": SECRET}}, "exp_avg_dtype"),
+    ({**GOOD, "layout": {"ep": 8, "recompute_granularity": SECRET}}, "recompute_granularity"),
+    ({**GOOD, "layout": {"ep": 8, "pipeline_model_parallel_layout": SECRET}}, "pipeline layout"),
+    ({**GOOD, "seq_len": SECRET}, "seq_len"),
+    ({**GOOD, "cuda_graphs": SECRET}, "cuda_graphs"),
+])
+def test_batch_errors_name_line_and_field_not_content(tmp_path, capsys, request_, field):
+    path = tmp_path / "requests.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n" + json.dumps(request_) + "\n")
+    assert main(["predict", "--batch", str(path)]) == 1
+    captured = capsys.readouterr()
+    out = [json.loads(line) for line in captured.out.splitlines()]
+    assert "error" not in out[0] and out[1]["line"] == 2
+    assert out[1]["error"].startswith("line 2: ") and field in out[1]["error"], out[1]
+    assert "SECRET" not in captured.out + captured.err
+
+
+def one_error_line(capsys, argv) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_recipe_that_is_another_file_is_not_echoed(tmp_path, capsys):
+    passwd = tmp_path / "passwd"
+    passwd.write_text(SECRET + "\n")            # YAML reads a line of text as one string
+    line = one_error_line(capsys, ["predict", "--recipe", str(passwd)])
+    assert str(passwd) in line and "mapping of recipe fields" in line and "SECRET" not in line
+    word = tmp_path / "token"
+    word.write_text("hunter2\n")                 # a one-word file: not even a short word is shown at the top
+    line = one_error_line(capsys, ["predict", "--recipe", str(word)])
+    assert "got text" in line and "hunter2" not in line
+
+
+def test_recipe_field_value_is_not_echoed(tmp_path, capsys):
+    recipe = yaml.safe_load((ROOT / "tests/fixtures/reference_recipes/attune-tp1-pp1-ep8.yaml").read_text())
+    recipe["gpu"]["type"] = SECRET
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    line = one_error_line(capsys, ["predict", "--recipe", str(path)])
+    assert "GPU" in line and "SECRET" not in line
+
+
+def test_config_json_values_are_not_echoed(tmp_path, capsys):
+    cfg = json.loads((ROOT / "tests/fixtures/qwen3_30b_a3b_config.json").read_text())
+    for field, value in (("model_type", SECRET), ("hidden_size", SECRET), ("num_hidden_layers", [SECRET])):
+        folder = tmp_path / field
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**cfg, field: value}))
+        line = one_error_line(capsys, ["predict", "--model", str(folder), "--gpu", "h200", "--layout", "ep=8"])
+        assert "config.json" in line and field in line and "SECRET" not in line, line
+
+
+def test_loss_curve_header_is_not_echoed(tmp_path, capsys):
+    curve = tmp_path / "curve.csv"
+    curve.write_text(SECRET + "\n1,2\n")
+    code = main(["check-convergence", "--candidate", str(curve), "--reference", str(curve)])
+    err = capsys.readouterr().err
+    assert code == 2 and "curve.csv" in err and "header" in err and "secret" not in err.lower(), err
+
+
+def test_cluster_file_values_are_not_echoed(tmp_path):
+    from experiments.slime.cluster import ClusterError, load_cluster
+
+    for text in (f"slime_dir: '{SECRET}'\n", f"env:\n  BAD: \"$(cat {SECRET})\"\n", f"env:\n  '{SECRET}': 1\n"):
+        path = tmp_path / "cluster.yaml"
+        path.write_text(text)
+        with pytest.raises(ClusterError) as info:
+            load_cluster(str(path))
+        assert "cluster.yaml" in str(info.value) and "SECRET" not in str(info.value), str(info.value)
+
+
+def test_shown_keeps_a_short_word_and_describes_the_rest():
+    from cost_model.names import shown
+
+    assert shown("a100") == "'a100'" and shown(8) == "8" and shown(None) == "null" and shown(float("nan")) == "NaN"
+    assert shown(SECRET) == f"a string of {len(SECRET)} characters"
+    assert shown("x" * 25) == "a string of 25 characters"      # a long word may be a key or a token
+    assert shown([1, 2]) == "a list of 2 items" and shown(10 ** 40) == "an integer too long to show"
