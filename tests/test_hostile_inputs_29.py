@@ -119,3 +119,35 @@ def test_shown_keeps_a_short_word_and_describes_the_rest():
     assert shown(SECRET) == f"a string of {len(SECRET)} characters"
     assert shown("x" * 25) == "a string of 25 characters"      # a long word may be a key or a token
     assert shown([1, 2]) == "a list of 2 items" and shown(10 ** 40) == "an integer too long to show"
+
+
+# ---------------------------------------------------------------- a batch stream is bounded
+
+STREAM_BOUND_S = 60   # generous: the CLI's imports take seconds on a loaded machine
+
+
+def batch_from(source) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", "predict", "--batch", "-"], stdin=source,
+                          capture_output=True, text=True, env=env(), cwd=ROOT, timeout=STREAM_BOUND_S)
+
+
+def test_batch_from_dev_zero_ends_with_one_line_naming_the_line():
+    with open("/dev/zero", "rb") as zeros:      # NUL bytes without a line end, without end
+        proc = batch_from(zeros)
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode != 0 and len(out) == 1, proc.stdout[:300]
+    assert out[0]["line"] == 1 and "not text" in out[0]["error"]
+
+
+@pytest.mark.slow
+def test_batch_of_endless_blank_lines_ends():
+    # `yes ''`: every line blank, so no request is ever counted; it was read silently forever
+    feeder = subprocess.Popen(["yes", ""], stdout=subprocess.PIPE)
+    try:
+        proc = batch_from(feeder.stdout)
+    finally:
+        feeder.kill()
+        feeder.wait()
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode != 0 and len(out) == 1, proc.stdout[:300]
+    assert out[0]["line"] > 1 and "lines in one batch" in out[0]["error"] and f"line {out[0]['line']}" in out[0]["error"]

@@ -77,6 +77,9 @@ def predict_batch(path: str, hardware) -> int:
             if asked > MAX_BATCH_REQUESTS:   # a bound on the work, said in place of the first request left out
                 out = _error(number, f"more than {MAX_BATCH_REQUESTS:,} requests in one batch; this line and the "
                                      f"rest are not read (split the file)")
+            elif line is ENDLESS:
+                out = _error(number, f"more than {MAX_BATCH_LINES:,} lines in one batch; this line and the rest are "
+                                     f"not read (an endless stream of blank lines?)")
             elif line is BINARY:
                 out = _error(number, f"not text (a NUL byte in an over-long line, or no line end within "
                                      f"{MAX_DROPPED_CHARS:,} characters); this line and the rest are not read")
@@ -86,7 +89,7 @@ def predict_batch(path: str, hardware) -> int:
                 out = _answer_line(line, number, hardware)
             failed += "error" in out
             print(json.dumps(out), flush=True)
-            if asked > MAX_BATCH_REQUESTS:
+            if asked > MAX_BATCH_REQUESTS or line is ENDLESS:
                 break
     return 1 if failed else 0
 
@@ -99,6 +102,9 @@ def _stdin():
 
 
 BINARY = object()   # _request_lines: the input is not text; nothing after it is read
+ENDLESS = object()  # _request_lines: too many lines, blank ones included; nothing after it is read
+# blank lines are skipped but still read: `yes ''` would otherwise be read silently forever
+MAX_BATCH_LINES = 1_000_000
 MAX_DROPPED_CHARS = 64 * 2 ** 20
 
 
@@ -112,6 +118,9 @@ def _request_lines(stream):
         if not line:
             return
         number += 1
+        if number > MAX_BATCH_LINES:
+            yield number, ENDLESS
+            return
         if len(line) > MAX_REQUEST_CHARS and not line.endswith("\n"):
             rest, dropped = line, len(line)
             while rest and not rest.endswith("\n"):
