@@ -151,3 +151,68 @@ def test_batch_of_endless_blank_lines_ends():
     out = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode != 0 and len(out) == 1, proc.stdout[:300]
     assert out[0]["line"] > 1 and "lines in one batch" in out[0]["error"] and f"line {out[0]['line']}" in out[0]["error"]
+
+
+# ---------------------------------------------------------------- a large space reports progress
+
+PROGRESS_BOUND_S = 20   # ~2 s on an idle machine, start-up included; CI machines are loaded
+
+
+@pytest.mark.slow
+def test_a_huge_space_shows_counts_and_rate_within_seconds(tmp_path):
+    """4,096 GPUs take minutes to score: the first counts line (how many scored, how fast) comes in seconds."""
+    import select
+
+    start = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "tuner", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus",
+                          "4096", "--trials", "1", "--storage", str(tmp_path / "s.db"), "--no-progress"],
+                         cwd=tmp_path, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    lines = []
+    try:
+        while time.monotonic() - start < PROGRESS_BOUND_S and not any("/s)" in line for line in lines):
+            ready, _, _ = select.select([p.stdout], [], [], 1)
+            if ready:
+                lines.append(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait()
+    assert lines and "scoring the search space" in lines[0] and "4096 x H200" in lines[0], lines
+    counts = [line for line in lines if "/s)" in line]
+    assert counts and "scored layouts: " in counts[0] and "may fit" in counts[0], lines
+
+
+@pytest.mark.slow
+def test_an_error_after_progress_is_one_line_on_stderr(tmp_path):
+    """DeepSeek-V3 on 8 x H100: seconds of scoring (progress shown) before it can say that nothing fits; stderr
+    holds that one line, the progress went to stdout."""
+    proc = subprocess.run([sys.executable, "-m", "tuner", "--model", "deepseek-v3", "--gpu", "h100", "--gpus", "8",
+                           "--storage", str(tmp_path / "s.db")], cwd=tmp_path, env=env(), text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 2
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("tune: error: no layout of DeepSeek-V3 fits on 8 x H100"), err
+    assert "scoring the search space" in proc.stdout, proc.stdout    # it did take long enough to say so
+
+
+def test_weighing_a_space_reports_progress(monkeypatch, capsys):
+    """After the scoring, the agent predicts the space's layouts under each hypothesis (minutes for hundreds of
+    GPUs, silent before): that step reports its counts and rate too."""
+    from cost_model.hardware import load_gpu
+    from cost_model.model_spec import load_model
+    from cost_model.stack import Stack
+    from cost_model.workload import Workload
+    from experiments.predicted_runner import PredictedRunner
+    from search_space.enumerate import SpaceOptions
+    from tuner import progress, study_commands
+    from tuner.study import StudyConfig
+
+    config = StudyConfig(load_model("qwen3-30b-a3b"), load_gpu("h200"), 2, Workload(seq_len=4096, global_batch=16),
+                         Stack(), SpaceOptions(), steps=10, window=(2, 9))
+    runner = PredictedRunner()
+    scored = study_commands.score_space(config, runner)
+    for name in ("PROGRESS_AFTER_S", "PROGRESS_LOG_EVERY_S", "PROGRESS_EVERY_S"):
+        monkeypatch.setattr(progress, name, 0.0)   # report at once: the step is short here
+    agent = study_commands.make_proposer("agent", scored, config, runner, progress=progress.Progress())
+    out = capsys.readouterr().out
+    assert "predictions under the hypotheses: " in out and "/s)" in out, out
+    assert agent.total_candidates == len(scored)
