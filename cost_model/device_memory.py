@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from cost_model.constants import Constants
 from cost_model.errors import AttuneError
+from cost_model.names import shown
 from cost_model.hardware import GpuSpec
 from cost_model.layout import Layout
 from cost_model.runtime import Runtime, communicators
@@ -77,7 +78,7 @@ def _count(value, what: str, origin: str) -> int:
         raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a positive whole number, got a "
                                 f"{type(value).__name__}")
     if not math.isfinite(value) or value != int(value) or value < 1:
-        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a positive whole number, got {value!r}")
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a positive whole number, got {shown(value)}")
     return int(value)
 
 
@@ -85,9 +86,9 @@ def _gib(value, what: str, origin: str) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a number, got {value!r}") from None
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a number, got {shown(value)}") from None
     if not math.isfinite(x) or x < 0:
-        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a non-negative number, got {value!r}")
+        raise DeviceMemoryError(f"{origin}: device_memory.{what} must be a non-negative number, got {shown(value)}")
     return x
 
 

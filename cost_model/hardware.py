@@ -9,6 +9,7 @@ from importlib import resources
 
 import yaml
 from cost_model.errors import AttuneError
+from cost_model.names import shown_name
 
 
 class HardwareError(AttuneError, ValueError):
@@ -63,8 +64,7 @@ def load_gpu(name: str) -> GpuSpec:
         raise HardwareError(f"GPU type must be a string, got {type(name).__name__}; known: {', '.join(sorted(entries))}")
     key = name.strip().lower()
     if key not in entries:
-        shown = name if len(name) <= 60 else name[:57] + "..."
-        raise HardwareError(f"unknown GPU '{shown}'; known: {', '.join(sorted(entries))}")
+        raise HardwareError(f"unknown GPU {shown_name(name)}; known: {', '.join(sorted(entries))}")
     entry = dict(entries[key], sources=dict(entries[key].get("sources", {})))  # callers must not share the cache
     return GpuSpec(name=key, **entry)
 

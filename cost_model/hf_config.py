@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cost_model.names import clean_name
+from cost_model.names import clean_name, shown
 from cost_model.vision import VisionSpec
 from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelError,
                                    ModelSpec)
@@ -40,9 +40,8 @@ MAX_FIELD = 1 << 24          # any size, count or dimension (vocabularies reach 
 
 
 def _shown(value: Any) -> str:
-    """A value for an error message, cut short (a field may hold a megabyte list)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A value for an error message: a short word or number, else its kind and size (never the file's text)."""
+    return shown(value)
 
 
 class _Reader:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from cost_model.errors import AttuneError
+from cost_model.names import shown
 from cost_model.pipeline_layout import InvalidPipelineLayout, parse_stages
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
@@ -75,7 +76,7 @@ class Layout:
         for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidLayout(f"{name} must be a positive integer, got {value!r}")
+                raise InvalidLayout(f"{name} must be a positive integer, got {shown(value)}")
         n, tp, pp, cp, ep, etp = self.world_size, self.tp, self.pp, self.cp, self.ep, self.etp
         if n % (tp * pp * cp):
             raise InvalidLayout(f"world size {n} is not divisible by TP x PP x CP = {tp} x {pp} x {cp} = {tp * pp * cp}")
@@ -93,11 +94,11 @@ class Layout:
         if self.overlap_d2h_h2d and self.optimizer_offload_fraction == 0:
             raise InvalidLayout("overlap_d2h_h2d needs optimizer CPU offload (optimizer_offload_fraction > 0)")
         if self.exp_avg_dtype not in MOMENT_DTYPES:
-            raise InvalidLayout(f"exp_avg_dtype must be one of {', '.join(MOMENT_DTYPES)}, got '{self.exp_avg_dtype}'")
+            raise InvalidLayout(f"exp_avg_dtype must be one of {', '.join(MOMENT_DTYPES)}, got {shown(self.exp_avg_dtype)}")
         if self.exp_avg_dtype != "fp32" and self.offloaded:
             raise InvalidLayout("bf16 Adam moments apply to the GPU-resident optimizer; CPU offload keeps fp32 moments")
         if self.dispatcher not in DISPATCHERS:
-            raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got '{self.dispatcher}'")
+            raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got {shown(self.dispatcher)}")
         if self.dispatcher == "flex" and ep * etp == 1:
             raise InvalidLayout(f"the flex dispatcher needs EP x ETP > 1, got EP {ep} x ETP {etp}")
         self._check_ep_overlap()
@@ -106,7 +107,7 @@ class Layout:
         """TransformerConfig's checks of overlap_moe_expert_parallel_comm that need only the layout."""
         on = self.overlap_moe_expert_parallel_comm
         if not isinstance(on, bool):
-            raise InvalidLayout(f"overlap_moe_expert_parallel_comm must be true or false, got {on!r}")
+            raise InvalidLayout(f"overlap_moe_expert_parallel_comm must be true or false, got {shown(on)}")
         if not on:
             return
         if self.ep == 1:
@@ -125,7 +126,7 @@ class Layout:
             if value is None:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidLayout(f"{name} must be a positive integer or unset, got {value!r}")
+                raise InvalidLayout(f"{name} must be a positive integer or unset, got {shown(value)}")
             if self.pp == 1:
                 raise InvalidLayout(f"{name} {value} needs pipeline parallelism (PP > 1), got PP 1")
             if value % self.vpp:
@@ -138,7 +139,7 @@ class Layout:
                 raise InvalidLayout("pipeline_model_parallel_layout cannot be set together with decoder_first/last_"
                                     "pipeline_num_layers or account_for_embedding/loss_in_pipeline_split (Megatron)")
             if not isinstance(text, str):
-                raise InvalidLayout(f"pipeline_model_parallel_layout must be a string like 'Et|(tt|)*30L', got {text!r}")
+                raise InvalidLayout(f"pipeline_model_parallel_layout must be a string like 'Et|(tt|)*30L', got {shown(text)}")
             try:
                 stages = parse_stages(text)
             except InvalidPipelineLayout as e:
@@ -152,7 +153,7 @@ class Layout:
         accounts = [name for name in ACCOUNT_FIELDS if getattr(self, name)]
         for name in ACCOUNT_FIELDS:
             if not isinstance(getattr(self, name), bool):
-                raise InvalidLayout(f"{name} must be true or false, got {getattr(self, name)!r}")
+                raise InvalidLayout(f"{name} must be true or false, got {shown(getattr(self, name))}")
         if accounts and self.pp == 1:
             raise InvalidLayout(f"{accounts[0]} needs pipeline parallelism (PP > 1), got PP 1")
         if accounts and self.uneven:
@@ -173,12 +174,12 @@ class Layout:
     def _check_recompute(self):
         g, m, k, mods = self.recompute_granularity, self.recompute_method, self.recompute_num_layers, self.recompute_modules
         if g not in RECOMPUTE_GRANULARITIES:
-            raise InvalidLayout(f"recompute_granularity must be full, selective or none, got '{g}'")
+            raise InvalidLayout(f"recompute_granularity must be full, selective or none, got {shown(g)}")
         if g == "full":
             if m not in RECOMPUTE_METHODS:
-                raise InvalidLayout(f"full recompute needs recompute_method uniform or block, got {m!r}")
+                raise InvalidLayout(f"full recompute needs recompute_method uniform or block, got {shown(m)}")
             if not isinstance(k, int) or k < 1:
-                raise InvalidLayout(f"full recompute needs recompute_num_layers >= 1, got {k!r}")
+                raise InvalidLayout(f"full recompute needs recompute_num_layers >= 1, got {shown(k)}")
             if mods:
                 raise InvalidLayout(f"recompute_modules {list(mods)} apply to selective recompute only, not full")
         elif g == "selective":

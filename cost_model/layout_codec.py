@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from cost_model.names import shown, shown_name
 from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
 from cost_model.pipeline_layout import InvalidPipelineLayout, vpp_of
 from cost_model.layout import (ACCOUNT_FIELDS, EP_OVERLAP_FIELD, LAYOUT_STRING_FIELD, SPLIT_FIELDS, UNEVEN_FIELDS,
@@ -333,7 +334,7 @@ _KIND_WORDS = {"int": "an integer", "number": "a number", "bool": "true or false
 
 def _check_key(key: str):
     if key not in LAYOUT_KEYS:
-        raise InvalidLayout(f"unknown layout key '{key}'; known: {', '.join(LAYOUT_KEYS)}")
+        raise InvalidLayout(f"unknown layout key {shown_name(key)}; known: {', '.join(LAYOUT_KEYS)}")
 
 
 def _typed_kind(key: str) -> str:
@@ -369,5 +370,4 @@ def _text(raw) -> str:
 
 
 def _short(raw) -> str:
-    text = repr(raw)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shown(raw)   # a short word or number, else its kind: a request's value is never echoed

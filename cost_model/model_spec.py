@@ -38,6 +38,7 @@ from typing import Any
 from cost_model.vision import VisionSpec
 from cost_model.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
 from cost_model.errors import AttuneError
+from cost_model.names import shown_name
 from cost_model.pipeline_layout import InvalidPipelineLayout, stage_grid
 
 # Layer kinds used in `ModelSpec.layer_types`.
@@ -475,5 +476,5 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
         raise ModelError(f"{_short(text)}: cannot read: {e.strerror or type(e).__name__}") from None
     if os.sep in text or "/" in text or path.suffix in (".json", ".yaml", ".yml"):
         raise ModelError(f"{_short(text)}: no such file")
-    raise ModelError(f"unknown model '{_short(text)}'; known: {', '.join(catalog_names())} "
+    raise ModelError(f"unknown model {shown_name(text)}; known: {', '.join(catalog_names())} "
                      f"(or pass a path to a config.json)")

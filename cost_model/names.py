@@ -34,3 +34,45 @@ def file_name(text: object, fallback: str = "unnamed") -> str:
     starting with '.' (no '..', no hidden file), bounded in length; `fallback` when nothing is left."""
     s = _UNSAFE_IN_FILE_NAME.sub("-", clean_name(text)).lstrip(".-").rstrip("-")
     return s[:MAX_NAME_CHARS] or fallback
+
+
+# A value an error message may show as it is: a short name-like word ('a100', 'bf16', 'qwen3-moe'), the typo a
+# user wants to see. Anything longer, or with a space, ':', '/', '=' or a quote, may be a line of some other file
+# (a password line, a key, a token) that a parser read as a value: it is described, never shown.
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,23}")
+_MAX_SHOWN_DIGITS = 20
+
+
+def shown(value: object) -> str:
+    """`value` (read from a user's file or request) for an error message: a short word quoted, a boolean, null or a
+    number of a few digits as JSON writes it; anything else as its kind and size ("a string of 2,048 characters",
+    "a list of 3 items"), so an error names the field without echoing the file's content."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        digits = len(str(abs(value))) if value.bit_length() < 4000 else None   # str() of a huge int raises
+        return str(value) if digits is not None and digits <= _MAX_SHOWN_DIGITS else "an integer too long to show"
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return repr(value)
+    if isinstance(value, str):
+        if _TOKEN.fullmatch(value):
+            return f"'{value}'"
+        return f"a string of {len(value):,} character{'s' if len(value) != 1 else ''}" if value else "an empty string"
+    if isinstance(value, dict):
+        return f"a mapping of {len(value):,} key{'s' if len(value) != 1 else ''}"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value):,} item{'s' if len(value) != 1 else ''}"
+    return f"a {type(value).__name__} value"
+
+
+def shown_name(value: object) -> str:
+    """`value` where a name is expected ("unknown GPU 'a100'"): a short word quoted, anything else described in
+    parentheses ("unknown GPU (a string of 80 characters)")."""
+    text = shown(value)
+    return text if text.startswith("'") else f"({text})"

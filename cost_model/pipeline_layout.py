@@ -13,11 +13,14 @@ import re
 from functools import lru_cache
 
 from cost_model.errors import AttuneError
+from cost_model.names import shown
 
 LAYER_CHARS = "EtmL"
 MAX_EXPANDED = 100_000          # characters once the repeats are unrolled (a 1,000-layer model is 1,000)
 _GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _SINGLE = re.compile(r"(.)\*(\d+)")
+
+_LAYOUT_SYNTAX = frozenset(LAYER_CHARS + "|()*, 0123456789")
 
 
 class InvalidPipelineLayout(AttuneError, ValueError):
@@ -45,7 +48,14 @@ def _unroll(pattern: re.Pattern, text: str) -> str:
 def parse_stages(text: str) -> tuple[str, ...]:
     """The stages of a layout string, each a string over E, t, m and L, in the flag's order."""
     if not isinstance(text, str) or not text.strip():
-        raise InvalidPipelineLayout(f"pipeline layout must be a non-empty string, got {text!r}")
+        raise InvalidPipelineLayout(f"pipeline layout must be a non-empty string, got {shown(text)}")
+    # a string of many other characters may be another file's line: said by count, never shown (a typo or two
+    # is named, as the layout's own characters are)
+    foreign = [ch for ch in text if ch not in _LAYOUT_SYNTAX]
+    if len(foreign) > 2:
+        raise InvalidPipelineLayout(f"pipeline layout has {len(foreign):,} characters outside its syntax: the layer "
+                                    f"characters are E (embedding), t (decoder), m (MTP), L (loss), '|' between "
+                                    f"stages, (...)*N and X*N repeats")
     flat = _unroll(_SINGLE, _unroll(_GROUP, text.replace(",", "").replace(" ", "")))
     bad = sorted(set(flat) - set(LAYER_CHARS) - {"|"})
     if bad:

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cost_model.names import shown_name
+
 MAX_USER_FILE_BYTES = 16 * 1024 * 1024     # far above any config, recipe, profile or curve
 MAX_NESTING = 64                           # config.json nests 3 deep, recipes 4, profiles 5
 
@@ -180,7 +182,7 @@ def _unique_keys_loader():
             except TypeError:   # an unhashable key: SafeLoader's own error says so
                 continue
             if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {str(key)[:40]!r}",
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {shown_name(key)}",
                                                         key_node.start_mark)
             seen.add(key)
         return yaml.SafeLoader.construct_mapping(loader, node, deep)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from cost_model.errors import AttuneError
+from cost_model.names import shown
 
 PRECISIONS = ("bf16", "fp8")
 ROUTINGS = ("natural", "balanced")
@@ -51,25 +52,25 @@ class Workload:
                                 ("images_per_row", 0, MAX_IMAGES_PER_ROW), ("image_size", 1, MAX_IMAGE_SIZE)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise WorkloadError(f"{name} must be an integer, got {str(value)[:40]!r}")
+                raise WorkloadError(f"{name} must be an integer, got {shown(value)}")
             if not low <= value <= high:
-                raise WorkloadError(f"{name} must be between {low} and {high:,}, got {str(value)[:40]}")
+                raise WorkloadError(f"{name} must be between {low} and {high:,}, got {shown(value)}")
         if self.precision not in PRECISIONS:
-            raise WorkloadError(f"precision must be one of {', '.join(PRECISIONS)}, got '{self.precision}'")
+            raise WorkloadError(f"precision must be one of {', '.join(PRECISIONS)}, got {shown(self.precision)}")
         if self.framework not in FRAMEWORKS:
-            raise WorkloadError(f"framework must be one of {', '.join(FRAMEWORKS)}, got '{self.framework}'")
+            raise WorkloadError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {shown(self.framework)}")
         if self.cuda_graphs not in CUDA_GRAPHS:
-            raise WorkloadError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)}, got '{str(self.cuda_graphs)[:40]}'")
+            raise WorkloadError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPHS)}, got {shown(self.cuda_graphs)}")
         if self.cuda_graphs != "none" and self.framework != "megatron":
             raise WorkloadError(f"CUDA graphs ({self.cuda_graphs}) need --framework megatron: slime's training step "
                                 f"runs eagerly")
         if self.peft not in PEFTS:
-            raise WorkloadError(f"peft must be one of {', '.join(PEFTS)}, got '{str(self.peft)[:40]}'")
+            raise WorkloadError(f"peft must be one of {', '.join(PEFTS)}, got {shown(self.peft)}")
         if self.peft != "none" and self.framework != "megatron":
             raise WorkloadError(f"PEFT ({self.peft}) is modelled for --framework megatron only (Megatron-Bridge's "
                                 f"LoRA); slime's step trains every weight")
         if self.routing not in ROUTINGS:
-            raise WorkloadError(f"routing must be one of {', '.join(ROUTINGS)}, got '{self.routing}'")
+            raise WorkloadError(f"routing must be one of {', '.join(ROUTINGS)}, got {shown(self.routing)}")
 
     @property
     def step_options(self) -> dict:

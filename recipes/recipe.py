@@ -22,7 +22,7 @@ from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_recipe_block, recipe_block
 from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
-from cost_model.names import file_name
+from cost_model.names import file_name, shown
 from cost_model.predict import Prediction
 from cost_model.stack import Stack
 from cost_model.user_file import parse_yaml, read_user_text
@@ -527,7 +527,7 @@ def _read_mapping(path: Path) -> dict:
     text = read_user_text(path, RecipeError, "recipe file")
     data = parse_yaml(text, str(path), RecipeError)
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: expected a mapping of recipe fields at the top level, got {_kind(data)}")
+        raise RecipeError(f"{path}: expected a mapping of recipe fields at the top level, got {_top_kind(data)}")
     return data
 
 
@@ -577,15 +577,14 @@ def _workload(top: _Fields) -> Workload:
         top.fail(f"field 'workload': {e}")
 
 
+def _top_kind(data) -> str:
+    """What a file that is no recipe holds, by kind alone: its one value may be a password file's only line."""
+    return {str: "text", list: "a list", type(None): "null"}.get(type(data), f"a {type(data).__name__} value")
+
+
 def _kind(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {value!r}".lower()
-    if isinstance(value, (int, float, str)):
-        text = repr(value)
-        return f"{type(value).__name__} {text[:40] + '...' if len(text) > 40 else text}"
-    return {"dict": "a mapping", "list": "a list"}.get(type(value).__name__, type(value).__name__)
+    """A field's value for an error: a short word or number, else its kind and size (never the file's text)."""
+    return shown(value)
 
 
 def _one_line(text: str) -> str:

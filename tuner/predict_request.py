@@ -21,6 +21,7 @@ from search_space.enumerate import MAX_GPUS
 from search_space.rules import check
 from cost_model.stack import STACK_FIXES, STACK_NAMES, Stack
 from cost_model.errors import AttuneError
+from cost_model.names import shown, shown_name
 from tuner.model_identity import check_recipe_model
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
@@ -48,11 +49,11 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
         raise RequestError("a request must be a JSON object")
     unknown = sorted(set(request) - set(REQUEST_KEYS))
     if unknown:
-        raise RequestError(f"unknown request key(s) {unknown}; known: {', '.join(REQUEST_KEYS)}")
+        raise RequestError(f"unknown request key(s) {', '.join(map(shown_name, unknown[:5]))}; known: {', '.join(REQUEST_KEYS)}")
     _check_types(request)
     name = request.get("stack")
     if name is not None and name not in STACK_NAMES:
-        raise RequestError(f"unknown stack {_shown(name)}; known: {', '.join(STACK_NAMES)}")
+        raise RequestError(f"unknown stack {shown_name(name)}; known: {', '.join(STACK_NAMES)}")
     fixes = request.get("stack_fix") or []
     if isinstance(fixes, str):
         fixes = [fixes]
@@ -80,7 +81,7 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
     gpu = load_gpu(request["gpu"]).with_price(request.get("usd_per_gpu_hour"))
     gpus = request["gpus"] if request.get("gpus") is not None else gpu.gpus_per_node   # 0 is refused, not a node
     if not 1 <= gpus <= MAX_GPUS:
-        raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {str(gpus)[:40]}")
+        raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {_shown(gpus)}")
     workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",
                                                    "cuda_graphs", "peft", "images_per_row", "image_size")
                            if request.get(k) is not None})
@@ -116,20 +117,20 @@ def _check_types(request: dict) -> None:
                            f"got {_shown(price)}")
     name = request.get("stack")
     if name is not None and name not in STACK_NAMES:
-        raise RequestError(f"unknown stack {_shown(name)}; known: {', '.join(STACK_NAMES)}")
+        raise RequestError(f"unknown stack {shown_name(name)}; known: {', '.join(STACK_NAMES)}")
     fixes = request.get("stack_fix")
     if fixes is not None and not isinstance(fixes, str) and not (
             isinstance(fixes, list) and all(isinstance(f, str) for f in fixes)):
         raise RequestError(f"stack_fix must be a string or a list of strings, got {_shown(fixes)}")
     unknown = [f for f in ([fixes] if isinstance(fixes, str) else fixes or []) if f not in STACK_FIXES]
     if unknown:
-        raise RequestError(f"unknown stack_fix {_shown(unknown)}; known: {', '.join(STACK_FIXES)}")
+        raise RequestError(f"unknown stack_fix {', '.join(map(shown_name, unknown[:5]))}; known: {', '.join(STACK_FIXES)}")
 
 
 def _shown(value) -> str:
-    """A request's value as JSON, cut short: NaN and Infinity stay readable, a long value stays one short line."""
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A request's value for an error: a short word or number, else its kind and size (a batch line may hold
+    another file's text: the error names the line and field, never echoes it)."""
+    return shown(value)
 
 
 def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction:

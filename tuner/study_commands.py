@@ -4,9 +4,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
-import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import fields as dataclass_fields, replace
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
 from tuner.export import export_rows
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
+from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
 from tuner.model_identity import check_model_identity
@@ -64,9 +63,10 @@ def cmd_run(args) -> int:
             precheck_study(storage, name, config, runner.figures)
     cache = SpaceCache.for_study(url, config, runner, space)
     candidates = cache.load() if cache is not None and storage is not None else None
+    progress = Progress(json_out=getattr(args, "json", False))
     if candidates is None:
-        with _say_if_slow(f"scoring the search space of {config.describe()} ..."):
-            candidates = score_space(config, runner, space, progress=_ScoringProgress())
+        with progress.step(f"scoring the search space of {config.describe()} ..."):
+            candidates = score_space(config, runner, space, progress=progress)
     else:
         print(f"the scored search space of {config.describe()}: read from the study's cache ({shown(str(cache.path))}; "
               f"the same inputs and code)", file=sys.stderr)
@@ -74,14 +74,19 @@ def cmd_run(args) -> int:
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
         return _run(args, config, runner, space, candidates, reference, gpus, name, url,
-                    load_or_create(storage, name, config, runner.figures), cache)
+                    load_or_create(storage, name, config, runner.figures), cache, progress)
 
 
-def _run(args, config, runner, space, candidates, reference, gpus, name, url, study, cache=None) -> int:
+def _run(args, config, runner, space, candidates, reference, gpus, name, url, study, cache=None,
+         progress: Progress | None = None) -> int:
     known = None if cache is None else len(cache.hypothesis_values)
-    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03), cache)
+    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03), cache,
+                             progress)
     if cache is not None and (known == 0 or len(cache.hypothesis_values) != known):
-        cache.save(candidates)   # scored now, or the agent predicted more: a resume reads it back
+        # scored now, or the agent predicted more: a resume reads it back
+        with progress.step(f"saving the {len(candidates):,} scored layouts to the study's cache ...") \
+                if progress is not None else nullcontext():
+            cache.save(candidates)
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     borderline = sum(p.borderline for _, p in candidates)
     how = ("the agent weighs them by their chance to fit" if proposer.weighs_fit_risk
@@ -128,19 +133,6 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
     return 0
 
 
-@contextmanager
-def _say_if_slow(message: str, after_s: float = 0.5):
-    """`message` on stderr once the block has run `after_s` seconds: a large space says what it is doing
-    within seconds, and a command that fails at once still prints one line."""
-    timer = threading.Timer(after_s, lambda: print(message, file=sys.stderr, flush=True))
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-
-
 MEASURED_ONLY = ("steps", "layers", "rows", "ray_address", "hang_timeout", "verify_top", "reference")
 
 
@@ -149,8 +141,10 @@ def measured_only_flags(args) -> list[str]:
     return flags_set(args, MEASURED_ONLY, "run") if args.backend == "predict" else []
 
 
-def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03, cache=None):
-    """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers."""
+def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03, cache=None,
+                  progress: Progress | None = None):
+    """The --proposer: the agent over the cost model's hypotheses, or one of Optuna's samplers; `progress`: where
+    the agent's weighing of a large space (minutes for hundreds of GPUs) reports."""
     if kind != "agent":
         try:
             # a sampler does not weigh the risk of a borderline layout: it draws from the plain fits
@@ -165,8 +159,21 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     if cache is not None:
         predict_h = cache.memo(predict_h)
     level_sd, family_sd, sigma = agent_prior(config, runner)
-    return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, sigma=sigma,
-                         level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+    if progress is None:
+        return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, sigma=sigma,
+                             level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+    counter, weighing = Counter(progress, "predictions under the hypotheses"), [True]
+
+    def counted(h, layout):   # counts only while the agent builds its table: a trial's lookups say nothing
+        if weighing:
+            counter.add()
+        return predict_h(h, layout)
+
+    with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."):
+        agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, sigma=sigma,
+                              level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+    weighing.clear()
+    return agent
 
 
 def _verify(study, config, runner, top: int, reference: Layout) -> None:
@@ -206,32 +213,6 @@ def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) 
     if refusal:
         raise CliError(f"--reference {layout.label}: the runner cannot run it: {refusal}")
     return layout
-
-
-PROGRESS_AFTER_S = 2.0      # the first progress line of a long scoring
-PROGRESS_EVERY_S = 2.0      # then one every so often: rewritten in place on a terminal,
-PROGRESS_LOG_EVERY_S = 10.0  # a new line when stderr is a file or a pipe
-
-
-class _ScoringProgress:
-    """Scoring progress on stderr: a line rewritten in place on a terminal, else a new line every
-    PROGRESS_LOG_EVERY_S (a log keeps a readable trail); `done` ends a line left open."""
-
-    def __init__(self):
-        self.tty, self.last, self.open = sys.stderr.isatty(), 0.0, False
-
-    def __call__(self, line: str) -> None:
-        now = time.monotonic()
-        if self.tty:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-            self.open = True
-        elif now - self.last >= PROGRESS_LOG_EVERY_S:
-            print(line, file=sys.stderr, flush=True)
-            self.last = now
-
-    def done(self) -> None:
-        if self.open:
-            print(file=sys.stderr, flush=True)
 
 
 def study_layers(config, runner, space: RunnerSpace | None = None) -> tuple[int, str]:
@@ -322,9 +303,13 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     # peak memory grows with a micro-batch's tokens: a layout ruled out by memory rules out the same layout with
     # more tokens per micro-batch, unscored (tests/test_score_space_memory_first.py checks the result is scoring each alone)
     ruled_out: dict[tuple, int] = {}
-    started = last = time.monotonic()
+    # every layout looked at counts (a run of refused or ruled-out ones too), so a large space reports within
+    # seconds whatever it holds (tuner.progress)
+    looked = Counter(progress if isinstance(progress, Progress) else None, "scored layouts",
+                     tail=lambda: f", {len(fitting):,} may fit; still enumerating")
     for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
                                space.options if space is not None else config.options):
+        looked.add()
         siblings = sibling_key(l)
         if ruled_out.get(siblings, math.inf) <= l.max_tokens_per_gpu:
             count += 1
@@ -344,14 +329,8 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
             peak = p.peak_memory_gib if p is not None else mv.memory.total
             if least is None or peak < least[1]:
                 least = (l, peak)
-        if progress is not None and count % 100 == 0:
-            now = time.monotonic()   # a large space (hundreds of GPUs) takes minutes: say it is moving
-            if now - started >= PROGRESS_AFTER_S and now - last >= PROGRESS_EVERY_S:
-                last = now
-                progress(f"  scored {count:,} layouts in {now - started:.0f} s ({count / (now - started):,.0f}/s), "
-                         f"{len(fitting):,} may fit; still enumerating")
-    if isinstance(progress, _ScoringProgress):
-        progress.done()
+    if isinstance(progress, Progress):
+        progress.done()   # erased on a terminal: an error below is the only line left
     if not count:
         if refused:
             raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")

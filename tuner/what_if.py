@@ -86,6 +86,9 @@ def predict_batch(path: str, hardware) -> int:
             if asked > MAX_BATCH_REQUESTS:   # a bound on the work, said in place of the first request left out
                 out = _error(number, f"more than {MAX_BATCH_REQUESTS:,} requests in one batch; this line and the "
                                      f"rest are not read (split the file)")
+            elif line is ENDLESS:
+                out = _error(number, f"more than {MAX_BATCH_LINES:,} lines in one batch; this line and the rest are "
+                                     f"not read (an endless stream of blank lines?)")
             elif line is BINARY:
                 out = _error(number, f"not text (a NUL byte in an over-long line, or no line end within "
                                      f"{MAX_DROPPED_CHARS:,} characters); this line and the rest are not read")
@@ -95,7 +98,7 @@ def predict_batch(path: str, hardware) -> int:
                 out = _answer_line(line, number, hardware)
             failed += "error" in out
             print(json.dumps(out), flush=True)
-            if asked > MAX_BATCH_REQUESTS:
+            if asked > MAX_BATCH_REQUESTS or line is ENDLESS:
                 break
     return 1 if failed else 0
 
@@ -108,6 +111,9 @@ def _stdin():
 
 
 BINARY = object()   # _request_lines: the input is not text; nothing after it is read
+ENDLESS = object()  # _request_lines: too many lines, blank ones included; nothing after it is read
+# blank lines are skipped but still read: `yes ''` would otherwise be read silently forever
+MAX_BATCH_LINES = 1_000_000
 MAX_DROPPED_CHARS = 64 * 2 ** 20
 
 
@@ -121,6 +127,9 @@ def _request_lines(stream):
         if not line:
             return
         number += 1
+        if number > MAX_BATCH_LINES:
+            yield number, ENDLESS
+            return
         if len(line) > MAX_REQUEST_CHARS and not line.endswith("\n"):
             rest, dropped = line, len(line)
             while rest and not rest.endswith("\n"):
@@ -150,7 +159,8 @@ def _answer_line(line: str, number: int, hardware) -> dict:
         return _error(number, text[len(f"line {number}: "):] if text.startswith(f"line {number}: ") else text)
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError, ZeroDivisionError) as e:
         # a value no check above caught: still one answer for this line, and the batch goes on
-        return _error(number, f"invalid request ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
+        # the exception's text may quote the line: its kind alone is said
+        return _error(number, f"invalid request ({type(e).__name__})")
 
 
 def interval_text(iv) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from cost_model.errors import AttuneError
+from cost_model.names import shown
 from cost_model.user_file import parse_json, read_user_text
 
 
@@ -53,9 +54,9 @@ class Curve:
 
 
 def _shown(value: Any) -> str:
-    """A value for an error message, cut short (a CSV cell may be megabytes)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A value for an error message: a short word or number, else its kind and size (a CSV cell may be
+    megabytes, or a line of a file that is no loss curve: never echoed)."""
+    return shown(value)
 
 
 def _number(value: Any, what: str, where: str) -> float:
@@ -140,7 +141,7 @@ def _parse_csv(path: str, text: str) -> Curve:
             for name in ("step", "loss"):
                 if name not in header:
                     raise CurveError(f"{path}: missing column '{name}' in the header line "
-                                     f"(found: {_shown(', '.join(header)) if header else 'nothing'}; expected step,loss[,grad_norm])")
+                                     f"(found: {', '.join(map(_shown, header[:6])) if header else 'nothing'}; expected step,loss[,grad_norm])")
             for name in ("step", "loss", "grad_norm"):
                 if header.count(name) > 1:
                     raise CurveError(f"{path}: column '{name}' appears twice in the header")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 
 from cost_model.errors import AttuneError
+from cost_model.names import shown, shown_name
 from cost_model.user_file import parse_yaml, read_user_text
 
 # The recipe's cluster paths: field -> (its recipe variable, the slime flag it feeds).
@@ -66,11 +67,11 @@ class ClusterConfig:
         for name in _STRINGS:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ClusterError(f"{self.source}: {name} must be a non-empty string, got {value!r}")
+                raise ClusterError(f"{self.source}: {name} must be a non-empty string, got {shown(value)}")
         for name in _ABSOLUTE:
             value = getattr(self, name)
             if value is not None and not value.startswith("/"):
-                raise ClusterError(f"{self.source}: {name} must be an absolute path on the cluster, got {value!r}")
+                raise ClusterError(f"{self.source}: {name} must be an absolute path on the cluster, got {shown(value)}")
         if self.slime_commit is not None and not re.fullmatch(r"[0-9a-fA-F]{7,40}", self.slime_commit):
             raise ClusterError(f"{self.source}: slime_commit must be a git commit hash (7 to 40 hex digits), "
                                f"got {self.slime_commit!r}")
@@ -142,14 +143,14 @@ def _check_env(env, where: str) -> dict:
     out = {}
     for name, value in env.items():
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            raise ClusterError(f"{where}: env: {name!r} is not an environment variable name")
+            raise ClusterError(f"{where}: env: {shown_name(name)} is not an environment variable name")
         if isinstance(value, bool):
             value = "1" if value else "0"
         if not isinstance(value, (str, int, float)):
             raise ClusterError(f"{where}: env.{name} must be a string or a number, got {type(value).__name__}")
         value = str(value)
         if "$(" in value or "`" in value:
-            raise ClusterError(f"{where}: env.{name} is a shell command ({value!r}); give its value: Ray passes "
+            raise ClusterError(f"{where}: env.{name} is a shell command ($(...) or backquotes); give its value: Ray passes "
                                f"env values as they are")
         out[name] = value
     return out
