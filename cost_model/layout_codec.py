@@ -5,7 +5,7 @@ Three shapes, one set of rules:
   suite files, stored trial results (`layout_values`, `layout_from_values`, `parse_pairs`);
 - a recipe's `layout` block, with nested `recompute` and `offload` groups (`recipe_block`,
   `layout_from_recipe_block`);
-- ten categorical Optuna parameters, where recompute and offload are one string each and
+- categorical Optuna parameters (OPTUNA_PARAM_NAMES), where recompute and offload are one string each and
   max_tokens_per_gpu follows from rows per micro-batch (`to_optuna_params`, `from_optuna_params`).
 Every reader is strict: an unknown key, a wrong type or a repeated key raises InvalidLayout naming it.
 Text (`KEY=VALUE` flags) is parsed into types; typed values (JSON, YAML) must already have the right type.
@@ -290,11 +290,6 @@ def split_block(layout: Layout) -> dict | None:
     if layout.split_set:
         return {key: getattr(layout, key) for key in ACCOUNT_FIELDS}
     return None
-
-
-def split_values(layout: Layout) -> dict:
-    """The layout's pipeline-split fields as Layout keyword arguments (empty for the even split)."""
-    return {key: getattr(layout, key) for key in SPLIT_FIELDS if getattr(layout, key) not in (None, False)}
 
 
 NO_PIPELINE_LAYOUT = "none"   # the Optuna `pipeline_layout` value of a layout without a layout string

@@ -67,7 +67,7 @@ def _find_spec(module: str):
 
 def _check_rows(path: str) -> None:
     """Read the --rows file once before any trial, so a bad file fails the command, not every trial."""
-    from experiments.megatron.runner import load_rows
+    from experiments.megatron.data import load_rows
 
     try:
         load_rows(path)

@@ -22,7 +22,6 @@ from cost_model.constants import default_constants
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.layout import InvalidLayout
 from cost_model.model_spec import LINEAR_ATTENTION, ModelError
-from experiments.megatron.data import load_rows  # noqa: F401 - the runner's rows reader (tuner.cli checks --rows)
 from experiments.megatron.launch import STARTUP_GRACE_S, free_port, ray_available, run_job
 from experiments.megatron.model_run import auto_layers, predict_run, trial_model, trial_model_notes
 from experiments.runner import RunnerStack, TrialResult, TrialRunner, TrialSpec
