@@ -15,6 +15,7 @@ from cost_model.layout_codec import layout_from_stored
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
 from tuner.report import counts_line, ranked_rows, trial_record
+from tuner.trial_record import stored_attrs
 
 TOP_BREAKDOWN = 5
 FIGURES = {"best": "best.png", "interval": "interval.png", "pareto_memory": "pareto-memory.png",
@@ -59,7 +60,7 @@ class TrialFacts:
 
 def trial_facts(t) -> TrialFacts:
     record = trial_record(t)
-    attrs = t.user_attrs
+    attrs = stored_attrs(t)
     prediction = attrs.get("prediction") or {}
     result = attrs.get("result") or {}
     interval = prediction.get("interval")
@@ -111,8 +112,8 @@ def write_report(study, out: Path) -> Path:
     facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
-    capacity = next((t.user_attrs["prediction"].get("gpu_memory_gib") for t in study.get_trials(deepcopy=False)
-                     if t.user_attrs.get("prediction")), None)
+    capacity = next((stored_attrs(t)["prediction"].get("gpu_memory_gib") for t in study.get_trials(deepcopy=False)
+                     if stored_attrs(t).get("prediction")), None)
     captions = {
         "best": figs.best_over_trials(facts, out / FIGURES["best"]),
         "interval": figs.interval_vs_measured(facts, out / FIGURES["interval"]),
