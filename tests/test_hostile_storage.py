@@ -46,7 +46,7 @@ def test_a_storage_that_keeps_nothing_is_refused_before_any_work(tmp_path, capsy
 
 
 def test_the_default_driver_spelled_out_is_one_sqlite_file(tmp_path, capsys):
-    from tuner.study import storage_url
+    from tuner.storages import storage_url
 
     assert storage_url("sqlite+pysqlite:///x.db") == storage_url("SQLITE:///x.db") == "sqlite:///x.db"
     assert storage_url("postgres://u@h/db") == "postgresql://u@h/db"
@@ -120,7 +120,7 @@ def _tune(argv: list[str], timeout_s: float, patch: str = "") -> tuple[subproces
     return done, time.monotonic() - started
 
 
-SHORT_TIMEOUTS = "import tuner.study as s; s.POSTGRES_CONNECT_TIMEOUT_S = s.POSTGRES_READ_TIMEOUT_S = 3"
+SHORT_TIMEOUTS = "import tuner.storages as s; s.POSTGRES_CONNECT_TIMEOUT_S = s.POSTGRES_READ_TIMEOUT_S = 3"
 
 
 @pytest.mark.slow
@@ -143,7 +143,7 @@ def test_a_server_that_never_answers_ends_the_command_in_one_line(tmp_path, hand
 
 @pytest.mark.slow
 def test_the_shipped_connect_timeout_ends_a_silent_connection(tmp_path):
-    from tuner.study import POSTGRES_CONNECT_TIMEOUT_S, POSTGRES_READ_TIMEOUT_S
+    from tuner.storages import POSTGRES_CONNECT_TIMEOUT_S, POSTGRES_READ_TIMEOUT_S
 
     assert 0 < POSTGRES_CONNECT_TIMEOUT_S <= 20 and 0 < POSTGRES_READ_TIMEOUT_S <= 120
     server = QuietServer(handshake=False)
@@ -184,7 +184,7 @@ def test_a_password_is_never_printed(tmp_path, capsys, monkeypatch, spelling, co
 
 
 def test_shown_masks_every_spelling_of_a_password():
-    from tuner.study import masked, shown
+    from tuner.storages import masked, shown
 
     assert shown("postgresql://attune:s3cret@db:5432/studies") == "postgresql://attune:***@db:5432/studies"
     assert shown("postgresql://u:p@ss/w@db/x?password=p@ss/w&sslmode=require") == \
@@ -348,3 +348,18 @@ def test_an_attribute_that_is_not_json_is_one_line_naming_the_trial(tuned, tmp_p
     text = one_line(capsys, main([*_command(command, tmp_path), "--study", "s", "--storage", str(db)]))
     assert f"trial {number}'s" in text and f" {key} is not JSON" in text and "Traceback" not in text
     assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["show", "show csv", "export", "report"])
+def test_an_objective_stored_as_text_is_one_warning_and_not_ranked(tuned, tmp_path, capsys, command):
+    import sqlite3
+
+    db, number = corrupted(tuned, tmp_path, "learnt", "fine")
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE trial_values SET value = 'fast' WHERE trial_id = "
+                  "(SELECT trial_id FROM trials WHERE number = ?)", (number,))
+    code = main([*_command(command, tmp_path), "--study", "s", "--storage", str(db)])
+    out, err = capsys.readouterr()
+    assert code == 0 and err.strip().splitlines() == [
+        f"tune: warning: trial {number}: value is not a number; read as missing; the trial is left out of the ranking"]
+    assert "99,999" not in out and "fast" not in out

@@ -127,7 +127,7 @@ def rankable(t) -> bool:
 
 
 def _grounds(path: str) -> bool:
-    return path in GROUNDS or path.startswith(tuple(g + "." for g in GROUNDS[-3:]))
+    return path in GROUNDS or path == "value" or path.startswith(tuple(g + "." for g in GROUNDS[-3:]))
 
 
 def _read(t) -> tuple[dict, list]:
@@ -141,7 +141,7 @@ def _read(t) -> tuple[dict, list]:
         if isinstance(result, dict) and result.get("status") == "ok" and result.get("tokens_per_s_per_gpu") is None \
                 and not any(p.startswith("result") for p, _ in problems):
             problems.append(("result.tokens_per_s_per_gpu", "is missing"))
-        if not _is(NUMBER, t.value):
+        if not _is(NUMBER, t.value):   # the objective itself (an edited storage can hold text there)
             problems.append(("value", "is not a number"))
     seen = (t._trial_id, t.number, t.datetime_start, tuple(problems))   # once per trial and command
     if problems and seen not in _warned:
@@ -154,7 +154,7 @@ def describe(number: int, problems: list) -> str:
     """One line: the trial, its malformed attributes (three at most named), and what is done about them."""
     named = "; ".join(f"{path} {what}" for path, what in problems[:3])
     more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
-    left_out = any(_grounds(p) or p == "value" for p, _ in problems)
+    left_out = any(_grounds(p) for p, _ in problems)
     return (f"trial {number}: {named}{more}; read as missing" +
             ("; the trial is left out of the ranking" if left_out else ""))
 
