@@ -8,6 +8,7 @@ from pathlib import Path
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
 from tuner.options import writing_user_file
+from tuner.trial_record import stored_attrs
 
 
 def export_rows(rows, config, out: Path, study=None) -> list[Path]:
@@ -22,7 +23,7 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
         recipe["result"]["predicted_interval"] = interval_block(config, row.layout)
         trial = trials.get(row.number)
         if row.kind == "measured" and trial is not None:
-            result = trial.user_attrs.get("result") or {}
+            result = stored_attrs(trial).get("result") or {}
             proxy = proxy_differences(result, config)
             if proxy:
                 _record_proxy(recipe, row, result, trial, config, study, proxy)
@@ -95,7 +96,7 @@ def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differe
     from experiments.runner import TrialResult
     from tuner.verify import convergence_of
 
-    proxy_prediction = (trial.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+    proxy_prediction = (stored_attrs(trial).get("prediction") or {}).get("tokens_per_s_per_gpu")
     entry = {"trial": row.number, "ran": "; ".join(differences),
              "tokens_per_s_per_gpu": round(row.tokens_per_s_per_gpu, 2),
              "predicted_for_the_proxy": round(proxy_prediction, 2) if proxy_prediction else None,
@@ -144,7 +145,7 @@ def _record_measurement(recipe: dict, row, trial, config, study) -> None:
     from recipes.correctness import record_convergence
     from tuner.verify import convergence_of, reference_of
 
-    result = trial.user_attrs.get("result") or {}
+    result = stored_attrs(trial).get("result") or {}
     usd = usd_per_million_tokens(config.gpu.usd_per_gpu_hour, row.tokens_per_s_per_gpu)
     recipe["result"].update(
         tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),

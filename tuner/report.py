@@ -13,6 +13,7 @@ from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
 from tuner.intervals import predicted_figure
+from tuner.trial_record import rankable, stored_attrs
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,19 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
     program's, a peer's) is left out or shows '-', never a traceback."""
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        result, prediction = _dict(t.user_attrs.get("result")), _dict(t.user_attrs.get("prediction"))
+        if not rankable(t):   # malformed layout or result: warned about, left out (tuner.trial_record)
+            continue
+        attrs = stored_attrs(t)
+        result, prediction = _dict(attrs.get("result")), _dict(attrs.get("prediction"))
         interval = _dict(prediction.get("interval"))
-        try:
-            layout = layout_from_stored(t.user_attrs["layout"])
-        except Exception:  # noqa: BLE001 - any malformed stored layout: the trial cannot be ranked
-            continue
-        if _number(t.value) is None:
-            continue
+        layout = layout_from_stored(attrs["layout"])
         rows.append(Row(
             number=t.number, layout=layout,
             tokens_per_s_per_gpu=t.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
             mfu=_number(result.get("mfu")), usd_per_million_tokens=_number(result.get("usd_per_million_tokens")),
             kind=printable(result.get("kind", "predicted")), source=printable(result.get("source", "")),
             predicted_tokens_per_s_per_gpu=predicted_figure(prediction, interval),
-            rationale=printable(t.user_attrs.get("rationale", "")),
+            rationale=printable(attrs.get("rationale", "")),
             predicted_low=_number(interval.get("low")), predicted_high=_number(interval.get("high")),
             fit=fit_of(prediction),
         ))
@@ -133,7 +132,7 @@ def _dict(value) -> dict:
 
 def trial_record(t: optuna.trial.FrozenTrial) -> dict:
     """One trial's record; a malformed attribute (another program's, a peer's) reads as missing, not as a crash."""
-    attrs = t.user_attrs
+    attrs = stored_attrs(t)
     result, prediction = _dict(attrs.get("result")), _dict(attrs.get("prediction"))
     figures = result or prediction
     layout, interval = _dict(attrs.get("layout")), _dict(prediction.get("interval"))

@@ -26,6 +26,7 @@ from cost_model.names import printable
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
 from tuner.report import counts_line, ranked_rows, trial_record
+from tuner.trial_record import stored_attrs
 
 TOP_BREAKDOWN = 5
 FIGURES = {"best": "best", "interval": "interval", "pareto_memory": "pareto-memory", "pareto_cost": "pareto-cost",
@@ -77,7 +78,7 @@ def trial_facts(t) -> TrialFacts:
     """A trial as the report draws it; a stored value of the wrong type (a peer's, another program's) is left
     out, as if not recorded, so the figures never meet it."""
     record = trial_record(t)
-    attrs = t.user_attrs
+    attrs = stored_attrs(t)
     prediction, result = _dict(attrs.get("prediction")), _dict(attrs.get("result"))
     interval = _dict(prediction.get("interval"))
     low, high = _number(interval.get("low")), _number(interval.get("high"))
@@ -143,8 +144,8 @@ def write_report(study, out: Path) -> Path:
     facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
-    capacity = next((_number(_dict(t.user_attrs.get("prediction")).get("gpu_memory_gib"))
-                     for t in study.get_trials(deepcopy=False) if _dict(t.user_attrs.get("prediction"))), None)
+    capacity = next((_number(_dict(stored_attrs(t).get("prediction")).get("gpu_memory_gib"))
+                     for t in study.get_trials(deepcopy=False) if _dict(stored_attrs(t).get("prediction"))), None)
     drawn = {
         "best": figs.best_over_trials(facts),
         "interval": figs.interval_vs_measured(facts),

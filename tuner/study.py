@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import socket
 import sys
 import time
@@ -50,9 +49,9 @@ from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
                                   heartbeat, is_lost_claim, lost_to, still_running)
-from cost_model.errors import AttuneError
+from tuner.storages import (DEFAULT_STORAGE, StudyError, masked, postgresql_engine, shown, storage_url,  # noqa: F401
+                            unreadable_attribute_at)
 
-DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -60,10 +59,6 @@ def workload_identity(workload: Workload) -> dict:
     """The workload's fields, its step options only when set: studies made before those options resume."""
     base = {k: v for k, v in asdict(workload).items() if k not in (*STEP_OPTION_DEFAULTS, "image_size")}
     return {**base, **workload.step_options}
-
-
-class StudyError(AttuneError, RuntimeError):
-    """A study that cannot be opened, created or resumed as asked."""
 
 
 @dataclass(frozen=True)
@@ -110,39 +105,16 @@ def default_study_name(model: ModelSpec, gpu: GpuSpec, world_size: int) -> str:
     return f"{model.name}-{gpu.name}-x{world_size}"
 
 
-def storage_url(value: str | None) -> str:
-    if value is None:
-        return DEFAULT_STORAGE
-    if not value.strip():
-        raise StudyError("--storage is empty: give an SQLite file or a URL, or leave it out for the default")
-    if "://" not in value and any(ch in value for ch in "?#"):
-        # in an SQLite URL they start the query or fragment: the study would go to another file
-        raise StudyError(f"--storage {value}: a file name with '?' or '#' cannot be an SQLite URL; rename it")
-    url = value if "://" in value else f"sqlite:///{value}"
-    if url.startswith("sqlite:") and url.split("?")[0] in ("sqlite://", "sqlite:///", "sqlite:///:memory:"):
-        raise StudyError(f"--storage {value}: an in-memory SQLite database keeps nothing once tune exits; give a file")
-    return url
-
-
-def shown(url: str) -> str:
-    """The storage URL as tune prints it: a password in it is masked."""
-    if "@" not in url:
-        return url
-    try:
-        from sqlalchemy.engine import make_url
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a URL SQLAlchemy cannot parse: mask what looks like user:password@
-        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
-
-
 def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
                  writable: bool = True) -> optuna.storages.BaseStorage:
     """Open a storage without writing to anything that is not already an Optuna storage. `must_exist`
     (commands that only read): a missing SQLite file is refused, not created. RDB storages get Optuna's
     heartbeat (tuner.trial_claims), so any worker can fail the trials of a dead one."""
     from tuner.trial_claims import GRACE_PERIOD_S, HEARTBEAT_INTERVAL_S, mark_stale
+    from tuner.trial_record import forget_warnings
 
-    engine_kwargs = {}
+    forget_warnings()   # a malformed trial is named once per command (per storage opened), not once per process
+    engine_kwargs, engine_url = {}, url
     if url.startswith("sqlite:///"):
         try:
             _check_sqlite_file(url, Path(url[len("sqlite:///"):]), create_dirs, must_exist, writable)
@@ -150,14 +122,13 @@ def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
             raise StudyError(" ".join(f"study storage {shown(url)}: {e.strerror or e}".split())) from None
         # several tuners on one file wait for each other's write lock instead of failing at once
         engine_kwargs = {"connect_args": {"timeout": 120}}
-    elif url.startswith(("postgresql", "postgres")):
-        # a server that accepts the connection but never answers fails in seconds, not never
-        engine_kwargs = {"connect_args": {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}}
+    elif url.startswith("postgresql"):
+        engine_url, engine_kwargs = postgresql_engine(url)
     for attempt in range(SCHEMA_RACE_ATTEMPTS):
         try:
             with warnings.catch_warnings():  # the heartbeat arguments are experimental in Optuna 5
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, skip_compatibility_check=False,
+                return optuna.storages.RDBStorage(engine_url, engine_kwargs=engine_kwargs, skip_compatibility_check=False,
                                                   heartbeat_interval=HEARTBEAT_INTERVAL_S,
                                                   grace_period=GRACE_PERIOD_S,
                                                   heartbeat_stale_trial_callback=mark_stale)
@@ -165,11 +136,9 @@ def open_storage(url: str, create_dirs: bool = False, must_exist: bool = False,
             if attempt + 1 < SCHEMA_RACE_ATTEMPTS and _schema_race(e):
                 time.sleep(0.2 + random.random() * 0.5 * (attempt + 1))
                 continue
-            raise StudyError(f"cannot open study storage {shown(url)}: {_first_line(e)}") from None
+            raise StudyError(masked(f"cannot open study storage {url}: {_first_line(e)}", url)) from None
     raise AssertionError("unreachable")
 
-
-POSTGRES_CONNECT_TIMEOUT_S = 15
 
 # Tuners that open a new database at the same moment all create Optuna's tables: on PostgreSQL all but
 # one fail on a duplicate type or table; a moment later the tables exist and opening succeeds.
@@ -192,7 +161,13 @@ def storage_errors(url: str):
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
         cause = e.__cause__ if isinstance(e, optuna.exceptions.StorageInternalError) and e.__cause__ else e
         text = getattr(cause, "orig", None) or cause
-        raise StudyError(f"study storage {shown(url)}: {_first_line(text)}") from None
+        raise StudyError(masked(f"study storage {url}: {_first_line(text)}", url)) from None
+    except json.JSONDecodeError:   # a stored attribute that is not JSON: Optuna reads the study no further
+        culprit = unreadable_attribute_at(url)
+        if culprit is None:
+            raise
+        raise StudyError(masked(f"study storage {url}: {culprit} is not JSON (the storage was corrupted)", url)) \
+            from None
 
 
 def check_storage(url: str, allow_new_folder: bool = False, must_exist: bool = False, writable: bool = True) -> None:

@@ -35,6 +35,7 @@ def cmd_run(args) -> int:
         raise CliError(f"--trials must be at least 1, got {args.trials}")
     if args.study is not None and not args.study.strip():
         raise CliError("--study must name a study, got an empty name")
+    storage_url(args.storage)   # a storage that could not keep the study is refused before any work
     model, gpu, gpus = target(args)
     trained = workload(args)
     config = StudyConfig(model, gpu, gpus, trained, Stack.with_fixes(args.stack_fix),

@@ -1,0 +1,250 @@
+"""A trial's stored attributes as `tune show`, `tune export` and `tune report` read them: each one they use is
+checked against what tune writes, in this one place.
+
+The rule, the same in the three commands: a malformed attribute (a peer's or another program's: a wrong type,
+a figure that is not a finite number, a layout that is not one, a figure a complete trial must have missing)
+never stops the command and never reaches the output as it is. It reads as missing, and stderr gets one line
+per such trial naming the trial and the attributes:
+
+    tune: warning: trial 7: result.mfu is not a number; read as missing
+
+A trial whose layout is malformed, or whose result cannot say what its figure is (its kind, status, source,
+failure class or the runner's details), cannot be ranked honestly: it is left out of the ranked table, the
+recipes and the report's best-of figures, and its line says so; its record (show --format csv/json, the
+report's table) keeps what could be read. A stored value that is not JSON at all stops Optuna from reading the
+study: that is one line naming the trial and the attribute, and exit 2 (`unreadable_attribute`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+NUMBER, INTEGER, TEXT, FLAG = "a number", "an integer", "text", "true or false"
+
+
+class Mapping:
+    """A dict of names to values of one schema, read whole (a breakdown or weights with one bad entry is not
+    summed without it)."""
+
+    def __init__(self, item):
+        self.item = item
+
+
+class ListOf:
+    def __init__(self, item):
+        self.item = item
+
+
+DETAILS = {"model_run": {"name": TEXT, "layers": INTEGER}, "notes": ListOf(TEXT), "optimizer": TEXT,
+           "runner": TEXT, "window": ListOf(INTEGER), "global_batch_rows": INTEGER, "seq_len": INTEGER,
+           "steps_run": INTEGER}
+
+
+def _failure_class(value, path: str):
+    from experiments.runner import FAILURE_CLASSES
+
+    return _clean(value, FAILURE_CLASSES, path)
+
+
+def _detail(value, path: str):
+    """A result's message; results stored before `details` kept the runner's facts here, as a JSON object (which
+    TrialResult.from_dict moves to `details`): those facts are checked as details are."""
+    if isinstance(value, str) and value.startswith("{"):
+        try:
+            facts = json.loads(value)
+        except ValueError:
+            return value, []
+        return (value, []) if not _clean(facts, DETAILS, path)[1] else (None, [(path, "holds malformed details")])
+    if isinstance(value, dict):
+        return (value, []) if not _clean(value, DETAILS, path)[1] else (None, [(path, "holds malformed details")])
+    return _clean(value, TEXT, path)
+
+
+def _layout(value, path: str):
+    from cost_model.layout_codec import layout_from_stored
+
+    try:
+        layout_from_stored(value)
+    except Exception:  # noqa: BLE001 - any stored layout the codec refuses is malformed, whatever it raises
+        return None, [(_bad_layout_field(value, path), "is not a layout")]
+    return value, []
+
+
+def _bad_layout_field(value, path: str) -> str:
+    """The first field of a stored layout the codec refuses (layout.tp), else the layout as a whole."""
+    from cost_model.layout_codec import text_layout_value
+
+    if not isinstance(value, dict):
+        return path
+    for key, raw in value.items():
+        try:
+            if key == "world_size":
+                if not _is(INTEGER, raw):
+                    return f"{path}.world_size"
+            else:
+                text_layout_value(key, raw)
+        except Exception:  # noqa: BLE001 - as above
+            return f"{path}.{_short(key)}"
+    return path
+
+
+RESULT = {"status": ("ok", "failed"), "kind": ("predicted", "measured"), "source": TEXT,
+          **{k: NUMBER for k in ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu",
+                                 "usd_per_million_tokens", "step_time_cv_percent", "gpu_hours")},
+          **{k: ListOf(NUMBER) for k in ("step_times_s", "losses", "peak_memory_gib_per_rank")},
+          "failure_class": _failure_class, "detail": _detail, "breakdown": Mapping(NUMBER), "runner": TEXT,
+          "details": DETAILS}
+INTERVAL = {"low": NUMBER, "high": NUMBER, "median": NUMBER, "quantiles": ListOf(NUMBER)}
+PREDICTION = {**{k: NUMBER for k in ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "gpu_memory_gib",
+                                     "mfu", "usd_per_million_tokens", "fit_probability")},
+              "kind": TEXT, "source": TEXT, "fits": FLAG, "fit_verdict": ("fits", "borderline", "does not fit"),
+              "reasons": ListOf(TEXT), "breakdown": Mapping(NUMBER), "interval": INTERVAL}
+ATTRIBUTES = {"layout": _layout, "result": RESULT, "prediction": PREDICTION, "hypothesis_weights": Mapping(NUMBER),
+              **{k: TEXT for k in ("label", "rationale", "learnt", "prune_reason", "fail_reason", "backend",
+                                   "proposer", "layout_key")}}
+# What a figure stands on: one of these malformed (or anything inside the last three) and the trial is not
+# ranked (see the module docstring).
+GROUNDS = ("result", "result.status", "result.kind", "result.source", "result.failure_class", "layout",
+           "result.detail", "result.details")
+
+_warned: set = set()
+
+
+def forget_warnings() -> None:
+    """A storage was opened: its malformed trials are named again."""
+    _warned.clear()
+
+
+def stored_attrs(t) -> dict:
+    """The trial's user attributes with every malformed one left out (warned about once, on stderr)."""
+    return _read(t)[0]
+
+
+def rankable(t) -> bool:
+    """Whether a complete trial's layout and result are sound enough to rank and export it."""
+    return not any(_grounds(path) for path, _ in _read(t)[1])
+
+
+def _grounds(path: str) -> bool:
+    return path in GROUNDS or path == "value" or path.startswith(tuple(g + "." for g in GROUNDS[-3:]))
+
+
+def _read(t) -> tuple[dict, list]:
+    from optuna.trial import TrialState
+
+    attrs, problems = _clean(t.user_attrs, ATTRIBUTES, "")
+    if t.state == TrialState.COMPLETE:
+        if "layout" not in attrs and not any(p == "layout" for p, _ in problems):
+            problems.append(("layout", "is missing"))
+        result = attrs.get("result")
+        if isinstance(result, dict) and result.get("status") == "ok" and result.get("tokens_per_s_per_gpu") is None \
+                and not any(p.startswith("result") for p, _ in problems):
+            problems.append(("result.tokens_per_s_per_gpu", "is missing"))
+        if not _is(NUMBER, t.value):   # the objective itself (an edited storage can hold text there)
+            problems.append(("value", "is not a number"))
+    seen = (t._trial_id, t.number, t.datetime_start, tuple(problems))   # once per trial and command
+    if problems and seen not in _warned:
+        _warned.add(seen)
+        print(f"tune: warning: {describe(t.number, problems)}", file=sys.stderr)
+    return attrs, problems
+
+
+def describe(number: int, problems: list) -> str:
+    """One line: the trial, its malformed attributes (three at most named), and what is done about them."""
+    named = "; ".join(f"{path} {what}" for path, what in problems[:3])
+    more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+    left_out = any(_grounds(p) for p, _ in problems)
+    return (f"trial {number}: {named}{more}; read as missing" +
+            ("; the trial is left out of the ranking" if left_out else ""))
+
+
+def _is(kind, value) -> bool:
+    if kind == NUMBER:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == INTEGER:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == TEXT:
+        return isinstance(value, str)
+    if kind == FLAG:
+        return isinstance(value, bool)
+    raise AssertionError(kind)
+
+
+def _clean(value, schema, path: str):
+    """(value with its malformed parts left out, or None when it is malformed whole; [(path, what), ...])."""
+    if value is None:
+        return None, []
+    if callable(schema):   # a check of its own (a layout, a result's detail)
+        return schema(value, path)
+    if isinstance(schema, dict):
+        if not isinstance(value, dict):
+            return None, [(path, "is not a record")]
+        out, problems = dict(value), []
+        for key, sub in schema.items():
+            if key in value:
+                cleaned, bad = _clean(value[key], sub, f"{path}.{key}" if path else key)
+                problems += bad
+                if cleaned is None:
+                    out.pop(key)
+                else:
+                    out[key] = cleaned
+        return out, problems
+    if isinstance(schema, (Mapping, ListOf)):
+        kind = dict if isinstance(schema, Mapping) else list
+        if not isinstance(value, kind):
+            return None, [(path, f"is not a {'record' if kind is dict else 'list'}")]
+        items = value.items() if kind is dict else enumerate(value)
+        for key, item in items:
+            if item is None or _clean(item, schema.item, path)[1]:
+                where = f"{path}.{key}" if kind is dict else f"{path}[{key}]"
+                return None, [(where, f"is not {_what(schema.item)}")]
+        return value, []
+    if isinstance(schema, tuple):
+        return (value, []) if isinstance(value, str) and value in schema else \
+            (None, [(path, f"is not one of {', '.join(schema)}")])
+    return (value, []) if _is(schema, value) else (None, [(path, f"is not {schema}")])
+
+
+def _what(schema) -> str:
+    return schema if isinstance(schema, str) else "a record"
+
+
+def unreadable_attribute(engine) -> str | None:
+    """Which stored attribute is not JSON (Optuna cannot read a study past it): 'trial 3's attribute result' or
+    "the study's attribute config"; None when every one reads."""
+    import sqlalchemy
+
+    queries = (("trial_user_attributes", "trial"), ("trial_system_attributes", "trial"),
+               ("study_user_attributes", "study"), ("study_system_attributes", "study"))
+    with engine.connect() as db:
+        for table, owner in queries:
+            key = "trial_id" if owner == "trial" else "study_id"
+            for owner_id, name, text in db.execute(sqlalchemy.text(f"SELECT {key}, key, value_json FROM {table}")):
+                try:
+                    json.loads(text)
+                except (TypeError, ValueError):
+                    return _owner(db, owner, owner_id) + f"'s attribute {_short(name)}"
+        for trial_id, name, text in db.execute(sqlalchemy.text(
+                "SELECT trial_id, param_name, distribution_json FROM trial_params")):
+            try:
+                json.loads(text)
+            except (TypeError, ValueError):
+                return _owner(db, "trial", trial_id) + f"'s parameter {_short(name)}"
+    return None
+
+
+def _owner(db, owner: str, owner_id) -> str:
+    import sqlalchemy
+
+    if owner == "study":
+        return "the study"
+    number = db.execute(sqlalchemy.text("SELECT number FROM trials WHERE trial_id = :i"), {"i": owner_id}).scalar()
+    return f"trial {number}"
+
+
+def _short(name) -> str:
+    from cost_model.names import printable
+
+    text = printable(str(name))
+    return text if len(text) <= 40 else text[:37] + "..."
