@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
           "order come from the cost model, whose runner components were shaped looking at the v1-v4 grids "
           "(benchmarks/runner_accuracy.py: in sample), the v5 grid held out; the v6 grid (Mixtral-8x7B) held out for "
           "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid (Mixtral-8x22B) "
-          "held out for tokens/s, in sample for memory (unfused_moe_act_recompute_tensors)")
+          "held out for tokens/s, in sample for memory (unfused_moe_act_recompute_tensors); the v8 and v9 grids held "
+          "out (predictions committed before they ran)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
