@@ -80,11 +80,11 @@ def test_lora_from_the_flag_and_a_batch_line(tmp_path, capsys):
     assert len(err) == 1 and "--framework megatron only" in err[0]
 
 
-def test_a_real_runner_refuses_options_it_does_not_set_up(capsys):
+def test_a_real_runner_refuses_options_it_does_not_set_up(capsys, tmp_path):
     # the megatron runner trains every weight eagerly on text: a LoRA, graphed or VLM trial would measure another run
     for flag, value in (("--peft", "lora"), ("--cuda-graphs", "full"), ("--images-per-row", "1")):
         code = main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "1", "--framework", "megatron",
-                     flag, value, "--backend", "megatron", "--trials", "1", "--storage", "sqlite:///:memory:"])
+                     flag, value, "--backend", "megatron", "--trials", "1", "--storage", str(tmp_path / "s.db")])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and flag in err[0] and "--backend predict" in err[0], err
 
