@@ -363,3 +363,25 @@ def test_an_objective_stored_as_text_is_one_warning_and_not_ranked(tuned, tmp_pa
     assert code == 0 and err.strip().splitlines() == [
         f"tune: warning: trial {number}: value is not a number; read as missing; the trial is left out of the ranking"]
     assert "99,999" not in out and "fast" not in out
+
+
+STUDY_CONFIG_CORRUPTIONS = [("workload", "x"), ("workload", {"seq_len": 8192, "bogus": 1}), ("stack", [1]),
+                            ("gpus", "x"), ("gpus", 0), ("usd_per_gpu_hour", "q")]
+
+
+@pytest.mark.parametrize("field,value", STUDY_CONFIG_CORRUPTIONS,
+                         ids=[f"{f}={str(v)[:10]}" for f, v in STUDY_CONFIG_CORRUPTIONS])
+def test_a_malformed_study_config_is_one_line_naming_the_field_and_nothing_exported(tuned, tmp_path, capsys, field,
+                                                                                   value):
+    import shutil
+
+    import optuna
+
+    db = tmp_path / "s.db"
+    shutil.copy(tuned, db)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+    study.set_user_attr("config", {**study.user_attrs["config"], field: value})
+    code = main(["export", "--study", "s", "--storage", str(db), "--out", str(tmp_path / "recipes")])
+    line = one_line(capsys, code)
+    assert "study 's'" in line and (field in line or "stored config" in line), line
+    assert not (tmp_path / "recipes").exists()

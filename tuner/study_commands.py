@@ -397,16 +397,39 @@ def _model_source(args, identity: dict) -> str:
     return f"the catalog's {name}" if name in catalog_names() else f"{str(name)[:80]}/config.json here"
 
 
+def _check_stored_config(study: str, identity) -> None:
+    """The stored study config export builds its run from: one line naming the field that a peer (a shared
+    PostgreSQL study) or another program left malformed, instead of a traceback or a recipe of garbage."""
+    def bad(field: str, want: str):
+        return CliError(f"study '{study}': stored config field '{field}' is not {want}; re-create the study")
+    if not isinstance(identity, dict):
+        raise CliError(f"study '{study}': its stored config is not a mapping; re-create the study")
+    gpus = identity.get("gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise bad("gpus", "a positive integer")
+    for field in ("workload", "stack"):
+        if not isinstance(identity.get(field), dict):
+            raise bad(field, "a mapping")
+    price = identity.get("usd_per_gpu_hour")
+    if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))):
+        raise bad("usd_per_gpu_hour", "a number")
+
+
 def cmd_export(args) -> int:
     study = open_existing(args)
     identity = study.user_attrs.get("config")
     if not identity:
         raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
+    _check_stored_config(args.study, identity)
     # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
     gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
     model = _study_model(args, identity)
     check_model_identity(identity, model, args.study, _model_source(args, identity))
-    config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
+    try:
+        config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
+    except TypeError as e:   # a key the nouns do not take: a peer's or another program's edit
+        raise CliError(f"study '{args.study}': its stored config does not describe a run ({type(e).__name__}); "
+                       f"re-create the study") from None
     rows = ranked_rows(study)
     if not rows:
         raise CliError(f"study '{args.study}' has no completed trial to export")
