@@ -385,3 +385,14 @@ def test_a_malformed_study_config_is_one_line_naming_the_field_and_nothing_expor
     line = one_line(capsys, code)
     assert "study 's'" in line and (field in line or "stored config" in line), line
     assert not (tmp_path / "recipes").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path,value", [("result", "x"), ("result.kind", 5), ("result.tokens_per_s_per_gpu", "x"),
+                                        ("layout", "garbage")], ids=["result", "kind", "figure", "layout"])
+def test_a_study_with_a_malformed_trial_resumes_with_one_warning_naming_it(tuned, tmp_path, capsys, path, value):
+    db, number = corrupted(tuned, tmp_path, path, value)
+    code = main([*RUN, "--storage", str(db), "--study", "s"])
+    err = capsys.readouterr().err
+    assert code == 0 and "Traceback" not in err, err[-400:]
+    assert any(line.startswith(f"tune: warning: trial {number}: ") for line in err.splitlines()), err[-400:]

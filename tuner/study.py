@@ -41,6 +41,7 @@ from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
+from tuner.trial_record import rankable, stored_attrs
 from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
 from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
@@ -369,7 +370,7 @@ def check_figures(study: optuna.Study, figures: str) -> None:
     best trial would mix a prediction with measurements. Studies made before the kind was recorded are
     judged by their completed trials."""
     kinds = {study.user_attrs.get(FIGURES)} - {None}
-    kinds |= {(t.user_attrs.get("result") or {}).get("kind", "predicted")
+    kinds |= {(stored_attrs(t).get("result") or {}).get("kind", "predicted")
               for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     other = sorted(kinds - {figures})
     if other:
@@ -390,8 +391,9 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
     for t in study.get_trials(deepcopy=False):
         if is_lost_claim(t):
             continue    # a proposal that lost its layout to another tuner's trial: not a trial run
-        key = t.user_attrs.get("layout_key")
-        if backend is not None and t.user_attrs.get("backend", "predict") != backend:
+        attrs = stored_attrs(t)   # a malformed attribute (a peer's edit) is read as missing, warned about once
+        key = attrs.get("layout_key")
+        if backend is not None and attrs.get("backend", "predict") != backend:
             key = None
         # a layout another tuner is running is taken too (it will hold the claim: tuner.trial_claims)
         if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING):
@@ -399,22 +401,23 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
         if key and skip_interrupted and t.state == TrialState.FAIL and \
                 str(fail_reason(study_attrs, t) or "").startswith("interrupted"):
             h.tried.add(key)
-        result = t.user_attrs.get("result") or {}
+        result = attrs.get("result") or {}
         if key and t.state == TrialState.FAIL and result.get("failure_class"):
-            peak = (t.user_attrs.get("prediction") or {}).get("peak_memory_gib")
+            peak = (attrs.get("prediction") or {}).get("peak_memory_gib")
             h.failed.append((key, result["failure_class"], peak))
             if result["failure_class"] in PERMANENT_FAILURES:
                 h.tried.add(key)
-        if t.state == TrialState.COMPLETE and result.get("kind") == "measured":
-            layout = layout_from_stored(t.user_attrs["layout"])
-            predicted = (t.user_attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+        if t.state == TrialState.COMPLETE and result.get("kind") == "measured" and rankable(t):
+            layout = layout_from_stored(attrs["layout"])
+            predicted = (attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
             # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
             facts = TrialResult.from_dict(result).details
             if (facts.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
                 predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
             h.measured_layouts.append((layout, result["tokens_per_s_per_gpu"]))
-    best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+    best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if isinstance(t.value, (int, float)) and not isinstance(t.value, bool)]
     h.best_value = max(best) if best else None
     h.peers = _peers(study)
     return h
