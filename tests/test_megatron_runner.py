@@ -627,6 +627,15 @@ def _spec(model, layout, steps=8, **wl):
     return TrialSpec(Case(model, load_gpu("h200"), workload, layout), steps=steps, window=(2, steps - 1))
 
 
+def test_the_runner_prices_only_micro_batches_that_split_the_global_batch(qwen36):
+    """A layout the trial would refuse at set-up is refused when the study scores its space, not as a trial."""
+    runner = mr.MegatronRunner(layers=4)
+    five = Layout(1, max_tokens_per_gpu=20480, rows_per_microbatch=5)
+    with pytest.raises(InvalidLayout, match="not divisible by DP 1 x 5 rows per micro-batch"):
+        runner.predict(_spec(qwen36, five).case)
+    assert runner.predict(_spec(qwen36, Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=4)).case).may_fit
+
+
 def test_runner_without_gpus_returns_a_failed_result(qwen36):
     runner = mr.MegatronRunner(layers=4)
     assert runner.name == "megatron"

@@ -355,3 +355,22 @@ def test_builds_of_a_config_json_model_make_a_profile_section():
              "kind": ["full_attention", "moe"], "layers": 1, "vocab": 1024, "params": 1, "points": [point]}
     [record] = section_from_builds([build], {"microbatches": 4})["builds"]
     assert record["hidden_size"] == 4096 and record["microbatches"] == 4 and record["points"] == [point]
+
+
+def test_the_runner_stack_refuses_micro_batches_that_do_not_split_the_global_batch(capsys):
+    """Megatron's fixed micro-batch needs the global batch a multiple of DP x rows per micro-batch (the runner
+    refuses the trial at set-up); slime's dynamic batching does not, so only the runner stack says no."""
+    from experiments.megatron.backend_support import microbatch_refusal
+
+    base = ["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--seq-len", "4096",
+            "--global-batch", "16", "--framework", "megatron"]
+    five = ["--layout", "max_tokens_per_gpu=20480", "rows_per_microbatch=5"]
+    assert main([*base, "--stack", "megatron-runner", *five]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not divisible by DP 1 x 5 rows per micro-batch" in err[0], err
+    assert main([*base, *five]) == 0                     # the image stack (slime's bins) prices it
+    capsys.readouterr()
+    assert microbatch_refusal(Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=4), 16) is None
+    vpp = Layout(8, pp=2, vpp=2, max_tokens_per_gpu=4096,
+                 rows_per_microbatch=1)
+    assert "multiple of PP 2" in microbatch_refusal(vpp, 12) and microbatch_refusal(vpp, 16) is None

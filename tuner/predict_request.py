@@ -93,6 +93,12 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
     if name == "megatron-runner" and workload.framework != "megatron":
         raise RequestError("the megatron-runner stack runs Megatron's own step: give framework megatron "
                            "(--framework megatron)")
+    if name == "megatron-runner":
+        from experiments.megatron.backend_support import microbatch_refusal
+        refusal = microbatch_refusal(layout, workload.global_batch)
+        if refusal:
+            raise RequestError(f"the megatron runner cannot run this layout: {refusal} (slime's dynamic batching "
+                               f"can: predict it with the image stack)")
     return Case(model, gpu, workload, layout, Stack.named(name, list(fixes)))
 
 

@@ -21,3 +21,17 @@ def unsupported(model: ModelSpec, backend: str, cp: int = 1) -> list[str]:
     if backend == "local" and cp > 1:
         out.append(f"context parallelism (CP {cp}): megatron's DotProductAttention supports CP 1 only")
     return out
+
+
+def microbatch_refusal(layout, global_batch: int) -> str | None:
+    """Why the runner cannot split `global_batch` rows into the layout's micro-batches (None: it can). Megatron's
+    fixed micro-batch size needs the global batch a multiple of DP x rows per micro-batch, and the interleaved
+    schedule the micro-batch count a multiple of PP; slime's dynamic batching has neither rule."""
+    unit = layout.dp * layout.rows_per_microbatch
+    if global_batch % unit:
+        return (f"global batch {global_batch} rows is not divisible by DP {layout.dp} x "
+                f"{layout.rows_per_microbatch} rows per micro-batch")
+    if layout.vpp > 1 and global_batch % (unit * layout.pp):
+        return (f"the interleaved pipeline schedule needs the micro-batches per step ({global_batch // unit}) to be "
+                f"a multiple of PP {layout.pp}")
+    return None

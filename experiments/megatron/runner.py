@@ -22,6 +22,7 @@ from cost_model.constants import default_constants
 from cost_model.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.layout import InvalidLayout
 from cost_model.model_spec import LINEAR_ATTENTION, ModelError
+from experiments.megatron.backend_support import microbatch_refusal
 from experiments.megatron.launch import STARTUP_GRACE_S, free_port, ray_available, run_job
 from experiments.megatron.model_run import auto_layers, predict_run, trial_model, trial_model_notes
 from experiments.runner import RunnerStack, TrialResult, TrialRunner, TrialSpec
@@ -176,10 +177,14 @@ class MegatronRunner(TrialRunner):
 
     def predict(self, case: Case, profile=None):
         """The runner's own prediction (predict_run: no precision-aware optimizer without TE) for its
-        model run at the case's global batch; InvalidLayout when PP x VPP does not divide its layers."""
+        model run at the case's global batch; InvalidLayout when PP x VPP does not divide its layers or the global
+        batch does not split into its micro-batches."""
         run = self.model_run(case.model)
         layout = case.layout
         _check_split(run, layout)
+        refusal = microbatch_refusal(layout, case.workload.global_batch)   # what the trial would refuse at set-up
+        if refusal:
+            raise InvalidLayout(f"the megatron runner cannot split the global batch: {refusal}")
         run_case = case.replace(model=run, workload=replace(case.workload, framework="megatron"))
         if profile is None:
             return predict_run(run_case)
@@ -423,16 +428,12 @@ def _batch_unit(case: Case, notes: list[str]) -> int:
         if importlib.util.find_spec("deep_ep") is None:
             raise InvalidLayout("the flex dispatcher needs DeepEP, which is not importable here "
                                 "(megatron: 'DeepEP is not installed', token_dispatcher.py _DeepepManager)")
+    refusal = microbatch_refusal(layout, workload.global_batch)
+    if refusal:
+        raise InvalidLayout(refusal)
     unit = layout.dp * layout.rows_per_microbatch
-    gb = workload.global_batch
-    if gb % unit:
-        raise InvalidLayout(f"global batch {gb} rows is not divisible by DP {layout.dp} x "
-                            f"{layout.rows_per_microbatch} rows per micro-batch")
     if layout.vpp > 1:
         unit *= layout.pp  # the interleaved schedule wants the micro-batch count a multiple of PP
-        if gb % unit:
-            raise InvalidLayout(f"the interleaved pipeline schedule needs the micro-batches per step "
-                                f"({gb // (layout.dp * layout.rows_per_microbatch)}) to be a multiple of PP {layout.pp}")
     return unit
 
 
