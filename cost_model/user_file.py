@@ -197,7 +197,8 @@ def parse_yaml(text: str, name: str, error: type[Exception]) -> Any:
 
     _check_text_nesting(text, name, error)
     try:
-        data = yaml.load(text, Loader=_unique_keys_loader())
+        SafeLoaderOfUniqueKeys = _unique_keys_loader()   # a yaml.SafeLoader subclass: no Python objects
+        data = yaml.load(text, Loader=SafeLoaderOfUniqueKeys)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""

@@ -358,3 +358,13 @@ def test_recipe_mode_respects_a_strict_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_user_yaml_is_read_by_a_safe_loader_that_builds_no_python_object(tmp_path):
+    """Every YAML tune reads goes through cost_model.user_file.parse_yaml, whose loader is a SafeLoader: a
+    python/object tag is refused, not constructed."""
+    from cost_model.user_file import _unique_keys_loader, parse_yaml
+
+    assert issubclass(_unique_keys_loader(), yaml.SafeLoader)
+    with pytest.raises(ValueError, match="malformed YAML"):
+        parse_yaml("a: !!python/object/apply:os.system ['true']\n", "f.yaml", ValueError)
