@@ -41,8 +41,8 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
         if not rankable(t):   # malformed layout or result: warned about, left out (tuner.trial_record)
             continue
         attrs = stored_attrs(t)
-        result, prediction = _dict(attrs.get("result")), _dict(attrs.get("prediction"))
-        interval = _dict(prediction.get("interval"))
+        result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
+        interval = as_dict(prediction.get("interval"))
         layout = layout_from_stored(attrs["layout"])
         rows.append(Row(
             number=t.number, layout=layout,
@@ -126,16 +126,17 @@ def _number(value):
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _dict(value) -> dict:
+def as_dict(value) -> dict:
+    """A stored value that should be a mapping, or {} (a study's config is not read through trial_record)."""
     return value if isinstance(value, dict) else {}
 
 
 def trial_record(t: optuna.trial.FrozenTrial) -> dict:
     """One trial's record; a malformed attribute (another program's, a peer's) reads as missing, not as a crash."""
     attrs = stored_attrs(t)
-    result, prediction = _dict(attrs.get("result")), _dict(attrs.get("prediction"))
+    result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
     figures = result or prediction
-    layout, interval = _dict(attrs.get("layout")), _dict(prediction.get("interval"))
+    layout, interval = as_dict(attrs.get("layout")), as_dict(prediction.get("interval"))
     return {"number": t.number, "state": STATES[t.state],
             "kind": printable(figures.get("kind", "predicted")) if figures else None,
             "label": printable(attrs.get("label")), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},

@@ -25,7 +25,7 @@ from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
-from tuner.report import counts_line, ranked_rows, trial_record
+from tuner.report import as_dict, counts_line, ranked_rows, trial_record
 from tuner.trial_record import stored_attrs
 
 TOP_BREAKDOWN = 5
@@ -78,46 +78,29 @@ def trial_facts(t) -> TrialFacts:
     """A trial as the report draws it; a stored value of the wrong type (a peer's, another program's) is left
     out, as if not recorded, so the figures never meet it."""
     record = trial_record(t)
-    attrs = stored_attrs(t)
-    prediction, result = _dict(attrs.get("prediction")), _dict(attrs.get("result"))
-    interval = _dict(prediction.get("interval"))
-    low, high = _number(interval.get("low")), _number(interval.get("high"))
-    quantiles = tuple(q for q in interval.get("quantiles") or () if _number(q) is not None) \
-        if isinstance(interval.get("quantiles"), (list, tuple)) else ()
+    attrs = stored_attrs(t)   # its malformed values already left out (tuner.trial_record)
+    prediction, result = attrs.get("prediction") or {}, attrs.get("result") or {}
+    interval = prediction.get("interval") or {}
+    quantiles = tuple(interval.get("quantiles") or ())
     measured = result.get("kind") == "measured" and result.get("status", "ok") == "ok"
     return TrialFacts(
         number=t.number, state=record["state"], kind=record["kind"], label=record["label"] or "",
         short_label=_short_label(attrs.get("layout")), value=record["tokens_per_s_per_gpu"],
         peak_memory_gib=record["peak_memory_gib"], usd_per_million_tokens=record["usd_per_million_tokens"],
-        predicted=_number(prediction.get("tokens_per_s_per_gpu")),
-        interval=(low, high, quantiles if len(quantiles) >= 2 else ()) if low is not None and high is not None else None,
-        measured=_number(result.get("tokens_per_s_per_gpu")) if measured else None,
-        measured_step_s=_number(result.get("step_time_s")) if measured else None, ran=bool(result),
-        breakdown=_numbers(prediction.get("breakdown")), weights=_numbers(attrs.get("hypothesis_weights")) or None,
+        predicted=prediction.get("tokens_per_s_per_gpu"),
+        interval=(interval["low"], interval["high"], quantiles if len(quantiles) >= 2 else ())
+        if "low" in interval and "high" in interval else None,
+        measured=result.get("tokens_per_s_per_gpu") if measured else None,
+        measured_step_s=result.get("step_time_s") if measured else None, ran=bool(result),
+        breakdown=dict(prediction.get("breakdown") or {}), weights=attrs.get("hypothesis_weights") or None,
         rationale=record["rationale"] or "", learnt=str(attrs.get("learnt") or ""), reason=record["reason"] or "",
         proposer=str(attrs.get("proposer") or ""))
 
 
-def _dict(value) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _number(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _numbers(value) -> dict:
-    """A stored name -> number map, its entries that are not numbers left out."""
-    return {str(k): v for k, v in _dict(value).items() if _number(v) is not None}
-
-
 def _short_label(stored) -> str:
-    try:
-        layout = layout_from_stored(stored) if stored else None
-    except Exception:  # noqa: BLE001 - a malformed stored layout: the trial is drawn without a layout label
+    if not stored:   # absent, or left out as malformed by trial_record
         return ""
-    if layout is None:
-        return ""
+    layout = layout_from_stored(stored)
     return f"{layout.label}\nmt {layout.max_tokens_per_gpu} | rc {layout.recompute_label} | {layout.dispatcher}"
 
 
@@ -144,8 +127,8 @@ def write_report(study, out: Path) -> Path:
     facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
-    capacity = next((_number(_dict(stored_attrs(t).get("prediction")).get("gpu_memory_gib"))
-                     for t in study.get_trials(deepcopy=False) if _dict(stored_attrs(t).get("prediction"))), None)
+    capacity = next((p.get("gpu_memory_gib") for t in study.get_trials(deepcopy=False)
+                     if (p := stored_attrs(t).get("prediction"))), None)
     drawn = {
         "best": figs.best_over_trials(facts),
         "interval": figs.interval_vs_measured(facts),
@@ -228,10 +211,10 @@ def render_page(study, facts: list[TrialFacts], figures: dict) -> str:
 
 def _summary(study, facts: list[TrialFacts]) -> str:
     e = _h
-    config = _dict(study.user_attrs.get("config"))
+    config = as_dict(study.user_attrs.get("config"))
     lines = []
     if config:
-        w = _dict(config.get("workload"))
+        w = as_dict(config.get("workload"))
         lines.append(f"{e(str(config.get('model')))} on {e(str(config.get('gpus')))} x {e(str(config.get('gpu')))}; "
                      f"sequence {e(str(w.get('seq_len')))}, global batch {e(str(w.get('global_batch')))}, "
                      f"{e(str(w.get('precision')))}, framework {e(str(w.get('framework')))}"
