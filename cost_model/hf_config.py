@@ -39,11 +39,6 @@ MAX_LAYERS = 1024
 MAX_FIELD = 1 << 24          # any size, count or dimension (vocabularies reach ~260k, hidden sizes ~20k)
 
 
-def _shown(value: Any) -> str:
-    """A value for an error message: a short word or number, else its kind and size (never the file's text)."""
-    return shown(value)
-
-
 class _Reader:
     """Typed access to a config dict, raising one-line ModelErrors that name the field."""
 
@@ -67,7 +62,7 @@ class _Reader:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ModelError(f"{self._where(key)} must be an integer, got {_shown(value)}")
+            raise ModelError(f"{self._where(key)} must be an integer, got {shown(value)}")
         if value < minimum:
             raise ModelError(f"{self._where(key)} must be >= {minimum}, got {value}")
         if value > maximum:
@@ -79,7 +74,7 @@ class _Reader:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise ModelError(f"{self._where(key)} must be true or false, got {_shown(value)}")
+            raise ModelError(f"{self._where(key)} must be true or false, got {shown(value)}")
         return value
 
     def float(self, key: str, default: float) -> float:
@@ -87,7 +82,7 @@ class _Reader:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ModelError(f"{self._where(key)} must be a number, got {_shown(value)}")
+            raise ModelError(f"{self._where(key)} must be a number, got {shown(value)}")
         try:
             number = float(value)
         except OverflowError:
@@ -303,12 +298,12 @@ def _family(config: dict, cfg: dict, prefix: str, origin: str) -> tuple[str, str
     if model_type is None:
         raise ModelError(f"{origin}: field '{prefix}model_type' is missing")
     if not isinstance(model_type, str):
-        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {_shown(model_type)}")
+        raise ModelError(f"{origin}: field '{prefix}model_type' must be a string, got {shown(model_type)}")
     family = _FAMILIES.get(model_type)
     if family is None and prefix and isinstance(config.get("model_type"), str):
         family = _FAMILIES.get(config["model_type"])  # a text model_type we do not know, a wrapper we do
     if family is None:
-        raise ModelError(f"{origin}: unsupported model_type {_shown(model_type)} "
+        raise ModelError(f"{origin}: unsupported model_type {shown(model_type)} "
                          f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     return model_type, family
 

@@ -81,7 +81,7 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
     gpu = load_gpu(request["gpu"]).with_price(request.get("usd_per_gpu_hour"))
     gpus = request["gpus"] if request.get("gpus") is not None else gpu.gpus_per_node   # 0 is refused, not a node
     if not 1 <= gpus <= MAX_GPUS:
-        raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {_shown(gpus)}")
+        raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {shown(gpus)}")
     workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",
                                                    "cuda_graphs", "peft", "images_per_row", "image_size")
                            if request.get(k) is not None})
@@ -111,32 +111,26 @@ def _check_types(request: dict) -> None:
     """Each field of the JSON type it takes, named in one line when not (a bad line is answered in place)."""
     for key in _TEXT:
         if request.get(key) is not None and not isinstance(request[key], str):
-            raise RequestError(f"{key} must be a string, got {_shown(request[key])}")
+            raise RequestError(f"{key} must be a string, got {shown(request[key])}")
     for key in _INTS:
         value = request.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise RequestError(f"{key} must be an integer, got {_shown(value)}")
+            raise RequestError(f"{key} must be an integer, got {shown(value)}")
     price = request.get("usd_per_gpu_hour")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))
                               or not 0 < price <= MAX_USD_PER_GPU_HOUR):   # NaN fails the comparison too
         raise RequestError(f"usd_per_gpu_hour must be a number above 0 and at most {MAX_USD_PER_GPU_HOUR:,}, "
-                           f"got {_shown(price)}")
+                           f"got {shown(price)}")
     name = request.get("stack")
     if name is not None and name not in STACK_NAMES:
         raise RequestError(f"unknown stack {shown_name(name)}; known: {', '.join(STACK_NAMES)}")
     fixes = request.get("stack_fix")
     if fixes is not None and not isinstance(fixes, str) and not (
             isinstance(fixes, list) and all(isinstance(f, str) for f in fixes)):
-        raise RequestError(f"stack_fix must be a string or a list of strings, got {_shown(fixes)}")
+        raise RequestError(f"stack_fix must be a string or a list of strings, got {shown(fixes)}")
     unknown = [f for f in ([fixes] if isinstance(fixes, str) else fixes or []) if f not in STACK_FIXES]
     if unknown:
         raise RequestError(f"unknown stack_fix {', '.join(map(shown_name, unknown[:5]))}; known: {', '.join(STACK_FIXES)}")
-
-
-def _shown(value) -> str:
-    """A request's value for an error: a short word or number, else its kind and size (a batch line may hold
-    another file's text: the error names the line and field, never echoes it)."""
-    return shown(value)
 
 
 def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction:

@@ -53,12 +53,6 @@ class Curve:
         return cls(tuple(range(first_step, first_step + len(losses))), losses, norms, source)
 
 
-def _shown(value: Any) -> str:
-    """A value for an error message: a short word or number, else its kind and size (a CSV cell may be
-    megabytes, or a line of a file that is no loss curve: never echoed)."""
-    return shown(value)
-
-
 def _number(value: Any, what: str, where: str) -> float:
     """A loss or grad norm: a JSON number or a numeric string; NaN/Inf are data (the check fails on them)."""
     if isinstance(value, bool) or value is None:
@@ -76,7 +70,7 @@ def _number(value: Any, what: str, where: str) -> float:
             return float(value.strip())
         except ValueError:
             pass
-    raise CurveError(f"{where}: non-numeric {what} {_shown(value)}")
+    raise CurveError(f"{where}: non-numeric {what} {shown(value)}")
 
 
 def _step(value: Any, where: str) -> int:
@@ -95,11 +89,11 @@ def _step(value: Any, where: str) -> int:
             try:
                 number = float(text)
             except ValueError:
-                raise CurveError(f"{where}: non-numeric step {_shown(value)}") from None
+                raise CurveError(f"{where}: non-numeric step {shown(value)}") from None
     if number is None:
-        raise CurveError(f"{where}: non-numeric step {_shown(value)}")
+        raise CurveError(f"{where}: non-numeric step {shown(value)}")
     if not math.isfinite(number) or number != int(number):
-        raise CurveError(f"{where}: step {_shown(value)} is not an integer")
+        raise CurveError(f"{where}: step {shown(value)} is not an integer")
     return int(number)
 
 
@@ -141,7 +135,7 @@ def _parse_csv(path: str, text: str) -> Curve:
             for name in ("step", "loss"):
                 if name not in header:
                     raise CurveError(f"{path}: missing column '{name}' in the header line "
-                                     f"(found: {', '.join(map(_shown, header[:6])) if header else 'nothing'}; expected step,loss[,grad_norm])")
+                                     f"(found: {', '.join(map(shown, header[:6])) if header else 'nothing'}; expected step,loss[,grad_norm])")
             for name in ("step", "loss", "grad_norm"):
                 if header.count(name) > 1:
                     raise CurveError(f"{path}: column '{name}' appears twice in the header")
