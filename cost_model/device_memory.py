@@ -194,7 +194,8 @@ def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: flo
         if len(_MEMO) >= _MEMO_MAX:
             _MEMO.clear()
         hit = _MEMO[key] = (runtime, gpu, dev, c, _overheads(layout, runtime, is_moe, gpu, dev, c))
-    return hit[4].at(allocated_gib)
+    # at no allocated peak the memo's own object (built at 0) is the answer: no copy
+    return hit[4] if allocated_gib == 0.0 else hit[4].at(allocated_gib)
 
 
 def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev: DeviceMemory | None,

@@ -114,14 +114,26 @@ def predict_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workl
 
 
 def tokens_per_s_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
-                       constants: Constants | None = None, profile: HardwareProfile | None = None, **kw) -> float:
+                       constants: Constants | None = None, profile: HardwareProfile | None = None,
+                       step: tuple[float, int] | None = None, **kw) -> float:
     """`predict_under(...).tokens_per_s_per_gpu` without the memory model (the agent's table of every
-    candidate under every hypothesis needs only this)."""
+    candidate under every hypothesis needs only this). `step`: `step_time_only`'s (seconds, micro-batches) for
+    this layout under a hypothesis with the same `step_constants` (it is not computed again)."""
     c = constants or default_constants()
-    step, n_mb = step_time_only(model, gpu, workload, layout, h.constants(c), profile, **kw)
-    tokens = workload.tokens_per_step / step / layout.world_size
+    seconds, n_mb = step or step_time_only(model, gpu, workload, layout, h.constants(c), profile, **kw)
+    tokens = workload.tokens_per_step / seconds / layout.world_size
     extra = h.extra_s(n_mb, layout, workload)
-    return tokens if extra == 0.0 else tokens * (step / (step + extra))   # predict_under's arithmetic, to the bit
+    return tokens if extra == 0.0 else tokens * (seconds / (seconds + extra))   # predict_under's arithmetic, to the bit
+
+
+def step_constants(h: Hypothesis, layout: Layout, workload: Workload) -> tuple:
+    """The constants of `h` that `step_time_only` reads for this layout: hypotheses that agree on them give it
+    the same step time (the forms differ mostly in their extra term). The launch constant is slime's own (a
+    Megatron run reads the Megatron one), the flex factor scales it on the flex dispatcher only, and the CPU-Adam
+    share prices an offloaded optimizer only (cost_model.step_time)."""
+    launch = h.layer_launch_overhead_s if workload.framework == "slime" else None
+    return (launch, h.flex_overhead_factor if layout.dispatcher == "flex" else None,
+            h.cpu_adam_share_of_profile if layout.offloaded else None)
 
 
 def weighted_quantile(values: list[float], weights: list[float], q: float) -> float:

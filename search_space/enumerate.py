@@ -258,26 +258,39 @@ def bounded_options(shapes: list[dict], model: ModelSpec, world_size: int, workl
     return options, size
 
 
-def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
-                      options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
-    """Every valid layout; SpaceTooLarge (before the first one) when the space would exceed MAX_SPACE_LAYOUTS."""
-    recomputes = recompute_choices(model, options)
-    offloads = offload_choices(options)
+def space_plan(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+               options: SpaceOptions = SpaceOptions()) -> tuple[list[dict], SpaceOptions, int]:
+    """(parallel shapes, the options the enumeration uses over them (bounded_options), the space's size);
+    SpaceTooLarge when the space would exceed MAX_SPACE_LAYOUTS."""
     shapes = list(parallel_shapes(model, world_size, workload, stack, options))
     options, size = bounded_options(shapes, model, world_size, workload, stack, options)
     if size > MAX_SPACE_LAYOUTS:
         raise SpaceTooLarge(f"the search space of {model.display_name} on {world_size:,} GPUs would hold {size:,} "
                             f"layouts ({len(shapes):,} parallel shapes), more than the {MAX_SPACE_LAYOUTS:,} one "
                             f"study scores; use fewer GPUs (--gpus) or a model with fewer layers or experts")
+    return shapes, options, size
+
+
+def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                  options: SpaceOptions) -> Iterator[Layout]:
+    """Every valid layout of one parallel shape (`options` as space_plan gives them)."""
+    dispatchers = shape_dispatchers(shape, stack, options)
+    rows_per_mb = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
+    for rows, rc, off, disp in product(rows_per_mb, recompute_choices(model, options), offload_choices(options),
+                                       dispatchers):
+        max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
+        try:
+            layout = Layout(world_size, **shape, max_tokens_per_gpu=max_tokens, rows_per_microbatch=rows,
+                            dispatcher=disp, **rc, **off)
+        except InvalidLayout:
+            continue
+        if not violations(layout, model, workload, stack):
+            yield layout
+
+
+def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                      options: SpaceOptions = SpaceOptions()) -> Iterator[Layout]:
+    """Every valid layout; SpaceTooLarge (before the first one) when the space would exceed MAX_SPACE_LAYOUTS."""
+    shapes, options, _ = space_plan(model, world_size, workload, stack, options)
     for shape in shapes:
-        dispatchers = shape_dispatchers(shape, stack, options)
-        rows_per_mb = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
-        for rows, rc, off, disp in product(rows_per_mb, recomputes, offloads, dispatchers):
-            max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
-            try:
-                layout = Layout(world_size, **shape, max_tokens_per_gpu=max_tokens, rows_per_microbatch=rows,
-                                dispatcher=disp, **rc, **off)
-            except InvalidLayout:
-                continue
-            if not violations(layout, model, workload, stack):
-                yield layout
+        yield from shape_layouts(shape, model, world_size, workload, stack, options)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from cost_model.constants import default_constants
 from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, interval_of, predict_interval,
-                                   residual_sd, tokens_per_s_under)
+                                   residual_sd, step_constants, tokens_per_s_under)
 from cost_model.layout import Layout
 from cost_model.profile import shipped_profile
-from cost_model.predict import Prediction
+from cost_model.predict import Prediction, step_time_only
 
 
 def uses_hypotheses(runner) -> bool:
@@ -75,8 +75,20 @@ def prior_parts(sd: float) -> tuple[float, float, float]:
 def hypothesis_predictor(config, runner):
     """(hypotheses, predict_h) for the agent: tokens/s/GPU of a layout under a hypothesis."""
     if uses_hypotheses(runner):
+        # the agent asks every hypothesis of one layout in turn, and most agree on the constants its step time
+        # reads (cost_model.hypotheses.step_constants): that step is priced once per layout
+        c, last = default_constants(), {}
+
         def predict_h(h: Hypothesis, layout: Layout) -> float:
-            return tokens_per_s_under(h, config.model, config.gpu, config.workload, layout, profile=config.profile)
+            if last.get("layout") is not layout:
+                last.clear()
+                last["layout"] = layout
+            key = step_constants(h, layout, config.workload)
+            step = last.get(key)
+            if step is None:
+                step = last[key] = step_time_only(config.model, config.gpu, config.workload, layout, h.constants(c),
+                                                  config.profile)
+            return tokens_per_s_under(h, config.model, config.gpu, config.workload, layout, c, config.profile, step)
         return applicable(default_hypotheses(), config.workload), predict_h   # 3 for Megatron, as predict
     shipped = tuple(h for h in default_hypotheses() if h.shipped)
 

@@ -41,6 +41,7 @@ from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
+from tuner.trial_attrs import set_trial_attrs
 from tuner.trial_record import rankable, stored_attrs
 from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
 from tuner.model_identity import architecture_digest, recorded_before_digests
@@ -653,8 +654,9 @@ def _count(summary: RunSummary, state: TrialState, bar, history: History, study:
 
 
 def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout, result: TrialResult,
-           history: History) -> None:
-    """What the trial's result taught the proposer, on the trial before it ends (and the weights on the study)."""
+           history: History) -> dict:
+    """What the trial's result taught the proposer: the trial's attributes to record before it ends (the weights
+    go on the study now)."""
     if result.status == "ok" and result.kind == "measured":
         history.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
     elif result.status != "ok":
@@ -662,10 +664,10 @@ def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout,
         history.failed.append((layout.key(), result.failure_class, peak))
     history.tried.add(layout.key())
     taught = proposer.after_trial(history)
-    for key, value in taught.items():
-        trial.set_user_attr(key, _jsonable(value))
-    if "hypothesis_weights_after" in taught:
-        study.set_user_attr("hypothesis_weights", _jsonable(taught["hypothesis_weights_after"]))
+    weights = _jsonable(taught.get("hypothesis_weights_after"))
+    if weights is not None and study.user_attrs.get("hypothesis_weights") != weights:   # a commit only for news
+        study.set_user_attr("hypothesis_weights", weights)
+    return {key: _jsonable(value) for key, value in taught.items()}
 
 
 def _outcome(study: optuna.Study, trial: optuna.Trial) -> str:
@@ -693,10 +695,15 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
               history: History, space: RunnerSpace | None = None, learn=None,
               take_borderline: bool = False) -> TrialState:
     """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value.
-    A borderline layout (it may or may not fit) runs only for a proposer that weighed its risk."""
+    A borderline layout (it may or may not fit) runs only for a proposer that weighed its risk. The trial's
+    attributes are written together (tuner.trial_attrs): before the run (its layout and prediction stay if the
+    run never returns) and with its end."""
+    attrs: dict = {}
+
     def prune(reason: str) -> TrialState:
-        trial.set_user_attr("prune_reason", reason)
-        _flat_attrs(trial, trial.user_attrs.get("prediction"), None)
+        attrs["prune_reason"] = reason
+        attrs.update(flat_attrs(attrs.get("prediction"), None))
+        set_trial_attrs(trial, attrs)
         study.tell(trial, state=TrialState.PRUNED)
         return TrialState.PRUNED
 
@@ -705,9 +712,8 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
         check(layout, config.model, config.workload, config.stack)
     except InvalidLayout as e:
         return prune(str(e))
-    trial.set_user_attr("layout", {"world_size": layout.world_size, **layout_values(layout)})
-    trial.set_user_attr("layout_key", layout.key())
-    trial.set_user_attr("label", layout.long_label)
+    attrs.update(layout={"world_size": layout.world_size, **layout_values(layout)}, layout_key=layout.key(),
+                 label=layout.long_label)
     if layout.key() in history.tried:
         return prune("already evaluated in this study")
     refusal = space.refusal(layout) if space is not None else None
@@ -720,20 +726,23 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     predicted = prediction.to_dict()
     predicted["interval"] = posterior_interval(trial.user_attrs.get("expected"), measured_before(history)) \
         or interval_dict(config, runner, layout, prediction)
-    trial.set_user_attr("prediction", _jsonable(predicted))
+    attrs["prediction"] = _jsonable(predicted)
     if not prediction.may_fit:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
     if prediction.borderline and not take_borderline:
         return prune("predicted " + "; ".join(prediction.reasons) + " (the proposer does not weigh the risk)")
+    set_trial_attrs(trial, attrs)
     result = runner.run(TrialSpec(config.case(layout), steps=config.steps, window=config.window))
-    trial.set_user_attr("result", result.to_dict())
-    _flat_attrs(trial, trial.user_attrs["prediction"], trial.user_attrs["result"])
+    ended = {"result": result.to_dict()}
+    ended.update(flat_attrs(attrs["prediction"], ended["result"]))
     if learn is not None:
-        learn(trial, layout, result)
+        ended.update(learn(trial, layout, result))
+    if result.status != "ok":
+        ended["fail_reason"] = f"{result.failure_class}: {result.detail}"
+    set_trial_attrs(trial, ended)
     if result.status == "ok":
         study.tell(trial, result.tokens_per_s_per_gpu)
         return TrialState.COMPLETE
-    trial.set_user_attr("fail_reason", f"{result.failure_class}: {result.detail}")
     study.tell(trial, state=TrialState.FAIL)
     return TrialState.FAIL
 
@@ -745,22 +754,21 @@ def _jsonable(value):
 FLAT_FIGURES = ("peak_memory_gib", "mfu", "usd_per_million_tokens")
 
 
-def _flat_attrs(trial: optuna.Trial, prediction: dict | None, result: dict | None) -> None:
+def flat_attrs(prediction: dict | None, result: dict | None) -> dict:
     """Flat attributes optuna-dashboard shows as columns: the figures (from the result when the trial ran,
     else from its prediction), the prediction and its interval, and which kind of figures they are."""
     prediction = prediction or {}
     figures = result or prediction
     if not figures:
-        return
+        return {}
     flat = {k: figures.get(k) for k in FLAT_FIGURES}
     interval = prediction.get("interval")
     interval = interval if isinstance(interval, dict) else {}
     flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction, interval)
     flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
-    for k, v in flat.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            trial.set_user_attr(k, float(v))
-    trial.set_user_attr("figures", figures.get("kind", "predicted"))
+    out = {k: float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out["figures"] = figures.get("kind", "predicted")
+    return out
 
 
 class _NoBar:

@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from contextlib import nullcontext
-from dataclasses import fields as dataclass_fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.layout_codec import layout_from_values, parse_pairs, to_optuna_params
 from cost_model.model_spec import ModelError, catalog_names, load_model
-from cost_model.predict import Prediction, memory_verdict, predict
 from cost_model.hardware import load_gpu
 from cost_model.stack import Stack
 from cost_model.workload import Workload
@@ -20,6 +18,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_opt
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
+from tuner.space_scoring import score_space
 from tuner.export import export_rows
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
@@ -28,7 +27,6 @@ from tuner.report import counts_line, format_table, ranked_rows, trials_csv, tri
 from tuner.model_identity import check_model_identity
 from tuner.study import (StudyConfig, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
                          recover_interrupted, run_study, runner_space, storage_errors, storage_url)
-
 
 def cmd_run(args) -> int:
     if args.trials < 1:
@@ -76,7 +74,6 @@ def cmd_run(args) -> int:
     with storage_errors(url):
         return _run(args, config, runner, space, candidates, reference, gpus, name, url,
                     load_or_create(storage, name, config, runner.figures), cache, progress)
-
 
 def _run(args, config, runner, space, candidates, reference, gpus, name, url, study, cache=None,
          progress: Progress | None = None) -> int:
@@ -133,14 +130,11 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
                           "recipes": [str(p) for p in paths]}, indent=1))
     return 0
 
-
 MEASURED_ONLY = ("steps", "layers", "rows", "ray_address", "hang_timeout", "verify_top", "reference")
-
 
 def measured_only_flags(args) -> list[str]:
     """The flags given that only a measuring backend uses, when the backend predicts."""
     return flags_set(args, MEASURED_ONLY, "run") if args.backend == "predict" else []
-
 
 def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03, cache=None,
                   progress: Progress | None = None):
@@ -176,7 +170,6 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     weighing.clear()
     return agent
 
-
 def _verify(study, config, runner, top: int, reference: Layout) -> None:
     """The convergence arm for the `top` fastest measured layouts, one line per verdict."""
     from tuner.verify import verify_top
@@ -186,7 +179,6 @@ def _verify(study, config, runner, top: int, reference: Layout) -> None:
         print(f"  trial {v['trial']} {v['layout']}: convergence {v['result']} "
               f"(correlation {v['correlation']}, final loss difference {v['final_loss_difference']}, "
               f"pointwise failures {v['pointwise_failures']})")
-
 
 def default_reference_of(scored, gpus: int, failed=()) -> Layout:
     """The convergence arm's default reference among `scored` (score_space's candidates: layouts the
@@ -200,10 +192,8 @@ def default_reference_of(scored, gpus: int, failed=()) -> Layout:
     except ValueError as e:
         raise CliError(f"{e}; pass --reference") from None
 
-
 def proposer_candidates(scored) -> list[Candidate]:
     return [Candidate(l, p) for l, p in scored]
-
 
 def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) -> Layout:
     from search_space.rules import check
@@ -214,7 +204,6 @@ def parse_reference(pairs: list[str], config, space: RunnerSpace | None = None) 
     if refusal:
         raise CliError(f"--reference {layout.label}: the runner cannot run it: {refusal}")
     return layout
-
 
 def study_layers(config, runner, space: RunnerSpace | None = None) -> tuple[int, str]:
     """The most layers of the model for which some layout of the space is predicted to fit the local GPUs
@@ -260,7 +249,6 @@ def study_layers(config, runner, space: RunnerSpace | None = None) -> tuple[int,
     return n, (f"{n} of {total} layers, the most for which {kind} is predicted to fit (e.g. {layout.long_label}: "
                f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); figures are for this {n}-layer model run")
 
-
 def _with_layers(runner, n: int):
     """A copy of the runner whose model run has `n` layers (for prediction only)."""
     import copy
@@ -268,82 +256,6 @@ def _with_layers(runner, n: int):
     twin = copy.copy(runner)
     twin.layers = n
     return twin
-
-
-_PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
-_SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
-
-
-def sibling_key(layout: Layout) -> tuple:
-    """The layout but for its tokens per micro-batch: its siblings differ only in that."""
-    return tuple(getattr(layout, f) for f in _SIBLING_FIELDS)
-
-
-def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
-                progress=None) -> list[tuple[Layout, Prediction]]:
-    """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
-    predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
-    fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
-    for the full model); CliError when none may fit."""
-    def prediction(layout: Layout, verdict=None):
-        if runner is None:
-            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile, verdict=verdict)
-        if verdict is not None:   # only a runner that gave the verdict is handed it back
-            return runner.predict(config.case(layout), config.profile, verdict=verdict)
-        return runner.predict(config.case(layout), config.profile)
-
-    def memory(layout: Layout):
-        """The memory verdict alone where the runner gives it cheaper (most of a space does not fit)."""
-        if runner is None:
-            return memory_verdict(config.model, config.gpu, config.workload, layout, profile=config.profile)
-        return runner.memory_verdict(config.case(layout), config.profile)
-
-    # only the layouts that may fit are kept (and the one nearest to fitting, for the error): memory stays
-    # bounded by what the study can use, not by the space
-    fitting, refused, least, count = [], [], None, 0
-    # peak memory grows with a micro-batch's tokens: a layout ruled out by memory rules out the same layout with
-    # more tokens per micro-batch, unscored (tests/test_score_space_memory_first.py checks the result is scoring each alone)
-    ruled_out: dict[tuple, int] = {}
-    # every layout looked at counts (a run of refused or ruled-out ones too), so a large space reports within
-    # seconds whatever it holds (tuner.progress)
-    looked = Counter(progress if isinstance(progress, Progress) else None, "scored layouts",
-                     tail=lambda: f", {len(fitting):,} may fit; still enumerating")
-    for l in enumerate_layouts(config.model, config.world_size, config.workload, config.stack,
-                               space.options if space is not None else config.options):
-        looked.add()
-        siblings = sibling_key(l)
-        if ruled_out.get(siblings, math.inf) <= l.max_tokens_per_gpu:
-            count += 1
-            continue
-        try:
-            mv = memory(l)
-            p = prediction(l, mv) if mv is None or mv.may_fit else None
-        except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
-            if not refused:
-                refused.append(str(e))
-            continue
-        count += 1
-        if p is not None and p.may_fit:
-            fitting.append((l, p))
-        else:
-            ruled_out[siblings] = min(ruled_out.get(siblings, math.inf), l.max_tokens_per_gpu)
-            peak = p.peak_memory_gib if p is not None else mv.memory.total
-            if least is None or peak < least[1]:
-                least = (l, peak)
-    if isinstance(progress, Progress):
-        progress.done()   # erased on a terminal: an error below is the only line left
-    if not count:
-        if refused:
-            raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: {refused[0]}")
-        raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
-                       f"model's heads, experts and layers)")
-    if not fitting:
-        nearest = prediction(least[0])
-        raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
-                       f"{config.gpu.display_name}: the smallest predicted peak is {nearest.peak_memory_gib:.1f} GiB "
-                       f"({least[0].long_label}), {nearest.reasons[0] if nearest.reasons else ''}")
-    return fitting
-
 
 # ---------------------------------------------------------------- show / export
 
@@ -354,7 +266,6 @@ def open_existing(args):
     if not study.user_attrs.get("config") and study.trials:
         raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
     return study
-
 
 def cmd_show(args) -> int:
     study = open_existing(args)
@@ -370,7 +281,6 @@ def cmd_show(args) -> int:
         print(counts_line(study))
         print(format_table(ranked_rows(study), limit=args.limit))
     return 0
-
 
 def _study_model(args, identity: dict):
     """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key)."""
@@ -388,14 +298,12 @@ def _study_model(args, identity: dict):
                            f"here: pass that file with --model PATH") from None
         raise
 
-
 def _model_source(args, identity: dict) -> str:
     """Where `_study_model` took the model from, for a message."""
     if getattr(args, "model", None):
         return f"--model {str(args.model)[:80]}"
     name = identity["model"]
     return f"the catalog's {name}" if name in catalog_names() else f"{str(name)[:80]}/config.json here"
-
 
 def _check_stored_config(study: str, identity) -> None:
     """The stored study config export builds its run from: one line naming the field that a peer (a shared
@@ -413,7 +321,6 @@ def _check_stored_config(study: str, identity) -> None:
     price = identity.get("usd_per_gpu_hour")
     if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))):
         raise bad("usd_per_gpu_hour", "a number")
-
 
 def cmd_export(args) -> int:
     study = open_existing(args)

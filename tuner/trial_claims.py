@@ -197,12 +197,17 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial):
         return
     stop = threading.Event()
 
+    def record():
+        with contextlib.suppress(Exception):  # a missed beat is not fatal; many are (grace period)
+            storage.record_heartbeat(trial._trial_id)
+
     def beat():
-        while True:
-            with contextlib.suppress(Exception):  # a missed beat is not fatal; many are (grace period)
-                storage.record_heartbeat(trial._trial_id)
-            if stop.wait(interval):
-                return
+        while not stop.wait(interval):
+            record()
+
+    # the first beat here, before the block writes: a thread beating at once would wait on the block's own
+    # SQLite write lock (its busy handler sleeps up to 100 ms at a time), and the block would wait on it
+    record()
 
     thread = threading.Thread(target=beat, name=f"heartbeat-trial-{trial.number}", daemon=True)
     thread.start()

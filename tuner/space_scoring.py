@@ -1,0 +1,113 @@
+"""Scoring a study's search space: every layout the runner can run that may fit, with its prediction.
+
+Memory first: most of a space does not fit, and the memory verdict is cheaper than the step time, so a layout's
+step is priced only when it may fit; a layout ruled out by memory rules out its siblings with more tokens per
+micro-batch, unscored (tests/test_score_space_memory_first.py checks the result is scoring each alone).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import fields as dataclass_fields
+
+from cost_model.layout import InvalidLayout, Layout
+from cost_model.predict import Prediction, memory_verdict, predict
+from experiments.runner import TrialRunner
+from search_space.enumerate import shape_layouts, space_plan
+from search_space.runner_space import RunnerSpace
+from tuner.options import CliError
+from tuner.progress import Counter, Progress
+
+_PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
+_SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
+
+
+def sibling_key(layout: Layout) -> tuple:
+    """The layout but for its tokens per micro-batch: its siblings differ only in that."""
+    return tuple(getattr(layout, f) for f in _SIBLING_FIELDS)
+
+
+class _Scoring:
+    """The layouts looked at so far: those that may fit (with their predictions), the first refusal of the
+    runner, the one nearest to fitting (for the error when none fits)."""
+
+    def __init__(self, config, runner: TrialRunner | None, progress):
+        self.config, self.runner = config, runner
+        self.fitting: list[tuple[Layout, Prediction]] = []
+        self.refused: list[str] = []
+        self.least, self.count = None, 0
+        # peak memory grows with a micro-batch's tokens (the module's docstring)
+        self.ruled_out: dict[tuple, int] = {}
+        # every layout looked at counts (a run of refused or ruled-out ones too), so a large space reports within
+        # seconds whatever it holds (tuner.progress)
+        self.looked = Counter(progress if isinstance(progress, Progress) else None, "scored layouts",
+                              tail=lambda: f", {len(self.fitting):,} may fit; still enumerating")
+
+    def prediction(self, layout: Layout, verdict=None) -> Prediction:
+        config, runner = self.config, self.runner
+        if runner is None:
+            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile, verdict=verdict)
+        if verdict is not None:   # only a runner that gave the verdict is handed it back
+            return runner.predict(config.case(layout), config.profile, verdict=verdict)
+        return runner.predict(config.case(layout), config.profile)
+
+    def memory(self, layout: Layout):
+        """The memory verdict alone where the runner gives it cheaper (most of a space does not fit)."""
+        config = self.config
+        if self.runner is None:
+            return memory_verdict(config.model, config.gpu, config.workload, layout, profile=config.profile)
+        return self.runner.memory_verdict(config.case(layout), config.profile)
+
+    def take(self, layout: Layout) -> None:
+        self.looked.add()
+        siblings = sibling_key(layout)
+        if self.ruled_out.get(siblings, math.inf) <= layout.max_tokens_per_gpu:
+            self.count += 1
+            return
+        try:
+            mv = self.memory(layout)
+            p = self.prediction(layout, mv) if mv is None or mv.may_fit else None
+        except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
+            if not self.refused:
+                self.refused.append(str(e))
+            return
+        self.count += 1
+        if p is not None and p.may_fit:
+            self.fitting.append((layout, p))
+            return
+        self.ruled_out[siblings] = min(self.ruled_out.get(siblings, math.inf), layout.max_tokens_per_gpu)
+        peak = p.peak_memory_gib if p is not None else mv.memory.total
+        if self.least is None or peak < self.least[1]:
+            self.least = (layout, peak)
+
+    def result(self) -> list[tuple[Layout, Prediction]]:
+        config, runner = self.config, self.runner
+        if not self.count:
+            if self.refused:
+                raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: "
+                               f"{self.refused[0]}")
+            raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
+                           f"model's heads, experts and layers)")
+        if not self.fitting:
+            layout = self.least[0]
+            nearest = self.prediction(layout)
+            raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
+                           f"{config.gpu.display_name}: the smallest predicted peak is {nearest.peak_memory_gib:.1f} "
+                           f"GiB ({layout.long_label}), {nearest.reasons[0] if nearest.reasons else ''}")
+        return self.fitting
+
+
+def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
+                progress=None) -> list[tuple[Layout, Prediction]]:
+    """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
+    predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
+    fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
+    for the full model), in the enumeration's order; CliError when none may fit."""
+    options = space.options if space is not None else config.options
+    shapes, options, size = space_plan(config.model, config.world_size, config.workload, config.stack, options)
+    scoring = _Scoring(config, runner, progress)
+    for shape in shapes:
+        for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack, options):
+            scoring.take(layout)
+    if isinstance(progress, Progress):
+        progress.done()   # erased on a terminal: an error below is the only line left
+    return scoring.result()
