@@ -144,7 +144,7 @@ def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, t
 
 def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: Layout, tokens: float,
                                     routed_rows_per_token: float, gdn_sharded: bool = False,
-                                    unfused: tuple[float, float, float, float] | None = None) -> tuple[float, float]:
+                                    unfused: tuple[float, float, float, float, float] | None = None) -> tuple[float, float]:
     """(saved bytes of one micro-batch through all layers of the rank, working set of the layer running its
     backward: on the unfused stack what it holds beyond its saved bytes, measured so on the runner; on the fused
     count the whole layer, as before, since no fused-stack run has separated the two).
@@ -153,7 +153,8 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
     expert rows this GPU receives per local token (top-k x routing imbalance). `unfused` (a stack
     without fused kernels): the factors (dense-MLP layers, MoE layers) on the count with
     `unfused_extra_bytes`, for what that count misses or over-counts, fitted per MLP kind, and the eager
-    SwiGLU backward's gradient temporaries in [rows, ffn] tensors (`glu_backward_tensor_bytes`), added to the
+    SwiGLU backward's gradient temporaries in [rows, ffn] tensors (`glu_backward_tensor_bytes`; the routed experts'
+    count for a MoE layer, the dense SwiGLU's derived count for a dense one), added to the
     working set of the layer running its backward, and with the experts' activation recomputed (moe_act) the more
     such tensors the measured runs hold.
     """
@@ -175,7 +176,10 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
                                                           routed_rows_per_token, gdn_sharded))
             # Beyond its saved bytes (already counted in `saved`), the layer running its backward holds what
             # recompute rebuilds and the eager backward's gradient temporaries.
-            tensors = unfused[2] + (unfused[3] if mlp_kind == MOE and "moe_act" in mods and "moe" not in mods else 0.0)
+            if mlp_kind == MOE:
+                tensors = unfused[2] + (unfused[3] if "moe_act" in mods and "moe" not in mods else 0.0)
+            else:
+                tensors = unfused[4]
             temps = tensors * glu_backward_tensor_bytes(mlp_kind, model, layout, tokens, routed_rows_per_token)
             working = whole - layer + temps
             temps_max = max(temps_max, temps)
@@ -239,7 +243,8 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
     unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
-                                  c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors)
+                                  c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors,
+                                  c.unfused_dense_glu_backward_tensors)
     key = (id(model), rank, tuple(getattr(layout, f) for f in _ACTIVATION_FIELDS), tokens, routed_rows_per_token,
            gdn_sharded, unfused)
     hit = _ACTIVATION_MEMO.get(key)

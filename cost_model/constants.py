@@ -49,6 +49,7 @@ class Constants:
     unfused_activation_factor: float
     unfused_moe_activation_factor: float
     unfused_glu_backward_tensors: float
+    unfused_dense_glu_backward_tensors: float
     unfused_moe_act_recompute_tensors: float
     prediction_error_sd: float
     runner_prediction_error_sd: float

@@ -21,7 +21,7 @@ from cost_model.device_memory import DeviceMemory, overheads
 from cost_model.hardware import GpuSpec
 from cost_model.layout import Layout
 from cost_model.loss_path import loss_path_bytes
-from cost_model.model_spec import ModelSpec
+from cost_model.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
 from cost_model.runtime import Runtime
 from cost_model.stages import RankLayers
 from cost_model.units import BF16, FP32, GIB
@@ -130,11 +130,14 @@ def backup_bytes(dense: float, expert: float) -> float:
 
 
 def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True,
-                  gdn_sharded: bool = False, frozen_weights: bool = False) -> tuple[float, float, float]:
+                  gdn_sharded: bool = False, frozen_weights: bool = False,
+                  split: "OffloadSplit | None" = None) -> tuple[float, float, float]:
     """(weights, grads, optimizer) bytes on one GPU of this rank. Without the precision-aware optimizer
     (it needs Transformer Engine's FusedAdam) the shard holds an fp32 master and two fp32 moments.
     A frozen base (LoRA) holds its bf16 weights only: no gradients, no optimizer state (the adapters'
-    are under a percent of the base and not counted)."""
+    are under a percent of the base and not counted). With optimizer offload, `split` (offload_split) says which
+    parameters megatron's HybridDeviceOptimizer keeps on the GPU (whole tensors; without it, the offload fraction
+    of them)."""
     dense, expert = local_params(rank, layout, gdn_sharded)
     params = dense + expert
     if frozen_weights:
@@ -142,24 +145,157 @@ def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True
     sharded = sharded_params(dense, expert, layout)
     # Precision-aware optimizer: a 16-bit master remainder beside the bf16 parameter, plus two moments.
     per_param = 2 + 2 * MOMENT_BYTES[layout.exp_avg_dtype] if precision_aware else 4 + 4 + 4
-    optimizer = sharded * per_param * (1.0 - layout.optimizer_offload_fraction)
+    on_gpu = sharded * (1.0 - layout.optimizer_offload_fraction)
+    if layout.offloaded and split is not None:
+        on_gpu = split.stepped_on_gpu
+    optimizer = on_gpu * per_param
     return params * BF16, params * FP32, optimizer
 
 
-def optimizer_step_bytes(rank: RankLayers, layout: Layout, runtime: Runtime, frozen_weights: bool = False) -> float:
+def optimizer_step_bytes(rank: RankLayers, layout: Layout, runtime: Runtime, frozen_weights: bool = False,
+                         split: "OffloadSplit | None" = None) -> float:
     """Bytes the optimizer step allocates beyond static memory: torch AdamW's foreach step (megatron's
     Adam without TE or Apex) holds one fp32 temporary (the second moment's square root) the size of the
     parameter group it is stepping; a fused Adam none. Megatron steps the experts with an optimizer of
     their own when they have their own process groups (EP > 1 or ETP != TP: their `allreduce` is False),
     one after the other, so the temporary is the larger shard; otherwise one optimizer holds both. The
     offloaded share steps on the CPU. A frozen base (LoRA) is not stepped."""
-    if runtime.fused_adam or frozen_weights:
+    if frozen_weights:
+        return 0.0
+    if layout.offloaded and split is not None:
+        # HybridDeviceOptimizer steps its GPU share with a fused Adam (no foreach temporary); what the first
+        # step's moments meet is the first HybridDeviceOptimizer's fp32 copies (offload_split), not yet collected.
+        return FP32 * split.first_copy_on_gpu
+    if runtime.fused_adam:
         return 0.0
     dense, expert = local_params(rank, layout, runtime.gdn_sharded)
     dense_shard, expert_shard = dense / (layout.dp * layout.cp), expert / layout.edp
     own_expert_groups = layout.ep > 1 or layout.etp != layout.tp
     shard = max(dense_shard, expert_shard) if own_expert_groups else dense_shard + expert_shard
     return FP32 * shard * (1.0 - layout.optimizer_offload_fraction)
+
+
+@dataclass(frozen=True)
+class OffloadSplit:
+    """Parameters (counts, this GPU) of megatron's HybridDeviceOptimizer on the GPU under optimizer offload.
+
+    megatron-core 0.19's get_megatron_optimizer builds a HybridDeviceOptimizer on the model's parameter groups,
+    then DistributedOptimizer replaces it with one on its shard's parameters. Each walks its groups in order
+    (the weight-decayed group first, the norms and biases after it) and moves whole tensors to the CPU while
+    fewer than `offload_fraction` of its elements have moved; it keeps an fp32 copy of each tensor left on the
+    GPU (param_update_in_fp32), and its GPU Adam adds two fp32 moments at the first step. The first optimizer
+    walks the parameters in the model's order (embedding, layers, output layer), the second in the gradient
+    buffer's (the reverse). The first is only reachable through reference cycles (its sub-optimizers' step
+    hooks), so its fp32 copies stay until Python's cyclic collector runs: the runs show them held when the
+    first step allocates the moments."""
+
+    stepped_on_gpu: float       # the shard's parameters the second (stepping) optimizer keeps on the GPU
+    first_copy_on_gpu: float    # the local parameters whose fp32 copy the first optimizer made on the GPU
+
+
+def _layer_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
+                   gdn_sharded: bool) -> tuple[list, list]:
+    """(non-expert tensors, expert tensors) of one layer on one GPU, element counts in megatron's parameter
+    order (attention's linear_proj before linear_qkv; MoE router, experts' stacked fc1 and fc2, shared expert);
+    1-D tensors (norms, biases, gates) are left to the norm group."""
+    h, tp = model.hidden_size, layout.tp
+    lp = model.layer_params(attn_kind, mlp_kind)
+    if attn_kind == LINEAR_ATTENTION:
+        kd = model.linear_num_key_heads * model.linear_key_head_dim
+        vd = model.linear_num_value_heads * model.linear_value_head_dim
+        div = tp if gdn_sharded else 1
+        mixer = [h * (2 * kd + 2 * vd + 2 * model.linear_num_value_heads) / div,
+                 (2 * kd + vd) * model.linear_conv_kernel_dim / div, vd * h / div]
+    elif attn_kind == MLA:
+        mixer = [lp.attention / tp]
+    else:
+        q = model.num_attention_heads * model.head_dim
+        o_proj = q * h
+        mixer = [o_proj / tp, max(lp.attention - o_proj, 0) / tp]
+    if mlp_kind == MOE:
+        e = model.moe_intermediate_size
+        experts = [model.num_experts * 2 * e * h / (layout.ep * layout.etp),
+                   model.num_experts * e * h / (layout.ep * layout.etp)]
+        dense = mixer + [model.num_experts * h]
+        if model.shared_expert_intermediate_size:
+            sh = model.shared_expert_intermediate_size
+            dense += [2 * sh * h / tp, sh * h / tp]
+        return dense, experts
+    i = model.intermediate_size
+    return mixer + [2 * i * h / tp, i * h / tp], []
+
+
+def _kept_on_gpu(tensors: list, rest: float, fraction: float) -> float:
+    """Elements HybridDeviceOptimizer keeps on the GPU: it walks `tensors` (then the norm group, `rest`, whose
+    tensors are small) moving whole tensors while fewer than `fraction` of all elements have moved."""
+    total = sum(tensors) + rest
+    threshold, moved = fraction * total, 0.0
+    for n in tensors:
+        if moved >= threshold:
+            break
+        moved += n
+    if moved < threshold:
+        moved = threshold  # the norm group's small tensors take it to the threshold
+    return max(0.0, total - moved)
+
+
+def _rank_layer_indices(model: ModelSpec, layout: Layout, ranks: int) -> tuple:
+    try:
+        stages = model.layout_stage_layers(layout)
+    except Exception:  # noqa: BLE001 - a layout string this helper cannot place: the ranks' kinds in order
+        return (None,) * ranks
+    return tuple(stages) if len(stages) == ranks else (None,) * ranks
+
+
+def offload_split(model: ModelSpec, indices, rank: RankLayers, layout: Layout, gdn_sharded: bool) -> OffloadSplit:
+    """Where HybridDeviceOptimizer leaves this GPU's parameters (OffloadSplit). Megatron steps the experts with an
+    optimizer of their own (its own pair of HybridDeviceOptimizers) when they have their own process groups.
+    The shard of a DP rank is a contiguous range of the gradient buffer; the largest share over the DP ranks is
+    taken. `indices`: the rank's layers in order (None: its layer kinds in the order RankLayers keeps them)."""
+    if indices is None:
+        kinds = [(a, m) for a, m, n in rank.kinds for _ in range(n)]
+    else:
+        kinds = [(model.layer_types[i], model.mlp_types[i]) for i in indices]
+    dense_t, expert_t = [], []
+    if rank.embedding:
+        dense_t.append(rank.embedding / layout.tp)
+    for a, m in kinds:
+        d, e = _layer_tensors(model, a, m, layout, gdn_sharded)
+        dense_t += d
+        expert_t += e
+    if rank.lm_head:
+        dense_t.append(rank.lm_head / layout.tp)
+    dense, expert = local_params(rank, layout, gdn_sharded)
+    own_expert_groups = layout.ep > 1 or layout.etp != layout.tp
+    f = layout.optimizer_offload_fraction
+    groups = [(dense_t, dense, layout.dp * layout.cp), (expert_t, expert, layout.edp)] if own_expert_groups \
+        else [(dense_t + expert_t, dense + expert, layout.dp * layout.cp)]
+    stepped = first = 0.0
+    for tensors, total, shards in groups:
+        rest = max(0.0, total - sum(tensors))
+        first += _kept_on_gpu(tensors, rest, f)
+        stepped += _shard_kept(tuple(reversed(tensors)), rest, f, shards)
+    return OffloadSplit(stepped_on_gpu=stepped, first_copy_on_gpu=first)
+
+
+def _shard_kept(buffer_order: tuple, rest: float, fraction: float, shards: int) -> float:
+    """The most any DP rank's shard keeps on the GPU: each rank holds 1/shards of the buffer (the tensors in
+    buffer order, then the norm group), as pieces of the tensors it cuts."""
+    if shards <= 1:
+        return _kept_on_gpu(list(buffer_order), rest, fraction)
+    total = sum(buffer_order) + rest
+    size = total / shards
+    items = list(buffer_order) + ([rest] if rest else [])
+    best, start = 0.0, 0.0
+    bounds, acc = [], 0.0
+    for n in items:
+        bounds.append((acc, acc + n))
+        acc += n
+    for r in range(min(shards, 4096)):
+        lo, hi = r * size, (r + 1) * size
+        pieces = [min(b, hi) - max(a, lo) for a, b in bounds if b > lo and a < hi]
+        best = max(best, _kept_on_gpu(pieces, 0.0, fraction))
+    return best
 
 
 @dataclass(frozen=True)
@@ -186,10 +322,13 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
     outside = fixed.outside_pytorch
+    stage_indices = _rank_layer_indices(model, layout, len(ranks)) if layout.offloaded else None
     best, best_total = None, None
     for i, r in enumerate(ranks):
+        split = (offload_split(model, stage_indices[i], r, layout, rt.gdn_sharded)
+                 if layout.offloaded and not inputs.frozen_weights else None)
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
-                                                  inputs.frozen_weights)
+                                                  inputs.frozen_weights, split)
         saved, working = rank_activation_bytes(i, r, model, layout, inputs.precision, inputs.tokens,
                                                inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
                                                rt.fused_kernels)
@@ -199,7 +338,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         acts = saved + max(0.0, working - loss)
         if inputs.vision is not None and r.vision:
             acts += vision_activation_bytes(inputs.vision.spec, inputs.vision.patches, layout.tp, in_flight)
-        step = max(0.0, optimizer_step_bytes(r, layout, rt, inputs.frozen_weights) - acts - loss)
+        step = max(0.0, optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split) - acts - loss)
         parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
                      loss_path=loss / GIB, optimizer_step=step / GIB)
         allocated = sum(parts.values())
