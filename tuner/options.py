@@ -185,7 +185,9 @@ def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
                                   "convergence arms (default: random tokens, nothing to learn)")
     p.add_argument("--cluster", metavar="FILE", help="slime: the cluster file (YAML: ray_address, slime_dir, "
                    "hf_checkpoint, torch_dist, sft_data, profile_dir, env, ...); the flags below override its fields")
-    p.add_argument("--ray-address", help="slime: the Ray cluster's Jobs API address (http://HEAD:8265)")
+    p.add_argument("--ray-address", help="slime: the Ray cluster's Jobs API address (http://HEAD:8265); "
+                                         "--backend predict: a Ray cluster to score the search space on "
+                                         "(ray://HEAD:10001, or local for one started on this machine)")
     p.add_argument("--slime-dir", help="slime: the slime checkout on the cluster")
     p.add_argument("--entry-module", default=None,
                    help="slime: the training entry (default train_async.py, what the recipe's --async names)")

@@ -7,6 +7,7 @@ micro-batch, unscored (tests/test_score_space_memory_first.py checks the result 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import fields as dataclass_fields
 
 from cost_model.layout import InvalidLayout, Layout
@@ -15,7 +16,7 @@ from experiments.runner import TrialRunner
 from search_space.enumerate import shape_layouts, space_plan
 from search_space.runner_space import RunnerSpace
 from tuner.options import CliError
-from tuner.progress import Counter, Progress
+from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 
 _PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
 _SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
@@ -97,17 +98,93 @@ class _Scoring:
 
 
 def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
-                progress=None) -> list[tuple[Layout, Prediction]]:
+                progress=None, ray_address: str | None = None) -> list[tuple[Layout, Prediction]]:
     """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
     predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
     fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
-    for the full model), in the enumeration's order; CliError when none may fit."""
+    for the full model), in the enumeration's order; CliError when none may fit. `ray_address`: score the
+    parallel shapes as tasks on that Ray cluster ("local": one started on this machine); the same result."""
     options = space.options if space is not None else config.options
-    shapes, options, size = space_plan(config.model, config.world_size, config.workload, config.stack, options)
-    scoring = _Scoring(config, runner, progress)
-    for shape in shapes:
-        for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack, options):
-            scoring.take(layout)
+    shapes, options, _ = space_plan(config.model, config.world_size, config.workload, config.stack, options)
+    if ray_address is None:
+        scoring = _Scoring(config, runner, progress)
+        for shape in shapes:
+            for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
+                                        options):
+                scoring.take(layout)
+    else:
+        scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     if isinstance(progress, Progress):
         progress.done()   # erased on a terminal: an error below is the only line left
     return scoring.result()
+
+
+def score_shapes(config, runner: TrialRunner | None, options, shapes: list[tuple[int, dict]]) -> list[tuple]:
+    """One task of a fanned-out scoring: per shape (its place, as given), what `score_space` keeps of it: the
+    candidates, the first refusal, the layout nearest to fitting and its peak, the layouts counted and looked at."""
+    out = []
+    for place, shape in shapes:
+        scoring = _Scoring(config, runner, None)
+        for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack, options):
+            scoring.take(layout)
+        out.append((place, scoring.fitting, scoring.refused, scoring.least, scoring.count, scoring.looked.count))
+    return out
+
+
+def _on_ray(config, runner, options, shapes: list[dict], address: str, progress) -> _Scoring:
+    """The shapes scored as Ray tasks (a few per CPU of the cluster, shapes dealt out in turn so each task holds
+    large and small ones), merged in the enumeration's order: scoring a shape needs nothing of another's (the
+    memory rule's siblings share their shape), so the result is the local one."""
+    _check_reachable(address)
+    import ray
+
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level="ERROR")
+    except Exception as e:   # Ray raises many types; the user needs one line
+        raise CliError(f"--ray-address {address}: cannot reach a Ray cluster there: "
+                       f"{' '.join(str(e).split())[:200]}") from None
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    tasks = max(1, min(len(shapes), 4 * cpus))
+    remote = ray.remote(score_shapes)
+    args = (ray.put(config), ray.put(runner), ray.put(options))
+    pending = [remote.remote(*args, [(i, s) for i, s in enumerate(shapes) if i % tasks == k]) for k in range(tasks)]
+    parts, looked, started = [], 0, time.monotonic()
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for part in ray.get(done):
+            parts += part
+            looked += sum(p[5] for p in part)
+        if isinstance(progress, Progress) and time.monotonic() - started >= PROGRESS_AFTER_S:
+            t = time.monotonic() - started
+            progress(f"  scored layouts: {looked:,} in {t:.0f} s ({looked / t:,.0f}/s) on {cpus} Ray CPUs; "
+                     f"{tasks - len(pending)} of {tasks} tasks done")
+    merged = _Scoring(config, runner, None)
+    for _, fitting, refused, least, count, _ in sorted(parts, key=lambda p: p[0]):
+        merged.fitting += fitting
+        merged.refused = merged.refused or refused
+        merged.count += count
+        if least is not None and (merged.least is None or least[1] < merged.least[1]):
+            merged.least = least
+    return merged
+
+
+RAY_CONNECT_TIMEOUT_S = 10
+
+
+def _check_reachable(address: str) -> None:
+    """A named cluster answers on its port before Ray is asked to join it (Ray retries an address that never
+    answers for minutes): one line otherwise. "local" and "auto" name this machine."""
+    import socket
+
+    if address in ("local", "auto"):
+        return
+    if address.startswith(("http://", "https://")):
+        raise CliError(f"--ray-address {address}: scoring joins a Ray cluster by its client or GCS address "
+                       f"(ray://HEAD:10001 or HEAD:6379), not its dashboard's http:// address")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise CliError(f"--ray-address {address}: expected ray://HOST:PORT, HOST:PORT or local")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise CliError(f"--ray-address {address}: nothing answers there ({e.strerror or e})") from None

@@ -65,7 +65,9 @@ def cmd_run(args) -> int:
     progress = Progress(json_out=getattr(args, "json", False))
     if candidates is None:
         with progress.step(f"scoring the search space of {config.describe()} ..."):
-            candidates = score_space(config, runner, space, progress=progress)
+            # with the predict backend, --ray-address names a Ray cluster to score on (slime's is its Jobs API)
+            candidates = score_space(config, runner, space, progress=progress,
+                                     ray_address=args.ray_address if args.backend == "predict" else None)
     else:
         print(f"the scored search space of {config.describe()}: read from the study's cache ({shown(str(cache.path))}; "
               f"the same inputs and code)", file=sys.stderr)
@@ -130,7 +132,7 @@ def _run(args, config, runner, space, candidates, reference, gpus, name, url, st
                           "recipes": [str(p) for p in paths]}, indent=1))
     return 0
 
-MEASURED_ONLY = ("steps", "layers", "rows", "ray_address", "hang_timeout", "verify_top", "reference")
+MEASURED_ONLY = ("steps", "layers", "rows", "hang_timeout", "verify_top", "reference")
 
 def measured_only_flags(args) -> list[str]:
     """The flags given that only a measuring backend uses, when the backend predicts."""
