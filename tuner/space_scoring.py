@@ -7,6 +7,7 @@ micro-batch, unscored (tests/test_score_space_memory_first.py checks the result 
 from __future__ import annotations
 
 import math
+import signal
 import time
 from dataclasses import fields as dataclass_fields
 
@@ -138,11 +139,16 @@ def _on_ray(config, runner, options, shapes: list[dict], address: str, progress)
     _check_reachable(address)
     import ray
 
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level="ERROR")
     except Exception as e:   # Ray raises many types; the user needs one line
         raise CliError(f"--ray-address {address}: cannot reach a Ray cluster there: "
                        f"{' '.join(str(e).split())[:200]}") from None
+    finally:
+        for sig, handler in handlers.items():   # Ray installs its own; a signal to tune means what tune says
+            if handler is not None:
+                signal.signal(sig, handler)
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     tasks = max(1, min(len(shapes), 4 * cpus))
     remote = ray.remote(score_shapes)
