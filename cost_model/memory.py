@@ -278,6 +278,29 @@ def offload_split(model: ModelSpec, indices, rank: RankLayers, layout: Layout, g
     return OffloadSplit(stepped_on_gpu=stepped, first_copy_on_gpu=first)
 
 
+# Scoring a space asks for the same rank's split under the many layouts that differ elsewhere (recompute, tokens,
+# dispatcher): it depends on the layout only through these fields (the ranks' layers and the shards), memoized with
+# the model held by the memo.
+_SPLIT_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "pipeline_model_parallel_layout", "tp", "ep", "etp", "dp", "cp", "edp", "optimizer_offload_fraction")
+_SPLIT_MEMO: dict = {}
+_SPLIT_MEMO_MAX = 50_000
+
+
+def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
+                        gdn_sharded: bool) -> OffloadSplit:
+    """`offload_split` of pipeline rank `i`, memoized."""
+    key = (id(model), tuple(getattr(layout, f) for f in _SPLIT_FIELDS), len(ranks), i, ranks[i], gdn_sharded)
+    hit = _SPLIT_MEMO.get(key)
+    if hit is None:
+        if len(_SPLIT_MEMO) >= _SPLIT_MEMO_MAX:
+            _SPLIT_MEMO.clear()
+        indices = _rank_layer_indices(model, layout, len(ranks))[i]
+        hit = _SPLIT_MEMO[key] = (model, offload_split(model, indices, ranks[i], layout, gdn_sharded))
+    return hit[1]
+
+
 def _shard_kept(buffer_order: tuple, rest: float, fraction: float, shards: int) -> float:
     """The most any DP rank's shard keeps on the GPU: each rank holds 1/shards of the buffer (the tensors in
     buffer order, then the norm group), as pieces of the tensors it cuts."""
@@ -322,10 +345,9 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
     outside = fixed.outside_pytorch
-    stage_indices = _rank_layer_indices(model, layout, len(ranks)) if layout.offloaded else None
     best, best_total = None, None
     for i, r in enumerate(ranks):
-        split = (offload_split(model, stage_indices[i], r, layout, rt.gdn_sharded)
+        split = (_rank_offload_split(model, layout, ranks, i, rt.gdn_sharded)
                  if layout.offloaded and not inputs.frozen_weights else None)
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
                                                   inputs.frozen_weights, split)
