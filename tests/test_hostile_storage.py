@@ -17,7 +17,7 @@ import pytest
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ["--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0"]
+RUN = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus", "2", "--trials", "1", "--no-progress", "--top", "0"]
 SECRET = "s3cret-Pw"
 
 
