@@ -55,6 +55,11 @@ study.ask_trial = after("created", study.ask_trial)
 study.lost_to = before("keyed", study.lost_to)
 study._evaluate = before("claimed", study._evaluate)
 study_commands.make_runner = lambda args, profile=None: PausingRunner(profile=profile)
+if os.environ.get("ATTUNE_TEST_GRACE_S"):   # the tests that wait for a trial to go stale wait less
+    import tuner.trial_claims as trial_claims
+
+    trial_claims.GRACE_PERIOD_S = float(os.environ["ATTUNE_TEST_GRACE_S"])
+    trial_claims.HEARTBEAT_INTERVAL_S = trial_claims.GRACE_PERIOD_S / 4   # the shipped ratio (5 s of 20 s)
 if os.environ.get("ATTUNE_TEST_ASK_PARAMS"):
     import optuna
 
