@@ -6,6 +6,11 @@ or a traceback), trials whose rationale does not name their own layout, and the 
 one JSON object with those figures.
 
     python benchmarks/concurrent_workers.py [--workers 4] [--trials 200] [--storage sqlite|postgresql|both]
+                                            [--proposer agent|random|tpe]
+
+tests/test_concurrent_workers.py runs the same scenarios small (fewer trials, a smaller space); this is their full
+size: the default (4 x 200 agent trials, Qwen3.6-35B-A3B on 8 x H200) and, with `--workers 3 --proposer random
+--storage sqlite`, many sampler workers on one file.
 
 PostgreSQL: a throwaway server is started (tests/postgres_server.py; Debian's postgresql package).
 """
@@ -67,7 +72,7 @@ def judge(url: str, runs: list[dict]) -> dict:
             "crash_lines": [runs[i]["stderr"].strip().splitlines()[-1][:300] for i in crashed if runs[i]["stderr"].strip()]}
 
 
-def measure(kind: str, workers: int, trials: int) -> dict:
+def measure(kind: str, workers: int, trials: int, proposer: str = "agent") -> dict:
     with tempfile.TemporaryDirectory(prefix="attune-conc-") as tmp:
         server = None
         if kind == "sqlite":
@@ -83,7 +88,7 @@ def measure(kind: str, workers: int, trials: int) -> dict:
             url = server.start()
         try:
             start = time.perf_counter()
-            runs = run_workers(url, workers, trials, Path(tmp))
+            runs = run_workers(url, workers, trials, Path(tmp), extra=("--proposer", proposer))
             figures = judge(url, runs)
         finally:
             if server is not None:
@@ -97,11 +102,12 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--trials", type=int, default=200)
     p.add_argument("--storage", choices=("sqlite", "postgresql", "both"), default="both")
+    p.add_argument("--proposer", choices=("agent", "random", "tpe"), default="agent")
     args = p.parse_args(argv)
     kinds = ("sqlite", "postgresql") if args.storage == "both" else (args.storage,)
     results = []
     for kind in kinds:
-        r = measure(kind, args.workers, args.trials)
+        r = measure(kind, args.workers, args.trials, args.proposer)
         results.append(r)
         print(" ".join(f"{k}={v}" for k, v in r.items()), flush=True)
     print(json.dumps({r["storage"]: r for r in results}))

@@ -10,9 +10,12 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import optuna  # noqa: E402
 
 import tuner.study as study  # noqa: E402
 import tuner.study_commands as study_commands  # noqa: E402
@@ -21,13 +24,27 @@ from tuner.cli import main  # noqa: E402
 
 STEP = os.environ.get("ATTUNE_TEST_PAUSE_AT", "")
 _paused = []
+# The stop lands between the heartbeat thread's writes, never inside one: a process stopped inside an SQLite write
+# transaction holds the file's lock, and every other worker then waits for it (at most its 120 s busy timeout, then
+# "database is locked"). That is SQLite's own limit, not the claim protocol under test.
+_beat_lock = threading.Lock()
+_record_heartbeat = optuna.storages.RDBStorage.record_heartbeat
+
+
+def _record_heartbeat_whole(self, trial_id):
+    with _beat_lock:
+        return _record_heartbeat(self, trial_id)
+
+
+optuna.storages.RDBStorage.record_heartbeat = _record_heartbeat_whole
 
 
 def pause(step: str) -> None:
     if step == STEP and not _paused:
         _paused.append(step)
         print(f"pausing at {step}", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        with _beat_lock:
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def after(step: str, fn):
@@ -55,6 +72,11 @@ study.ask_trial = after("created", study.ask_trial)
 study.lost_to = before("keyed", study.lost_to)
 study._evaluate = before("claimed", study._evaluate)
 study_commands.make_runner = lambda args, profile=None: PausingRunner(profile=profile)
+if os.environ.get("ATTUNE_TEST_GRACE_S"):   # the tests that wait for a trial to go stale wait less
+    import tuner.trial_claims as trial_claims
+
+    trial_claims.GRACE_PERIOD_S = float(os.environ["ATTUNE_TEST_GRACE_S"])
+    trial_claims.HEARTBEAT_INTERVAL_S = trial_claims.GRACE_PERIOD_S / 4   # the shipped ratio (5 s of 20 s)
 if os.environ.get("ATTUNE_TEST_ASK_PARAMS"):
     import optuna
 

@@ -17,7 +17,7 @@ import pytest
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ["--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0"]
+RUN = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus", "2", "--trials", "1", "--no-progress", "--top", "0"]
 SECRET = "s3cret-Pw"
 
 
@@ -294,7 +294,8 @@ def _command(command: str, folder: Path) -> list[str]:
             "report": ["report", "--out", str(folder / "report")]}[command]
 
 
-@pytest.mark.parametrize("command", ["show", "show csv", "export", "report"])
+# `report` draws six figures (about 1 s a study): its 40 cases run in the full suite only (show, export: in both)
+@pytest.mark.parametrize("command", ["show", "show csv", "export", pytest.param("report", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("path,value,left_out", CORRUPTIONS,
                          ids=[f"{p}={'deleted' if v is DELETE else repr(v)[:12]}" for p, v, _ in CORRUPTIONS])
 def test_one_malformed_attribute_is_one_warning_naming_the_trial(tuned, tmp_path, capsys, command, path, value,

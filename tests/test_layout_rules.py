@@ -104,9 +104,15 @@ def test_enumeration_yields_only_valid_layouts_and_contains_the_reference(qwen36
 
 @pytest.mark.slow
 def test_enumeration_across_models_and_sizes(workload, stack):
-    for name, n in (("qwen3-30b-a3b", 16), ("deepseek-v3", 64), ("llama3-8b", 4)):
+    from search_space.enumerate import SpaceOptions
+
+    # DeepSeek-V3 on 64 GPUs: every parallel shape, with one full-recompute depth, no offload and fp32 moments (the
+    # whole space is 2.3 million layouts, about 30 s to enumerate; the other two are whole)
+    wide = SpaceOptions(full_recompute_layers=(1,), offload_fractions=(0.0,), exp_avg_dtypes=("fp32",))
+    for name, n, options in (("qwen3-30b-a3b", 16, SpaceOptions()), ("deepseek-v3", 64, wide),
+                             ("llama3-8b", 4, SpaceOptions())):
         model = load_model(name)
-        layouts = list(enumerate_layouts(model, n, workload, stack))
+        layouts = list(enumerate_layouts(model, n, workload, stack, options))
         assert layouts, name
         assert all(not violations(l, model, workload, stack) for l in layouts[::211])
 

@@ -256,6 +256,7 @@ def test_the_table_is_slime_624b824_and_the_megatron_it_pins():
     assert not ARGS["unresolved_add_argument"] and not ARGS["repeated_options"]["megatron"]
 
 
+@pytest.mark.slow   # the `generated` fixture scores the 8-GPU space (about 6-10 s)
 def test_many_flags_are_checked(generated):
     """The chosen layouts cover the features, so their flags are in the commands checked."""
     assert set(RUNNER_LAYOUTS) <= set(generated["layouts"])
@@ -269,6 +270,7 @@ def test_many_flags_are_checked(generated):
         assert flag in seen, flag
 
 
+@pytest.mark.slow   # the `generated` fixture scores the 8-GPU space (about 6-10 s)
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_flag_is_one_slime_or_megatron_accepts(generated, kind):
     unknown = [f"{cmd.name}: {flag}" for cmd in of_kind(generated, kind) for flag in unknown_flags(cmd)]
@@ -276,18 +278,21 @@ def test_every_flag_is_one_slime_or_megatron_accepts(generated, kind):
         "\n".join(unknown)
 
 
+@pytest.mark.slow   # the `generated` fixture scores the 8-GPU space (about 6-10 s)
 @pytest.mark.parametrize("kind", KINDS)
 def test_flags_get_the_number_of_values_they_take(generated, kind):
     bad = problems(generated, kind, value_count_problem)
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow   # the `generated` fixture scores the 8-GPU space (about 6-10 s)
 @pytest.mark.parametrize("kind", KINDS)
 def test_values_are_among_the_choices(generated, kind):
     bad = problems(generated, kind, choice_problem)
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow   # the `generated` fixture scores the 8-GPU space (about 6-10 s)
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_deprecated_option_is_generated(generated, kind):
     bad = [f"{cmd.name}: {flag} (deprecated: use {DEPRECATED[flag]})" for cmd in of_kind(generated, kind)
@@ -295,6 +300,7 @@ def test_no_deprecated_option_is_generated(generated, kind):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow   # the `generated` fixture scores the 8-GPU space (about 6-10 s)
 def test_flex_layouts_name_deepep_with_the_current_flag(generated):
     """What the exported recipes once got wrong (issue 14): flex layouts name DeepEP with
     --moe-flex-dispatcher-backend deepep, never the deprecated --moe-enable-deepep."""

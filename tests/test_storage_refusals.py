@@ -13,7 +13,7 @@ import pytest
 
 from tuner.cli import main
 
-TARGET = ["--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "8"]
+TARGET = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus", "2"]   # a space scored in under a second
 RUN = [*TARGET, "--trials", "1", "--no-progress", "--top", "0"]
 
 
@@ -71,6 +71,32 @@ def test_a_corrupt_database_and_a_foreign_study_fail_in_one_line(tmp_path, capsy
         assert "malformed" in one_line(capsys)
 
 
+KILLED_WRITER = """
+import os, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute("CREATE TABLE scratch (x BLOB)")
+for _ in range(2000):   # more pages than the cache holds: changed pages reach the file, the journal is hot
+    db.execute("INSERT INTO scratch VALUES (?)", (os.urandom(4000),))
+os._exit(9)             # killed mid-transaction (SIGKILL, a crash, a power cut)
+"""
+
+
+def test_a_study_whose_writer_was_killed_mid_transaction_resumes(tmp_path, capsys):
+    """SQLite rolls a hot journal back when the file is next opened read-write; the check that a file is a study
+    reads it read-only, which cannot, and once refused such a study with 'attempt to write a readonly database'."""
+    url = tmp_path / "s.db"
+    assert main([*RUN, "--storage", str(url), "--study", "s"]) == 0
+    subprocess.run([sys.executable, "-c", KILLED_WRITER, str(url)], check=False, timeout=120)
+    assert Path(f"{url}-journal").stat().st_size > 0
+    capsys.readouterr()
+    assert main(["show", "--study", "s", "--storage", str(url)]) == 0
+    assert main([*RUN, "--storage", str(url), "--study", "s"]) == 0, capsys.readouterr().err
+    assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{url}").trials) == 2
+    with sqlite3.connect(url) as db:
+        assert not db.execute("SELECT name FROM sqlite_master WHERE name = 'scratch'").fetchall()
+
+
 def test_a_profile_of_another_gpu_is_refused(tmp_path, capsys):
     derived = tmp_path / "b200.yaml"
     assert main(["profile", "--derive", "b200", "--out", str(derived)]) == 0
@@ -103,7 +129,7 @@ def test_two_config_folders_of_one_name_are_two_studies(tmp_path, capsys, monkey
     for folder, layers in (("m1", 32), ("x/m1", 16)):
         Path(folder).mkdir(parents=True)
         Path(folder, "config.json").write_text(json.dumps(dict(config, num_hidden_layers=layers)))
-    args = ["--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0", "--storage", "s.db"]
+    args = ["--gpu", "h100", "--gpus", "4", "--trials", "1", "--no-progress", "--top", "0", "--storage", "s.db"]
     assert main(["--model", "m1", *args]) == 0
     capsys.readouterr()
     assert main(["--model", "x/m1", *args]) == 2
@@ -119,10 +145,14 @@ def test_an_in_memory_storage_is_refused_before_anything_runs(value):
         storage_url(value)
 
 
-def test_a_postgresql_password_is_never_printed(tmp_path):
+def test_a_postgresql_password_is_never_printed(tmp_path, monkeypatch):
     import socket
 
+    import tuner.storages
     from tuner.study import StudyError, open_storage, shown
+
+    # the shipped 15 s connect timeout is test_hostile_storage's (slow) test; here the message is what counts
+    monkeypatch.setattr(tuner.storages, "POSTGRES_CONNECT_TIMEOUT_S", 2)
 
     assert shown("postgresql://attune:s3cret@db:5432/studies") == "postgresql://attune:***@db:5432/studies"
     # a server that accepts the connection and never answers: one line within the connect timeout, no password
@@ -150,7 +180,7 @@ def tuned_small_llama(tmp_path, monkeypatch) -> list[str]:
     monkeypatch.chdir(tmp_path)
     Path("m1").mkdir()
     Path("m1", "config.json").write_text(json.dumps(SMALL_LLAMA))
-    args = ["--model", "m1", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top", "0",
+    args = ["--model", "m1", "--gpu", "h100", "--gpus", "4", "--trials", "1", "--no-progress", "--top", "0",
             "--storage", "s.db", "--study", "s"]
     assert main(args) == 0
     return args
@@ -182,7 +212,7 @@ def test_a_trial_the_user_enqueued_runs_first(tmp_path, capsys, monkeypatch):
     from cost_model.layout_codec import to_optuna_params
 
     args = tuned_small_llama(tmp_path, monkeypatch)
-    mine = Layout(8, tp=2, pp=2, max_tokens_per_gpu=8192)   # the user's current recipe, as a seed
+    mine = Layout(4, tp=2, pp=2, max_tokens_per_gpu=8192)   # the user's current recipe, as a seed
     study = optuna.load_study(study_name="s", storage="sqlite:///s.db")
     study.enqueue_trial(to_optuna_params(mine))
     capsys.readouterr()

@@ -15,6 +15,9 @@ from tuner.cli import main
 
 REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference_recipes"
 BASE = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--no-progress"]
+# The main job's space (8 GPUs) is scored in about 12 s on 2 cores: test_tune_ranks_exports_and_resumes runs it as a
+# user does; the other studies here are made on 4 GPUs (about 2 s).
+SMALL = ["--gpus", "4"]
 
 
 def digest(path: Path) -> str:
@@ -58,7 +61,7 @@ def test_tune_ranks_exports_and_resumes(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_show_and_export(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(BASE + ["--trials", "3", "--study", "s1", "--top", "0"]) == 0
+    assert main(BASE + SMALL + ["--trials", "3", "--study", "s1", "--top", "0"]) == 0
     capsys.readouterr()
     assert main(["show", "--study", "s1"]) == 0
     out = capsys.readouterr().out
@@ -71,7 +74,7 @@ def test_show_and_export(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_sampler_proposer_prunes_what_cannot_be_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(BASE + ["--trials", "25", "--proposer", "tpe", "--study", "tpe", "--top", "0"]) == 0
+    assert main(BASE + SMALL + ["--trials", "25", "--proposer", "tpe", "--study", "tpe", "--top", "0"]) == 0
     study = load(tmp_path / "studies" / "attune.sqlite3", "tpe")
     pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
     assert pruned, "TPE over the raw parameters proposes invalid or unfitting layouts"
@@ -169,14 +172,14 @@ def test_corrupt_or_foreign_study_is_left_untouched(tmp_path):
     assert digest(corrupt) == before
 
     good = tmp_path / "good.db"
-    assert run_tune("--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--storage", str(good), "--study", "mine",
+    assert run_tune("--model", "qwen3.6-35b-a3b", "--gpu", "h200", *SMALL, "--storage", str(good), "--study", "mine",
                     "--trials", "2", "--top", "0", cwd=tmp_path).returncode == 0
     snapshot = tmp_path / "snapshot.db"
     shutil.copy(good, snapshot)
     before = [(t.number, t.value, t.state) for t in load(good, "mine").trials]
     # The same study name for another model is refused before anything is written.
-    assert_one_line_error(run_tune("--model", "qwen3-30b-a3b", "--gpu", "h200", "--storage", str(good), "--study",
-                                   "mine", cwd=tmp_path), "was created for qwen3.6-35b-a3b")
+    assert_one_line_error(run_tune("--model", "qwen3-30b-a3b", "--gpu", "h200", *SMALL, "--storage", str(good),
+                                   "--study", "mine", cwd=tmp_path), "was created for qwen3.6-35b-a3b")
     assert [(t.number, t.value, t.state) for t in load(good, "mine").trials] == before
 
 
@@ -522,7 +525,7 @@ def test_flags_a_recipe_or_a_batch_gives_are_refused_not_ignored(tmp_path, capsy
 
 def test_flags_of_measured_runs_are_named_when_the_backend_predicts(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--trials", "1", "--no-progress", "--top",
+    assert main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "2", "--trials", "1", "--no-progress", "--top",
                  "0", "--layers", "4", "--steps", "5"]) == 0
     assert "note: --steps, --layers only shape measured runs; the predict backend ignores them" in \
         capsys.readouterr().err

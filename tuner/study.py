@@ -249,12 +249,25 @@ def _sqlite_tables(url: str, path: Path) -> set[str]:
     import sqlite3
     import urllib.parse
 
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro",
+    def tables(mode: str) -> set[str]:
+        with contextlib.closing(sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode={mode}",
                                                 uri=True, timeout=60)) as db:
             return {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    try:
+        try:
+            return tables("ro")
+        except sqlite3.Error as e:
+            # A hot journal (a writer killed mid-transaction) must be rolled back before the file can be read, and a
+            # read-only connection cannot: every SQLite client that opens the file read-write does it first.
+            if getattr(e, "sqlite_errorcode", None) != SQLITE_READONLY_ROLLBACK:
+                raise
+            return tables("rw")
     except sqlite3.Error as e:
         raise StudyError(f"study storage {shown(url)}: {path}: {_first_line(e)}") from None
+
+
+SQLITE_READONLY_ROLLBACK = 776   # SQLITE_READONLY | (3 << 8): a hot journal that a read-only connection cannot roll back
 
 
 def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
