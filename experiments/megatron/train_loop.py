@@ -177,13 +177,7 @@ def build_optimizer(chunks, layout, lr: float):
                 f"not available here: {' '.join(str(e).split())[:200]}")
         if layout.exp_avg_dtype != "fp32":
             note += f"; requested {layout.exp_avg_dtype} moments NOT applied"
-    optimizer = get_megatron_optimizer(cfg, chunks, use_gloo_process_groups=False)
-    # megatron-core builds the CPU-offload optimizer twice; the first one's fp32 copies are held by reference
-    # cycles, freed whenever Python's cyclic collector happens to run (in 4 of 11 offload runs they were still
-    # held at the step's peak). Collected here, every run's peak is the same (the memory model counts them freed).
-    import gc
-    gc.collect()
-    return optimizer, note
+    return get_megatron_optimizer(cfg, chunks, use_gloo_process_groups=False), note
 
 
 def _step_batches(job: dict) -> StepBatches:
