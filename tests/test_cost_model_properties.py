@@ -265,7 +265,7 @@ def test_full_block_recompute_is_monotone_in_num_layers(case, g, data):
 
 
 # ---------------------------------------------------------------------------------------------------
-# 2. Offload never raises GPU memory.
+# 2. More offload never raises GPU memory (but the first step's transient when offload is turned on).
 # ---------------------------------------------------------------------------------------------------
 
 fractions = st.floats(0.0, 1.0, allow_nan=False)
@@ -282,7 +282,15 @@ def test_more_optimizer_offload_never_raises_gpu_memory(case, g, f1, f2, overlap
     hi = replace(base, optimizer_offload_fraction=f2, overlap_d2h_h2d=overlap, exp_avg_dtype="fp32")
     p_lo, p_hi = run(name, lo, g), run(name, hi, g)
     label = describe(name, base, f1=f1, f2=f2)
-    assert le(p_hi.memory.total, p_lo.memory.total), (label, p_lo.memory.as_dict(), p_hi.memory.as_dict())
+    if f1 > 0:
+        assert le(p_hi.memory.total, p_lo.memory.total), (label, p_lo.memory.as_dict(), p_hi.memory.as_dict())
+    else:
+        # megatron-core builds the CPU-offload optimizer twice and the first build's fp32 copies meet the first
+        # step's moments (cost_model.memory.optimizer_step_bytes): turning offload on can raise that transient
+        # peak; what stays resident never rises
+        resident = lambda m: m.allocated - m.optimizer_step  # noqa: E731
+        assert le(resident(p_hi.memory), resident(p_lo.memory)), (label, p_lo.memory.as_dict(),
+                                                                   p_hi.memory.as_dict())
     assert le(p_hi.memory.optimizer, p_lo.memory.optimizer), label
     assert le(p_lo.host_memory_gib_per_node, p_hi.host_memory_gib_per_node), label
 
