@@ -309,7 +309,7 @@ def _shard_kept(buffer_order: tuple, rest: float, fraction: float, shards: int) 
     total = sum(buffer_order) + rest
     size = total / shards
     items = list(buffer_order) + ([rest] if rest else [])
-    best, start = 0.0, 0.0
+    best = 0.0
     bounds, acc = [], 0.0
     for n in items:
         bounds.append((acc, acc + n))

@@ -677,10 +677,11 @@ def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout,
         history.failed.append((layout.key(), result.failure_class, peak))
     history.tried.add(layout.key())
     taught = proposer.after_trial(history)
-    weights = _jsonable(taught.get("hypothesis_weights_after"))
+    taught = {key: _jsonable(value) for key, value in taught.items()}
+    weights = taught.get("hypothesis_weights_after")
     if weights is not None and study.user_attrs.get("hypothesis_weights") != weights:   # a commit only for news
         study.set_user_attr("hypothesis_weights", weights)
-    return {key: _jsonable(value) for key, value in taught.items()}
+    return taught
 
 
 def _outcome(study: optuna.Study, trial: optuna.Trial) -> str:
