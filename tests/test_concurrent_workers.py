@@ -279,8 +279,8 @@ def test_sampler_workers_never_run_a_layout_twice(tmp_path):
     url = f"sqlite:///{tmp_path}/study.db"
     runs = run_workers(url, 3, 30, tmp_path, model="qwen3-30b-a3b", extra=["--gpus", "2", "--proposer", "random"])
     figures = judge(url, runs)
-    assert figures["crashed_workers"] == [] and figures["running_left"] == 0, figures
-    assert figures["duplicates"] == 0 and figures["complete"] > 0, figures
+    assert figures["crashed_workers"] == [], figures["crash_lines"]
+    assert figures["running_left"] == 0 and figures["duplicates"] == 0 and figures["complete"] > 0, figures
 
 
 PAUSED = [sys.executable, str(ROOT / "tests" / "paused_worker.py")]

@@ -35,6 +35,27 @@ def test_another_programs_sqlite_file_is_neither_read_as_a_storage_nor_written(t
     assert path.read_bytes() == before
 
 
+def test_a_schema_another_tuner_is_creating_is_joined_not_refused(tmp_path, capsys):
+    """SQLite creates Optuna's tables one by one, each visible at once: a tuner that opens the file between two
+    of them sees some of Optuna's tables only (three workers starting on a new file: a clean clone's CI run
+    refused one of them). Such a file is Optuna's; a file with any table of another program is still refused."""
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models
+
+    path = tmp_path / "partial.db"
+    models.BaseModel.metadata.tables["studies"].create(sa.create_engine(f"sqlite:///{path}"))
+    assert main([*RUN, "--storage", str(path)]) == 0
+    (name,) = optuna.get_all_study_names(storage=f"sqlite:///{path}")
+    assert len(optuna.load_study(study_name=name, storage=f"sqlite:///{path}").trials) == 1
+    mixed = tmp_path / "mixed.db"
+    models.BaseModel.metadata.tables["studies"].create(sa.create_engine(f"sqlite:///{mixed}"))
+    with sqlite3.connect(mixed) as db:
+        db.execute("CREATE TABLE users (name TEXT)")
+    capsys.readouterr()
+    assert main([*RUN, "--storage", str(mixed)]) == 2
+    assert "not an Optuna study storage (tables: studies, users)" in one_line(capsys)
+
+
 def test_an_empty_file_is_not_a_study_to_show(tmp_path, capsys):
     path = tmp_path / "e.db"
     path.touch()

@@ -216,7 +216,9 @@ def _check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool
         if head and head != SQLITE_MAGIC:
             raise StudyError(f"study storage {shown(url)}: {path} is not an SQLite database (corrupt or another file)")
         tables = _sqlite_tables(url, path) if head else set()
-        if tables and not OPTUNA_TABLES <= tables:
+        # only Optuna's tables, all or some: a few of them are another tuner creating the schema at this moment
+        # (SQLite creates them one by one, each visible at once); opening the storage creates the rest
+        if tables and not tables <= _optuna_tables():
             names = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
             raise StudyError(f"study storage {shown(url)}: {path} is an SQLite database but not an Optuna study storage "
                              f"(tables: {names}); tune writes nothing into it: pass another --storage")
@@ -241,7 +243,11 @@ def _check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool
             raise StudyError(f"study storage {shown(url)}: folder {path.parent} does not exist")
 
 
-OPTUNA_TABLES = {"studies", "trials", "version_info"}   # a few of the tables every Optuna RDB storage has
+def _optuna_tables() -> set[str]:
+    """The tables of Optuna's RDB schema (and its migration tool's)."""
+    from optuna.storages._rdb import models
+
+    return set(models.BaseModel.metadata.tables) | {"alembic_version"}
 
 
 def _sqlite_tables(url: str, path: Path) -> set[str]:
