@@ -31,6 +31,18 @@ class MeasuredRun:
     failures: list = field(default_factory=list)  # failure class of each failed line
     seconds: list = field(default_factory=list)   # wall seconds of each line
     recorded: dict | None = None                  # the prediction the first line recorded when it ran
+    # False: an offload run of a runner that left the optimizer's first build to the cyclic collector (before
+    # 2026-12-03's v12; its optimizer note does not say "first offload build collected")
+    first_build_collected: bool = True
+
+    @property
+    def runtime(self):
+        """The runner's stack as it ran (cost_model.runtime): what its prediction must assume."""
+        from dataclasses import replace
+
+        from cost_model.runtime import MEGATRON_RUNNER
+        return MEGATRON_RUNNER if self.first_build_collected else replace(MEGATRON_RUNNER,
+                                                                          offload_first_build_collected=False)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +101,8 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
         run = runs.setdefault(t.name, MeasuredRun(t, results.name))
         if run.recorded is None:
             run.recorded = (line.get("details") or {}).get("prediction_for_model_run") or {}
+            run.first_build_collected = "first offload build collected" in str((line.get("details") or {}).get(
+                "optimizer", ""))
         run.seconds.append(float((line.get("details") or {}).get("trial_wall_s") or line.get("elapsed_s") or 60.0))
         if _valid(line, t):
             run.tokens.append(steady_tokens(line))

@@ -104,10 +104,11 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
-def trial_prediction(t, gpu):
-    """(the model a suite trial trains, the cost model's prediction for it on the runner's stack)."""
+def trial_prediction(t, gpu, runtime=None):
+    """(the model a suite trial trains, the cost model's prediction for it on the runner's stack: today's, or
+    `runtime`, the one a stored run ran on)."""
     model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-    return model, predict_run(Case(model, gpu, t.workload, t.layout))
+    return model, predict_run(Case(model, gpu, t.workload, t.layout), runtime)
 
 
 def rows(suite_path: Path, results_path: Path) -> list[dict]:
@@ -115,7 +116,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
     gpu = load_gpu("h200")
     for run in load_runs(suite_path, results_path):
         t = run.trial
-        model, p = trial_prediction(t, gpu)
+        model, p = trial_prediction(t, gpu, run.runtime)
         grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({results_path.name.split('-2026')[0]})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
                     "measured": run.measured, "predicted": p.tokens_per_s_per_gpu, "repeats": len(run.tokens),

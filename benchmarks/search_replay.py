@@ -109,7 +109,8 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
         for run in runs:
             t = run.trial
             model_run = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-            p = predict_run(Case(model_run, load_gpu("h200"), replace(t.workload, framework="megatron"), t.layout))
+            p = predict_run(Case(model_run, load_gpu("h200"), replace(t.workload, framework="megatron"), t.layout),
+                            run.runtime)
             cands.append(Candidate(t.layout, p))
             hours[t.layout.key()] = run.seconds[0] * gpus / 3600
             if run.ok:

@@ -164,8 +164,9 @@ def optimizer_step_bytes(rank: RankLayers, layout: Layout, runtime: Runtime, fro
         return 0.0
     if layout.offloaded and split is not None:
         # HybridDeviceOptimizer steps its GPU share with a fused Adam (no foreach temporary); what the first
-        # step's moments meet is the first HybridDeviceOptimizer's fp32 copies (offload_split), not yet collected.
-        return FP32 * split.first_copy_on_gpu
+        # step's moments meet is the first HybridDeviceOptimizer's fp32 copies (offload_split), unless the stack
+        # collected them once the optimizer was built.
+        return 0.0 if runtime.offload_first_build_collected else FP32 * split.first_copy_on_gpu
     if runtime.fused_adam:
         return 0.0
     dense, expert = local_params(rank, layout, runtime.gdn_sharded)

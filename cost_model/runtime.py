@@ -42,19 +42,25 @@ class Runtime:
     source: str
     fused_kernels: bool = True    # TE's fused RoPE, SwiGLU, norms; False: unfused ops keep more inputs
     per_expert_gemm_calls: bool = True   # TE's GroupedLinear: a GEMM call per local expert; False: one grouped GEMM
+    # megatron-core builds the CPU-offload optimizer twice; True: the first build is collected before the first step
+    # (the runner's gc.collect); False: its fp32 copies are counted at the first step's optimizer peak
+    offload_first_build_collected: bool = False
 
 
+# slime's initialize_model_and_optimizer runs gc.collect (clear_memory) right after setup_model_and_optimizer
+# (slime/backends/megatron_utils/model.py): an offloaded optimizer's first build is gone before the first step.
 SLIME = Runtime("slime", fused_adam=True, nccl_init=LAZY, loss_path=SLIME_LOSS, gdn_sharded=False,
-                expandable_segments=True,
+                expandable_segments=True, offload_first_build_collected=True,
                 source="slime on Megatron-LM: TE FusedAdam, NCCL communicators on first use, HF Gated DeltaNet")
 MEGATRON = Runtime("megatron", fused_adam=True, nccl_init=LAZY, loss_path=MEGATRON_LOSS, gdn_sharded=True,
                    expandable_segments=True,
                    source="Megatron-LM/Bridge: TE FusedAdam, NCCL communicators on first use, megatron-core GDN")
 MEGATRON_RUNNER = Runtime("megatron-runner", fused_adam=False, nccl_init=EAGER, loss_path=MEGATRON_LOSS,
                           gdn_sharded=True, expandable_segments=True, fused_kernels=False,
-                          per_expert_gemm_calls=False,
+                          per_expert_gemm_calls=False, offload_first_build_collected=True,
                           source="attune megatron runner without TE: torch AdamW(foreach), every NCCL "
-                                 "communicator at start (device_id bound), megatron-core GDN, unfused kernels")
+                                 "communicator at start (device_id bound), megatron-core GDN, unfused kernels, "
+                                 "an offloaded optimizer's first build collected before the first step")
 RUNTIMES = {r.name: r for r in (SLIME, MEGATRON, MEGATRON_RUNNER)}
 
 
