@@ -24,6 +24,7 @@ _FAMILIES = {
     "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
     "gpt_oss": "gpt_oss",
     "llama": "llama",
+    "mistral": "mistral",
     "mixtral": "mixtral",
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
@@ -249,8 +250,18 @@ def _llama(r: _Reader, n: int) -> dict[str, Any]:
     )
 
 
+def _mistral(r: _Reader, n: int) -> dict[str, Any]:
+    """Mistral: Llama's dense layers, with a sliding window on every layer when the config sets one (7B v0.1 sets
+    4096; v0.2/v0.3 set null)."""
+    window = r.int("sliding_window", 0, minimum=0)
+    return dict(
+        layer_types=((SLIDING_ATTENTION if window else FULL_ATTENTION),) * n, mlp_types=(DENSE,) * n,
+        sliding_window=window, intermediate_size=r.int("intermediate_size"),
+    )
+
+
 _FAMILY_FIELDS = {"qwen3_5": _qwen3_5, "qwen3_moe": _qwen3_moe, "deepseek": _deepseek, "gpt_oss": _gpt_oss,
-                  "llama": _llama, "mixtral": _mixtral}
+                  "llama": _llama, "mistral": _mistral, "mixtral": _mixtral}
 
 
 # ---------------------------------------------------------------------- a VLM's vision encoder

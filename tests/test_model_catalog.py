@@ -195,6 +195,15 @@ def test_mixtral_config_counts_match_the_published_model():
     assert windowed.layer_types == (SLIDING_ATTENTION,) * 32 and windowed.sliding_window == 4096
 
 
+def test_mistral_config_counts_match_the_published_model():
+    """Mistral-7B-v0.3's config.json (benchmarks/models, model_type mistral): 7,248,023,552 parameters; v0.1's
+    4096-token window makes every layer a sliding one."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/mistral-7b-v0.3/config.json").read_text())
+    spec = from_hf_config(cfg, "mistral-7b-v0.3")
+    assert spec.params.total == 7_248_023_552 and spec.layer_types == (FULL_ATTENTION,) * 32
+    assert from_hf_config({**cfg, "sliding_window": 4096}, "v0.1").layer_types == (SLIDING_ATTENTION,) * 32
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"
