@@ -45,7 +45,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v10_suite.json", R / "runner-grids-h200-v10-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-dense-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-q36-2026-12-03.jsonl"),
-           (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-bound-2026-12-03.jsonl")]
+           (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-bound-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v12_suite.json", R / "runner-grids-h200-v12-2026-12-03.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -81,7 +82,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # the others), and the dense SwiGLU backward count was derived and checked on v9/v10's Llama-2-7B full-recompute
 # runs: v5, v8, v9 and v10 are in sample from then on. The v11 grids (Yi-6B and DeepSeek-LLM-7B, never run, and
 # Qwen3.6-35B-A3B with its real GDN at 3 layers) ran after that change, predictions committed before
-# (runner-grids-h200-v11-predicted-before.txt), and are used for nothing but judging.
+# (runner-grids-h200-v11-predicted-before.txt), and are used for nothing but judging. The v12 grid (Mistral-7B-v0.3,
+# never run, on the runner that collects an offloaded optimizer's first build: a stack change made from slime's source,
+# not from any run's figures) ran after that, predictions committed before (runner-grids-h200-v12-predicted-before.txt),
+# and is used for nothing but judging.
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl",
                    "runner-grids-h200-v3-2026-12-02.jsonl", "runner-grids-h200-v4-2026-12-02.jsonl",
                    "runner-grids-h200-v6-2026-12-02.jsonl", "runner-grids-h200-v7-2026-12-02.jsonl",
