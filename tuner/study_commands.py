@@ -149,16 +149,17 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
                                    to_params=to_optuna_params)
         except ImportError as e:
             raise CliError(str(e)) from None
-    from tuner.agent import AgentProposer
+    from tuner.agent import AgentPrior, AgentProposer
     from tuner.intervals import agent_prior, hypothesis_predictor
 
     hypotheses, predict_h = hypothesis_predictor(config, runner)
     if cache is not None:
         predict_h = cache.memo(predict_h)
     level_sd, family_sd, sigma = agent_prior(config, runner)
+    prior = AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd)
     if progress is None:
-        return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, sigma=sigma,
-                             level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+        return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, prior,
+                             stop_margin=stop_margin)
     counter, weighing = Counter(progress, "predictions under the hypotheses"), [True]
 
     def counted(h, layout):   # counts only while the agent builds its table: a trial's lookups say nothing
@@ -167,8 +168,8 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
         return predict_h(h, layout)
 
     with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."):
-        agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, sigma=sigma,
-                              level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+        agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, prior,
+                              stop_margin=stop_margin)
     weighing.clear()
     return agent
 
