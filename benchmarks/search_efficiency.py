@@ -43,7 +43,7 @@ from cost_model.predict import predict  # noqa: E402
 from cost_model.stack import Stack  # noqa: E402
 from cost_model.workload import Workload  # noqa: E402
 from search_space.enumerate import SpaceOptions, enumerate_layouts  # noqa: E402
-from tuner.agent import AgentProposer  # noqa: E402
+from tuner.agent import AgentPrior, AgentProposer  # noqa: E402
 from tuner.proposer import Candidate, History, SamplerProposer  # noqa: E402
 from tuner.space_params import distributions  # noqa: E402
 
@@ -132,7 +132,7 @@ def run_agent(space: Space, truth: Truth, max_trials: int) -> tuple[int, float]:
     cands = [Candidate(l, p) for l, p in zip(space.layouts, space.shipped) if p.may_fit]   # as tune's agent gets
     index = {l.key(): i for i, l in enumerate(space.layouts)}
     agent = AgentProposer(cands, to_optuna_params, default_hypotheses(),
-                          lambda h, l: space.tps(h, index[l.key()]), level_sd=0.25)
+                          lambda h, l: space.tps(h, index[l.key()]), AgentPrior(level_sd=0.25))
     by_params = {json.dumps(to_optuna_params(c.layout), sort_keys=True): c for c in cands}
     h, hours = History(), 0.0
     for n in range(1, max_trials + 1):

@@ -50,7 +50,7 @@ from cost_model.layout_codec import to_optuna_params  # noqa: E402
 from cost_model.model_spec import load_model  # noqa: E402
 from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
-from tuner.agent import AgentProposer  # noqa: E402
+from tuner.agent import AgentPrior, AgentProposer  # noqa: E402
 from tuner.intervals import prior_parts, runner_stack_sd  # noqa: E402
 from tuner.proposer import Candidate, History, SamplerProposer  # noqa: E402
 
@@ -153,7 +153,7 @@ def agent_order(grid: Grid, bands: list | None = None) -> list:
     level_sd, family_sd, sigma = prior_parts(grid.prior_sd)
     agent = AgentProposer(cands, to_optuna_params, default_hypotheses(),
                           lambda h, l: next(c.prediction.tokens_per_s_per_gpu for c in cands if c.layout == l),
-                          sigma=sigma, level_sd=level_sd, family_sd=family_sd, stop_margin=None)
+                          AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd), stop_margin=None)
     h, order = History(), []
     while len(order) < len(cands):
         p = agent.propose(h)

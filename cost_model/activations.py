@@ -7,11 +7,16 @@ bytes in cost_model.device_memory.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cost_model.constants import Constants
 from cost_model.layout import Layout
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.stages import RankLayers
 from cost_model.units import BF16, FP32
+
+if TYPE_CHECKING:   # cost_model.memory imports this module
+    from cost_model.memory import MemoryInputs
 
 
 def softmax_attention_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
@@ -232,16 +237,17 @@ _ACTIVATION_MEMO: dict = {}
 _ACTIVATION_MEMO_MAX = 100_000
 
 
-def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, precision: str,
-                          tokens: float, routed_rows_per_token: float, in_flight: float, c: Constants,
-                          gdn_sharded: bool = False, fused: bool = True) -> tuple[float, float]:
+def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, inputs: MemoryInputs,
+                          in_flight: float, c: Constants) -> tuple[float, float]:
     """(saved, working) activation bytes on one GPU of pipeline rank `index`, whose first rank holds
     `in_flight` micro-batches at once (later ranks proportionally fewer, at least one): what the
     micro-batches in flight keep for the backward, and the largest layer's working set while it runs
     its backward. The loss path is counted apart (cost_model.loss_path). fp8 keeps fp8 copies of the
-    linear layers' inputs. A stack without fused kernels (`fused` False, cost_model.runtime) keeps the
-    extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
+    linear layers' inputs. A stack without fused kernels (the runtime's `fused_kernels` False,
+    cost_model.runtime) keeps the extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
+    precision, tokens, routed_rows_per_token = inputs.precision, inputs.tokens, inputs.routed_rows_per_token
+    gdn_sharded, fused = inputs.runtime.gdn_sharded, inputs.runtime.fused_kernels
     unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
                                   c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors,
                                   c.unfused_dense_glu_backward_tensors)

@@ -115,12 +115,13 @@ def predict_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workl
 
 def tokens_per_s_under(h: Hypothesis, model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
                        constants: Constants | None = None, profile: HardwareProfile | None = None,
-                       step: tuple[float, int] | None = None, **kw) -> float:
+                       step: tuple[float, int] | None = None) -> float:
     """`predict_under(...).tokens_per_s_per_gpu` without the memory model (the agent's table of every
-    candidate under every hypothesis needs only this). `step`: `step_time_only`'s (seconds, micro-batches) for
-    this layout under a hypothesis with the same `step_constants` (it is not computed again)."""
+    candidate under every hypothesis needs only this), for predict's default stack options. `step`:
+    `step_time_only`'s (seconds, micro-batches) for this layout under a hypothesis with the same `step_constants`
+    (it is not computed again; a caller pricing other stack options passes it)."""
     c = constants or default_constants()
-    seconds, n_mb = step or step_time_only(model, gpu, workload, layout, h.constants(c), profile, **kw)
+    seconds, n_mb = step or step_time_only(model, gpu, workload, layout, h.constants(c), profile)
     tokens = workload.tokens_per_step / seconds / layout.world_size
     extra = h.extra_s(n_mb, layout, workload)
     return tokens if extra == 0.0 else tokens * (seconds / (seconds + extra))   # predict_under's arithmetic, to the bit
@@ -198,23 +199,27 @@ def interval_of(values: list[tuple[Hypothesis, float, float]], error_sd: float) 
 
 
 def predict_interval(hypotheses: tuple[Hypothesis, ...], model: ModelSpec, gpu: GpuSpec, workload: Workload,
-                     layout: Layout, weights: dict[str, float] | None = None, constants: Constants | None = None,
-                     profile: HardwareProfile | None = None, **kw) -> Interval:
-    """The interval of tokens/s/GPU over `hypotheses` (weights by name; default their priors)."""
+                     layout: Layout, constants: Constants | None = None, profile: HardwareProfile | None = None,
+                     **kw) -> Interval:
+    """The interval of tokens/s/GPU over `hypotheses`, each weighted by its prior (`reweighted` sets them)."""
     c = constants or default_constants()
     triples = [(h, w, p.tokens_per_s_per_gpu)
-               for h, w, p in predictions_under(hypotheses, model, gpu, workload, layout, weights, c, profile, **kw)]
+               for h, w, p in predictions_under(hypotheses, model, gpu, workload, layout, c, profile, **kw)]
     return interval_of(triples, residual_sd(c, workload))
 
 
 def predictions_under(hypotheses: tuple[Hypothesis, ...], model: ModelSpec, gpu: GpuSpec, workload: Workload,
-                      layout: Layout, weights: dict[str, float] | None = None, constants: Constants | None = None,
-                      profile: HardwareProfile | None = None, **kw) -> list[tuple[Hypothesis, float, Prediction]]:
-    """(hypothesis, weight, prediction) for each hypothesis that applies to the workload (weights by name;
-    default their priors)."""
-    return [(h, (weights or {}).get(h.name, h.prior), predict_under(h, model, gpu, workload, layout, constants,
-                                                                     profile, **kw))
+                      layout: Layout, constants: Constants | None = None, profile: HardwareProfile | None = None,
+                      **kw) -> list[tuple[Hypothesis, float, Prediction]]:
+    """(hypothesis, weight, prediction) for each hypothesis that applies to the workload, weighted by its prior
+    (`reweighted` sets them)."""
+    return [(h, h.prior, predict_under(h, model, gpu, workload, layout, constants, profile, **kw))
             for h in applicable(hypotheses, workload)]
+
+
+def reweighted(hypotheses: tuple[Hypothesis, ...], weights: dict[str, float]) -> tuple[Hypothesis, ...]:
+    """`hypotheses` with the weights by name as their priors (the others keep theirs)."""
+    return tuple(replace(h, prior=weights[h.name]) if h.name in weights else h for h in hypotheses)
 
 
 def residual_sd(c: Constants, workload: Workload) -> float:

@@ -58,6 +58,25 @@ class LayerTime:
         return self.tp_comm + self.ep_comm + self.cp_comm
 
 
+@dataclass(frozen=True)
+class LayerInputs:
+    """What a layer's time depends on besides its kinds: one micro-batch of `tokens` (`seq_len` per row) on one GPU
+    of `layout`, with the selective recompute modules `mods`. `gdn_sharded`: Gated DeltaNet as megatron-core's
+    GatedDeltaNet (see `linear_attention`); `frozen_weights`: no weight gradients (LoRA's frozen base; its
+    adapters' few FLOPs are not counted)."""
+
+    model: ModelSpec
+    layout: Layout
+    rates: Rates
+    c: Constants
+    tokens: float
+    seq_len: int
+    imbalance: float
+    mods: set
+    gdn_sharded: bool = False
+    frozen_weights: bool = False
+
+
 def _tp_all_gather(model: ModelSpec, layout: Layout, r: Rates, tokens: float) -> float:
     """One sequence-parallel all-gather (or reduce-scatter) of the micro-batch's hidden states over TP."""
     return r.collective("all_gather", hidden_state_bytes(model, tokens), layout.tp, layout.tp)
@@ -73,9 +92,9 @@ def _elementwise(model: ModelSpec, r: Rates, c: Constants, tokens: float) -> flo
     return c.elementwise_bytes_per_token_per_layer_h * model.hidden_size * tokens / r.hbm
 
 
-def softmax_attention(t: LayerTime, kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
-                      tokens: float, seq_len: int, mods: set) -> None:
+def softmax_attention(t: LayerTime, kind: str, x: LayerInputs) -> None:
     """GQA/MHA attention (full or sliding window, optional output gate), sharded over TP."""
+    model, layout, r, c, tokens, seq_len, mods = x.model, x.layout, x.rates, x.c, x.tokens, x.seq_len, x.mods
     h, tp = model.hidden_size, layout.tp
     q = model.num_attention_heads * model.head_dim
     kvw = 2 * model.num_key_value_heads * model.head_dim
@@ -217,37 +236,31 @@ _MEMO: dict = {}
 _MEMO_MAX = 200_000
 
 
-def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
-               tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool = False,
-               frozen_weights: bool = False) -> LayerTime:
+def layer_time(attn_kind: str, mlp_kind: str, x: LayerInputs) -> LayerTime:
     """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals.
-    `gdn_sharded`: Gated DeltaNet as megatron-core's GatedDeltaNet (see `linear_attention`);
-    `frozen_weights`: no weight gradients (LoRA's frozen base; its adapters' few FLOPs are not counted).
     Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs): the
     result is shared, so a caller that changes it copies it first."""
-    key = (attn_kind, mlp_kind, id(model), id(r), id(c), tuple(getattr(layout, f) for f in _LAYER_FIELDS), tokens,
-           seq_len, imbalance, frozenset(mods), gdn_sharded, frozen_weights)
+    key = (attn_kind, mlp_kind, id(x.model), id(x.rates), id(x.c), tuple(getattr(x.layout, f) for f in _LAYER_FIELDS),
+           x.tokens, x.seq_len, x.imbalance, frozenset(x.mods), x.gdn_sharded, x.frozen_weights)
     hit = _MEMO.get(key)
     if hit is None:
         if len(_MEMO) >= _MEMO_MAX:
             _MEMO.clear()
-        hit = _MEMO[key] = (model, r, c, _layer_time(attn_kind, mlp_kind, model, layout, r, c, tokens, seq_len,
-                                                     imbalance, mods, gdn_sharded, frozen_weights))
+        hit = _MEMO[key] = (x.model, x.rates, x.c, _layer_time(attn_kind, mlp_kind, x))
     return hit[3]
 
 
-def _layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, r: Rates, c: Constants,
-                tokens: float, seq_len: int, imbalance: float, mods: set, gdn_sharded: bool,
-                frozen_weights: bool) -> LayerTime:
-    t = LayerTime(weight_passes=2 if frozen_weights else 3)
+def _layer_time(attn_kind: str, mlp_kind: str, x: LayerInputs) -> LayerTime:
+    model, layout, r, c, tokens, seq_len, mods = x.model, x.layout, x.rates, x.c, x.tokens, x.seq_len, x.mods
+    t = LayerTime(weight_passes=2 if x.frozen_weights else 3)
     if attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION):
-        softmax_attention(t, attn_kind, model, layout, r, c, tokens, seq_len, mods)
+        softmax_attention(t, attn_kind, x)
     elif attn_kind == LINEAR_ATTENTION:
-        linear_attention(t, model, layout, r, c, tokens, gdn_sharded)
+        linear_attention(t, model, layout, r, c, tokens, x.gdn_sharded)
     else:  # MLA
         mla(t, model, layout, r, c, tokens, seq_len, mods)
     if mlp_kind == MOE:
-        moe(t, model, layout, r, c, tokens, imbalance, mods)
+        moe(t, model, layout, r, c, tokens, x.imbalance, mods)
     else:
         dense_mlp(t, model, layout, r, tokens, mods)
     h, tp = model.hidden_size, layout.tp

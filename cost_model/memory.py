@@ -352,9 +352,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
                  if layout.offloaded and not inputs.frozen_weights else None)
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
                                                   inputs.frozen_weights, split)
-        saved, working = rank_activation_bytes(i, r, model, layout, inputs.precision, inputs.tokens,
-                                               inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
-                                               rt.fused_kernels)
+        saved, working = rank_activation_bytes(i, r, model, layout, inputs, in_flight, c)
         # MTP layers (placed by a layout string) each hold one more LM head's logits until their backward.
         loss = loss_path_bytes(model, layout, inputs.tokens, rt) * (int(r.has_head) + r.mtp_layers)
         # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.

@@ -185,8 +185,14 @@ class ModelSpec:
         """Layer indices held by each pipeline rank (Megatron's split, interleaved with vpp; `first`/`last`:
         --decoder-first/last-pipeline-num-layers; `embedding`/`loss`: --account-for-*-in-pipeline-split;
         `pipeline_layout`: --pipeline-model-parallel-layout)."""
-        return stage_layers(self.num_hidden_layers, pp, vpp, first, last, embedding, loss, pipeline_layout,
-                            self.num_nextn_predict_layers)
+        if pipeline_layout is None:
+            return stage_layers(self.num_hidden_layers, pp, vpp, first, last, embedding, loss)
+        _check_counts(pp, vpp, self.num_hidden_layers)
+        if first is not None or last is not None or embedding or loss:
+            raise ModelError("a pipeline layout string and the first/last or embedding/loss split cannot be set "
+                             "together")
+        return layout_string_stage_layers(pipeline_layout, self.num_hidden_layers, pp, vpp,
+                                          self.num_nextn_predict_layers)
 
     def layout_stage_layers(self, layout) -> tuple[tuple[int, ...], ...]:
         """stage_layers for a Layout's pipeline fields."""
@@ -318,36 +324,43 @@ class ModelSpec:
 
 
 # ---------------------------------------------------------------------- pipeline stages
+def _check_counts(pp, vpp, num_layers) -> None:
+    for label, value in (("pp", pp), ("vpp", vpp), ("num_layers", num_layers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelError(f"{label} must be a positive integer, got {value!r}")
+
+
+@lru_cache(maxsize=1024)
+def layout_string_stage_layers(pipeline_layout: str, num_layers: int, pp: int, vpp: int = 1,
+                               mtp_layers: int = 0) -> tuple[tuple[int, ...], ...]:
+    """`stage_layers` where --pipeline-model-parallel-layout spells every virtual stage out (`mtp_layers`: the
+    model's MTP depth, which its m's may not exceed). Raises ModelError where Megatron would refuse it."""
+    _check_counts(pp, vpp, num_layers)
+    try:
+        grid = stage_grid(pipeline_layout, pp, num_layers, mtp_layers)
+    except InvalidPipelineLayout as e:
+        raise ModelError(str(e)) from None
+    if len(grid) != vpp:
+        raise ModelError(f"pipeline layout '{pipeline_layout}' has {len(grid) * pp} stages; PP {pp} x VPP {vpp} "
+                         f"needs {pp * vpp}")
+    return _ranks_of([[stage.count("t") for stage in row] for row in grid], pp, vpp)
+
+
 @lru_cache(maxsize=1024)
 def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                 last: int | None = None, embedding: bool = False, loss: bool = False,
-                 pipeline_layout: str | None = None, mtp_layers: int = 0) -> tuple[tuple[int, ...], ...]:
+                 last: int | None = None, embedding: bool = False, loss: bool = False) -> tuple[tuple[int, ...], ...]:
     """Layer indices per pipeline rank for `num_layers` layers, `pp` ranks and `vpp` virtual stages.
 
     Megatron's split (megatron-core transformer_layer.get_transformer_layer_offset and
     transformer_block.get_num_layers_to_build): the first and last ranks hold `first` and `last` layers when
     set, the other (middle) ranks share the rest evenly; or, with `embedding`/`loss`, the embedding and the
     loss each take one layer's place in the first/last virtual stage. Each rank's layers are cut into `vpp`
-    equal chunks, and virtual stage v runs chunk v of every rank in rank order. `pipeline_layout` spells every
-    virtual stage out instead (--pipeline-model-parallel-layout; `mtp_layers`: the model's MTP depth, which
-    its m's may not exceed). Raises ModelError where Megatron's TransformerConfig would refuse the split.
+    equal chunks, and virtual stage v runs chunk v of every rank in rank order. A pipeline layout string spells
+    every virtual stage out instead (`layout_string_stage_layers`). Raises ModelError where Megatron's
+    TransformerConfig would refuse the split.
     """
-    for label, value in (("pp", pp), ("vpp", vpp), ("num_layers", num_layers)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ModelError(f"{label} must be a positive integer, got {value!r}")
-    if pipeline_layout is not None:
-        if first is not None or last is not None or embedding or loss:
-            raise ModelError("a pipeline layout string and the first/last or embedding/loss split cannot be set "
-                             "together")
-        try:
-            grid = stage_grid(pipeline_layout, pp, num_layers, mtp_layers)
-        except InvalidPipelineLayout as e:
-            raise ModelError(str(e)) from None
-        if len(grid) != vpp:
-            raise ModelError(f"pipeline layout '{pipeline_layout}' has {len(grid) * pp} stages; PP {pp} x VPP {vpp} "
-                             f"needs {pp * vpp}")
-        chunks = [[stage.count("t") for stage in row] for row in grid]
-    elif (embedding or loss) and (first is not None or last is not None):
+    _check_counts(pp, vpp, num_layers)
+    if (embedding or loss) and (first is not None or last is not None):
         raise ModelError("an uneven first/last split and the embedding/loss accounting cannot be set together")
     elif embedding or loss:
         if pp == 1:
@@ -363,6 +376,11 @@ def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
     else:
         per_rank = _layers_per_rank(num_layers, pp, vpp, first, last)
         chunks = [[n // vpp for n in per_rank] for _ in range(vpp)]
+    return _ranks_of(chunks, pp, vpp)
+
+
+def _ranks_of(chunks: list[list[int]], pp: int, vpp: int) -> tuple[tuple[int, ...], ...]:
+    """Each rank's layer indices from the layers of each (virtual stage, rank), numbered in running order."""
     ranks: list[list[int]] = [[] for _ in range(pp)]
     start = 0
     for v in range(vpp):

@@ -233,9 +233,9 @@ class MemoryVerdict:
         return self.fit_verdict != DOES_NOT_FIT
 
 
-def _memory_verdict(ctx: StepContext, model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
-                    c: Constants, profile: HardwareProfile | None, rt: Runtime,
+def _memory_verdict(ctx: StepContext, gpu: GpuSpec, workload: Workload, profile: HardwareProfile | None, rt: Runtime,
                     precision_aware_optimizer: bool) -> MemoryVerdict:
+    model, layout, c = ctx.model, ctx.layout, ctx.c
     routed_rows_per_token = model.num_experts_per_tok * ctx.imbalance * layout.etp
     inputs = MemoryInputs(workload.precision, ctx.tokens, routed_rows_per_token, ctx.num_microbatches, rt, gpu,
                           profile.device_memory if profile is not None else None, precision_aware_optimizer,
@@ -257,27 +257,40 @@ def memory_verdict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: L
     profile = profile or shipped_profile(gpu.name)
     rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
     ctx = _step_context(model, gpu, workload, layout, c, profile, rt)
-    return _memory_verdict(ctx, model, gpu, workload, layout, c, profile, rt, precision_aware_optimizer)
+    return _memory_verdict(ctx, gpu, workload, profile, rt, precision_aware_optimizer)
 
 
 def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             constants: Constants | None = None, profile: HardwareProfile | None = None,
-            precision_aware_optimizer: bool = True, runtime: Runtime | None = None,
-            verdict: MemoryVerdict | None = None) -> Prediction:
+            precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
     """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply.
     `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer).
     `runtime`: the stack's memory behaviour (cost_model.runtime); by default the framework's, or the
-    megatron runner's without the precision-aware optimizer. `verdict`: `memory_verdict`'s answer for these
-    same arguments, when the caller asked it first (its memory and context are not computed again)."""
+    megatron runner's without the precision-aware optimizer."""
     c = constants or default_constants()
     profile = profile or shipped_profile(gpu.name)
     rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
-    ctx = verdict.context if verdict is not None else _step_context(model, gpu, workload, layout, c, profile, rt)
+    ctx = _step_context(model, gpu, workload, layout, c, profile, rt)
+    return _prediction(ctx, gpu, workload, rt, None, precision_aware_optimizer, profile)
+
+
+def predict_from_verdict(verdict: MemoryVerdict, gpu: GpuSpec, workload: Workload,
+                         precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
+    """`predict` for the arguments `memory_verdict` gave `verdict` for, when the caller asked it first: its memory
+    and step context (model, layout, constants, profile) are not computed again."""
+    rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
+    return _prediction(verdict.context, gpu, workload, rt, verdict)
+
+
+def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime, verdict: MemoryVerdict | None,
+                precision_aware_optimizer: bool = True, profile: HardwareProfile | None = None) -> Prediction:
+    """`predict` on from its step context; the memory side is `verdict`, else worked out here."""
+    model, layout, c = ctx.model, ctx.layout, ctx.c
     rates, tokens, n_mb = ctx.rates, ctx.tokens, ctx.num_microbatches
     breakdown = step_breakdown(ctx)
     step_time = sum(breakdown.values())
 
-    mv = verdict or _memory_verdict(ctx, model, gpu, workload, layout, c, profile, rt, precision_aware_optimizer)
+    mv = verdict or _memory_verdict(ctx, gpu, workload, profile, rt, precision_aware_optimizer)
     memory, capacity, host, p_fit, fit = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
     reasons = fit_reasons(memory, capacity, host, gpu)
     if fit == BORDERLINE:

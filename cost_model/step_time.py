@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants, constants_sources
-from cost_model.layer_time import LayerTime, layer_time
+from cost_model.layer_time import LayerInputs, LayerTime, layer_time
 from cost_model.layout import Layout
 from cost_model.memory import backup_bytes, sharded_params
 from cost_model.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
@@ -203,9 +203,10 @@ def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float
     if graphed:
         launch = 0.0
     expert_calls = ctx.expert_calls and not graphed
+    layer = LayerInputs(model, layout, rates, c, tokens, ctx.seq_len, ctx.imbalance, mods, ctx.gdn_sharded,
+                        frozen_weights)
     for attn_kind, mlp_kind, count in rank.kinds:
-        lt = layer_time(attn_kind, mlp_kind, model, layout, rates, c, tokens, ctx.seq_len, ctx.imbalance, mods,
-                        ctx.gdn_sharded, frozen_weights)
+        lt = layer_time(attn_kind, mlp_kind, layer)
         ep_comm = exposed_ep_comm(lt, ep_overlap)
         if ep_comm != lt.ep_comm:   # the memo's layer is shared: change a copy
             lt = copy(lt)
@@ -313,8 +314,9 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     as the measured layer is at few tokens); a sequence length other than the profile's adds the attention core's difference; selective
     recompute reruns the modelled share of the forward; TP/EP/CP communication comes from the collectives."""
     layout, mods = ctx.layout, set(ctx.layout.selective_modules)
-    lt = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
-                    ctx.imbalance, mods, True, ctx.frozen_weights)
+    layer = LayerInputs(ctx.model, layout, ctx.rates, ctx.c, ctx.tokens, ctx.seq_len, ctx.imbalance, mods, True,
+                        ctx.frozen_weights)
+    lt = layer_time(attn_kind, mlp_kind, layer)
     comm = {"tp_comm": lt.tp_comm, "ep_comm": exposed_ep_comm(lt, ep_overlap), "cp_comm": lt.cp_comm}
     curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
     measured_model, notes = ctx.model, []
@@ -328,8 +330,7 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
                      f"layer's (modelled ratio), its host floor the lowest measured of the kind")
     ratio = 1.0
     if measured_model is not ctx.model or any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
-        whole = layer_time(attn_kind, mlp_kind, measured_model, Layout(1), ctx.rates, ctx.c, ctx.tokens, ctx.seq_len,
-                           ctx.imbalance, mods, True, ctx.frozen_weights)
+        whole = layer_time(attn_kind, mlp_kind, replace(layer, model=measured_model, layout=Layout(1)))
         ratio = lt.gpu_work / whole.gpu_work
         if measured_model is ctx.model:
             notes.append(f"shard's GPU work {ratio:.2f}x the layer's (modelled ratio), host floor as measured")
@@ -341,8 +342,7 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
         measured = shard_layer_params(measured_model, attn_kind, mlp_kind, Layout(1))
         base = max(base + (held - measured) * GRAD_ACCUMULATION_BYTES / ctx.rates.hbm, 0.0)
     if attn_kind in SOFTMAX_KINDS and ctx.seq_len != ctx.runner.seq_len:
-        at_profile = layer_time(attn_kind, mlp_kind, ctx.model, layout, ctx.rates, ctx.c, ctx.tokens,
-                                ctx.runner.seq_len, ctx.imbalance, mods, True, ctx.frozen_weights)
+        at_profile = layer_time(attn_kind, mlp_kind, replace(layer, seq_len=ctx.runner.seq_len))
         delta = lt.attention - at_profile.attention
         base += delta
         full_extra = None if full_extra is None else full_extra + delta / 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 from cost_model.case import Case
 from cost_model.constants import Constants
 from cost_model.hypotheses import Hypothesis, default_hypotheses, predictions_under, weighted_quantile
-from cost_model.predict import MemoryVerdict, Prediction, memory_verdict, predict
+from cost_model.predict import MemoryVerdict, Prediction, memory_verdict, predict, predict_from_verdict
 from cost_model.profile import HardwareProfile
 from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
@@ -22,8 +22,9 @@ class PredictedRunner(TrialRunner):
     def predict(self, case: Case, profile: HardwareProfile | None = None,
                 verdict: MemoryVerdict | None = None) -> Prediction:
         """`verdict`: this runner's `memory_verdict` for the same case, when asked first (not computed again)."""
-        return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile,
-                       verdict=verdict)
+        if verdict is not None:
+            return predict_from_verdict(verdict, case.gpu, case.workload)
+        return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
 
     def memory_verdict(self, case: Case, profile: HardwareProfile | None = None) -> MemoryVerdict:
         return memory_verdict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)

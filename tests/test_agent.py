@@ -15,7 +15,7 @@ from cost_model.predict import predict
 from cost_model.stack import Stack
 from cost_model.workload import Workload
 from search_space.enumerate import SpaceOptions, enumerate_layouts
-from tuner.agent import AgentProposer, Table, belief, lognormal_ei
+from tuner.agent import AgentPrior, AgentProposer, Table, belief, lognormal_ei
 from tuner.proposer import Candidate, History
 
 OPTIONS = SpaceOptions(full_recompute_layers=(1,), offload_fractions=(0.0,), exp_avg_dtypes=("bf16",), max_vpp=1)
@@ -157,7 +157,7 @@ def test_the_runner_stacks_prior_is_its_measured_error_so_the_band_is_narrow(spa
     from tuner.intervals import prior_parts
     cands, tps = space
     level_sd, family_sd, sigma = prior_parts(default_constants().runner_prediction_error_sd)
-    agent = agent_for(space, sigma=sigma, level_sd=level_sd, family_sd=family_sd)
+    agent = agent_for(space, prior=AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd))
     e = agent.propose(History()).attrs["expected"]
     assert e["high"] / e["low"] <= 1.5 * 1.7   # the runner band (x1.14) over the hypotheses' own spread
     h = History()

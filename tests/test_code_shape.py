@@ -64,3 +64,39 @@ def test_test_files_importing_torch_are_the_listed_ones_and_marked_torch():
     assert importing == set(NEEDS_TORCH_TO_IMPORT)
     unmarked = [n for n in importing if not _marked_torch(ast.parse((ROOT / "tests" / n).read_text()))]
     assert not unmarked, f"import torch at module level but not marked torch as a whole: {unmarked}"
+
+
+MAX_PARAMETERS = 8
+# Issue 30's offenders not yet given a context object; the list only shrinks (a fixed one must leave it).
+PENDING_PARAMETERS = {
+    "experiments/checks/adam_component_test.py run", "experiments/checks/compute.py _time_gdn",
+    "experiments/checks/hardware_profile.py _profile", "experiments/megatron/suite.py run_suite",
+    "experiments/megatron/torch_native.py __init__", "experiments/slime/runner.py __init__",
+}
+
+
+def _parameter_counts():
+    """(path function, parameters) of every function: self/cls of a method not counted, *args and **kwargs one each."""
+    def visit(node, path, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                positional = a.posonlyargs + a.args
+                n = len(positional) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+                if in_class and positional and positional[0].arg in ("self", "cls"):
+                    n -= 1
+                yield f"{path} {child.name}", n
+                yield from visit(child, path, False)
+            else:   # a method is a function in a class's body
+                yield from visit(child, path, in_class or isinstance(child, ast.ClassDef))
+    for path in _modules():
+        yield from visit(ast.parse(path.read_text()), str(path.relative_to(ROOT)), False)
+
+
+def test_no_function_takes_more_than_8_parameters():
+    """A function that needs many inputs takes one context object (issue 30)."""
+    many = {name: n for name, n in _parameter_counts() if n > MAX_PARAMETERS}
+    new = {name: n for name, n in many.items() if name not in PENDING_PARAMETERS}
+    assert not new, f"functions over {MAX_PARAMETERS} parameters (take a context object): {new}"
+    fixed = PENDING_PARAMETERS - set(many)
+    assert not fixed, f"no longer over {MAX_PARAMETERS} parameters, take them off PENDING_PARAMETERS: {sorted(fixed)}"

@@ -7,7 +7,8 @@ import pytest
 
 from benchmarks.public_data import reference_cases
 from cost_model.hypotheses import (FLEX_FACTORS, FORMS, HypothesisError, applicable, default_hypotheses,
-                                   parse_hypotheses, predict_interval, predict_under, weighted_quantile)
+                                   parse_hypotheses, predict_interval, predict_under, reweighted,
+                                   weighted_quantile)
 from cost_model.layout import Layout
 from cost_model.predict import predict
 from cost_model.workload import Workload
@@ -60,7 +61,7 @@ def test_weights_move_the_interval(refs):
     c = refs["ref-attune-tp1-pp1-ep8"].case
     layout = c.layout.replace(max_tokens_per_gpu=16384, rows_per_microbatch=2)
     only_token = {h.name: (1.0 if h.form == "per_token" else 0.0) for h in default_hypotheses()}
-    iv = predict_interval(default_hypotheses(), c.model, c.gpu, c.workload, layout, weights=only_token)
+    iv = predict_interval(reweighted(default_hypotheses(), only_token), c.model, c.gpu, c.workload, layout)
     token = predict_under(next(h for h in default_hypotheses() if h.form == "per_token"), c.model, c.gpu, c.workload,
                           layout).tokens_per_s_per_gpu
     assert iv.spread_low == pytest.approx(token) and iv.spread_high == pytest.approx(token)

@@ -33,7 +33,7 @@ from experiments.slime.log import SlimeLog
 from experiments.slime.runner import (ASYNC_ENTRY, HOOK_PATH, MODEL_ARGS_MARK, STARTUP_GRACE_S, RunnerError,
                                       SlimeRunner)
 from experiments.slime.sft_rows import build_rows, write_rows
-from experiments.slime.summary import summarize
+from experiments.slime.summary import RunEnd, summarize
 from experiments.slime.watch import JobWatch, Limits
 from recipes.slime_command import NVLS_EXPR, slime_run
 from cost_model.layout import Layout
@@ -262,16 +262,16 @@ def test_summarize_reports_the_window(qwen36, h200):
         lines += [f"attune-peak-memory rank={r} rollout={k} step_id=0 step={k} allocated_bytes={(r + 1) * 2 ** 30} "
                   f"reserved_bytes={(r + 2) * 2 ** 30} device={r}" for r in range(8)]
     text = "\n".join(lines) + "\n"
-    result = summarize(spec, SlimeLog.from_text(text), text, window=WINDOW, steps=STEPS, exit_code=0,
-                       succeeded=True, stopped=None, wall_s=3600.0, source="test")
+    result = summarize(spec, SlimeLog.from_text(text), text, RunEnd(WINDOW, STEPS, exit_code=0, succeeded=True,
+                                                                    stopped=None, wall_s=3600.0), source="test")
     times = [2.0 + 0.1 * (k % 2) for k in range(2, 7)]
     assert result.status == "ok" and result.kind == "measured"
     assert result.tokens_per_s_per_gpu == pytest.approx(5 * 4 * 64 / sum(times) / 8)
     assert result.step_times_s == pytest.approx(times)
     assert result.peak_memory_gib == 8.0 and result.peak_memory_gib_per_rank == tuple(float(r + 1) for r in range(8))
     assert result.gpu_hours == pytest.approx(8.0) and len(result.losses) == STEPS
-    failed = summarize(spec, SlimeLog.from_text(text), text, window=(2, 9), steps=10, exit_code=0, succeeded=True,
-                       stopped=None, wall_s=1.0, source="test")
+    failed = summarize(spec, SlimeLog.from_text(text), text, RunEnd((2, 9), 10, exit_code=0, succeeded=True,
+                                                                    stopped=None, wall_s=1.0), source="test")
     assert failed.status == "failed" and failed.failure_class == "crash" and "8..9" in failed.detail
 
 

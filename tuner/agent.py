@@ -181,6 +181,17 @@ def outlook(table: Table, b: Belief, i: int, best: float, p_fit: float, discrimi
     return Outlook(i, mean, math.exp(low), math.exp(high), median, p_fit, ei, spread, value)
 
 
+@dataclass(frozen=True)
+class AgentPrior:
+    """The agent's prior (the module's docstring): sd per layout within a family (`sigma`), per hypothesis's level
+    (`level_sd`) and per family (`family_sd`), and the weight of telling the hypotheses apart (`discriminate`)."""
+
+    sigma: float = 0.1
+    level_sd: float = 0.5
+    family_sd: float = 0.15
+    discriminate: float = 0.5
+
+
 class AgentProposer(Proposer):
     """Expected improvement under the hypotheses' weighted mixture, with trials that tell them apart."""
 
@@ -188,8 +199,7 @@ class AgentProposer(Proposer):
     weighs_fit_risk = True
 
     def __init__(self, candidates: list[Candidate], layout_params, hypotheses: tuple[Hypothesis, ...] = (),
-                 predict_h: Callable[[Hypothesis, Layout], float] | None = None, sigma: float = 0.1,
-                 level_sd: float = 0.5, family_sd: float = 0.15, discriminate: float = 0.5,
+                 predict_h: Callable[[Hypothesis, Layout], float] | None = None, prior: AgentPrior = AgentPrior(),
                  stop_margin: float | None = 0.03):
         """`hypotheses`/`predict_h` default to one hypothesis: the candidates' own predictions; `stop_margin`
         None: never stop before the trials asked for."""
@@ -199,8 +209,8 @@ class AgentProposer(Proposer):
             hypotheses = tuple(h for h in default_hypotheses() if h.shipped)
             predict_h = lambda h, layout: self.by_key[layout.key()].prediction.tokens_per_s_per_gpu  # noqa: E731
         self.table = Table.build(candidates, hypotheses, predict_h)
-        self.sigma, self.level_sd, self.family_sd = sigma, level_sd, family_sd
-        self.discriminate, self.stop_margin = discriminate, stop_margin
+        self.sigma, self.level_sd, self.family_sd = prior.sigma, prior.level_sd, prior.family_sd
+        self.discriminate, self.stop_margin = prior.discriminate, stop_margin
         self.total_candidates = len(candidates)
         self.stop_reason: str | None = None
         self.last: Belief | None = None

@@ -12,7 +12,7 @@ import time
 from dataclasses import fields as dataclass_fields
 
 from cost_model.layout import InvalidLayout, Layout
-from cost_model.predict import Prediction, memory_verdict, predict
+from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
 from search_space.enumerate import shape_layouts, space_plan
 from search_space.runner_space import RunnerSpace
@@ -47,7 +47,9 @@ class _Scoring:
     def prediction(self, layout: Layout, verdict=None) -> Prediction:
         config, runner = self.config, self.runner
         if runner is None:
-            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile, verdict=verdict)
+            if verdict is not None:
+                return predict_from_verdict(verdict, config.gpu, config.workload)
+            return predict(config.model, config.gpu, config.workload, layout, profile=config.profile)
         if verdict is not None:   # only a runner that gave the verdict is handed it back
             return runner.predict(config.case(layout), config.profile, verdict=verdict)
         return runner.predict(config.case(layout), config.profile)

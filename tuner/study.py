@@ -555,6 +555,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
         study.set_user_attr(FIGURES, runner.figures)
     summary = RunSummary()
     bar = _progress(trials, progress)
+    loop = _Loop(study, dists, config, runner, space, proposer, bar, skip_interrupted)
     if proposer.sampler() is not None:
         study.sampler = proposer.sampler()
     lost_in_a_row = 0
@@ -577,8 +578,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
                     summary.reason = getattr(proposer, "stop_reason", None) or \
                         "every distinct fitting layout has been tried"
                     break
-                state, trial = _claim_and_evaluate(study, dists, config, runner, history, space, proposal, bar,
-                                                   proposer, skip_interrupted)
+                state, trial = _claim_and_evaluate(loop, history, proposal)
                 if state is None:     # another tuner holds this layout: propose again (not a trial of ours)
                     lost_in_a_row += 1
                     if lost_in_a_row >= MAX_LOST_CLAIMS:
@@ -612,10 +612,24 @@ def _new_trial(study: optuna.Study, dists: dict, proposal, runner: TrialRunner, 
     return ask_trial(study, dists, attrs)
 
 
-def _claim_and_evaluate(study, dists, config, runner, history, space, proposal, bar, proposer,
-                        skip_interrupted) -> tuple[TrialState | None, optuna.Trial]:
+@dataclass(frozen=True)
+class _Loop:
+    """What every trial of one `run_study` shares."""
+    study: optuna.Study
+    dists: dict
+    config: StudyConfig
+    runner: TrialRunner
+    space: RunnerSpace
+    proposer: Proposer
+    bar: object
+    skip_interrupted: bool
+
+
+def _claim_and_evaluate(loop: _Loop, history: History, proposal: Proposal) -> tuple[TrialState | None, optuna.Trial]:
     """Make the proposal's trial, claim its layout and run it; state None when an earlier trial of another
     tuner holds the layout (or another tuner ended this one)."""
+    study, dists, config, runner, space, proposer, bar, skip_interrupted = (
+        loop.study, loop.dists, loop.config, loop.runner, loop.space, loop.proposer, loop.bar, loop.skip_interrupted)
     trial = _new_trial(study, dists, proposal, runner, proposer, config)
     try:
         with heartbeat(study, trial):

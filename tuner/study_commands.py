@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cost_model.layout import InvalidLayout, Layout
@@ -74,11 +74,26 @@ def cmd_run(args) -> int:
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
-        return _run(args, config, runner, space, candidates, reference, gpus, name, url,
-                    load_or_create(storage, name, config, runner.figures), cache, progress)
+        study = load_or_create(storage, name, config, runner.figures)
+        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache), progress)
 
-def _run(args, config, runner, space, candidates, reference, gpus, name, url, study, cache=None,
-         progress: Progress | None = None) -> int:
+@dataclass(frozen=True)
+class _Tune:
+    """What `tune` has ready when its study loop starts: the scored space of the runner and the study (named `name`,
+    kept at `url`; the space's cache beside it)."""
+    config: StudyConfig
+    runner: TrialRunner
+    space: RunnerSpace
+    candidates: list
+    reference: Layout | None
+    name: str
+    url: str
+    study: object
+    cache: SpaceCache | None = None
+
+def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
+    config, runner, space, candidates, reference = tune.config, tune.runner, tune.space, tune.candidates, tune.reference
+    name, url, study, cache, gpus = tune.name, tune.url, tune.study, tune.cache, tune.config.world_size
     known = None if cache is None else len(cache.hypothesis_values)
     proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03), cache,
                              progress)
@@ -149,16 +164,17 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
                                    to_params=to_optuna_params)
         except ImportError as e:
             raise CliError(str(e)) from None
-    from tuner.agent import AgentProposer
+    from tuner.agent import AgentPrior, AgentProposer
     from tuner.intervals import agent_prior, hypothesis_predictor
 
     hypotheses, predict_h = hypothesis_predictor(config, runner)
     if cache is not None:
         predict_h = cache.memo(predict_h)
     level_sd, family_sd, sigma = agent_prior(config, runner)
+    prior = AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd)
     if progress is None:
-        return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, sigma=sigma,
-                             level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+        return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, prior,
+                             stop_margin=stop_margin)
     counter, weighing = Counter(progress, "predictions under the hypotheses"), [True]
 
     def counted(h, layout):   # counts only while the agent builds its table: a trial's lookups say nothing
@@ -167,8 +183,8 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
         return predict_h(h, layout)
 
     with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."):
-        agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, sigma=sigma,
-                              level_sd=level_sd, family_sd=family_sd, stop_margin=stop_margin)
+        agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, prior,
+                              stop_margin=stop_margin)
     weighing.clear()
     return agent
 

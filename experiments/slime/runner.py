@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from experiments.runner import RunnerError, RunnerStack, TrialResult, TrialRunner, TrialSpec
 from experiments.slime.cluster import missing_paths_message
 from experiments.slime.model_scripts import SLIME_COMMIT, listed, same_commit
-from experiments.slime.summary import summarize
+from experiments.slime.summary import RunEnd, summarize
 from experiments.slime.watch import JobWatch, Limits, one_line
 from recipes.slime_command import (ASYNC_ENTRY, MODEL_ARGS, SHELL_ENV_INPUTS, flat, job_entry_words, job_flags,
                                    slime_env, slime_flag_lines, slime_model_script)
@@ -366,9 +366,9 @@ class SlimeRunner(TrialRunner):
         details["log_source"] = watch.log_source
         if self.log_dir:
             details["log_path"] = self._save_log(job.job_id, text)
-        return summarize(spec, watch.log, text, window=window, steps=steps, exit_code=details["exit_code"],
-                         succeeded=status == JobStatus.SUCCEEDED and watch.stopped is None, stopped=watch.stopped,
-                         wall_s=wall_s, source=f"slime on Ray at {self.ray_address}, job {job.job_id}",
+        succeeded = status == JobStatus.SUCCEEDED and watch.stopped is None
+        end = RunEnd(window, steps, details["exit_code"], succeeded, watch.stopped, wall_s)
+        return summarize(spec, watch.log, text, end, source=f"slime on Ray at {self.ray_address}, job {job.job_id}",
                          runner=self.name, details=details)
 
     def submit(self, spec: TrialSpec, cmd: SlimeCommand) -> _Submitted:

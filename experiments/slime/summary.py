@@ -6,19 +6,33 @@ the failure class (`experiments.slime.log.classify_failure`; `hang` when the run
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cost_model import metrics
 from experiments.runner import TrialResult, TrialSpec
 from experiments.slime.log import SlimeLog, WindowError, classify_failure, failure_evidence
 
 
-def summarize(spec: TrialSpec, log: SlimeLog, text: str, *, window: tuple[int, int], steps: int,
-              exit_code: int | None, succeeded: bool, stopped: str | None, wall_s: float, source: str,
-              runner: str = "slime", details: dict | None = None) -> TrialResult:
-    """The run's TrialResult: `stopped` is why the runner stopped it (None when it ended on its own)."""
+@dataclass(frozen=True)
+class RunEnd:
+    """What the runner knows of a run besides its log: the steps it ran (`window` timed), its exit code, whether
+    the job succeeded, why the runner stopped it (None when it ended on its own) and its wall time."""
+    window: tuple[int, int]
+    steps: int
+    exit_code: int | None
+    succeeded: bool
+    stopped: str | None
+    wall_s: float
+
+
+def summarize(spec: TrialSpec, log: SlimeLog, text: str, end: RunEnd, *, source: str, runner: str = "slime",
+              details: dict | None = None) -> TrialResult:
+    """The run's TrialResult."""
+    window, steps = end.window, end.steps
     gpus = spec.case.layout.world_size
     details = dict(details or {})
-    common = _common_fields(log, details, source=source, runner=runner, gpu_hours=metrics.gpu_hours(gpus, wall_s))
-    failure, detail = classify(text, exit_code, succeeded=succeeded, stopped=stopped)
+    common = _common_fields(log, details, source=source, runner=runner, gpu_hours=metrics.gpu_hours(gpus, end.wall_s))
+    failure, detail = classify(text, end.exit_code, succeeded=end.succeeded, stopped=end.stopped)
     stats = None
     if failure is None:
         try:
