@@ -25,7 +25,8 @@ from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
 from tuner.model_identity import check_model_identity
-from tuner.study import (StudyConfig, shown, check_storage, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
+from tuner.sqlite_file import check_storage
+from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
                          recover_interrupted, run_study, runner_space, storage_errors, storage_url)
 
 def cmd_run(args) -> int:
