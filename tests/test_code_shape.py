@@ -71,7 +71,6 @@ MAX_PARAMETERS = 8
 PENDING_PARAMETERS = {
     "experiments/checks/adam_component_test.py run", "experiments/checks/compute.py _time_gdn",
     "experiments/megatron/suite.py run_suite",
-    "experiments/megatron/torch_native.py __init__",
 }
 
 
