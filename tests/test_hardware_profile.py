@@ -259,7 +259,8 @@ def test_gdn_timing_runs_a_kernel_as_megatron_calls_it():
     """_time_gdn on the CPU with megatron-core's torch kernel standing in for fla's."""
     torch = pytest.importorskip("torch")
     from megatron.core.ssm.gated_delta_net.common import torch_chunk_gated_delta_rule
-    point = compute_mod._time_gdn(torch, torch_chunk_gated_delta_rule, 128, 2, 2, 16, 16, 2, torch.device("cpu"))
+    point = compute_mod._time_gdn(torch, torch_chunk_gated_delta_rule, compute_mod.GdnPoint(128, 2, 2, 16, 16), 2,
+                                  torch.device("cpu"))
     assert point["tokens"] == 128 and (point["qk_heads"], point["v_heads"]) == (2, 2)
     # both timed (no order asserted: on a loaded CPU a cold forward can outlast a warm forward+backward)
     assert point["fwd_ms"] > 0 and point["fwd_bwd_ms"] > 0
