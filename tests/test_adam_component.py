@@ -19,7 +19,7 @@ SMALL = [("expert0.fc1", 64, 256), ("expert0.fc2", 128, 64), ("expert1.fc1", 64,
 
 @pytest.fixture(scope="module")
 def adam_result():
-    return adam.run("qwen3.6-35b-a3b", "cpu", steps=(1, 3), seed=0, shapes=SMALL)
+    return adam.run(adam.TensorSet("qwen3.6-35b-a3b", shapes=SMALL), "cpu", steps=(1, 3), seed=0)
 
 
 def test_adam_main_arm_passes_and_controls_fail(adam_result):

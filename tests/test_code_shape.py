@@ -67,12 +67,6 @@ def test_test_files_importing_torch_are_the_listed_ones_and_marked_torch():
 
 
 MAX_PARAMETERS = 8
-# Issue 30's offenders not yet given a context object; the list only shrinks (a fixed one must leave it).
-PENDING_PARAMETERS = {
-    "experiments/checks/adam_component_test.py run", "experiments/checks/compute.py _time_gdn",
-    "experiments/checks/hardware_profile.py _profile", "experiments/megatron/suite.py run_suite",
-    "experiments/megatron/torch_native.py __init__", "experiments/slime/runner.py __init__",
-}
 
 
 def _parameter_counts():
@@ -96,7 +90,4 @@ def _parameter_counts():
 def test_no_function_takes_more_than_8_parameters():
     """A function that needs many inputs takes one context object (issue 30)."""
     many = {name: n for name, n in _parameter_counts() if n > MAX_PARAMETERS}
-    new = {name: n for name, n in many.items() if name not in PENDING_PARAMETERS}
-    assert not new, f"functions over {MAX_PARAMETERS} parameters (take a context object): {new}"
-    fixed = PENDING_PARAMETERS - set(many)
-    assert not fixed, f"no longer over {MAX_PARAMETERS} parameters, take them off PENDING_PARAMETERS: {sorted(fixed)}"
+    assert not many, f"functions over {MAX_PARAMETERS} parameters (take a context object): {many}"

@@ -202,8 +202,8 @@ def test_cpu_run_of_every_measurement():
                 attention=[dict(seq=64, heads=2, head_dim=32)],
                 linear_attention=dict(ps.LINEAR_ATTENTION_DEFAULT, tokens=[128]),
                 collectives=dict(ops=list(ps.COLLECTIVE_OPS), bytes=[65536, 2 ** 20]))
-    prof = hp._profile(torch.device("cpu"), tiny, 2, 2, backend="gloo", memory_bytes=(2 ** 22, 2 ** 20),
-                       adam_numel=2 ** 16, fp8=True, model_name="m")
+    plan = hp.ProfilePlan(tiny, 2, 2, backend="gloo", memory_bytes=(2 ** 22, 2 ** 20), adam_numel=2 ** 16, fp8=True)
+    prof = hp._profile(torch.device("cpu"), plan, model_name="m")
     assert list(prof) == ["schema_version", "gpu_type", "provenance", "device", "count", "driver", "cuda",
                           "torch", "nccl", "date", "wall_time_s", "model", "source", "gemm_bf16", "gemm_fp8",
                           "grouped_gemm_bf16", "attention_bf16", "linear_attention", "memory", "cpu_adam",
@@ -259,7 +259,8 @@ def test_gdn_timing_runs_a_kernel_as_megatron_calls_it():
     """_time_gdn on the CPU with megatron-core's torch kernel standing in for fla's."""
     torch = pytest.importorskip("torch")
     from megatron.core.ssm.gated_delta_net.common import torch_chunk_gated_delta_rule
-    point = compute_mod._time_gdn(torch, torch_chunk_gated_delta_rule, 128, 2, 2, 16, 16, 2, torch.device("cpu"))
+    point = compute_mod._time_gdn(torch, torch_chunk_gated_delta_rule, compute_mod.GdnPoint(128, 2, 2, 16, 16), 2,
+                                  torch.device("cpu"))
     assert point["tokens"] == 128 and (point["qk_heads"], point["v_heads"]) == (2, 2)
     # both timed (no order asserted: on a loaded CPU a cold forward can outlast a warm forward+backward)
     assert point["fwd_ms"] > 0 and point["fwd_bwd_ms"] > 0
@@ -367,7 +368,8 @@ def test_only_the_sections_asked_for_are_measured():
     tiny = dict(gemm=[dict(m=64, n=32, k=48)], gemm_fp8=[], grouped_gemm=[], attention=[],
                 linear_attention=dict(ps.LINEAR_ATTENTION_DEFAULT, tokens=[128]),
                 collectives=dict(ops=["all_reduce"], bytes=[65536]))
-    prof = hp._profile(torch.device("cpu"), tiny, 2, 1, backend="gloo", only=["linear_attention", "device_memory"])
+    prof = hp._profile(torch.device("cpu"), hp.ProfilePlan(tiny, 2, 1, backend="gloo",
+                                                           only=["linear_attention", "device_memory"]))
     assert [k for k in prof if k in hp.SECTIONS] == ["linear_attention", "device_memory"]
     assert prof["linear_attention"]["kind"] in ("estimate", "measured") and "date" in prof
 

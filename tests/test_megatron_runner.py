@@ -820,7 +820,8 @@ def test_suite_run_with_stubbed_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(mr, "run_job", fake_run_job)
     out = tmp_path / "results.jsonl"
     printed = []
-    lines = suite.run_suite(SUITE, str(out), gpu=load_gpu("h200"), log_root=str(tmp_path / "logs"), emit=printed.append)
+    lines = suite.run_suite(SUITE, str(out), suite.SuiteSetup(load_gpu("h200"), log_root=str(tmp_path / "logs")),
+                            emit=printed.append)
     assert len(lines) == len(printed) == len(out.read_text().splitlines()) == 9
     by = {line["trial"]: line for line in lines}
     ok = by["2g-tp1-ep2-mt4096"]
@@ -845,8 +846,8 @@ def test_suite_run_with_stubbed_workers(tmp_path, monkeypatch):
     assert all(job["sdpa_backend"] == "auto" and job["cpu_init"] is False for job, _, _ in jobs)
     assert json.loads(out.read_text().splitlines()[0])["trial"] == "1g-tp1-ep1-rc-none-mt4096"
     # An exhausted suite budget records the remaining trials as skipped instead of starting them.
-    skipped = suite.run_suite(SUITE, None, gpu=load_gpu("h200"), budget_s=30, only=["2g-tp1-ep2-mt4096"],
-                           emit=lambda _: None)
+    skipped = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), budget_s=30,
+                              only=["2g-tp1-ep2-mt4096"], emit=lambda _: None)
     assert [line["status"] for line in skipped] == ["skipped"] and len(jobs) == 8
 
 

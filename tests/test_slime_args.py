@@ -159,13 +159,14 @@ def runner_commands(config, layouts: dict, slime_dir: str) -> list[Command]:
     """The argument list SlimeRunner submits for some layouts; MODEL_ARGS from slime's script, and as a list."""
     from cost_model.case import Case
     from experiments.runner import TrialSpec
+    from experiments.slime.cluster import ClusterConfig
     from experiments.slime.runner import SlimeRunner
     from search_space.megatron_args import model_args
 
-    paths = dict(hf_ckpt="/ckpt/hf", torch_dist="/ckpt/dist", sft_data="/data/rows.jsonl", profile_dir="/prof")
-    runners = {"script": SlimeRunner("127.0.0.1:1", slime_dir, client=_NoClient(), **paths),
-               "list": SlimeRunner("127.0.0.1:1", slime_dir, client=_NoClient(), model_args=model_args(config.model),
-                                   **paths)}
+    cluster = ClusterConfig(ray_address="127.0.0.1:1", slime_dir=slime_dir, hf_checkpoint="/ckpt/hf",
+                            torch_dist="/ckpt/dist", sft_data="/data/rows.jsonl", profile_dir="/prof")
+    runners = {"script": SlimeRunner(cluster, client=_NoClient()),
+               "list": SlimeRunner(cluster, client=_NoClient(), model_args=model_args(config.model))}
     out = []
     for name in RUNNER_LAYOUTS:
         layout = layouts[name]

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from experiments.slime.cluster import ClusterConfig, ClusterError, load_cluster
+from experiments.slime.runner import SlimeRunner
 from test_slime_runner import STANDIN, fake_slime, ray_cluster  # noqa: F401  (fixtures)
 from tuner.cli import main
 
@@ -44,8 +45,8 @@ def test_the_example_cluster_file_and_flags_over_it(tmp_path):
     assert cluster.env == {"WANDB_MODE": "offline"} and cluster.missing_paths() == []
     over = cluster.with_overrides(profile_dir="/other", sft_data=None)
     assert over.profile_dir == "/other" and over.sft_data == cluster.sft_data
-    kwargs = over.runner_kwargs()
-    assert kwargs["profile_dir"] == "/other" and kwargs["hf_ckpt"] == "/data/Qwen3.6-35B-A3B"
+    runner = SlimeRunner(over, connect=False)
+    assert runner.paths["PROFILE_DIR"] == "/other" and runner.paths["HF_CKPT"] == "/data/Qwen3.6-35B-A3B"
     assert ClusterConfig().missing_paths() == ["hf_checkpoint", "torch_dist", "sft_data", "profile_dir"]
 
 

@@ -29,6 +29,7 @@ import pytest
 from cost_model.case import Case
 from cost_model.workload import Workload
 from experiments.runner import FAILURE_CLASSES, TrialSpec
+from experiments.slime.cluster import ClusterConfig
 from experiments.slime.log import SlimeLog
 from experiments.slime.runner import (ASYNC_ENTRY, HOOK_PATH, MODEL_ARGS_MARK, STARTUP_GRACE_S, RunnerError,
                                       SlimeRunner)
@@ -58,10 +59,11 @@ class _NoClient:
         return []
 
 
-def _runner(tmp_path, **kw):
-    paths = dict(hf_ckpt="/ckpt/hf", torch_dist="/ckpt/dist", sft_data="/data/rows.jsonl", profile_dir="/prof")
+def _runner(tmp_path, limits=None, **kw):
+    paths = dict(hf_checkpoint="/ckpt/hf", torch_dist="/ckpt/dist", sft_data="/data/rows.jsonl", profile_dir="/prof")
     paths.update(kw)
-    return SlimeRunner("127.0.0.1:1", str(tmp_path), client=_NoClient(), **paths)
+    return SlimeRunner(ClusterConfig(ray_address="127.0.0.1:1", slime_dir=str(tmp_path), **paths), limits,
+                       client=_NoClient())
 
 
 def _reference_words(run_text: str, runner: SlimeRunner) -> list[str]:
@@ -148,8 +150,9 @@ def test_the_prelude_computes_nvls_as_slime_scripts_do_and_passes_it_to_the_acto
     entry = tmp_path / "echo_entry.py"
     entry.write_text("import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(), "
                      "'nvls': os.environ.get('NCCL_NVLS_ENABLE')}))\n")
-    runner = SlimeRunner("127.0.0.1:1", str(slime), str(entry), python=sys.executable, client=_NoClient(),
-                         hf_ckpt="/h", torch_dist="/t", sft_data="/s", profile_dir="/p")
+    runner = SlimeRunner(ClusterConfig(ray_address="127.0.0.1:1", slime_dir=str(slime), entry_module=str(entry),
+                                       python=sys.executable, hf_checkpoint="/h", torch_dist="/t", sft_data="/s",
+                                       profile_dir="/p"), client=_NoClient())
     cmd = runner.command(TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT)))
     topo = "\tGPU0\tGPU1\nGPU0\t X \tNV18\nGPU1\tNV18\t X "
     for smi, expected in ((topo, "1"), ("\tGPU0\nGPU0\t X ", "0"), (None, "0")):
@@ -238,7 +241,7 @@ def test_unreachable_address_is_a_runner_error(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(RunnerError, match=rf"^cannot reach the Ray cluster at http://127.0.0.1:{port}: "):
-        SlimeRunner(f"127.0.0.1:{port}", str(tmp_path))
+        SlimeRunner(ClusterConfig(ray_address=f"127.0.0.1:{port}", slime_dir=str(tmp_path)))
 
 
 def test_core_ray_without_the_jobs_api_names_ray_default(tmp_path, monkeypatch):
@@ -247,7 +250,7 @@ def test_core_ray_without_the_jobs_api_names_ray_default(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else real(name, *a))
     with pytest.raises(RunnerError, match=r"needs ray\[default\] \(missing here: aiohttp\); pip install 'ray\[default\]'"):
-        SlimeRunner("127.0.0.1:1", str(tmp_path))
+        SlimeRunner(ClusterConfig(ray_address="127.0.0.1:1", slime_dir=str(tmp_path)))
 
 
 def test_summarize_reports_the_window(qwen36, h200):
@@ -404,9 +407,9 @@ def test_a_broken_stream_falls_back_to_the_rest_of_the_log():
 
 
 def test_start_up_grace_defaults_to_at_least_the_step_hang_timeout(tmp_path):
-    assert _runner(tmp_path, hang_timeout_s=60).startup_grace_s == STARTUP_GRACE_S
-    assert _runner(tmp_path, hang_timeout_s=2 * STARTUP_GRACE_S).startup_grace_s == 2 * STARTUP_GRACE_S
-    assert _runner(tmp_path, hang_timeout_s=60, startup_grace_s=30).startup_grace_s == 30
+    assert _runner(tmp_path, Limits(hang_timeout_s=60)).limits().startup_grace_s == STARTUP_GRACE_S
+    assert _runner(tmp_path, Limits(hang_timeout_s=2 * STARTUP_GRACE_S)).limits().startup_grace_s == 2 * STARTUP_GRACE_S
+    assert _runner(tmp_path, Limits(hang_timeout_s=60, startup_grace_s=30)).limits().startup_grace_s == 30
 
 
 # --- end to end on a local Ray cluster ------------------------------------------------------------------
@@ -523,11 +526,13 @@ def _run(ray_cluster, fake_slime, spec, fail=None, **kw):
     if fail:
         env["ATTUNE_STANDIN_FAIL"] = fail
     env.update(kw.pop("env", {}))
-    runner = SlimeRunner(ray_cluster.address, fake_slime.slime_dir, entry_module=STANDIN, python=sys.executable,
-                         env=env, hf_ckpt="/nonexistent/hf", torch_dist="/nonexistent/dist", sft_data=fake_slime.rows,
-                         profile_dir="/nonexistent/prof", poll_interval_s=0.25,
-                         log_dir=os.environ.get("ATTUNE_TEST_LOG_DIR"),     # keep the job logs when set
-                         **dict(dict(startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL), **kw))
+    cluster = ClusterConfig(ray_address=ray_cluster.address, slime_dir=fake_slime.slime_dir, entry_module=STANDIN,
+                            python=sys.executable, env=env, hf_checkpoint="/nonexistent/hf",
+                            torch_dist="/nonexistent/dist", sft_data=fake_slime.rows, profile_dir="/nonexistent/prof",
+                            log_dir=os.environ.get("ATTUNE_TEST_LOG_DIR"))     # keep the job logs when set
+    limits = dict(startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL, poll_interval_s=0.25)
+    limits.update({k: kw.pop(k) for k in list(kw) if k in limits})
+    runner = SlimeRunner(cluster, Limits(**limits), **kw)
     t = time.monotonic()
     result = runner.run(spec)
     return result, time.monotonic() - t
@@ -625,7 +630,8 @@ def test_waits_for_our_running_job(ray_cluster, fake_slime, small_spec):
     deadline = time.monotonic() + 120
     while not client.get_job_status(busy).is_terminal() and time.monotonic() < deadline:
         time.sleep(0.2)
-    runner = SlimeRunner(ray_cluster.address, fake_slime.slime_dir, poll_interval_s=0.2, queue_timeout_s=120)
+    runner = SlimeRunner(ClusterConfig(ray_address=ray_cluster.address, slime_dir=fake_slime.slime_dir),
+                         Limits(poll_interval_s=0.2), queue_timeout_s=120)
     assert runner.wait_for_free_cluster() < 120        # the job without our metadata does not count
 
 
@@ -637,11 +643,11 @@ def test_cluster_with_token_auth_refuses_a_client_without_the_token(ray_cluster,
     reset_auth_token_state()
     try:
         with pytest.raises(RunnerError, match=r"^cannot reach the Ray cluster at .*(?i:auth)"):
-            SlimeRunner(ray_cluster.address, fake_slime.slime_dir)
+            SlimeRunner(ClusterConfig(ray_address=ray_cluster.address, slime_dir=fake_slime.slime_dir))
     finally:
         monkeypatch.setenv("RAY_AUTH_MODE", "token")
         reset_auth_token_state()
-    SlimeRunner(ray_cluster.address, fake_slime.slime_dir)          # with the token again
+    SlimeRunner(ClusterConfig(ray_address=ray_cluster.address, slime_dir=fake_slime.slime_dir))   # with the token again
 
 
 class _FlakyRunner(SlimeRunner):
@@ -674,10 +680,12 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
     config = StudyConfig(qwen36, h200, 8, workload, Stack(), SpaceOptions(), steps=STEPS, window=WINDOW)
     candidates = fitting_candidates(qwen36, h200, workload, every=40)
     study = load_or_create(open_storage(f"sqlite:///{tmp_path / 's.db'}"), "ray", config)
-    runner = _FlakyRunner(ray_cluster.address, fake_slime.slime_dir, entry_module=STANDIN, python=sys.executable,
-                          env={"ATTUNE_STANDIN_STEP_S": "0.05", "ATTUNE_STANDIN_FAIL_AT": "2"}, hf_ckpt="/n/hf",
-                          torch_dist="/n/dist", sft_data=fake_slime.rows, profile_dir="/n/prof", poll_interval_s=0.25,
-                          startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL)
+    cluster = ClusterConfig(ray_address=ray_cluster.address, slime_dir=fake_slime.slime_dir, entry_module=STANDIN,
+                            python=sys.executable, hf_checkpoint="/n/hf", torch_dist="/n/dist",
+                            sft_data=fake_slime.rows, profile_dir="/n/prof",
+                            env={"ATTUNE_STANDIN_STEP_S": "0.05", "ATTUNE_STANDIN_FAIL_AT": "2"})
+    runner = _FlakyRunner(cluster, Limits(startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL,
+                                          poll_interval_s=0.25))
     # every trial runs (stop_margin=None): this is about failures, not about when the agent stops (test_agent)
     agent = AgentProposer(candidates, to_optuna_params, stop_margin=None)
     summary = run_study(study, config, runner, agent, trials=4, progress=False)

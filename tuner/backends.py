@@ -83,6 +83,7 @@ def _slime_runner(args):
     from cost_model.model_spec import load_model
     from experiments.slime.cluster import ClusterConfig, load_cluster
     from experiments.slime.runner import SlimeRunner
+    from experiments.slime.watch import Limits
 
     cluster = load_cluster(args.cluster) if getattr(args, "cluster", None) else ClusterConfig()
     cluster = cluster.with_overrides(ray_address=args.ray_address, slime_dir=args.slime_dir,
@@ -92,8 +93,8 @@ def _slime_runner(args):
     if not cluster.ray_address or not cluster.slime_dir:
         raise CliError("--backend slime needs --ray-address and --slime-dir (or ray_address and slime_dir in "
                        "a --cluster file)")
-    kwargs = {"hang_timeout_s": args.hang_timeout} if args.hang_timeout else {}
-    runner = SlimeRunner(**cluster.runner_kwargs(), connect=not getattr(args, "dry_run", False), **kwargs)
+    limits = Limits(hang_timeout_s=args.hang_timeout) if args.hang_timeout else None
+    runner = SlimeRunner(cluster, limits, connect=not getattr(args, "dry_run", False))
     cluster.check_paths()
     runner.check_model(load_model(args.model))
     return runner

@@ -43,6 +43,7 @@ import math
 import platform
 import sys
 import time
+from dataclasses import dataclass
 
 from cost_model.errors import AttuneError
 from cost_model.model_spec import ModelError, ModelSpec, load_model
@@ -104,9 +105,19 @@ def moe_layer_shapes(model: ModelSpec, ep: int = DEFAULT_EP,
 
 
 # ---------------------------------------------------------------------- the test
-def _tested_shapes(model_name: str | ModelSpec, shapes: list[tuple[str, int, int]] | None, ep: int,
-                   max_elements: int) -> tuple[list[tuple[str, int, int]], dict]:
+@dataclass(frozen=True)
+class TensorSet:
+    """The tensors the test runs on: `shapes` (name, rows, cols) when given, else the local experts of one
+    of `model_name`'s MoE layers at EP `ep`, capped at `max_elements` (moe_layer_shapes)."""
+    model_name: str | ModelSpec = DEFAULT_MODEL
+    ep: int = DEFAULT_EP
+    max_elements: int = MAX_ELEMENTS
+    shapes: list[tuple[str, int, int]] | None = None
+
+
+def _tested_shapes(tensors: TensorSet) -> tuple[list[tuple[str, int, int]], dict]:
     """The tensors to test and their description: the model's MoE layer, or the custom shapes given."""
+    model_name, shapes, ep, max_elements = tensors.model_name, tensors.shapes, tensors.ep, tensors.max_elements
     if shapes is None:
         try:
             model = model_name if isinstance(model_name, ModelSpec) else load_model(model_name)
@@ -171,10 +182,8 @@ def _arm_verdicts(worst: dict, steps: tuple[int, ...], bound: float) -> dict:
     return arms
 
 
-def run(model_name: str | ModelSpec = DEFAULT_MODEL, device: str = "cuda", steps: tuple[int, ...] = (1, 3),
-        seed: int = 0, *, ep: int = DEFAULT_EP, max_elements: int = MAX_ELEMENTS,
-        shapes: list[tuple[str, int, int]] | None = None, hyper: Hyper | None = None,
-        bound: float = BOUND) -> dict:
+def run(tensors: TensorSet = TensorSet(), device: str = "cuda", steps: tuple[int, ...] = (1, 3), seed: int = 0, *,
+        hyper: Hyper | None = None, bound: float = BOUND) -> dict:
     """Run every arm on every tensor; errors are the worst tensor's, per recorded step."""
     if torch is None:
         raise ComponentTestError(f"the component test needs the Python package '{_MISSING}', which is not "
@@ -187,7 +196,7 @@ def run(model_name: str | ModelSpec = DEFAULT_MODEL, device: str = "cuda", steps
         raise ComponentTestError("no CUDA GPU visible (torch.cuda.is_available() is False); "
                                  "run on the training image's GPU, or pass --device cpu for a test run")
     dev = torch.device(device)
-    shapes, shape_info = _tested_shapes(model_name, shapes, ep, max_elements)
+    shapes, shape_info = _tested_shapes(tensors)
     t0 = time.perf_counter()
     worst, bitwise = _worst_errors(shapes, dev, steps, seed, hyper)
     if dev.type == "cuda":
@@ -365,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe).data if args.recipe else None  # a bad recipe fails before the test
         if args.max_elements < 1:
             raise ComponentTestError(f"--max-elements must be positive, got {args.max_elements}")
-        result = run(args.model, args.device, seed=args.seed, ep=args.ep, max_elements=args.max_elements)
+        result = run(TensorSet(args.model, ep=args.ep, max_elements=args.max_elements), args.device, seed=args.seed)
     except (ComponentTestError, RecipeError) as e:
         print(f"error: {e.one_line()}", file=sys.stderr)   # a path may hold a newline or an escape
         return 2

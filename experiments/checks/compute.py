@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import dataclass
 
 from experiments.checks.measure import load_torch, median_time, note_failure, sig
 
@@ -187,8 +188,20 @@ class _DispatchLog:
         logger.addHandler(Handler())
 
 
-def _gdn_inputs(torch, tokens: int, qk: int, v: int, dk: int, dv: int, device):
+@dataclass(frozen=True)
+class GdnPoint:
+    """One Gated DeltaNet kernel shape: tokens, q/k and value heads, key and value head dims (the names of
+    the profile's linear_attention shape)."""
+    tokens: int
+    qk_heads: int
+    v_heads: int
+    key_head_dim: int
+    value_head_dim: int
+
+
+def _gdn_inputs(torch, point: GdnPoint, device):
     """q, k (l2-normalised), v, g (fp32 log decay), beta as megatron-core's GatedDeltaNet passes them."""
+    tokens, qk, v, dk, dv = point.tokens, point.qk_heads, point.v_heads, point.key_head_dim, point.value_head_dim
     F = torch.nn.functional
     bf = dict(device=device, dtype=torch.bfloat16)
     q = F.normalize(torch.randn(1, tokens, qk, dk, device=device), dim=-1).to(torch.bfloat16)
@@ -199,9 +212,10 @@ def _gdn_inputs(torch, tokens: int, qk: int, v: int, dk: int, dv: int, device):
     return q, k, vv, g, beta
 
 
-def _time_gdn(torch, kernel, tokens: int, qk: int, v: int, dk: int, dv: int, repeats: int, device) -> dict:
+def _time_gdn(torch, kernel, point: GdnPoint, repeats: int, device) -> dict:
     """Forward and forward+backward milliseconds of the kernel at one shape."""
-    q, k, vv, g, beta = _gdn_inputs(torch, tokens, qk, v, dk, dv, device)
+    tokens, qk, v, dv = point.tokens, point.qk_heads, point.v_heads, point.value_head_dim
+    q, k, vv, g, beta = _gdn_inputs(torch, point, device)
     kw = dict(use_qk_l2norm_in_kernel=False)
     with torch.no_grad():
         t_fwd = median_time(lambda: kernel(q, k, vv, g, beta, **kw), device, repeats)
@@ -225,7 +239,7 @@ def _linear_attention_worker(shape: dict, repeats: int, queue) -> None:
         dk, dv = shape["key_head_dim"], shape["value_head_dim"]
         for qk, v in gdn_series(shape):
             for tokens in shape["tokens"]:
-                point = _time_gdn(torch, chunk_gated_delta_rule, tokens, qk, v, dk, dv, repeats, device)
+                point = _time_gdn(torch, chunk_gated_delta_rule, GdnPoint(tokens, qk, v, dk, dv), repeats, device)
                 queue.put(dict(point=point, dispatch=list(log.lines)))
         queue.put(dict(done=True, dispatch=list(log.lines)))
     except BaseException as e:  # noqa: BLE001 - report anything, the parent decides

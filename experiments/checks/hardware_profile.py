@@ -67,6 +67,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -238,12 +239,26 @@ def _system_sections(run: _Sections, shapes: dict, repeats: int, world: int, bac
     return out
 
 
-def _profile(device, shapes: dict, repeats: int, world: int, *, backend: str = "nccl",
-             memory_bytes: tuple[int, int] = MEMORY_BYTES, adam_numel: int = ADAM_NUMEL,
-             model_name: str | None = None, fp8: bool | None = None, t0: float | None = None,
-             early_memory: dict | None = None, only=None) -> dict:
-    """Measure everything on `device` (and `world` ranks for collectives); the profile dict.
+@dataclass(frozen=True)
+class ProfilePlan:
+    """What one profile run measures and how: the shapes (profile_shapes), samples per point, the ranks and
+    backend for collectives, the copy sizes and Adam size, fp8 (None: when the GPU has fp8 tensor cores),
+    and `only` the sections asked for (SECTIONS names; None: all)."""
+    shapes: dict
+    repeats: int
+    world: int
+    backend: str = "nccl"
+    memory_bytes: tuple[int, int] = MEMORY_BYTES
+    adam_numel: int = ADAM_NUMEL
+    fp8: bool | None = None
+    only: list[str] | None = None
+
+
+def _profile(device, plan: ProfilePlan, *, model_name: str | None = None, t0: float | None = None,
+             early_memory: dict | None = None) -> dict:
+    """Measure everything on `device` (and `plan.world` ranks for collectives); the profile dict.
     `early_memory`: _early_device_memory's parts, measured before anything touched the GPU."""
+    shapes, repeats, world, only = plan.shapes, plan.repeats, plan.world, plan.only
     torch = load_torch()
     t0 = time.perf_counter() if t0 is None else t0
     cuda = device.type == "cuda"
@@ -253,8 +268,9 @@ def _profile(device, shapes: dict, repeats: int, world: int, *, backend: str = "
     run = _Sections(device, t0, notes, only)
     if only is None or set(only) - {"device_memory", "linear_attention", "cpu_adam"}:
         run(None, "clock warm-up", lambda: _warm_up_clocks(device), None)
-    compute = _compute_sections(run, shapes, repeats, gpu_type, fp8)
-    system = _system_sections(run, shapes, repeats, world, backend, memory_bytes, adam_numel, early_memory)
+    compute = _compute_sections(run, shapes, repeats, gpu_type, plan.fp8)
+    system = _system_sections(run, shapes, repeats, world, plan.backend, plan.memory_bytes, plan.adam_numel,
+                              early_memory)
     measured = dict(schema_version=SCHEMA_VERSION, gpu_type=gpu_type, provenance="measured", device=device_name,
                     count=max(world, 1), driver=_driver_version() if cuda else None,
                     cuda=str(torch.version.cuda) if torch.version.cuda else None,
@@ -313,9 +329,9 @@ def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool =
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     torch.manual_seed(0)
-    return _profile(device, shapes, max(1, repeats), torch.cuda.device_count(),
-                    adam_numel=ADAM_NUMEL // 8 if quick else ADAM_NUMEL,
-                    model_name=model.name if model is not None else None, t0=t0, early_memory=early, only=only)
+    plan = ProfilePlan(shapes, max(1, repeats), torch.cuda.device_count(),
+                       adam_numel=ADAM_NUMEL // 8 if quick else ADAM_NUMEL, only=only)
+    return _profile(device, plan, model_name=model.name if model is not None else None, t0=t0, early_memory=early)
 
 
 def write_profile(profile: dict, path) -> None:

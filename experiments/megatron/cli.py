@@ -13,7 +13,7 @@ from cost_model.model_spec import ModelError, load_model
 from cost_model.workload import Workload
 from experiments.megatron.launch import STARTUP_GRACE_S
 from experiments.megatron.runner import DEFAULT_SEED, MegatronRunner, detect_gpu, visible_gpus
-from experiments.megatron.suite import parse_suite, run_suite
+from experiments.megatron.suite import SuiteSetup, parse_suite, run_suite
 from experiments.runner import TrialSpec
 
 
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(str(e))
     if args.suite:
         only = [s for s in (args.only or "").split(",") if s]
-        run_suite(args.suite, args.out, gpu=gpu, launcher=args.launcher, budget_s=args.budget_s, only=only or None,
-                  log_root=args.log_dir, rows_file=args.rows)
+        setup = SuiteSetup(gpu, launcher=args.launcher, rows_file=args.rows, log_root=args.log_dir)
+        run_suite(args.suite, args.out, setup, budget_s=args.budget_s, only=only or None)
         return 0
     if args.gpus > n:
         return _fail(f"--gpus {args.gpus} but {n} GPU(s) visible")

@@ -128,16 +128,25 @@ def _parse_trial(name: str, t: dict) -> SuiteTrial:
                       rows_file=t.get("rows_file"), cpu_init=bool(t.get("cpu_init", False)), sdpa_backend=sdpa)
 
 
-def run_suite(path, out_path: str | None, *, gpu: GpuSpec, launcher: str = "auto", budget_s: float | None = None,
-              only: list[str] | None = None, log_root: str | None = None, rows_file: str | None = None,
-              emit=print) -> list[dict]:
+@dataclass(frozen=True)
+class SuiteSetup:
+    """How this machine runs a suite's trials: its GPU, MegatronRunner's launcher, the rows JSONL of the
+    trials without their own rows_file, and where the trials' logs go (None: a fresh temporary folder)."""
+    gpu: GpuSpec
+    launcher: str = "auto"
+    rows_file: str | None = None
+    log_root: str | None = None
+
+
+def run_suite(path, out_path: str | None, setup: SuiteSetup, *, budget_s: float | None = None,
+              only: list[str] | None = None, emit=print) -> list[dict]:
     """Run a suite's trials one after another (fresh worker processes each); one JSON line per
     trial to `emit` and appended to `out_path` as each finishes. A failed trial does not stop the suite."""
     trials, meta = parse_suite(path)
     budget_s = budget_s if budget_s is not None else meta.get("budget_s")
     if only:
         trials = [t for t in trials if t.name in only]
-    log_root = log_root or tempfile.mkdtemp(prefix="attune-megatron-suite-")
+    log_root = setup.log_root or tempfile.mkdtemp(prefix="attune-megatron-suite-")
     start = time.time()
     lines = []
     for t in trials:
@@ -152,22 +161,20 @@ def run_suite(path, out_path: str | None, *, gpu: GpuSpec, launcher: str = "auto
                 lines.append(line)
                 continue
             timeout = min(timeout, left)
-        line = _run_trial(t, gpu, timeout, launcher=launcher, rows_file=rows_file,
-                          log_dir=os.path.join(log_root, t.name))
+        line = _run_trial(t, setup, timeout, log_dir=os.path.join(log_root, t.name))
         _emit(line, out_path, emit)
         lines.append(line)
     return lines
 
 
-def _run_trial(t: SuiteTrial, gpu: GpuSpec, timeout: float, *, launcher: str, rows_file: str | None,
-               log_dir: str) -> dict:
+def _run_trial(t: SuiteTrial, setup: SuiteSetup, timeout: float, *, log_dir: str) -> dict:
     """One trial's result line: the result's stored form after the suite's own keys."""
     extra = {k: v for k, v in (("seed", t.seed), ("lr", t.lr)) if v is not None}
-    runner = MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, backend=t.backend, launcher=launcher,
+    runner = MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, backend=t.backend, launcher=setup.launcher,
                             timeout_s=timeout, hang_timeout_s=min(t.hang_timeout_s, timeout),
-                            rows_file=t.rows_file or rows_file, cpu_init=t.cpu_init, sdpa_backend=t.sdpa_backend,
-                            log_dir=log_dir, **extra)
-    spec = TrialSpec(Case(load_model(t.model), gpu, t.workload, t.layout), steps=t.steps,
+                            rows_file=t.rows_file or setup.rows_file, cpu_init=t.cpu_init,
+                            sdpa_backend=t.sdpa_backend, log_dir=log_dir, **extra)
+    spec = TrialSpec(Case(load_model(t.model), setup.gpu, t.workload, t.layout), steps=t.steps,
                      window=t.window or (min(2, t.steps - 1), t.steps - 1))
     t1 = time.time()
     result = runner.run(spec)

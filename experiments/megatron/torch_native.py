@@ -247,10 +247,16 @@ class _TorchGroupedLinear(torch.nn.Module):
     parallel_mode = ""
 
     def __init__(self, num_gemms: int, input_size: int, output_size: int, *, config, init_method,
-                 bias: bool, skip_bias_add: bool, is_expert: bool, tp_comm_buffer_name=None,
-                 pg_collection=None, name=None):
+                 bias: bool, skip_bias_add: bool, **te_args):
+        """te_args: the rest of TEGroupedLinear's keywords, as megatron's TEGroupedMLP passes them (it fixes the
+        signature, so no context object): is_expert, pg_collection, and tp_comm_buffer_name and name (unused
+        without TE)."""
+        unknown = set(te_args) - {"is_expert", "pg_collection", "tp_comm_buffer_name", "name"}
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments {sorted(unknown)}")
+        pg_collection = te_args.get("pg_collection")
         super().__init__()
-        if not is_expert:
+        if not te_args.get("is_expert"):
             raise ValueError("torch-native grouped linears are for routed experts only (is_expert=True)")
         parallel_state, set_tp_attrs, get_tracker, expert_tracker_name = _megatron()
         tp_group = getattr(pg_collection, "expt_tp", None) if pg_collection is not None else None

@@ -95,16 +95,6 @@ class ClusterConfig:
         if missing:
             raise ClusterError(missing_paths_message(missing))
 
-    def runner_kwargs(self) -> dict:
-        """SlimeRunner's keyword arguments for this cluster."""
-        kwargs = {"ray_address": self.ray_address, "slime_dir": self.slime_dir, "hf_ckpt": self.hf_checkpoint,
-                  "torch_dist": self.torch_dist, "sft_data": self.sft_data, "profile_dir": self.profile_dir,
-                  "entry_module": self.entry_module, "env": dict(self.env), "log_dir": self.log_dir,
-                  "slime_commit": self.slime_commit}
-        if self.python:
-            kwargs["python"] = self.python
-        return kwargs
-
 
 def missing_paths_message(missing: list[str]) -> str:
     """One line naming the missing cluster path fields, what each is in the recipe, and how to set it."""

@@ -48,10 +48,10 @@ import uuid
 from dataclasses import dataclass
 
 from experiments.runner import RunnerError, RunnerStack, TrialResult, TrialRunner, TrialSpec
-from experiments.slime.cluster import missing_paths_message
+from experiments.slime.cluster import ClusterConfig, missing_paths_message
 from experiments.slime.model_scripts import SLIME_COMMIT, listed, same_commit
 from experiments.slime.summary import RunEnd, summarize
-from experiments.slime.watch import JobWatch, Limits, one_line
+from experiments.slime.watch import STARTUP_GRACE_S, JobWatch, Limits, one_line
 from recipes.slime_command import (ASYNC_ENTRY, MODEL_ARGS, SHELL_ENV_INPUTS, flat, job_entry_words, job_flags,
                                    slime_env, slime_flag_lines, slime_model_script)
 from search_space.megatron_args import model_args
@@ -69,8 +69,6 @@ JOBS_API_MODULES = ("aiohttp", "requests")
 MODEL_ARGS_MARK = "--attune-model-args-here"
 # slime's flag for the training actors' environment (slime/utils/arguments.py, slime/ray/actor_group.py).
 TRAIN_ENV_FLAG = "--train-env-vars"
-# The least start-up grace by default: a real slime job pulls its image and loads the model first.
-STARTUP_GRACE_S = 900.0
 # The runner's path fields -> the cluster file's.
 PATH_FIELDS = {"HF_CKPT": "hf_checkpoint", "TORCH_DIST": "torch_dist", "SFT_DATA": "sft_data",
                "PROFILE_DIR": "profile_dir"}
@@ -154,45 +152,33 @@ class SlimeRunner(TrialRunner):
         """slime's training image: DeepEP, Transformer Engine, the precision-aware optimizer, every feature."""
         return RunnerStack(source="slime's training image")
 
-    def __init__(self, ray_address: str, slime_dir: str, entry_module: str | None = None, *,
-                 env: dict | None = None, hang_timeout_s: float = 900, timeout_s: float = 3600,
-                 startup_grace_s: float | None = None, steps: int | None = None,
-                 window: tuple[int, int] | None = None, hf_ckpt: str | None = None, torch_dist: str | None = None,
-                 sft_data: str | None = None, profile_dir: str | None = None, python: str = "python3",
-                 model_args: list[str] | None = None, poll_interval_s: float = 5.0,
-                 queue_timeout_s: float = 3600, log_dir: str | None = None, slime_commit: str | None = None,
-                 client=None, connect: bool = True):
-        """ray_address: the cluster's dashboard / Jobs API address (http://HEAD:8265; a bare host:port
-        gets http://). slime_dir: the slime checkout on the cluster (where train_async.py and scripts/models
-        are). entry_module: None for the recipe's `--async` (slime's train_async.py); a path ending in .py
-        is run as a script from slime_dir, anything else as `python -m ENTRY`. env: environment overrides for
-        the job (merged over `slime_env`; Ray passes them to the driver and every actor). hang_timeout_s: the
-        most seconds between two step lines. startup_grace_s: the most seconds from the job's start to its
-        first step line (None: the larger of STARTUP_GRACE_S and hang_timeout_s). timeout_s: the most seconds
-        from submission to the end. steps / window: override the TrialSpec's when given. hf_ckpt, torch_dist,
-        sft_data, profile_dir: the recipe's $HF_CKPT, $TORCH_DIST, $SFT_DATA (pre-tokenized rows JSONL),
-        $PROFILE_DIR on the cluster. model_args: MODEL_ARGS as a list instead of sourcing slime's script.
-        log_dir: where to save each job's full log (optional). slime_commit: the checkout's commit, when
-        known (model scripts are checked against experiments.slime.model_scripts for that commit).
-        client: a JobSubmissionClient-like object (tests); connect=False: no client at all (`job_request`
-        only, for a dry run)."""
-        self.ray_address = ray_address if "://" in ray_address else f"http://{ray_address}"
-        self.slime_dir = slime_dir
-        self.entry_module = entry_module
-        self.env = dict(env or {})
-        self.hang_timeout_s = hang_timeout_s
-        # a start (image pull, model load) never gets less time than a step
-        self.startup_grace_s = max(STARTUP_GRACE_S, hang_timeout_s) if startup_grace_s is None else startup_grace_s
-        self.timeout_s = timeout_s
+    def __init__(self, cluster: ClusterConfig, limits: Limits | None = None, *, steps: int | None = None,
+                 window: tuple[int, int] | None = None, model_args: list[str] | None = None,
+                 queue_timeout_s: float = 3600, client=None, connect: bool = True):
+        """cluster: where and how the jobs run (experiments.slime.cluster: ray_address, the Jobs API address, a
+        bare host:port gets http://; entry_module None is the recipe's `--async`, slime's train_async.py, a path
+        ending in .py is run as a script from slime_dir, anything else as `python -m ENTRY`; env is merged over
+        `slime_env`, Ray passes it to the driver and every actor; python defaults to python3; slime_commit, when
+        known, checks model scripts against experiments.slime.model_scripts). limits: when a job is stopped
+        (experiments.slime.watch.Limits). steps / window: override the TrialSpec's when given. model_args:
+        MODEL_ARGS as a list instead of sourcing slime's script. queue_timeout_s: the most seconds to wait for a
+        free cluster. client: a JobSubmissionClient-like object (tests); connect=False: no client at all
+        (`job_request` only, for a dry run)."""
+        address = cluster.ray_address
+        self.ray_address = address if "://" in address else f"http://{address}"
+        self.slime_dir = cluster.slime_dir
+        self.entry_module = cluster.entry_module
+        self.env = dict(cluster.env)      # a copy: the runner's own, the cluster config stays as loaded
+        self._limits = limits if limits is not None else Limits()
         self.steps = steps
         self.window = tuple(window) if window is not None else None
-        self.paths = {"HF_CKPT": hf_ckpt, "TORCH_DIST": torch_dist, "SFT_DATA": sft_data, "PROFILE_DIR": profile_dir}
-        self.python = python
+        self.paths = {"HF_CKPT": cluster.hf_checkpoint, "TORCH_DIST": cluster.torch_dist,
+                      "SFT_DATA": cluster.sft_data, "PROFILE_DIR": cluster.profile_dir}
+        self.python = cluster.python or "python3"
         self.model_args = list(model_args) if model_args is not None else None
-        self.poll_interval_s = poll_interval_s
         self.queue_timeout_s = queue_timeout_s
-        self.log_dir = log_dir
-        self.slime_commit = slime_commit
+        self.log_dir = cluster.log_dir
+        self.slime_commit = cluster.slime_commit
         self.client = client if client is not None or not connect else self._connect()
 
     # -- connection ----------------------------------------------------------------------------------
@@ -342,11 +328,10 @@ class SlimeRunner(TrialRunner):
             if time.monotonic() - start > self.queue_timeout_s:
                 raise RunnerError(f"the Ray cluster at {self.ray_address} stayed busy with job(s) "
                                   f"{', '.join(active)} for {self.queue_timeout_s:.0f} s")
-            time.sleep(self.poll_interval_s)
+            time.sleep(self._limits.poll_interval_s)
 
     def limits(self) -> Limits:
-        return Limits(startup_grace_s=self.startup_grace_s, hang_timeout_s=self.hang_timeout_s,
-                      timeout_s=self.timeout_s, poll_interval_s=self.poll_interval_s)
+        return self._limits
 
     def run(self, spec: TrialSpec) -> TrialResult:
         """Submit the trial's job, watch it to its end (or stop it), and summarise its log."""

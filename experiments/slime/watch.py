@@ -28,6 +28,9 @@ from typing import Callable
 from experiments.runner import RunnerError
 from experiments.slime.log import SlimeLog
 
+# The least start-up grace by default: a real slime job pulls its image and loads the model first.
+STARTUP_GRACE_S = 900.0
+
 STOP_GRACE_S = 120.0
 # An unreachable cluster is tolerated this long (or 12 polls, when longer) before the trial is given up.
 LOST_CLUSTER_S = 60.0
@@ -94,10 +97,15 @@ async def _cancel_others() -> None:
 @dataclass(frozen=True)
 class Limits:
     """When the runner stops a job (seconds)."""
-    startup_grace_s: float       # job started -> first step line (image pull, actor start, model load)
-    hang_timeout_s: float        # one step line -> the next
-    timeout_s: float             # submission -> end
+    startup_grace_s: float | None = None   # job started -> first step line (image pull, actor start, model load);
+    #                                        None: the larger of STARTUP_GRACE_S and hang_timeout_s
+    hang_timeout_s: float = 900  # one step line -> the next
+    timeout_s: float = 3600      # submission -> end
     poll_interval_s: float = 5.0
+
+    def __post_init__(self):
+        if self.startup_grace_s is None:   # a start (image pull, model load) never gets less time than a step
+            object.__setattr__(self, "startup_grace_s", max(STARTUP_GRACE_S, self.hang_timeout_s))
 
 
 @dataclass
