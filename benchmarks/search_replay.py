@@ -184,6 +184,11 @@ def random_order(grid: Grid, seed: int) -> list:
     return keys
 
 
+# A sampler whose last STALL_ASKS proposals were all tried or outside the grid has stalled (GP's acquisition, with
+# pruned trials unseen, proposes the same point again: 200 asks per layout took minutes a seed on a 12-layout grid).
+STALL_ASKS = 100
+
+
 def sampler_order(grid: Grid, kind: str, seed: int) -> list:
     """Optuna's sampler over the grid's layout parameters; proposals outside the grid cost nothing."""
     params = {c.layout.key(): to_optuna_params(c.layout) for c in grid.cands}
@@ -192,15 +197,15 @@ def sampler_order(grid: Grid, kind: str, seed: int) -> list:
     dists = {n: optuna.distributions.CategoricalDistribution(v) for n, v in values.items() if len(v) > 1}
     lookup = {tuple(json.dumps(p.get(n)) for n in dists): key for key, p in params.items()}
     study = optuna.create_study(direction="maximize", sampler=SamplerProposer(kind, seed).sampler())
-    order, seen = [], set()
-    for _ in range(200 * len(grid.cands)):
-        if len(order) == len(grid.cands):
-            break
+    order, seen, stalled = [], set(), 0
+    while len(order) < len(grid.cands) and stalled < STALL_ASKS:
         t = study.ask(dists)
         key = lookup.get(tuple(t.params[n] for n in dists))
         if key is None or key in seen:
             study.tell(t, state=optuna.trial.TrialState.PRUNED)
+            stalled += 1
             continue
+        stalled = 0
         seen.add(key)
         order.append(key)
         if key in grid.truth:
