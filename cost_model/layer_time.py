@@ -9,6 +9,7 @@ part, into a `LayerTime`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from cost_model.communication import expert_dispatch_time, hidden_state_bytes
 from cost_model.constants import Constants
@@ -213,6 +214,7 @@ def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: 
 # Scoring a space prices the same layer shape for thousands of layouts that differ only in what a layer does not
 # see (PP, DP, offload, optimizer...). A layer's time depends on the layout only through these fields.
 _LAYER_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher")
+_layer_fields = attrgetter(*_LAYER_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _MEMO: dict = {}
 _MEMO_MAX = 200_000
 
@@ -225,7 +227,7 @@ def layer_time(attn_kind: str, mlp_kind: str, model: ModelSpec, layout: Layout, 
     `frozen_weights`: no weight gradients (LoRA's frozen base; its adapters' few FLOPs are not counted).
     Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs): the
     result is shared, so a caller that changes it copies it first."""
-    key = (attn_kind, mlp_kind, id(model), id(r), id(c), tuple(getattr(layout, f) for f in _LAYER_FIELDS), tokens,
+    key = (attn_kind, mlp_kind, id(model), id(r), id(c), _layer_fields(layout), tokens,
            seq_len, imbalance, frozenset(mods), gdn_sharded, frozen_weights)
     hit = _MEMO.get(key)
     if hit is None:

@@ -8,6 +8,7 @@ workload and the software stack live in `search_space.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 
 from cost_model.errors import AttuneError
 from cost_model.names import shown
@@ -272,11 +273,18 @@ class Layout:
 
     def _make_key(self) -> str:
         # fields added later only when set: keys of studies made before they existed stay the same
-        return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self)
-                        if not (f.name in LATER_FIELDS and getattr(self, f.name) in (None, False)))
+        return "|".join(f"{name}={_fmt(value)}" for name, later, value in zip(_KEY_NAMES, _KEY_LATER, _key_values(self))
+                        if not (later and value in (None, False)))
 
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)
+
+
+# Layout.key's fields in order, whether each came later, and their values read at once (in C): a study asks the key
+# of every candidate
+_KEY_NAMES = tuple(f.name for f in fields(Layout))
+_KEY_LATER = tuple(name in LATER_FIELDS for name in _KEY_NAMES)
+_key_values = attrgetter(*_KEY_NAMES)
 
 
 def _fmt(value) -> str:

@@ -14,6 +14,7 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from cost_model.activations import in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
@@ -33,6 +34,8 @@ BACKUP_BYTES_PER_PARAM = 2                      # slime's bf16 weight backup in 
 # The parts of a GPU's peak, in the order tables print them (MemoryBreakdown.as_dict adds the sums).
 ALLOCATED_PARTS = ("weights", "grads", "optimizer", "activations", "loss_path", "optimizer_step")
 OUTSIDE_PARTS = ("cuda_context", "nccl", "deepep")
+# the parts as tuples, in that order, read in C (the sums below add them in the same order)
+_allocated_parts, _outside_parts = attrgetter(*ALLOCATED_PARTS), attrgetter(*OUTSIDE_PARTS)
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,11 @@ class MemoryBreakdown:
     @property
     def allocated(self) -> float:
         """The allocator's peak (torch.cuda.max_memory_allocated)."""
-        return sum(getattr(self, k) for k in ALLOCATED_PARTS)
+        return sum(_allocated_parts(self))
 
     @property
     def outside_pytorch(self) -> float:
-        return sum(getattr(self, k) for k in OUTSIDE_PARTS)
+        return sum(_outside_parts(self))
 
     @property
     def buffers(self) -> float:
@@ -284,6 +287,7 @@ def offload_split(model: ModelSpec, indices, rank: RankLayers, layout: Layout, g
 _SPLIT_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "pipeline_model_parallel_layout", "tp", "ep", "etp", "dp", "cp", "edp", "optimizer_offload_fraction")
+_split_fields = attrgetter(*_SPLIT_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _SPLIT_MEMO: dict = {}
 _SPLIT_MEMO_MAX = 50_000
 
@@ -291,7 +295,7 @@ _SPLIT_MEMO_MAX = 50_000
 def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
                         gdn_sharded: bool) -> OffloadSplit:
     """`offload_split` of pipeline rank `i`, memoized."""
-    key = (id(model), tuple(getattr(layout, f) for f in _SPLIT_FIELDS), len(ranks), i, ranks[i], gdn_sharded)
+    key = (id(model), _split_fields(layout), len(ranks), i, ranks[i], gdn_sharded)
     hit = _SPLIT_MEMO.get(key)
     if hit is None:
         if len(_SPLIT_MEMO) >= _SPLIT_MEMO_MAX:
@@ -337,6 +341,35 @@ class MemoryInputs:
     vision: VisionWork | None = None  # a VLM's encoder work per micro-batch (first rank)
 
 
+# The static memory of a rank (weights, gradients, optimizer state, the optimizer step's temporary) is the same for
+# the layouts of a parallel shape that differ in their micro-batch or recompute: it reads the layout only through
+# these fields (the offload split's and the Adam moments' dtype). Memoized with the model and runtime held by the memo.
+_STATIC_FIELDS = _SPLIT_FIELDS + ("exp_avg_dtype",)
+_static_fields = attrgetter(*_STATIC_FIELDS)
+_STATIC_MEMO: dict = {}
+_STATIC_MEMO_MAX = 50_000
+
+
+def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
+                 inputs: MemoryInputs) -> tuple[float, float, float, float]:
+    """(weights, grads, optimizer, optimizer step) bytes on one GPU of pipeline rank `i`, memoized."""
+    rt = inputs.runtime
+    key = (id(model), id(rt), _static_fields(layout), len(ranks), i, ranks[i], inputs.precision_aware,
+           inputs.frozen_weights)
+    hit = _STATIC_MEMO.get(key)
+    if hit is None:
+        r = ranks[i]
+        split = (_rank_offload_split(model, layout, ranks, i, rt.gdn_sharded)
+                 if layout.offloaded and not inputs.frozen_weights else None)
+        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
+                                                  inputs.frozen_weights, split)
+        step = optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split)
+        if len(_STATIC_MEMO) >= _STATIC_MEMO_MAX:
+            _STATIC_MEMO.clear()
+        hit = _STATIC_MEMO[key] = ((model, rt), (weights, grads, optimizer, step))
+    return hit[1]
+
+
 def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
                 c: Constants) -> MemoryBreakdown:
     """The device-level peak of the most-loaded GPU over the pipeline ranks."""
@@ -347,10 +380,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     outside = fixed.outside_pytorch
     best, best_total = None, None
     for i, r in enumerate(ranks):
-        split = (_rank_offload_split(model, layout, ranks, i, rt.gdn_sharded)
-                 if layout.offloaded and not inputs.frozen_weights else None)
-        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
-                                                  inputs.frozen_weights, split)
+        weights, grads, optimizer, step_bytes = _rank_static(model, layout, ranks, i, inputs)
         saved, working = rank_activation_bytes(i, r, model, layout, inputs.precision, inputs.tokens,
                                                inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
                                                rt.fused_kernels)
@@ -360,7 +390,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         acts = saved + max(0.0, working - loss)
         if inputs.vision is not None and r.vision:
             acts += vision_activation_bytes(inputs.vision.spec, inputs.vision.patches, layout.tp, in_flight)
-        step = max(0.0, optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split) - acts - loss)
+        step = max(0.0, step_bytes - acts - loss)
         parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
                      loss_path=loss / GIB, optimizer_step=step / GIB)
         allocated = sum(parts.values())

@@ -11,6 +11,7 @@ import re
 from copy import copy
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import attrgetter
 
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants, constants_sources
@@ -169,6 +170,7 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
 # terms depend on the layout only through these fields (layer_time's, recompute's and the launch's).
 _RANK_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher", "selective_modules", "recompute_granularity",
                 "recompute_method", "recompute_num_layers", "vpp")
+_rank_fields = attrgetter(*_RANK_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _RANK_MEMO: dict = {}
 _RANK_MEMO_MAX = 100_000
 
@@ -178,7 +180,7 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
     `ep_overlap`: the share of chunks whose expert all-to-alls overlap another's compute (`ep_overlap_share`).
     Memoized on its inputs (objects by identity, held by the memo): the dict is shared, not to be changed."""
     held = (ctx.model, ctx.rates, ctx.c, ctx.vision)
-    key = (tuple(map(id, held)), tuple(getattr(ctx.layout, f) for f in _RANK_FIELDS), ctx.tokens, ctx.seq_len,
+    key = (tuple(map(id, held)), _rank_fields(ctx.layout), ctx.tokens, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
            rank, ep_overlap)
     hit = _RANK_MEMO.get(key)

@@ -10,6 +10,7 @@ import math
 import signal
 import time
 from dataclasses import fields as dataclass_fields
+from operator import attrgetter
 
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.predict import Prediction, memory_verdict, predict
@@ -21,11 +22,12 @@ from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 
 _PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
 _SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
+_sibling_fields = attrgetter(*_SIBLING_FIELDS)   # a tuple of them, read in C
 
 
 def sibling_key(layout: Layout) -> tuple:
     """The layout but for its tokens per micro-batch: its siblings differ only in that."""
-    return tuple(getattr(layout, f) for f in _SIBLING_FIELDS)
+    return _sibling_fields(layout)
 
 
 class _Scoring:
