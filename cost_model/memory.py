@@ -13,7 +13,7 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from cost_model.activations import in_flight_microbatches, rank_activation_bytes
@@ -370,9 +370,33 @@ def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...]
     return hit[1]
 
 
+# Layouts that differ only in whether the offloaded optimizer's copies overlap its step (overlap_d2h_h2d: time, not
+# memory) hold the same memory: the peak reads every other field of the layout, and the inputs in the key (objects
+# by identity, held by the memo). A vision workload's inputs are built per layout: not memoized.
+_MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name != "overlap_d2h_h2d")
+_memory_fields = attrgetter(*_MEMORY_FIELDS)
+_PEAK_MEMO: dict = {}
+_PEAK_MEMO_MAX = 50_000
+
+
 def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
                 c: Constants) -> MemoryBreakdown:
     """The device-level peak of the most-loaded GPU over the pipeline ranks."""
+    if inputs.vision is not None:
+        return _peak_memory(ranks, model, layout, inputs, c)
+    held = (ranks, model, c, inputs.runtime, inputs.gpu, inputs.device)
+    key = (tuple(map(id, held)), _memory_fields(layout), inputs.precision, inputs.tokens, inputs.routed_rows_per_token,
+           inputs.num_microbatches, inputs.precision_aware, inputs.frozen_weights)
+    hit = _PEAK_MEMO.get(key)
+    if hit is None:
+        if len(_PEAK_MEMO) >= _PEAK_MEMO_MAX:
+            _PEAK_MEMO.clear()
+        hit = _PEAK_MEMO[key] = (held, _peak_memory(ranks, model, layout, inputs, c))
+    return hit[1]
+
+
+def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
+                 c: Constants) -> MemoryBreakdown:
     rt = inputs.runtime
     in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).

@@ -231,6 +231,26 @@ def _shape_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: L
     return hit[1]
 
 
+# Every layout of a space has the same source line: built once per (model, GPU, workload, constants, rates, runtime),
+# the objects held by the memo.
+_SOURCE_MEMO: dict = {}
+
+
+def _source(model: ModelSpec, gpu: GpuSpec, workload: Workload, c: Constants, rates, rt: Runtime) -> str:
+    held = (model, gpu, workload, c, rates, rt)
+    key = tuple(map(id, held))
+    hit = _SOURCE_MEMO.get(key)
+    if hit is None:
+        source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
+        if LINEAR_ATTENTION in model.layer_types:
+            source += f"; GDN kernel {rates.gdn_source}"
+        source += workload_note(workload)
+        if len(_SOURCE_MEMO) >= 256:
+            _SOURCE_MEMO.clear()
+        hit = _SOURCE_MEMO[key] = (held, source)
+    return hit[1]
+
+
 def step_time_only(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
                    constants: Constants | None = None, profile: HardwareProfile | None = None,
                    precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> tuple[float, int]:
@@ -313,10 +333,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
                                   gpu.peak_tflops(workload.precision))
     usd = usd_per_million_tokens(gpu.usd_per_gpu_hour, tokens_per_s_per_gpu)
-    source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
-    if LINEAR_ATTENTION in model.layer_types:
-        source += f"; GDN kernel {rates.gdn_source}"
-    source += workload_note(workload)
+    source = _source(model, gpu, workload, c, rates, rt)
     return Prediction(
         fits=fit == FITS, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,

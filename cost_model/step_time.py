@@ -233,8 +233,30 @@ def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float
     return t
 
 
+# The layouts of a shape that differ only in what the pipeline does not see (offload, the optimizer's dtype) share
+# their pipeline terms: they read the layout through the ranks' fields and these, and the context through the rest
+# of the key (objects by identity, held by the memo).
+_PIPELINE_FIELDS = _RANK_FIELDS + ("pp", "world_size", "overlap_moe_expert_parallel_comm")
+_pipeline_fields = attrgetter(*_PIPELINE_FIELDS)
+_PIPELINE_MEMO: dict = {}
+_PIPELINE_MEMO_MAX = 50_000
+
+
 def pipeline_terms(ctx: StepContext) -> dict[str, float]:
-    """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
+    """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages (a new dict:
+    the caller adds the step's terms to it)."""
+    held = (ctx.ranks, ctx.model, ctx.rates, ctx.c, ctx.vision)
+    key = (tuple(map(id, held)), _pipeline_fields(ctx.layout), ctx.tokens, ctx.num_microbatches, ctx.seq_len,
+           ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls)
+    hit = _PIPELINE_MEMO.get(key)
+    if hit is None:
+        if len(_PIPELINE_MEMO) >= _PIPELINE_MEMO_MAX:
+            _PIPELINE_MEMO.clear()
+        hit = _PIPELINE_MEMO[key] = (held, _pipeline_terms(ctx))
+    return dict(hit[1])
+
+
+def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
     layout, num_microbatches = ctx.layout, ctx.num_microbatches
     overlap = ep_overlap_share(layout, num_microbatches)
     per_rank_terms = [rank_microbatch_terms(ctx, r, overlap) for r in ctx.ranks]
