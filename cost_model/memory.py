@@ -415,16 +415,15 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
         if inputs.vision is not None and r.vision:
             acts += vision_activation_bytes(inputs.vision.spec, inputs.vision.patches, layout.tp, in_flight)
         step = max(0.0, step_bytes - acts - loss)
-        parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
-                     loss_path=loss / GIB, optimizer_step=step / GIB)
-        allocated = sum(parts.values())
+        parts = (weights / GIB, grads / GIB, optimizer / GIB, acts / GIB, loss / GIB, step / GIB)   # ALLOCATED_PARTS
+        allocated = sum(parts)
         # MemoryBreakdown.total, summed as it sums: only the peak rank's breakdown is built
         total = allocated + allocated * fixed.reserve_fraction + outside
         if best_total is None or total > best_total:
             best, best_total = (parts, allocated), total
     parts, allocated = best
     reserve, cache = fixed.reserve_and_cache(allocated)
-    return MemoryBreakdown(**parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
+    return MemoryBreakdown(*parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
                            nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=fixed.sources)
 
 

@@ -17,6 +17,7 @@ from cost_model.predict import Prediction, memory_verdict, predict
 from experiments.runner import TrialRunner
 from search_space.enumerate import shape_layouts, space_plan
 from search_space.runner_space import RunnerSpace
+from tuner.gc_pause import no_cyclic_gc
 from tuner.options import CliError
 from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 
@@ -111,10 +112,11 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     shapes, options, _ = space_plan(config.model, config.world_size, config.workload, config.stack, options)
     if ray_address is None:
         scoring = _Scoring(config, runner, progress)
-        for shape in shapes:
-            for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
-                                        options):
-                scoring.take(layout)
+        with no_cyclic_gc():
+            for shape in shapes:
+                for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
+                                            options):
+                    scoring.take(layout)
     else:
         scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     if isinstance(progress, Progress):
