@@ -343,7 +343,8 @@ class MemoryInputs:
 
 # The static memory of a rank (weights, gradients, optimizer state, the optimizer step's temporary) is the same for
 # the layouts of a parallel shape that differ in their micro-batch or recompute: it reads the layout only through
-# these fields (the offload split's and the Adam moments' dtype). Memoized with the model and runtime held by the memo.
+# these fields (the offload split's and the Adam moments' dtype). Memoized with the model, runtime and ranks held by
+# the memo.
 _STATIC_FIELDS = _SPLIT_FIELDS + ("exp_avg_dtype",)
 _static_fields = attrgetter(*_STATIC_FIELDS)
 _STATIC_MEMO: dict = {}
@@ -354,8 +355,7 @@ def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...]
                  inputs: MemoryInputs) -> tuple[float, float, float, float]:
     """(weights, grads, optimizer, optimizer step) bytes on one GPU of pipeline rank `i`, memoized."""
     rt = inputs.runtime
-    key = (id(model), id(rt), _static_fields(layout), len(ranks), i, ranks[i], inputs.precision_aware,
-           inputs.frozen_weights)
+    key = (id(model), id(rt), id(ranks), _static_fields(layout), i, inputs.precision_aware, inputs.frozen_weights)
     hit = _STATIC_MEMO.get(key)
     if hit is None:
         r = ranks[i]
@@ -366,7 +366,7 @@ def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...]
         step = optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split)
         if len(_STATIC_MEMO) >= _STATIC_MEMO_MAX:
             _STATIC_MEMO.clear()
-        hit = _STATIC_MEMO[key] = ((model, rt), (weights, grads, optimizer, step))
+        hit = _STATIC_MEMO[key] = ((model, rt, ranks), (weights, grads, optimizer, step))
     return hit[1]
 
 
@@ -402,6 +402,7 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
     outside = fixed.outside_pytorch
+    head_loss = loss_path_bytes(model, layout, inputs.tokens, rt)   # the same on every rank that holds a head
     best, best_total = None, None
     for i, r in enumerate(ranks):
         weights, grads, optimizer, step_bytes = _rank_static(model, layout, ranks, i, inputs)
@@ -409,7 +410,7 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
                                                inputs.routed_rows_per_token, in_flight, c, rt.gdn_sharded,
                                                rt.fused_kernels)
         # MTP layers (placed by a layout string) each hold one more LM head's logits until their backward.
-        loss = loss_path_bytes(model, layout, inputs.tokens, rt) * (int(r.has_head) + r.mtp_layers)
+        loss = head_loss * (int(r.has_head) + r.mtp_layers)
         # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.
         acts = saved + max(0.0, working - loss)
         if inputs.vision is not None and r.vision:
