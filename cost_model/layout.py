@@ -273,7 +273,8 @@ class Layout:
 
     def _make_key(self) -> str:
         # fields added later only when set: keys of studies made before they existed stay the same
-        return "|".join(f"{name}={_fmt(value)}" for name, later, value in zip(_KEY_NAMES, _KEY_LATER, _key_values(self))
+        return "|".join(f"{name}={value}" if value.__class__ in _PLAIN else f"{name}={_fmt(value)}"
+                        for name, later, value in zip(_KEY_NAMES, _KEY_LATER, _key_values(self))
                         if not (later and value in (None, False)))
 
     def replace(self, **changes) -> "Layout":
@@ -285,6 +286,7 @@ class Layout:
 _KEY_NAMES = tuple(f.name for f in fields(Layout))
 _KEY_LATER = tuple(name in LATER_FIELDS for name in _KEY_NAMES)
 _key_values = attrgetter(*_KEY_NAMES)
+_PLAIN = frozenset((int, bool, str, type(None)))   # formatted as str() formats them: _fmt's own answer, without the call
 
 
 def _fmt(value) -> str:
