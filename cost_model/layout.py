@@ -32,6 +32,13 @@ EP_OVERLAP_FIELD = "overlap_moe_expert_parallel_comm"
 LATER_FIELDS = SPLIT_FIELDS + (EP_OVERLAP_FIELD,)
 
 
+# The fields that must be positive integers, read at once (in C: a space builds a Layout per layout it holds), and
+# the pipeline-split fields.
+_POSITIVE_NAMES = ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch")
+_positive_values = attrgetter(*_POSITIVE_NAMES)
+_split_values = attrgetter(*SPLIT_FIELDS)
+
+
 class InvalidLayout(AttuneError, ValueError):
     """A layout Megatron or slime would reject. The message names the rule and the numbers."""
 
@@ -74,8 +81,9 @@ class Layout:
         etp_defaulted = self.etp is None
         if etp_defaulted:
             object.__setattr__(self, "etp", self.tp)
-        for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
-            value = getattr(self, name)
+        for name, value in zip(_POSITIVE_NAMES, _positive_values(self)):
+            if value.__class__ is int and value >= 1:   # the usual case, decided without the checks below
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidLayout(f"{name} must be a positive integer, got {shown(value)}")
         n, tp, pp, cp, ep, etp = self.world_size, self.tp, self.pp, self.cp, self.ep, self.etp
@@ -122,6 +130,9 @@ class Layout:
                                 f"(VPP > 1, Megatron), got VPP 1")
 
     def _check_uneven(self):
+        first, last, embedding, loss, text = _split_values(self)
+        if first is None and last is None and embedding is False and loss is False and text is None:
+            return   # an even split by count (most layouts): nothing below can fail
         for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
             value = getattr(self, name)
             if value is None:
