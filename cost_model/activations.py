@@ -8,6 +8,7 @@ bytes in cost_model.device_memory.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from operator import attrgetter
 
 from cost_model.constants import Constants
 from cost_model.layout import Layout
@@ -233,6 +234,7 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
 # layout only through these fields (this module's readers), memoized with the model held by the memo.
 _ACTIVATION_FIELDS = ("tp", "cp", "etp", "pp", "vpp", "overlap_moe_expert_parallel_comm", "recompute_granularity",
                       "recompute_method", "recompute_num_layers", "selective_modules")
+_activation_fields = attrgetter(*_ACTIVATION_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _ACTIVATION_MEMO: dict = {}
 _ACTIVATION_MEMO_MAX = 100_000
 
@@ -251,7 +253,7 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
                                   c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors,
                                   c.unfused_dense_glu_backward_tensors)
-    key = (id(model), rank, tuple(getattr(layout, f) for f in _ACTIVATION_FIELDS), tokens, routed_rows_per_token,
+    key = (id(model), rank, _activation_fields(layout), tokens, routed_rows_per_token,
            gdn_sharded, unfused)
     hit = _ACTIVATION_MEMO.get(key)
     if hit is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from cost_model.constants import Constants
 from cost_model.errors import AttuneError
@@ -180,6 +181,7 @@ def nccl_gib(created: tuple, used: tuple, dev: DeviceMemory | None, c: Constants
 # Scoring a space asks for the same communicators thousands of times: the overheads depend on the layout only
 # through its process groups and dispatcher (the allocator's reserve follows the allocated peak: `Overheads.at`).
 _GROUP_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "edp", "world_size", "dispatcher")
+_group_fields = attrgetter(*_GROUP_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _MEMO: dict = {}
 _MEMO_MAX = 50_000
 
@@ -188,7 +190,7 @@ def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: flo
               dev: DeviceMemory | None, c: Constants) -> Overheads:
     """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`.
     Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs)."""
-    key = (tuple(getattr(layout, f) for f in _GROUP_FIELDS), id(runtime), is_moe, id(gpu), id(dev), id(c))
+    key = (_group_fields(layout), id(runtime), is_moe, id(gpu), id(dev), id(c))
     hit = _MEMO.get(key)
     if hit is None:
         if len(_MEMO) >= _MEMO_MAX:

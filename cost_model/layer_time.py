@@ -9,6 +9,7 @@ part, into a `LayerTime`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from cost_model.communication import expert_dispatch_time, hidden_state_bytes
 from cost_model.constants import Constants
@@ -232,6 +233,7 @@ def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: 
 # Scoring a space prices the same layer shape for thousands of layouts that differ only in what a layer does not
 # see (PP, DP, offload, optimizer...). A layer's time depends on the layout only through these fields.
 _LAYER_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher")
+_layer_fields = attrgetter(*_LAYER_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _MEMO: dict = {}
 _MEMO_MAX = 200_000
 
@@ -240,8 +242,8 @@ def layer_time(attn_kind: str, mlp_kind: str, x: LayerInputs) -> LayerTime:
     """One layer of the given kinds: its token mixer, its MLP, then its norms and residuals.
     Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs): the
     result is shared, so a caller that changes it copies it first."""
-    key = (attn_kind, mlp_kind, id(x.model), id(x.rates), id(x.c), tuple(getattr(x.layout, f) for f in _LAYER_FIELDS),
-           x.tokens, x.seq_len, x.imbalance, frozenset(x.mods), x.gdn_sharded, x.frozen_weights)
+    key = (attn_kind, mlp_kind, id(x.model), id(x.rates), id(x.c), _layer_fields(x.layout), x.tokens, x.seq_len,
+           x.imbalance, frozenset(x.mods), x.gdn_sharded, x.frozen_weights)
     hit = _MEMO.get(key)
     if hit is None:
         if len(_MEMO) >= _MEMO_MAX:

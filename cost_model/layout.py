@@ -8,6 +8,7 @@ workload and the software stack live in `search_space.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 
 from cost_model.errors import AttuneError
 from cost_model.names import shown
@@ -29,6 +30,13 @@ SPLIT_FIELDS = UNEVEN_FIELDS + ACCOUNT_FIELDS + (LAYOUT_STRING_FIELD,)
 EP_OVERLAP_FIELD = "overlap_moe_expert_parallel_comm"
 # Fields added after studies stored layout keys: left out of a key while unset, so those keys stay the same.
 LATER_FIELDS = SPLIT_FIELDS + (EP_OVERLAP_FIELD,)
+
+
+# The fields that must be positive integers, read at once (in C: a space builds a Layout per layout it holds), and
+# the pipeline-split fields.
+_POSITIVE_NAMES = ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch")
+_positive_values = attrgetter(*_POSITIVE_NAMES)
+_split_values = attrgetter(*SPLIT_FIELDS)
 
 
 class InvalidLayout(AttuneError, ValueError):
@@ -73,8 +81,9 @@ class Layout:
         etp_defaulted = self.etp is None
         if etp_defaulted:
             object.__setattr__(self, "etp", self.tp)
-        for name in ("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch"):
-            value = getattr(self, name)
+        for name, value in zip(_POSITIVE_NAMES, _positive_values(self)):
+            if value.__class__ is int and value >= 1:   # the usual case, decided without the checks below
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidLayout(f"{name} must be a positive integer, got {shown(value)}")
         n, tp, pp, cp, ep, etp = self.world_size, self.tp, self.pp, self.cp, self.ep, self.etp
@@ -121,6 +130,9 @@ class Layout:
                                 f"(VPP > 1, Megatron), got VPP 1")
 
     def _check_uneven(self):
+        first, last, embedding, loss, text = _split_values(self)
+        if first is None and last is None and embedding is False and loss is False and text is None:
+            return   # an even split by count (most layouts): nothing below can fail
         for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
             value = getattr(self, name)
             if value is None:
@@ -272,11 +284,20 @@ class Layout:
 
     def _make_key(self) -> str:
         # fields added later only when set: keys of studies made before they existed stay the same
-        return "|".join(f"{f.name}={_fmt(getattr(self, f.name))}" for f in fields(self)
-                        if not (f.name in LATER_FIELDS and getattr(self, f.name) in (None, False)))
+        return "|".join(f"{name}={value}" if value.__class__ in _PLAIN else f"{name}={_fmt(value)}"
+                        for name, later, value in zip(_KEY_NAMES, _KEY_LATER, _key_values(self))
+                        if not (later and value in (None, False)))
 
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)
+
+
+# Layout.key's fields in order, whether each came later, and their values read at once (in C): a study asks the key
+# of every candidate
+_KEY_NAMES = tuple(f.name for f in fields(Layout))
+_KEY_LATER = tuple(name in LATER_FIELDS for name in _KEY_NAMES)
+_key_values = attrgetter(*_KEY_NAMES)
+_PLAIN = frozenset((int, bool, str, type(None)))   # formatted as str() formats them: _fmt's own answer, without the call
 
 
 def _fmt(value) -> str:

@@ -13,7 +13,8 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 
 from cost_model.activations import in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
@@ -33,6 +34,8 @@ BACKUP_BYTES_PER_PARAM = 2                      # slime's bf16 weight backup in 
 # The parts of a GPU's peak, in the order tables print them (MemoryBreakdown.as_dict adds the sums).
 ALLOCATED_PARTS = ("weights", "grads", "optimizer", "activations", "loss_path", "optimizer_step")
 OUTSIDE_PARTS = ("cuda_context", "nccl", "deepep")
+# the parts as tuples, in that order, read in C (the sums below add them in the same order)
+_allocated_parts, _outside_parts = attrgetter(*ALLOCATED_PARTS), attrgetter(*OUTSIDE_PARTS)
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,11 @@ class MemoryBreakdown:
     @property
     def allocated(self) -> float:
         """The allocator's peak (torch.cuda.max_memory_allocated)."""
-        return sum(getattr(self, k) for k in ALLOCATED_PARTS)
+        return sum(_allocated_parts(self))
 
     @property
     def outside_pytorch(self) -> float:
-        return sum(getattr(self, k) for k in OUTSIDE_PARTS)
+        return sum(_outside_parts(self))
 
     @property
     def buffers(self) -> float:
@@ -285,6 +288,7 @@ def offload_split(model: ModelSpec, indices, rank: RankLayers, layout: Layout, g
 _SPLIT_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "pipeline_model_parallel_layout", "tp", "ep", "etp", "dp", "cp", "edp", "optimizer_offload_fraction")
+_split_fields = attrgetter(*_SPLIT_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _SPLIT_MEMO: dict = {}
 _SPLIT_MEMO_MAX = 50_000
 
@@ -292,7 +296,7 @@ _SPLIT_MEMO_MAX = 50_000
 def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
                         gdn_sharded: bool) -> OffloadSplit:
     """`offload_split` of pipeline rank `i`, memoized."""
-    key = (id(model), tuple(getattr(layout, f) for f in _SPLIT_FIELDS), len(ranks), i, ranks[i], gdn_sharded)
+    key = (id(model), _split_fields(layout), len(ranks), i, ranks[i], gdn_sharded)
     hit = _SPLIT_MEMO.get(key)
     if hit is None:
         if len(_SPLIT_MEMO) >= _SPLIT_MEMO_MAX:
@@ -338,38 +342,88 @@ class MemoryInputs:
     vision: VisionWork | None = None  # a VLM's encoder work per micro-batch (first rank)
 
 
+# The static memory of a rank (weights, gradients, optimizer state, the optimizer step's temporary) is the same for
+# the layouts of a parallel shape that differ in their micro-batch or recompute: it reads the layout only through
+# these fields (the offload split's and the Adam moments' dtype). Memoized with the model, runtime and ranks held by
+# the memo.
+_STATIC_FIELDS = _SPLIT_FIELDS + ("exp_avg_dtype",)
+_static_fields = attrgetter(*_STATIC_FIELDS)
+_STATIC_MEMO: dict = {}
+_STATIC_MEMO_MAX = 50_000
+
+
+def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
+                 inputs: MemoryInputs) -> tuple[float, float, float, float]:
+    """(weights, grads, optimizer, optimizer step) bytes on one GPU of pipeline rank `i`, memoized."""
+    rt = inputs.runtime
+    key = (id(model), id(rt), id(ranks), _static_fields(layout), i, inputs.precision_aware, inputs.frozen_weights)
+    hit = _STATIC_MEMO.get(key)
+    if hit is None:
+        r = ranks[i]
+        split = (_rank_offload_split(model, layout, ranks, i, rt.gdn_sharded)
+                 if layout.offloaded and not inputs.frozen_weights else None)
+        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
+                                                  inputs.frozen_weights, split)
+        step = optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split)
+        if len(_STATIC_MEMO) >= _STATIC_MEMO_MAX:
+            _STATIC_MEMO.clear()
+        hit = _STATIC_MEMO[key] = ((model, rt, ranks), (weights, grads, optimizer, step))
+    return hit[1]
+
+
+# Layouts that differ only in whether the offloaded optimizer's copies overlap its step (overlap_d2h_h2d: time, not
+# memory) hold the same memory: the peak reads every other field of the layout, and the inputs in the key (objects
+# by identity, held by the memo). A vision workload's inputs are built per layout: not memoized.
+_MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name != "overlap_d2h_h2d")
+_memory_fields = attrgetter(*_MEMORY_FIELDS)
+_PEAK_MEMO: dict = {}
+_PEAK_MEMO_MAX = 50_000
+
+
 def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
                 c: Constants) -> MemoryBreakdown:
     """The device-level peak of the most-loaded GPU over the pipeline ranks."""
+    if inputs.vision is not None:
+        return _peak_memory(ranks, model, layout, inputs, c)
+    held = (ranks, model, c, inputs.runtime, inputs.gpu, inputs.device)
+    key = (tuple(map(id, held)), _memory_fields(layout), inputs.precision, inputs.tokens, inputs.routed_rows_per_token,
+           inputs.num_microbatches, inputs.precision_aware, inputs.frozen_weights)
+    hit = _PEAK_MEMO.get(key)
+    if hit is None:
+        if len(_PEAK_MEMO) >= _PEAK_MEMO_MAX:
+            _PEAK_MEMO.clear()
+        hit = _PEAK_MEMO[key] = (held, _peak_memory(ranks, model, layout, inputs, c))
+    return hit[1]
+
+
+def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
+                 c: Constants) -> MemoryBreakdown:
     rt = inputs.runtime
     in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
     outside = fixed.outside_pytorch
+    head_loss = loss_path_bytes(model, layout, inputs.tokens, rt)   # the same on every rank that holds a head
     best, best_total = None, None
     for i, r in enumerate(ranks):
-        split = (_rank_offload_split(model, layout, ranks, i, rt.gdn_sharded)
-                 if layout.offloaded and not inputs.frozen_weights else None)
-        weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
-                                                  inputs.frozen_weights, split)
+        weights, grads, optimizer, step_bytes = _rank_static(model, layout, ranks, i, inputs)
         saved, working = rank_activation_bytes(i, r, model, layout, inputs, in_flight, c)
         # MTP layers (placed by a layout string) each hold one more LM head's logits until their backward.
-        loss = loss_path_bytes(model, layout, inputs.tokens, rt) * (int(r.has_head) + r.mtp_layers)
+        loss = head_loss * (int(r.has_head) + r.mtp_layers)
         # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.
         acts = saved + max(0.0, working - loss)
         if inputs.vision is not None and r.vision:
             acts += vision_activation_bytes(inputs.vision.spec, inputs.vision.patches, layout.tp, in_flight)
-        step = max(0.0, optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split) - acts - loss)
-        parts = dict(weights=weights / GIB, grads=grads / GIB, optimizer=optimizer / GIB, activations=acts / GIB,
-                     loss_path=loss / GIB, optimizer_step=step / GIB)
-        allocated = sum(parts.values())
+        step = max(0.0, step_bytes - acts - loss)
+        parts = (weights / GIB, grads / GIB, optimizer / GIB, acts / GIB, loss / GIB, step / GIB)   # ALLOCATED_PARTS
+        allocated = sum(parts)
         # MemoryBreakdown.total, summed as it sums: only the peak rank's breakdown is built
         total = allocated + allocated * fixed.reserve_fraction + outside
         if best_total is None or total > best_total:
             best, best_total = (parts, allocated), total
     parts, allocated = best
     reserve, cache = fixed.reserve_and_cache(allocated)
-    return MemoryBreakdown(**parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
+    return MemoryBreakdown(*parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
                            nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=fixed.sources)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 
 from cost_model.batching import rows_per_microbatch, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
@@ -192,17 +193,62 @@ def runner_components(rt: Runtime, profile: HardwareProfile | None):
 
 def _step_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, c: Constants,
                   profile: HardwareProfile | None, rt: Runtime) -> StepContext:
-    rates = rates_for(gpu, c, workload.precision, profile)
     tokens, n_mb = microbatches(layout, workload)
-    imbalance = routing_imbalance(model, workload, layout, c)
     vision = vision_work(model, workload, layout)
-    ranks = layout_rank_layers(model, layout, with_vision=vision is not None)
-    # Static memory and the optimizer step are set by the rank holding the most parameters.
-    dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
+    rates, imbalance, ranks, dense, expert, runner, ranks_per_host = _shape_context(
+        model, gpu, workload, layout, c, profile, rt, vision is not None)
     return StepContext(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c, workload.framework,
                        dense, expert, rt.gdn_sharded, workload.cuda_graphs, workload.frozen_weights, vision,
-                       rt.per_expert_gemm_calls, runner_components(rt, profile),
-                       min(layout.world_size, gpu.gpus_per_node))
+                       rt.per_expert_gemm_calls, runner, ranks_per_host)
+
+
+# Scoring a space builds a context for every layout, and the layouts of one parallel shape share most of it: the
+# rates, the routing imbalance, the ranks' layers and the most-loaded rank's parameters read the layout only through
+# these fields. Memoized with the objects held by the memo (keyed by identity, as the rates are).
+_SHAPE_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                 "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                 "pipeline_model_parallel_layout", "tp", "ep", "etp", "world_size")
+_shape_fields = attrgetter(*_SHAPE_FIELDS)
+_SHAPE_MEMO: dict = {}
+_SHAPE_MEMO_MAX = 20_000
+
+
+def _shape_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, c: Constants,
+                   profile: HardwareProfile | None, rt: Runtime, with_vision: bool) -> tuple:
+    held = (model, gpu, workload, c, profile, rt)
+    key = (tuple(map(id, held)), _shape_fields(layout), with_vision)
+    hit = _SHAPE_MEMO.get(key)
+    if hit is None:
+        rates = rates_for(gpu, c, workload.precision, profile)
+        imbalance = routing_imbalance(model, workload, layout, c)
+        ranks = layout_rank_layers(model, layout, with_vision=with_vision)
+        # Static memory and the optimizer step are set by the rank holding the most parameters.
+        dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
+        if len(_SHAPE_MEMO) >= _SHAPE_MEMO_MAX:
+            _SHAPE_MEMO.clear()
+        hit = _SHAPE_MEMO[key] = (held, (rates, imbalance, ranks, dense, expert, runner_components(rt, profile),
+                                         min(layout.world_size, gpu.gpus_per_node)))
+    return hit[1]
+
+
+# Every layout of a space has the same source line: built once per (model, GPU, workload, constants, rates, runtime),
+# the objects held by the memo.
+_SOURCE_MEMO: dict = {}
+
+
+def _source(model: ModelSpec, gpu: GpuSpec, workload: Workload, c: Constants, rates, rt: Runtime) -> str:
+    held = (model, gpu, workload, c, rates, rt)
+    key = tuple(map(id, held))
+    hit = _SOURCE_MEMO.get(key)
+    if hit is None:
+        source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
+        if LINEAR_ATTENTION in model.layer_types:
+            source += f"; GDN kernel {rates.gdn_source}"
+        source += workload_note(workload)
+        if len(_SOURCE_MEMO) >= 256:
+            _SOURCE_MEMO.clear()
+        hit = _SOURCE_MEMO[key] = (held, source)
+    return hit[1]
 
 
 def step_time_only(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
@@ -300,10 +346,7 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
                                   gpu.peak_tflops(workload.precision))
     usd = usd_per_million_tokens(gpu.usd_per_gpu_hour, tokens_per_s_per_gpu)
-    source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
-    if LINEAR_ATTENTION in model.layer_types:
-        source += f"; GDN kernel {rates.gdn_source}"
-    source += workload_note(workload)
+    source = _source(model, gpu, workload, c, rates, rt)
     return Prediction(
         fits=fit == FITS, reasons=tuple(reasons), memory=memory, gpu_memory_gib=capacity,
         host_memory_gib_per_node=host, host_memory_capacity_gib=gpu.host_memory_gib_per_node,

@@ -11,6 +11,7 @@ import re
 from copy import copy
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from operator import attrgetter
 
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants, constants_sources
@@ -169,6 +170,7 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
 # terms depend on the layout only through these fields (layer_time's, recompute's and the launch's).
 _RANK_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher", "selective_modules", "recompute_granularity",
                 "recompute_method", "recompute_num_layers", "vpp")
+_rank_fields = attrgetter(*_RANK_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _RANK_MEMO: dict = {}
 _RANK_MEMO_MAX = 100_000
 
@@ -178,7 +180,7 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
     `ep_overlap`: the share of chunks whose expert all-to-alls overlap another's compute (`ep_overlap_share`).
     Memoized on its inputs (objects by identity, held by the memo): the dict is shared, not to be changed."""
     held = (ctx.model, ctx.rates, ctx.c, ctx.vision)
-    key = (tuple(map(id, held)), tuple(getattr(ctx.layout, f) for f in _RANK_FIELDS), ctx.tokens, ctx.seq_len,
+    key = (tuple(map(id, held)), _rank_fields(ctx.layout), ctx.tokens, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
            rank, ep_overlap)
     hit = _RANK_MEMO.get(key)
@@ -232,8 +234,30 @@ def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float
     return t
 
 
+# The layouts of a shape that differ only in what the pipeline does not see (offload, the optimizer's dtype) share
+# their pipeline terms: they read the layout through the ranks' fields and these, and the context through the rest
+# of the key (objects by identity, held by the memo).
+_PIPELINE_FIELDS = _RANK_FIELDS + ("pp", "world_size", "overlap_moe_expert_parallel_comm")
+_pipeline_fields = attrgetter(*_PIPELINE_FIELDS)
+_PIPELINE_MEMO: dict = {}
+_PIPELINE_MEMO_MAX = 50_000
+
+
 def pipeline_terms(ctx: StepContext) -> dict[str, float]:
-    """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages."""
+    """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages (a new dict:
+    the caller adds the step's terms to it)."""
+    held = (ctx.ranks, ctx.model, ctx.rates, ctx.c, ctx.vision)
+    key = (tuple(map(id, held)), _pipeline_fields(ctx.layout), ctx.tokens, ctx.num_microbatches, ctx.seq_len,
+           ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls)
+    hit = _PIPELINE_MEMO.get(key)
+    if hit is None:
+        if len(_PIPELINE_MEMO) >= _PIPELINE_MEMO_MAX:
+            _PIPELINE_MEMO.clear()
+        hit = _PIPELINE_MEMO[key] = (held, _pipeline_terms(ctx))
+    return dict(hit[1])
+
+
+def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
     layout, num_microbatches = ctx.layout, ctx.num_microbatches
     overlap = ep_overlap_share(layout, num_microbatches)
     per_rank_terms = [rank_microbatch_terms(ctx, r, overlap) for r in ctx.ranks]
@@ -280,11 +304,33 @@ def step_breakdown(ctx: StepContext) -> dict[str, float]:
         return runner_step_breakdown(ctx)
     terms = pipeline_terms(ctx)
     trained_dense, trained_expert = ctx.trained_params
-    terms["dp_comm"] = data_parallel_time(ctx.layout, ctx.rates, ctx.c, ctx.framework, trained_dense, trained_expert)
+    terms["dp_comm"], terms["step_overhead"] = _sync_and_overhead(ctx)
     terms["optimizer"] = optimizer_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
     terms["offload"] = offload_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
-    terms["step_overhead"] = step_overhead(ctx.rates, ctx.c, ctx.framework, ctx.dense, ctx.expert)
     return {k: terms.get(k, 0.0) for k in TERMS}
+
+
+# The gradient sync and the step's fixed overhead are the same for every layout of a parallel shape: they read the
+# layout through these fields and the context through the rest of the key (objects by identity, held by the memo).
+_SYNC_FIELDS = ("world_size", "pp", "dp", "cp", "edp")
+_sync_fields = attrgetter(*_SYNC_FIELDS)
+_SYNC_MEMO: dict = {}
+_SYNC_MEMO_MAX = 20_000
+
+
+def _sync_and_overhead(ctx: StepContext) -> tuple[float, float]:
+    held = (ctx.rates, ctx.c)
+    trained_dense, trained_expert = ctx.trained_params
+    key = (tuple(map(id, held)), _sync_fields(ctx.layout), ctx.framework, trained_dense, trained_expert, ctx.dense,
+           ctx.expert)
+    hit = _SYNC_MEMO.get(key)
+    if hit is None:
+        if len(_SYNC_MEMO) >= _SYNC_MEMO_MAX:
+            _SYNC_MEMO.clear()
+        hit = _SYNC_MEMO[key] = (held, (
+            data_parallel_time(ctx.layout, ctx.rates, ctx.c, ctx.framework, trained_dense, trained_expert),
+            step_overhead(ctx.rates, ctx.c, ctx.framework, ctx.dense, ctx.expert)))
+    return hit[1]
 
 
 # ------------------------------------------------------------------------- the megatron runner's own stack

@@ -16,7 +16,7 @@ from cost_model.workload import Workload
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
-from search_space.rules import violations
+from search_space.rules import layout_violations, shape_violations, violations
 from cost_model.stack import Stack
 
 
@@ -276,6 +276,7 @@ def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Work
     """Every valid layout of one parallel shape (`options` as space_plan gives them)."""
     dispatchers = shape_dispatchers(shape, stack, options)
     rows_per_mb = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
+    shape_broken = None   # the shape's own rules, asked of its first layout: the same for all of them
     for rows, rc, off, disp in product(rows_per_mb, recompute_choices(model, options), offload_choices(options),
                                        dispatchers):
         max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
@@ -284,7 +285,11 @@ def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Work
                             dispatcher=disp, **rc, **off)
         except InvalidLayout:
             continue
-        if not violations(layout, model, workload, stack):
+        if shape_broken is None:
+            shape_broken = bool(shape_violations(layout, model, workload, stack))
+        if shape_broken:
+            return
+        if not layout_violations(layout, model, workload, stack):
             yield layout
 
 

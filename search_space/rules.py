@@ -36,12 +36,24 @@ class Violation:
 
 def violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
     """Every rule the layout breaks for this model, workload and stack (empty: valid)."""
+    return shape_violations(layout, model, workload, stack) + layout_violations(layout, model, workload, stack)
+
+
+def shape_violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
+    """The rules that read only the layout's parallel shape (TP, PP, VPP, CP, EP, ETP, the pipeline split): the
+    same for every layout of one shape, so an enumeration asks them once per shape."""
     out: list[Violation] = []  # each group appends the rules it finds broken, in this order
     _attention_rules(out, layout, model, stack)
     _expert_rules(out, layout, model)
     _pipeline_rules(out, layout, model)
     if workload.framework == "slime":   # a Megatron-LM/Bridge run sets its own --seq-length
         _context_parallel_rules(out, layout)
+    return out
+
+
+def layout_violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
+    """The other rules (recompute, dispatcher and offload, batching), after `shape_violations` in `violations`."""
+    out: list[Violation] = []
     _recompute_rules(out, layout, model)
     _feature_rules(out, layout, model, stack)
     _batching_rules(out, layout, workload)

@@ -10,22 +10,25 @@ import math
 import signal
 import time
 from dataclasses import fields as dataclass_fields
+from operator import attrgetter
 
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
 from search_space.enumerate import shape_layouts, space_plan
 from search_space.runner_space import RunnerSpace
+from tuner.gc_pause import no_cyclic_gc
 from tuner.options import CliError
 from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 
 _PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
 _SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
+_sibling_fields = attrgetter(*_SIBLING_FIELDS)   # a tuple of them, read in C
 
 
 def sibling_key(layout: Layout) -> tuple:
     """The layout but for its tokens per micro-batch: its siblings differ only in that."""
-    return tuple(getattr(layout, f) for f in _SIBLING_FIELDS)
+    return _sibling_fields(layout)
 
 
 class _Scoring:
@@ -111,10 +114,11 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     shapes, options, _ = space_plan(config.model, config.world_size, config.workload, config.stack, options)
     if ray_address is None:
         scoring = _Scoring(config, runner, progress)
-        for shape in shapes:
-            for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
-                                        options):
-                scoring.take(layout)
+        with no_cyclic_gc():
+            for shape in shapes:
+                for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
+                                            options):
+                    scoring.take(layout)
     else:
         scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     if isinstance(progress, Progress):

@@ -20,6 +20,7 @@ from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
 from tuner.space_scoring import score_space
 from tuner.export import export_rows
+from tuner.gc_pause import no_cyclic_gc
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
@@ -174,8 +175,9 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     level_sd, family_sd, sigma = agent_prior(config, runner)
     prior = AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd)
     if progress is None:
-        return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, prior,
-                             stop_margin=stop_margin)
+        with no_cyclic_gc():
+            return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, prior,
+                                 stop_margin=stop_margin)
     counter, weighing = Counter(progress, "predictions under the hypotheses"), [True]
 
     def counted(h, layout):   # counts only while the agent builds its table: a trial's lookups say nothing
@@ -183,7 +185,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
             counter.add()
         return predict_h(h, layout)
 
-    with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."):
+    with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."), no_cyclic_gc():
         agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, prior,
                               stop_margin=stop_margin)
     weighing.clear()
