@@ -29,9 +29,12 @@ setup-test: $(PY)
 	$(PY) -m pip install -q -e '.[test]'
 	$(OWN_SCRIPTS)
 
+# Two workers, a test file whole on one of them (its module fixtures, a Ray cluster or a PostgreSQL server, start once).
+XDIST := -n 2 --dist loadfile
+
 test: setup-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 # The quick subset for the edit-test loop: no test marked slow, ray or torch (pyproject.toml lists the markers).
 test-fast: setup-test
-	$(PY) -m pytest -q -m "not slow and not ray and not torch"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not ray and not torch"
