@@ -660,9 +660,11 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
     if prediction.borderline and not take_borderline:
         return prune("predicted " + "; ".join(prediction.reasons) + " (the proposer does not weigh the risk)")
-    set_trial_attrs(trial, attrs)
+    # a real run may never return: its layout and prediction are kept first; a prediction answers at once
+    before = {} if runner.figures == "predicted" else attrs
+    set_trial_attrs(trial, before)
     result = runner.run(TrialSpec(config.case(layout), steps=config.steps, window=config.window))
-    ended = {"result": result.to_dict()}
+    ended = {**{k: v for k, v in attrs.items() if k not in before}, "result": result.to_dict()}
     ended.update(flat_attrs(attrs["prediction"], ended["result"]))
     if learn is not None:
         ended.update(learn(trial, layout, result))
