@@ -13,6 +13,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -69,8 +70,22 @@ class Server:
         self._run(_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "attune")
         self._run(_bin("pg_ctl"), "-D", str(data), "-l", str(self.dir / "log"), "-w", "-o",
                   f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200", "start")
+        self._reap_when_gone(os.getpid())
         self._run(_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "attune", "attune")
         return f"postgresql+psycopg2://attune@127.0.0.1:{self.port}/attune"
+
+    def _reap_when_gone(self, pid: int) -> None:
+        """A test run stopped hard (SIGKILL, a closed terminal) runs no teardown: a detached watcher stops the server
+        and removes its folder once the process that started it is gone (after `stop`, it finds nothing to do)."""
+        stop = [_bin("pg_ctl"), "-D", str(self.dir / "data"), "-m", "immediate", "stop"]
+        if self.user is not None:
+            stop = ["runuser", "-u", self.user, "--", *stop]
+        watch = ("import os, shutil, subprocess, sys, time\n"
+                 "while os.path.exists(f'/proc/{sys.argv[1]}'): time.sleep(0.5)\n"
+                 "subprocess.run(sys.argv[3:], capture_output=True, timeout=120)\n"
+                 "shutil.rmtree(sys.argv[2], ignore_errors=True)\n")
+        subprocess.Popen([sys.executable, "-c", watch, str(pid), str(self.dir), *stop], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
         try:
