@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from cost_model.runtime import MEGATRON_RUNNER, Runtime
 from experiments.megatron.suite import SuiteTrial, parse_suite
 
 ROOT = Path(__file__).resolve().parents[1]
+# The runner before it collected an offloaded optimizer's first build (one object: the cost model's memos key by it)
+RUNNER_BEFORE_COLLECT = replace(MEGATRON_RUNNER, offload_first_build_collected=False)
 
 
 @dataclass
@@ -36,13 +39,9 @@ class MeasuredRun:
     first_build_collected: bool = True
 
     @property
-    def runtime(self):
+    def runtime(self) -> Runtime:
         """The runner's stack as it ran (cost_model.runtime): what its prediction must assume."""
-        from dataclasses import replace
-
-        from cost_model.runtime import MEGATRON_RUNNER
-        return MEGATRON_RUNNER if self.first_build_collected else replace(MEGATRON_RUNNER,
-                                                                          offload_first_build_collected=False)
+        return MEGATRON_RUNNER if self.first_build_collected else RUNNER_BEFORE_COLLECT
 
     @property
     def ok(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from operator import attrgetter
 
+from cost_model.memo import IdentityMemo
 from cost_model.constants import Constants
 from cost_model.layout import Layout
 from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
@@ -235,8 +236,7 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
 _ACTIVATION_FIELDS = ("tp", "cp", "etp", "pp", "vpp", "overlap_moe_expert_parallel_comm", "recompute_granularity",
                       "recompute_method", "recompute_num_layers", "selective_modules")
 _activation_fields = attrgetter(*_ACTIVATION_FIELDS)   # a tuple of them, read in C (a memo key per call)
-_ACTIVATION_MEMO: dict = {}
-_ACTIVATION_MEMO_MAX = 100_000
+_ACTIVATION_MEMO = IdentityMemo(100_000)
 
 
 def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, inputs: MemoryInputs,
@@ -255,12 +255,8 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
                                   c.unfused_dense_glu_backward_tensors)
     key = (id(model), rank, _activation_fields(layout), tokens, routed_rows_per_token,
            gdn_sharded, unfused)
-    hit = _ACTIVATION_MEMO.get(key)
-    if hit is None:
-        if len(_ACTIVATION_MEMO) >= _ACTIVATION_MEMO_MAX:
-            _ACTIVATION_MEMO.clear()
-        hit = _ACTIVATION_MEMO[key] = (model, activation_bytes_per_microbatch(
-            rank, model, layout, tokens, routed_rows_per_token, gdn_sharded, unfused))
+    hit = _ACTIVATION_MEMO.get(key) or _ACTIVATION_MEMO.put(key, model, activation_bytes_per_microbatch(
+        rank, model, layout, tokens, routed_rows_per_token, gdn_sharded, unfused))
     saved, working = hit[1]
     pp = layout.pp
     in_flight_rank = in_flight if index == 0 else max(1.0, in_flight * (pp - index) / pp)

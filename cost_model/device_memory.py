@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
+from cost_model.memo import IdentityMemo
 from cost_model.constants import Constants
 from cost_model.errors import AttuneError
 from cost_model.names import shown
@@ -182,8 +183,7 @@ def nccl_gib(created: tuple, used: tuple, dev: DeviceMemory | None, c: Constants
 # through its process groups and dispatcher (the allocator's reserve follows the allocated peak: `Overheads.at`).
 _GROUP_FIELDS = ("tp", "pp", "cp", "ep", "etp", "dp", "edp", "world_size", "dispatcher")
 _group_fields = attrgetter(*_GROUP_FIELDS)   # a tuple of them, read in C (a memo key per call)
-_MEMO: dict = {}
-_MEMO_MAX = 50_000
+_MEMO = IdentityMemo(50_000)
 
 
 def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: float, gpu: GpuSpec,
@@ -191,13 +191,9 @@ def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: flo
     """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`.
     Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs)."""
     key = (_group_fields(layout), id(runtime), is_moe, id(gpu), id(dev), id(c))
-    hit = _MEMO.get(key)
-    if hit is None:
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        hit = _MEMO[key] = (runtime, gpu, dev, c, _overheads(layout, runtime, is_moe, gpu, dev, c))
+    hit = _MEMO.get(key) or _MEMO.put(key, (runtime, gpu, dev, c), _overheads(layout, runtime, is_moe, gpu, dev, c))
     # at no allocated peak the memo's own object (built at 0) is the answer: no copy
-    return hit[4] if allocated_gib == 0.0 else hit[4].at(allocated_gib)
+    return hit[1] if allocated_gib == 0.0 else hit[1].at(allocated_gib)
 
 
 def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev: DeviceMemory | None,

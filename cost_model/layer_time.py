@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter
 
+from cost_model.memo import IdentityMemo
 from cost_model.communication import expert_dispatch_time, hidden_state_bytes
 from cost_model.constants import Constants
 from cost_model.layout import Layout
@@ -234,8 +235,7 @@ def dense_mlp(t: LayerTime, model: ModelSpec, layout: Layout, r: Rates, tokens: 
 # see (PP, DP, offload, optimizer...). A layer's time depends on the layout only through these fields.
 _LAYER_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher")
 _layer_fields = attrgetter(*_LAYER_FIELDS)   # a tuple of them, read in C (a memo key per call)
-_MEMO: dict = {}
-_MEMO_MAX = 200_000
+_MEMO = IdentityMemo(200_000)
 
 
 def layer_time(attn_kind: str, mlp_kind: str, x: LayerInputs) -> LayerTime:
@@ -244,12 +244,8 @@ def layer_time(attn_kind: str, mlp_kind: str, x: LayerInputs) -> LayerTime:
     result is shared, so a caller that changes it copies it first."""
     key = (attn_kind, mlp_kind, id(x.model), id(x.rates), id(x.c), _layer_fields(x.layout), x.tokens, x.seq_len,
            x.imbalance, frozenset(x.mods), x.gdn_sharded, x.frozen_weights)
-    hit = _MEMO.get(key)
-    if hit is None:
-        if len(_MEMO) >= _MEMO_MAX:
-            _MEMO.clear()
-        hit = _MEMO[key] = (x.model, x.rates, x.c, _layer_time(attn_kind, mlp_kind, x))
-    return hit[3]
+    hit = _MEMO.get(key) or _MEMO.put(key, (x.model, x.rates, x.c), _layer_time(attn_kind, mlp_kind, x))
+    return hit[1]
 
 
 def _layer_time(attn_kind: str, mlp_kind: str, x: LayerInputs) -> LayerTime:

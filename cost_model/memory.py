@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
+from cost_model.memo import IdentityMemo
 from cost_model.activations import in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
 from cost_model.device_memory import DeviceMemory, overheads
@@ -289,8 +290,7 @@ _SPLIT_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "pipeline_model_parallel_layout", "tp", "ep", "etp", "dp", "cp", "edp", "optimizer_offload_fraction")
 _split_fields = attrgetter(*_SPLIT_FIELDS)   # a tuple of them, read in C (a memo key per call)
-_SPLIT_MEMO: dict = {}
-_SPLIT_MEMO_MAX = 50_000
+_SPLIT_MEMO = IdentityMemo(50_000)
 
 
 def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
@@ -299,10 +299,8 @@ def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayer
     key = (id(model), _split_fields(layout), len(ranks), i, ranks[i], gdn_sharded)
     hit = _SPLIT_MEMO.get(key)
     if hit is None:
-        if len(_SPLIT_MEMO) >= _SPLIT_MEMO_MAX:
-            _SPLIT_MEMO.clear()
         indices = _rank_layer_indices(model, layout, len(ranks))[i]
-        hit = _SPLIT_MEMO[key] = (model, offload_split(model, indices, ranks[i], layout, gdn_sharded))
+        hit = _SPLIT_MEMO.put(key, model, offload_split(model, indices, ranks[i], layout, gdn_sharded))
     return hit[1]
 
 
@@ -348,8 +346,7 @@ class MemoryInputs:
 # the memo.
 _STATIC_FIELDS = _SPLIT_FIELDS + ("exp_avg_dtype",)
 _static_fields = attrgetter(*_STATIC_FIELDS)
-_STATIC_MEMO: dict = {}
-_STATIC_MEMO_MAX = 50_000
+_STATIC_MEMO = IdentityMemo(50_000)
 
 
 def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
@@ -365,9 +362,7 @@ def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...]
         weights, grads, optimizer = static_memory(r, layout, inputs.precision_aware, rt.gdn_sharded,
                                                   inputs.frozen_weights, split)
         step = optimizer_step_bytes(r, layout, rt, inputs.frozen_weights, split)
-        if len(_STATIC_MEMO) >= _STATIC_MEMO_MAX:
-            _STATIC_MEMO.clear()
-        hit = _STATIC_MEMO[key] = ((model, rt, ranks), (weights, grads, optimizer, step))
+        hit = _STATIC_MEMO.put(key, (model, rt, ranks), (weights, grads, optimizer, step))
     return hit[1]
 
 
@@ -376,8 +371,7 @@ def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...]
 # by identity, held by the memo). A vision workload's inputs are built per layout: not memoized.
 _MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name != "overlap_d2h_h2d")
 _memory_fields = attrgetter(*_MEMORY_FIELDS)
-_PEAK_MEMO: dict = {}
-_PEAK_MEMO_MAX = 50_000
+_PEAK_MEMO = IdentityMemo(50_000)
 
 
 def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
@@ -388,11 +382,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
     held = (ranks, model, c, inputs.runtime, inputs.gpu, inputs.device)
     key = (tuple(map(id, held)), _memory_fields(layout), inputs.precision, inputs.tokens, inputs.routed_rows_per_token,
            inputs.num_microbatches, inputs.precision_aware, inputs.frozen_weights)
-    hit = _PEAK_MEMO.get(key)
-    if hit is None:
-        if len(_PEAK_MEMO) >= _PEAK_MEMO_MAX:
-            _PEAK_MEMO.clear()
-        hit = _PEAK_MEMO[key] = (held, _peak_memory(ranks, model, layout, inputs, c))
+    hit = _PEAK_MEMO.get(key) or _PEAK_MEMO.put(key, held, _peak_memory(ranks, model, layout, inputs, c))
     return hit[1]
 
 

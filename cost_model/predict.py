@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from operator import attrgetter
 
+from cost_model.memo import IdentityMemo
 from cost_model.batching import rows_per_microbatch, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
 from cost_model.hardware import GpuSpec
@@ -209,8 +210,7 @@ _SHAPE_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last
                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                  "pipeline_model_parallel_layout", "tp", "ep", "etp", "world_size")
 _shape_fields = attrgetter(*_SHAPE_FIELDS)
-_SHAPE_MEMO: dict = {}
-_SHAPE_MEMO_MAX = 20_000
+_SHAPE_MEMO = IdentityMemo(20_000)
 
 
 def _shape_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, c: Constants,
@@ -224,16 +224,14 @@ def _shape_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: L
         ranks = layout_rank_layers(model, layout, with_vision=with_vision)
         # Static memory and the optimizer step are set by the rank holding the most parameters.
         dense, expert = most_loaded_params(ranks, layout, rt.gdn_sharded)
-        if len(_SHAPE_MEMO) >= _SHAPE_MEMO_MAX:
-            _SHAPE_MEMO.clear()
-        hit = _SHAPE_MEMO[key] = (held, (rates, imbalance, ranks, dense, expert, runner_components(rt, profile),
-                                         min(layout.world_size, gpu.gpus_per_node)))
+        hit = _SHAPE_MEMO.put(key, held, (rates, imbalance, ranks, dense, expert, runner_components(rt, profile),
+                                          min(layout.world_size, gpu.gpus_per_node)))
     return hit[1]
 
 
 # Every layout of a space has the same source line: built once per (model, GPU, workload, constants, rates, runtime),
 # the objects held by the memo.
-_SOURCE_MEMO: dict = {}
+_SOURCE_MEMO = IdentityMemo(256)
 
 
 def _source(model: ModelSpec, gpu: GpuSpec, workload: Workload, c: Constants, rates, rt: Runtime) -> str:
@@ -245,9 +243,7 @@ def _source(model: ModelSpec, gpu: GpuSpec, workload: Workload, c: Constants, ra
         if LINEAR_ATTENTION in model.layer_types:
             source += f"; GDN kernel {rates.gdn_source}"
         source += workload_note(workload)
-        if len(_SOURCE_MEMO) >= 256:
-            _SOURCE_MEMO.clear()
-        hit = _SOURCE_MEMO[key] = (held, source)
+        hit = _SOURCE_MEMO.put(key, held, source)
     return hit[1]
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from operator import attrgetter
 
+from cost_model.memo import IdentityMemo
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants, constants_sources
 from cost_model.layer_time import LayerInputs, LayerTime, layer_time
@@ -171,8 +172,7 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
 _RANK_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher", "selective_modules", "recompute_granularity",
                 "recompute_method", "recompute_num_layers", "vpp")
 _rank_fields = attrgetter(*_RANK_FIELDS)   # a tuple of them, read in C (a memo key per call)
-_RANK_MEMO: dict = {}
-_RANK_MEMO_MAX = 100_000
+_RANK_MEMO = IdentityMemo(100_000)
 
 
 def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float = 0.0) -> dict[str, float]:
@@ -183,11 +183,7 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
     key = (tuple(map(id, held)), _rank_fields(ctx.layout), ctx.tokens, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
            rank, ep_overlap)
-    hit = _RANK_MEMO.get(key)
-    if hit is None:
-        if len(_RANK_MEMO) >= _RANK_MEMO_MAX:
-            _RANK_MEMO.clear()
-        hit = _RANK_MEMO[key] = (held, _rank_microbatch_terms(ctx, rank, ep_overlap))
+    hit = _RANK_MEMO.get(key) or _RANK_MEMO.put(key, held, _rank_microbatch_terms(ctx, rank, ep_overlap))
     return hit[1]
 
 
@@ -239,8 +235,7 @@ def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float
 # of the key (objects by identity, held by the memo).
 _PIPELINE_FIELDS = _RANK_FIELDS + ("pp", "world_size", "overlap_moe_expert_parallel_comm")
 _pipeline_fields = attrgetter(*_PIPELINE_FIELDS)
-_PIPELINE_MEMO: dict = {}
-_PIPELINE_MEMO_MAX = 50_000
+_PIPELINE_MEMO = IdentityMemo(50_000)
 
 
 def pipeline_terms(ctx: StepContext) -> dict[str, float]:
@@ -249,11 +244,7 @@ def pipeline_terms(ctx: StepContext) -> dict[str, float]:
     held = (ctx.ranks, ctx.model, ctx.rates, ctx.c, ctx.vision)
     key = (tuple(map(id, held)), _pipeline_fields(ctx.layout), ctx.tokens, ctx.num_microbatches, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls)
-    hit = _PIPELINE_MEMO.get(key)
-    if hit is None:
-        if len(_PIPELINE_MEMO) >= _PIPELINE_MEMO_MAX:
-            _PIPELINE_MEMO.clear()
-        hit = _PIPELINE_MEMO[key] = (held, _pipeline_terms(ctx))
+    hit = _PIPELINE_MEMO.get(key) or _PIPELINE_MEMO.put(key, held, _pipeline_terms(ctx))
     return dict(hit[1])
 
 
@@ -314,8 +305,7 @@ def step_breakdown(ctx: StepContext) -> dict[str, float]:
 # layout through these fields and the context through the rest of the key (objects by identity, held by the memo).
 _SYNC_FIELDS = ("world_size", "pp", "dp", "cp", "edp")
 _sync_fields = attrgetter(*_SYNC_FIELDS)
-_SYNC_MEMO: dict = {}
-_SYNC_MEMO_MAX = 20_000
+_SYNC_MEMO = IdentityMemo(20_000)
 
 
 def _sync_and_overhead(ctx: StepContext) -> tuple[float, float]:
@@ -323,13 +313,9 @@ def _sync_and_overhead(ctx: StepContext) -> tuple[float, float]:
     trained_dense, trained_expert = ctx.trained_params
     key = (tuple(map(id, held)), _sync_fields(ctx.layout), ctx.framework, trained_dense, trained_expert, ctx.dense,
            ctx.expert)
-    hit = _SYNC_MEMO.get(key)
-    if hit is None:
-        if len(_SYNC_MEMO) >= _SYNC_MEMO_MAX:
-            _SYNC_MEMO.clear()
-        hit = _SYNC_MEMO[key] = (held, (
-            data_parallel_time(ctx.layout, ctx.rates, ctx.c, ctx.framework, trained_dense, trained_expert),
-            step_overhead(ctx.rates, ctx.c, ctx.framework, ctx.dense, ctx.expert)))
+    hit = _SYNC_MEMO.get(key) or _SYNC_MEMO.put(key, held, (
+        data_parallel_time(ctx.layout, ctx.rates, ctx.c, ctx.framework, trained_dense, trained_expert),
+        step_overhead(ctx.rates, ctx.c, ctx.framework, ctx.dense, ctx.expert)))
     return hit[1]
 
 
