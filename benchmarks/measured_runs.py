@@ -34,8 +34,8 @@ class MeasuredRun:
     failures: list = field(default_factory=list)  # failure class of each failed line
     seconds: list = field(default_factory=list)   # wall seconds of each line
     recorded: dict | None = None                  # the prediction the first line recorded when it ran
-    # False: an offload run of a runner that left the optimizer's first build to the cyclic collector (before
-    # 2026-12-03's v12; its optimizer note does not say "first offload build collected")
+    # whether the record's optimizer note says "first offload build collected" (runs from v12 on); before, the runner
+    # left an offloaded optimizer's first build to the cyclic collector (only an offloaded layout's memory reads it)
     first_build_collected: bool = True
 
     @property

@@ -660,11 +660,13 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
     if prediction.borderline and not take_borderline:
         return prune("predicted " + "; ".join(prediction.reasons) + " (the proposer does not weigh the risk)")
-    # a real run may never return: its layout and prediction are kept first; a prediction answers at once
-    before = {} if runner.figures == "predicted" else attrs
-    set_trial_attrs(trial, before)
+    # a real run may never return: its layout and prediction are kept first; a prediction answers at once and
+    # writes them with its end
+    kept_first = runner.figures != "predicted"
+    if kept_first:
+        set_trial_attrs(trial, attrs)
     result = runner.run(TrialSpec(config.case(layout), steps=config.steps, window=config.window))
-    ended = {**{k: v for k, v in attrs.items() if k not in before}, "result": result.to_dict()}
+    ended = ({} if kept_first else dict(attrs)) | {"result": result.to_dict()}
     ended.update(flat_attrs(attrs["prediction"], ended["result"]))
     if learn is not None:
         ended.update(learn(trial, layout, result))
