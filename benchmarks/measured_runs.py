@@ -1,7 +1,8 @@
 """Measured runner suites as runs: one per trial name, its repeats together, nothing counted that was not measured.
 
 A suite's results file may hold a trial more than once (a repeat, in another device call); the run's figure is
-the mean of its measurements and the spread between them is its repeat noise. A line that says "ok" but
+the mean of its measurements and the spread between them is its repeat noise. A line the runner ran with a smaller
+global batch than the suite's (its time budget was short) is a run of its own (`as_run`). A line that says "ok" but
 timed no step after its warm-up (stored before the runner refused such lines: its figure is a compiling first
 step) is a failed run here, failure "too_few_steps".
 
@@ -88,6 +89,16 @@ def steady_tokens(line: dict) -> float:
     return float(line["tokens_per_s_per_gpu"]) * statistics.fmean(window) / statistics.fmean(steady)
 
 
+def as_run(trial: SuiteTrial, line: dict) -> SuiteTrial:
+    """The trial as the line ran it. The runner scales a trial's global batch down when what is left of the suite's
+    time budget is short (its note says so): fewer micro-batches per optimizer step is another workload, so such a
+    line is its own run, named `NAME[gb N]`, predicted for the rows it ran and never averaged with the suite's."""
+    rows = (line.get("details") or {}).get("global_batch_rows")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows == trial.workload.global_batch:
+        return trial
+    return replace(trial, name=f"{trial.name}[gb {rows}]", workload=replace(trial.workload, global_batch=rows))
+
+
 def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
     """The suite's trials that have result lines, in the order they first ran."""
     trials = {t.name: t for t in parse_suite(str(suite))[0]}
@@ -97,6 +108,7 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
         t = trials.get(line.get("trial"))
         if t is None or line.get("status") == "skipped" or line.get("failure_class") == "invalid_config":
             continue
+        t = as_run(t, line)
         run = runs.setdefault(t.name, MeasuredRun(t, results.name))
         if run.recorded is None:
             run.recorded = (line.get("details") or {}).get("prediction_for_model_run") or {}

@@ -46,7 +46,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-dense-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-q36-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v11_suite.json", R / "runner-grids-h200-v11-bound-2026-12-03.jsonl"),
-           (B / "runner_grids_h200_v12_suite.json", R / "runner-grids-h200-v12-2026-12-03.jsonl")]
+           (B / "runner_grids_h200_v12_suite.json", R / "runner-grids-h200-v12-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v13_suite.json", R / "runner-grids-h200-v13-nemo-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v13_suite.json", R / "runner-grids-h200-v13-q36-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v13_suite.json", R / "runner-grids-h200-v13-qn-2026-12-03.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -85,7 +88,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
 # (runner-grids-h200-v11-predicted-before.txt), and are used for nothing but judging. The v12 grid (Mistral-7B-v0.3,
 # never run, on the runner that collects an offloaded optimizer's first build: a stack change made from slime's source,
 # not from any run's figures) ran after that, predictions committed before (runner-grids-h200-v12-predicted-before.txt),
-# and is used for nothing but judging.
+# and is used for nothing but judging. The v13 grids (Mistral-Nemo-12B, never run; Qwen3.6-35B-A3B with its real GDN at
+# 4 layers, seq 4096; Qwen3-Next-80B-A3B at seq 8192) ran with the model unchanged since v12, predictions committed
+# before (runner-grids-h200-v13-predicted-before.txt), and are used for nothing but judging. Lines the runner ran with
+# a scaled-down global batch are runs of their own, predicted for the rows they ran (measured_runs.as_run).
 IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2026-12-02.jsonl",
                    "runner-grids-h200-v3-2026-12-02.jsonl", "runner-grids-h200-v4-2026-12-02.jsonl",
                    "runner-grids-h200-v6-2026-12-02.jsonl", "runner-grids-h200-v7-2026-12-02.jsonl",
@@ -189,6 +195,10 @@ def interval_check(table: list[dict]) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) % 2 or any(a.startswith("-") for a in argv):
+        print("usage: python benchmarks/runner_accuracy.py [SUITE.json RESULTS.jsonl ...] (default: every stored grid)",
+              file=sys.stderr)
+        return 2
     pairs = [(Path(argv[i]), Path(argv[i + 1])) for i in range(0, len(argv), 2)] if argv else DEFAULT
     missing = [str(r) for _, r in pairs if not r.exists()]
     if missing:

@@ -73,6 +73,9 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v11-q36-2026-12-03.jsonl", "runner_grids_h200_v11_suite.json"),
            ("runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner_grids_h200_v11_suite.json"),
            ("runner-grids-h200-v12-2026-12-03.jsonl", "runner_grids_h200_v12_suite.json"),
+           ("runner-grids-h200-v13-nemo-2026-12-03.jsonl", "runner_grids_h200_v13_suite.json"),
+           ("runner-grids-h200-v13-q36-2026-12-03.jsonl", "runner_grids_h200_v13_suite.json"),
+           ("runner-grids-h200-v13-qn-2026-12-03.jsonl", "runner_grids_h200_v13_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 

@@ -925,3 +925,38 @@ def test_a_taken_rendezvous_port_is_retried_once_on_a_fresh_port(monkeypatch, tm
     spec = _spec(model, Layout(1))
     out = r._launch(spec, r.plan(spec), str(tmp_path), "mp")
     assert out is oom and len(calls) == 2
+
+
+def test_suite_runs_the_global_batch_it_names_under_a_short_budget(monkeypatch):
+    """A suite is a measurement of the workload it names: with little of its budget left a trial keeps its rows
+    (it may end with too few steps), where a tune trial would scale its global batch down to the budget."""
+    jobs = []
+
+    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **limits):
+        jobs.append(job)
+        return {"status": "ok", "wall_s": 40.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    trial = next(t for t in suite.parse_suite(SUITE)[0] if t.name == "2g-tp1-ep2-mt4096")
+    suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), budget_s=suite.MIN_TRIAL_S + 1,
+                    only=[trial.name], emit=lambda _: None)
+    assert [job["global_batch"] for job in jobs] == [trial.workload.global_batch]
+    spec = mr.TrialSpec(Case(load_model(trial.model), load_gpu("h200"),
+                             dataclasses.replace(trial.workload, global_batch=4096),
+                             trial.layout), steps=8)
+    assert mr.MegatronRunner(layers=4, timeout_s=suite.MIN_TRIAL_S + 1).plan(spec)["global_batch"] < 4096
+
+
+def test_a_line_run_with_fewer_rows_is_its_own_run():
+    """A stored line whose runner scaled the global batch down is predicted for the rows it ran, never averaged
+    with the suite's trial (benchmarks/measured_runs.as_run)."""
+    from benchmarks.measured_runs import as_run
+
+    trial = suite.parse_suite(SUITE)[0][0]
+    rows = trial.workload.global_batch
+    assert as_run(trial, {"details": {"global_batch_rows": rows}}) is trial
+    assert as_run(trial, {"details": {}}) is trial and as_run(trial, {}) is trial
+    small = as_run(trial, {"details": {"global_batch_rows": rows // 2}})
+    assert small.name == f"{trial.name}[gb {rows // 2}]" and small.workload.global_batch == rows // 2
+    assert small.layout == trial.layout and small.workload.seq_len == trial.workload.seq_len

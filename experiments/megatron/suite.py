@@ -170,8 +170,9 @@ def run_suite(path, out_path: str | None, setup: SuiteSetup, *, budget_s: float 
 def _run_trial(t: SuiteTrial, setup: SuiteSetup, timeout: float, *, log_dir: str) -> dict:
     """One trial's result line: the result's stored form after the suite's own keys."""
     extra = {k: v for k, v in (("seed", t.seed), ("lr", t.lr)) if v is not None}
+    # A suite measures the workload it names: a short budget ends the trial (too few steps), it never runs fewer rows.
     runner = MegatronRunner(layers=t.layers, replace_gdn=t.replace_gdn, backend=t.backend, launcher=setup.launcher,
-                            timeout_s=timeout, hang_timeout_s=min(t.hang_timeout_s, timeout),
+                            timeout_s=timeout, hang_timeout_s=min(t.hang_timeout_s, timeout), scale_batch_to_budget=False,
                             rows_file=t.rows_file or setup.rows_file, cpu_init=t.cpu_init,
                             sdpa_backend=t.sdpa_backend, log_dir=log_dir, **extra)
     spec = TrialSpec(Case(load_model(t.model), setup.gpu, t.workload, t.layout), steps=t.steps,
