@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
           "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid (Mixtral-8x22B) "
           "held out for tokens/s, in sample for memory (unfused_moe_act_recompute_tensors); the v8 and v9 grids held "
           "out for tokens/s (predictions committed before they ran), in sample for memory since the 2026-12-03 "
-          "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11 and v12 grids held out "
+          "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11, v12 and v13 grids held out "
           "(predictions committed before they ran)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
