@@ -41,7 +41,7 @@ from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
-from tuner.trial_attrs import set_trial_attrs
+from tuner.optuna_adapter import set_trial_attrs, storage_of, stored_trial, trial_id_of
 from tuner.trial_record import rankable, stored_attrs
 from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
 from tuner.model_identity import architecture_digest, recorded_before_digests
@@ -391,9 +391,10 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     first beat) is failed when its owner ran on this host and that process is gone; another host's is
     left alone. Trials queued WAITING by older versions of tune are ended too: an ask would hand them to
     the wrong proposal."""
-    running = {t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    running = {trial_id_of(t): t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     fail_stale(study)
-    marked = [n for tid, n in running.items() if study._storage.get_trial(tid).state == TrialState.FAIL]
+    storage = storage_of(study)
+    marked = [n for tid, n in running.items() if storage.get_trial(tid).state == TrialState.FAIL]
     here = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         owner = t.user_attrs.get("owner") or {}
@@ -402,9 +403,9 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
         orphan = t.state == TrialState.WAITING
         if orphan or (owner.get("host") == here and not _alive(int(owner.get("pid", -1)))):
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                study._storage.set_trial_user_attr(t._trial_id, "fail_reason",
+                storage.set_trial_user_attr(trial_id_of(t), "fail_reason",
                                                    "queued by an older tune, never run" if orphan else INTERRUPTED)
-                if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                if storage.set_trial_state_values(trial_id_of(t), state=TrialState.FAIL):
                     marked.append(t.number)
     return sorted(marked)
 
@@ -415,7 +416,7 @@ def _complete_seed(study: optuna.Study, t: optuna.trial.FrozenTrial, dists: dict
     fixed = dict(t.system_attrs.get("fixed_params") or {})
     missing = {n: "none" for n, d in dists.items() if n not in fixed and "none" in getattr(d, "choices", ())}
     if missing:
-        study._storage.set_trial_system_attr(t._trial_id, "fixed_params", {**fixed, **missing})
+        storage_of(study).set_trial_system_attr(trial_id_of(t), "fixed_params", {**fixed, **missing})
 
 
 def user_enqueued(t: optuna.trial.FrozenTrial) -> bool:
@@ -545,10 +546,10 @@ def _claim_and_evaluate(loop: _Loop, history: History, proposal: Proposal) -> tu
                                                                 history_of(study, skip_interrupted, runner.name)),
                               take_borderline=proposer.weighs_fit_risk)
     except KeyboardInterrupt:
-        end_interrupted(study._storage, trial._trial_id, "interrupted by the user")
+        end_interrupted(storage_of(study), trial_id_of(trial), "interrupted by the user")
         raise
     except RunnerError as e:  # the runner cannot run trials at all: record it, then stop
-        end_interrupted(study._storage, trial._trial_id, f"runner: {e}")
+        end_interrupted(storage_of(study), trial_id_of(trial), f"runner: {e}")
         raise
     except optuna.exceptions.UpdateFinishedTrialError:
         _say(bar, f"trial {trial.number}: ended by another tuner (its heartbeat was late); not counted")
@@ -574,7 +575,7 @@ def _count(summary: RunSummary, state: TrialState, bar, history: History, study:
         summary.failed += 1
     bar.update(1)
     best = history.best_value
-    latest = study._storage.get_trial(trial._trial_id).value if state == TrialState.COMPLETE else None
+    latest = stored_trial(study, trial).value if state == TrialState.COMPLETE else None
     if latest is not None and (best is None or latest > best):
         best = latest
     if best is not None:
@@ -601,7 +602,7 @@ def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout,
 
 def _outcome(study: optuna.Study, trial: optuna.Trial) -> str:
     """The ended trial in a few words: its figure, or why it was pruned or failed; what it taught."""
-    frozen = study._storage.get_trial(trial._trial_id)
+    frozen = stored_trial(study, trial)
     result = frozen.user_attrs.get("result") or {}
     if frozen.state == TrialState.COMPLETE and result.get("tokens_per_s_per_gpu"):
         outcome = f"{result['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU {result.get('kind', '')}"
@@ -625,7 +626,7 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
               take_borderline: bool = False) -> TrialState:
     """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value.
     A borderline layout (it may or may not fit) runs only for a proposer that weighed its risk. The trial's
-    attributes are written together (tuner.trial_attrs): before the run (its layout and prediction stay if the
+    attributes are written together (tuner.optuna_adapter.set_trial_attrs): before the run (its layout and prediction stay if the
     run never returns) and with its end."""
     attrs: dict = {}
 

@@ -133,6 +133,8 @@ def _grounds(path: str) -> bool:
 def _read(t) -> tuple[dict, list]:
     from optuna.trial import TrialState
 
+    from tuner.optuna_adapter import trial_id_of
+
     attrs, problems = _clean(t.user_attrs, ATTRIBUTES, "")
     if t.state == TrialState.COMPLETE:
         if "layout" not in attrs and not any(p == "layout" for p, _ in problems):
@@ -143,7 +145,7 @@ def _read(t) -> tuple[dict, list]:
             problems.append(("result.tokens_per_s_per_gpu", "is missing"))
         if not _is(NUMBER, t.value):   # the objective itself (an edited storage can hold text there)
             problems.append(("value", "is not a number"))
-    seen = (t._trial_id, t.number, t.datetime_start, tuple(problems))   # once per trial and command
+    seen = (trial_id_of(t), t.number, t.datetime_start, tuple(problems))   # once per trial and command
     if problems and seen not in _warned:
         _warned.add(seen)
         print(f"tune: warning: {describe(t.number, problems)}", file=sys.stderr)
@@ -213,34 +215,13 @@ def _what(schema) -> str:
 def unreadable_attribute(engine) -> str | None:
     """Which stored attribute is not JSON (Optuna cannot read a study past it): 'trial 3's attribute result' or
     "the study's attribute config"; None when every one reads."""
-    import sqlalchemy
+    from tuner.optuna_adapter import first_unreadable
 
-    queries = (("trial_user_attributes", "trial"), ("trial_system_attributes", "trial"),
-               ("study_user_attributes", "study"), ("study_system_attributes", "study"))
-    with engine.connect() as db:
-        for table, owner in queries:
-            key = "trial_id" if owner == "trial" else "study_id"
-            for owner_id, name, text in db.execute(sqlalchemy.text(f"SELECT {key}, key, value_json FROM {table}")):
-                try:
-                    json.loads(text)
-                except (TypeError, ValueError):
-                    return _owner(db, owner, owner_id) + f"'s attribute {_short(name)}"
-        for trial_id, name, text in db.execute(sqlalchemy.text(
-                "SELECT trial_id, param_name, distribution_json FROM trial_params")):
-            try:
-                json.loads(text)
-            except (TypeError, ValueError):
-                return _owner(db, "trial", trial_id) + f"'s parameter {_short(name)}"
-    return None
-
-
-def _owner(db, owner: str, owner_id) -> str:
-    import sqlalchemy
-
-    if owner == "study":
-        return "the study"
-    number = db.execute(sqlalchemy.text("SELECT number FROM trials WHERE trial_id = :i"), {"i": owner_id}).scalar()
-    return f"trial {number}"
+    found = first_unreadable(engine)
+    if found is None:
+        return None
+    owner, number, what, name = found
+    return ("the study" if owner == "study" else f"trial {number}") + f"'s {what} {_short(name)}"
 
 
 def _short(name) -> str:
