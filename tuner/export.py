@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
+from tuner.interval import Interval
 from tuner.options import writing_user_file
 from tuner.trial_record import stored_attrs
 
@@ -64,13 +65,11 @@ def interval_block(config, layout) -> dict:
     """The layout's predicted tokens/s/GPU across the cost model's hypotheses (prior weights), for the recipe."""
     from tuner.predict_request import interval_for
 
-    iv = interval_for(config.case(layout), config.profile)
-    return {"tokens_per_s_per_gpu_low": round(iv.low), "tokens_per_s_per_gpu_median": round(iv.median),
-            "tokens_per_s_per_gpu_high": round(iv.high),
-            "note": (f"predicted: 90% interval over {len(iv.by_hypothesis)} hypotheses on slime's unexplained step "
-                     f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
-                     f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"
-                     f"{iv.spread_high:,.0f}")}
+    iv = Interval.of_hypotheses(interval_for(config.case(layout), config.profile))
+    return iv.recipe_block(f"predicted: 90% interval over {iv.hypotheses} hypotheses on slime's unexplained step "
+                           f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
+                           f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"
+                           f"{iv.spread_high:,.0f}")
 
 
 def proxy_differences(result: dict, config) -> list[str]:
@@ -131,9 +130,7 @@ def _calibration(result: dict, proxy: dict, detail: dict) -> dict:
     if why:
         return {"applied": False, "note": f"not calibrated: {why}; the figure and interval are slime's prediction"}
     factor = measured / predicted
-    interval = result.get("predicted_interval") or {}
-    scaled = {k.replace("tokens_per_s_per_gpu_", ""): round(v * factor) for k, v in interval.items()
-              if k.startswith("tokens_per_s_per_gpu_") and isinstance(v, (int, float))}
+    scaled = Interval.from_recipe(result.get("predicted_interval")).scaled(factor)
     return {"applied": True, "factor": round(factor, 4),
             "tokens_per_s_per_gpu": round(result["tokens_per_s_per_gpu"] * factor, 2), "interval": scaled or None,
             "note": "predicted for the whole model on slime, scaled by the proxy's measured/predicted ratio (same "

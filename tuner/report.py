@@ -12,6 +12,7 @@ from cost_model.layout import Layout
 from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
+from tuner.interval import Interval
 from tuner.intervals import predicted_figure
 from tuner.trial_record import rankable, stored_attrs
 
@@ -42,7 +43,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             continue
         attrs = stored_attrs(t)
         result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
-        interval = as_dict(prediction.get("interval"))
+        interval = Interval.from_dict(prediction.get("interval")) or NO_INTERVAL
         layout = layout_from_stored(attrs["layout"])
         rows.append(Row(
             number=t.number, layout=layout,
@@ -51,7 +52,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             kind=printable(result.get("kind", "predicted")), source=printable(result.get("source", "")),
             predicted_tokens_per_s_per_gpu=predicted_figure(prediction, interval),
             rationale=printable(attrs.get("rationale", "")),
-            predicted_low=_number(interval.get("low")), predicted_high=_number(interval.get("high")),
+            predicted_low=_number(interval.low), predicted_high=_number(interval.high),
             fit=fit_of(prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
@@ -110,6 +111,7 @@ TRIAL_COLUMNS = ("number", "state", "kind", "label", *LAYOUT_COLUMNS, "tokens_pe
                  "peak_memory_gib", "mfu", "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "predicted_low",
                  "predicted_high", "source", "backend", "reason", "rationale", "learnt")
 FIGURES = ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu", "usd_per_million_tokens")
+NO_INTERVAL = Interval(None, None, None)   # a trial stored without one: its columns read as missing
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
           TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
 
@@ -136,13 +138,13 @@ def trial_record(t: optuna.trial.FrozenTrial) -> dict:
     attrs = stored_attrs(t)
     result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
     figures = result or prediction
-    layout, interval = as_dict(attrs.get("layout")), as_dict(prediction.get("interval"))
+    layout, interval = as_dict(attrs.get("layout")), Interval.from_dict(prediction.get("interval")) or NO_INTERVAL
     return {"number": t.number, "state": STATES[t.state],
             "kind": printable(figures.get("kind", "predicted")) if figures else None,
             "label": printable(attrs.get("label")), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
             **{k: _number(figures.get(k)) for k in FIGURES},
             "predicted_tokens_per_s_per_gpu": predicted_figure(prediction, interval),
-            "predicted_low": _number(interval.get("low")), "predicted_high": _number(interval.get("high")),
+            "predicted_low": _number(interval.low), "predicted_high": _number(interval.high),
             "source": printable(figures.get("source")), "backend": printable(attrs.get("backend")),
             "reason": printable(attrs.get("prune_reason") or attrs.get("fail_reason")),
             "rationale": printable(attrs.get("rationale")), "learnt": printable(attrs.get("learnt"))}

@@ -25,6 +25,7 @@ from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
+from tuner.interval import Interval
 from tuner.report import as_dict, counts_line, ranked_rows, trial_record
 from tuner.trial_record import stored_attrs
 
@@ -62,7 +63,7 @@ class TrialFacts:
     peak_memory_gib: float | None
     usd_per_million_tokens: float | None
     predicted: float | None                # the prediction's tokens/s/GPU (central)
-    interval: tuple | None                 # (low, high, quantiles) of the predicted tokens/s/GPU
+    interval: Interval | None              # of the predicted tokens/s/GPU, when both its ends were recorded
     measured: float | None                 # a measured run's tokens/s/GPU
     measured_step_s: float | None
     ran: bool                              # the trial has a result (ok or failed)
@@ -80,16 +81,14 @@ def trial_facts(t) -> TrialFacts:
     record = trial_record(t)
     attrs = stored_attrs(t)   # its malformed values already left out (tuner.trial_record)
     prediction, result = attrs.get("prediction") or {}, attrs.get("result") or {}
-    interval = prediction.get("interval") or {}
-    quantiles = tuple(interval.get("quantiles") or ())
+    interval = Interval.from_dict(prediction.get("interval"))
     measured = result.get("kind") == "measured" and result.get("status", "ok") == "ok"
     return TrialFacts(
         number=t.number, state=record["state"], kind=record["kind"], label=record["label"] or "",
         short_label=_short_label(attrs.get("layout")), value=record["tokens_per_s_per_gpu"],
         peak_memory_gib=record["peak_memory_gib"], usd_per_million_tokens=record["usd_per_million_tokens"],
         predicted=prediction.get("tokens_per_s_per_gpu"),
-        interval=(interval["low"], interval["high"], quantiles if len(quantiles) >= 2 else ())
-        if "low" in interval and "high" in interval else None,
+        interval=interval if interval is not None and interval.complete else None,
         measured=result.get("tokens_per_s_per_gpu") if measured else None,
         measured_step_s=result.get("step_time_s") if measured else None, ran=bool(result),
         breakdown=dict(prediction.get("breakdown") or {}), weights=attrs.get("hypothesis_weights") or None,

@@ -43,7 +43,8 @@ from search_space.rules import check
 from cost_model.stack import Stack
 from tuner.optuna_adapter import set_trial_attrs, storage_of, stored_trial, trial_id_of
 from tuner.trial_record import rankable, stored_attrs
-from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
+from tuner.interval import Interval
+from tuner.intervals import measured_before, posterior_interval, predicted_figure, prediction_interval
 from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
@@ -654,8 +655,9 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     except InvalidLayout as e:
         return prune(f"the {runner.name} runner cannot run it: {e}")
     predicted = prediction.to_dict()
-    predicted["interval"] = posterior_interval(trial.user_attrs.get("expected"), measured_before(history)) \
-        or interval_dict(config, runner, layout, prediction)
+    interval = posterior_interval(trial.user_attrs.get("expected"), measured_before(history)) \
+        or prediction_interval(config, runner, layout, prediction)
+    predicted["interval"] = interval.to_dict()
     attrs["prediction"] = _jsonable(predicted)
     if not prediction.may_fit:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
@@ -696,10 +698,10 @@ def flat_attrs(prediction: dict | None, result: dict | None) -> dict:
     if not figures:
         return {}
     flat = {k: figures.get(k) for k in FLAT_FIGURES}
-    interval = prediction.get("interval")
-    interval = interval if isinstance(interval, dict) else {}
+    interval = Interval.from_dict(prediction.get("interval"))
     flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction, interval)
-    flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
+    if interval is not None:
+        flat.update(predicted_low=interval.low, predicted_high=interval.high)
     out = {k: float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     out["figures"] = figures.get("kind", "predicted")
     return out
