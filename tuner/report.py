@@ -9,12 +9,10 @@ import optuna
 from optuna.trial import TrialState
 
 from cost_model.layout import Layout
-from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
 from tuner.interval import Interval
-from tuner.intervals import predicted_figure
-from tuner.trial_record import rankable, stored_attrs
+from tuner.trial_record import TrialRecord, read_trials
 
 
 @dataclass(frozen=True)
@@ -38,22 +36,18 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
     """The complete trials, best first. A trial whose stored layout or figures are malformed (another
     program's, a peer's) is left out or shows '-', never a traceback."""
     rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if not rankable(t):   # malformed layout or result: warned about, left out (tuner.trial_record)
+    for r in read_trials(study, states=(TrialState.COMPLETE,)):
+        if not r.rankable:   # malformed layout or result: warned about, left out (tuner.trial_record)
             continue
-        attrs = stored_attrs(t)
-        result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
-        interval = Interval.from_dict(prediction.get("interval")) or NO_INTERVAL
-        layout = layout_from_stored(attrs["layout"])
+        result, interval = r.result, r.interval or NO_INTERVAL
         rows.append(Row(
-            number=t.number, layout=layout,
-            tokens_per_s_per_gpu=t.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
+            number=r.number, layout=r.parsed_layout(),
+            tokens_per_s_per_gpu=r.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
             mfu=_number(result.get("mfu")), usd_per_million_tokens=_number(result.get("usd_per_million_tokens")),
-            kind=printable(result.get("kind", "predicted")), source=printable(result.get("source", "")),
-            predicted_tokens_per_s_per_gpu=predicted_figure(prediction, interval),
-            rationale=printable(attrs.get("rationale", "")),
+            kind=printable(r.result_kind), source=printable(result.get("source", "")),
+            predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
             predicted_low=_number(interval.low), predicted_high=_number(interval.high),
-            fit=fit_of(prediction),
+            fit=fit_of(r.prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
@@ -133,21 +127,16 @@ def as_dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def trial_record(t: optuna.trial.FrozenTrial) -> dict:
-    """One trial's record; a malformed attribute (another program's, a peer's) reads as missing, not as a crash."""
-    attrs = stored_attrs(t)
-    result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
-    figures = result or prediction
-    layout, interval = as_dict(attrs.get("layout")), Interval.from_dict(prediction.get("interval")) or NO_INTERVAL
-    return {"number": t.number, "state": STATES[t.state],
-            "kind": printable(figures.get("kind", "predicted")) if figures else None,
-            "label": printable(attrs.get("label")), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
+def trial_row(r: TrialRecord) -> dict:
+    """One trial's row of TRIAL_COLUMNS; a malformed attribute (another program's, a peer's) reads as missing."""
+    figures, layout, interval = r.figures, as_dict(r.layout), r.interval or NO_INTERVAL
+    return {"number": r.number, "state": STATES[r.state], "kind": printable(r.kind),
+            "label": printable(r.label), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
             **{k: _number(figures.get(k)) for k in FIGURES},
-            "predicted_tokens_per_s_per_gpu": predicted_figure(prediction, interval),
+            "predicted_tokens_per_s_per_gpu": r.predicted,
             "predicted_low": _number(interval.low), "predicted_high": _number(interval.high),
-            "source": printable(figures.get("source")), "backend": printable(attrs.get("backend")),
-            "reason": printable(attrs.get("prune_reason") or attrs.get("fail_reason")),
-            "rationale": printable(attrs.get("rationale")), "learnt": printable(attrs.get("learnt"))}
+            "source": printable(figures.get("source")), "backend": printable(r.backend),
+            "reason": printable(r.reason), "rationale": printable(r.rationale), "learnt": printable(r.learnt)}
 
 
 def trials_frame(study: optuna.Study, limit: int | None = None):
@@ -158,7 +147,7 @@ def trials_frame(study: optuna.Study, limit: int | None = None):
 
 
 def _records(study: optuna.Study, limit: int | None) -> list[dict]:
-    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    records = [trial_row(r) for r in read_trials(study)]
     return records[:limit] if limit else records
 
 

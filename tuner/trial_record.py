@@ -19,6 +19,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
+
+from optuna.trial import TrialState
+
+from tuner.interval import Interval
 
 NUMBER, INTEGER, TEXT, FLAG = "a number", "an integer", "text", "true or false"
 
@@ -116,6 +121,77 @@ def forget_warnings() -> None:
     _warned.clear()
 
 
+@dataclass(frozen=True)
+class TrialRecord:
+    """One stored trial as study, show, export, report and the agent (through study.history_of) read it: each
+    attribute checked (a malformed one reads as missing, warned about once: see the module docstring)."""
+    number: int
+    state: TrialState
+    value: object                      # the objective as stored; a number wherever `rankable`
+    # what was proposed, and why
+    layout: dict | None                # the stored layout values (world_size, tp, ...): parsed_layout() reads them
+    layout_key: str | None
+    label: str | None
+    backend: str | None                # the runner that evaluated it (stored by tune since issue 13)
+    proposer: str | None
+    rationale: str | None
+    hypothesis_weights: dict | None    # the proposer's weights when it proposed this trial
+    # what was predicted: the runner's prediction (a mapping of figures) and its interval
+    prediction: dict
+    interval: Interval | None
+    # what was measured (or predicted, for the predict backend): the runner's result, {} when it did not run
+    result: dict
+    # what it taught, and why it ended where it did not complete
+    learnt: str | None
+    prune_reason: str | None
+    fail_reason: str | None
+    rankable: bool                     # its layout and result are sound enough to rank and export it
+
+    @property
+    def figures(self) -> dict:
+        """The figures it stands for: its result when it ran, else its prediction (a pruned trial)."""
+        return self.result or self.prediction
+
+    @property
+    def kind(self) -> str | None:
+        """Whether `figures` are predicted or measured (None: it has none)."""
+        return self.figures.get("kind", "predicted") if self.figures else None
+
+    @property
+    def result_kind(self) -> str:
+        return self.result.get("kind", "predicted")
+
+    @property
+    def predicted(self) -> float | None:
+        """What was predicted: the interval's median (the agent's posterior), else the point prediction."""
+        from tuner.intervals import predicted_figure
+
+        return predicted_figure(self.prediction, self.interval)
+
+    @property
+    def reason(self) -> str | None:
+        """Why it was pruned or failed."""
+        return self.prune_reason or self.fail_reason
+
+    def parsed_layout(self):
+        """Its Layout (cost_model.layout); only for a record whose layout was read (a rankable one has it)."""
+        from cost_model.layout_codec import layout_from_stored
+
+        return layout_from_stored(self.layout)
+
+
+def read_trial(t) -> TrialRecord:
+    """The trial's record, its malformed attributes left out (warned about once, on stderr)."""
+    attrs, problems = _read(t)
+    prediction, result = attrs.get("prediction") or {}, attrs.get("result") or {}
+    return TrialRecord(
+        number=t.number, state=t.state, value=t.value, layout=attrs.get("layout"),
+        **{k: attrs.get(k) for k in ("layout_key", "label", "backend", "proposer", "rationale", "hypothesis_weights",
+                                     "learnt", "prune_reason", "fail_reason")},
+        prediction=prediction, interval=Interval.from_dict(prediction.get("interval")), result=result,
+        rankable=not any(_grounds(path) for path, _ in problems))
+
+
 def stored_attrs(t) -> dict:
     """The trial's user attributes with every malformed one left out (warned about once, on stderr)."""
     return _read(t)[0]
@@ -126,13 +202,16 @@ def rankable(t) -> bool:
     return not any(_grounds(path) for path, _ in _read(t)[1])
 
 
+def read_trials(study, states=None) -> list[TrialRecord]:
+    """The study's trials in trial order (those in `states` when given), read as records."""
+    return [read_trial(t) for t in study.get_trials(deepcopy=False, states=states)]
+
+
 def _grounds(path: str) -> bool:
     return path in GROUNDS or path == "value" or path.startswith(tuple(g + "." for g in GROUNDS[-3:]))
 
 
 def _read(t) -> tuple[dict, list]:
-    from optuna.trial import TrialState
-
     from tuner.optuna_adapter import trial_id_of
 
     attrs, problems = _clean(t.user_attrs, ATTRIBUTES, "")
