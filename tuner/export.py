@@ -9,27 +9,27 @@ from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
 from tuner.interval import Interval
 from tuner.options import writing_user_file
-from tuner.trial_record import stored_attrs
+from tuner.trial_record import TrialRecord, read_trial
 
 
 def export_rows(rows, config, out: Path, study=None) -> list[Path]:
     """Write one recipe per ranked row under `out`; the paths written, in the rows' order."""
     from recipes.recipe import build_recipe, free_path, recipe_name, recipe_path, write_recipe
 
+    # only the exported rows' trials are read (a malformed other trial is not warned about here)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)} if study is not None else {}
     paths = []
     for row in rows:
         prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
         recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
         recipe["result"]["predicted_interval"] = interval_block(config, row.layout)
-        trial = trials.get(row.number)
-        if row.kind == "measured" and trial is not None:
-            result = stored_attrs(trial).get("result") or {}
-            proxy = proxy_differences(result, config)
+        if row.kind == "measured" and row.number in trials:
+            record = read_trial(trials[row.number])
+            proxy = proxy_differences(record.result, config)
             if proxy:
-                _record_proxy(recipe, row, result, trial, config, study, proxy)
+                _record_proxy(recipe, row, record, config, study, proxy)
             else:
-                _record_measurement(recipe, row, trial, config, study)
+                _record_measurement(recipe, row, record, config, study)
         # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
         path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
         with writing_user_file():
@@ -89,13 +89,13 @@ def proxy_differences(result: dict, config) -> list[str]:
     return out
 
 
-def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differences: list[str]) -> None:
+def _record_proxy(recipe: dict, row, record: TrialRecord, config, study, differences: list[str]) -> None:
     """A measured trial that ran a proxy (fewer layers, another stack) is evidence for the recipe, not its result:
     the recipe stays the target's prediction (status predicted), and the proxy run is listed with what ran."""
     from experiments.runner import TrialResult
     from tuner.verify import convergence_of
 
-    proxy_prediction = (stored_attrs(trial).get("prediction") or {}).get("tokens_per_s_per_gpu")
+    result, proxy_prediction = record.result, record.prediction.get("tokens_per_s_per_gpu")
     entry = {"trial": row.number, "ran": "; ".join(differences),
              "tokens_per_s_per_gpu": round(row.tokens_per_s_per_gpu, 2),
              "predicted_for_the_proxy": round(proxy_prediction, 2) if proxy_prediction else None,
@@ -137,12 +137,12 @@ def _calibration(result: dict, proxy: dict, detail: dict) -> dict:
                     "stack); what the proxy does not share (the other layers, GPUs) stays modelled"}
 
 
-def _record_measurement(recipe: dict, row, trial, config, study) -> None:
+def _record_measurement(recipe: dict, row, record: TrialRecord, config, study) -> None:
     """A measured trial's figures, and its convergence verdict when it has one, into its recipe."""
     from recipes.correctness import record_convergence
     from tuner.verify import convergence_of, reference_of
 
-    result = stored_attrs(trial).get("result") or {}
+    result = record.result
     usd = usd_per_million_tokens(config.gpu.usd_per_gpu_hour, row.tokens_per_s_per_gpu)
     recipe["result"].update(
         tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),
