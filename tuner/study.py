@@ -42,12 +42,12 @@ from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
 from tuner.optuna_adapter import set_trial_attrs, storage_of, stored_trial, trial_id_of
-from tuner.trial_record import rankable, stored_attrs
+from tuner.trial_record import read_trial, read_trials
 from tuner.interval import Interval
 from tuner.intervals import measured_before, posterior_interval, predicted_figure, prediction_interval
 from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
-from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
+from cost_model.layout_codec import from_optuna_params, layout_values
 from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
@@ -286,8 +286,7 @@ def check_figures(study: optuna.Study, figures: str) -> None:
     best trial would mix a prediction with measurements. Studies made before the kind was recorded are
     judged by their completed trials."""
     kinds = {study.user_attrs.get(FIGURES)} - {None}
-    kinds |= {(stored_attrs(t).get("result") or {}).get("kind", "predicted")
-              for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    kinds |= {r.result_kind for r in read_trials(study, states=(TrialState.COMPLETE,))}
     other = sorted(kinds - {figures})
     if other:
         raise StudyError(f"study '{study.study_name}' holds {' and '.join(other)} figures; {figures} trials "
@@ -302,14 +301,14 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
     A layout that failed permanently (PERMANENT_FAILURES: invalid_config, crash, cuda_oom) is tried;
     other failures (timeout, hang) may be proposed again, and interrupted ones unless `skip_interrupted`.
     Every failure with a class is in `failed` as (layout key, failure class, predicted peak GiB)."""
-    h = History()
+    h, best = History(), []
     study_attrs = study.user_attrs
     for t in study.get_trials(deepcopy=False):
         if is_lost_claim(t):
             continue    # a proposal that lost its layout to another tuner's trial: not a trial run
-        attrs = stored_attrs(t)   # a malformed attribute (a peer's edit) is read as missing, warned about once
-        key = attrs.get("layout_key")
-        if backend is not None and attrs.get("backend", "predict") != backend:
+        r = read_trial(t)   # a malformed attribute (a peer's edit) is read as missing, warned about once
+        key = r.layout_key
+        if backend is not None and (r.backend if r.backend is not None else "predict") != backend:
             key = None
         # a layout another tuner is running is taken too (it will hold the claim: tuner.trial_claims)
         if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING):
@@ -317,23 +316,23 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
         if key and skip_interrupted and t.state == TrialState.FAIL and \
                 str(fail_reason(study_attrs, t) or "").startswith("interrupted"):
             h.tried.add(key)
-        result = attrs.get("result") or {}
+        result = r.result
         if key and t.state == TrialState.FAIL and result.get("failure_class"):
-            peak = (attrs.get("prediction") or {}).get("peak_memory_gib")
+            peak = r.prediction.get("peak_memory_gib")
             h.failed.append((key, result["failure_class"], peak))
             if result["failure_class"] in PERMANENT_FAILURES:
                 h.tried.add(key)
-        if t.state == TrialState.COMPLETE and result.get("kind") == "measured" and rankable(t):
-            layout = layout_from_stored(attrs["layout"])
-            predicted = (attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+        if t.state == TrialState.COMPLETE and isinstance(r.value, (int, float)) and not isinstance(r.value, bool):
+            best.append(r.value)
+        if t.state == TrialState.COMPLETE and result.get("kind") == "measured" and r.rankable:
+            layout = r.parsed_layout()
+            predicted = r.prediction.get("tokens_per_s_per_gpu")
             # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
             facts = TrialResult.from_dict(result).details
             if (facts.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
                 predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
             h.measured_layouts.append((layout, result["tokens_per_s_per_gpu"]))
-    best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if isinstance(t.value, (int, float)) and not isinstance(t.value, bool)]
     h.best_value = max(best) if best else None
     h.peers = _peers(study)
     return h
