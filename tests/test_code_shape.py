@@ -131,3 +131,31 @@ def test_optuna_internals_only_in_the_adapter():
             if private and not set(private) <= own:
                 found.append(f"{path.name}:{node.lineno} {name}")
     assert not found, f"Optuna internals outside tuner/optuna_adapter.py: {found}"
+
+
+# The readers of stored trials (issue 30): each reads TrialRecords (tuner.trial_record), none a trial's attributes.
+TRIAL_READERS = {"report.py": ("read_trials",), "report_html.py": ("read_trials",), "export.py": ("read_trial",),
+                 "study.py": ("read_trial", "read_trials"), "study_commands.py": (), "agent.py": (),
+                 "report_figures.py": ()}
+# study.py's own bookkeeping of the trials it runs and claims reads their attributes raw: only these functions read
+# records there
+STUDY_READERS = ("history_of", "check_figures")
+
+
+def _trial_attribute_reads(tree) -> list[int]:
+    """Lines reading `.user_attrs` of anything but a study."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "user_attrs"
+            and not (isinstance(n.value, ast.Name) and n.value.id == "study")]
+
+
+def test_show_export_report_study_and_agent_read_trial_records():
+    for name, readers in TRIAL_READERS.items():
+        tree = ast.parse((ROOT / "tuner" / name).read_text())
+        if name == "study.py":
+            tree = ast.Module([n for n in tree.body if getattr(n, "name", "") in STUDY_READERS], [])
+            assert len(tree.body) == len(STUDY_READERS)
+        assert not _trial_attribute_reads(tree), f"{name} reads a trial's attributes, not a TrialRecord"
+        called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert set(readers) <= called, f"{name} does not read trials through {readers}"
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not imported & {"stored_attrs", "rankable"}

@@ -48,3 +48,53 @@ def test_a_recipes_interval_block_scales_as_before():
                      "tokens_per_s_per_gpu_high": 3000, "note": "n"}
     assert Interval.from_recipe(block).scaled(1.5) == {"low": 1500, "median": 3002, "high": 4500}
     assert Interval.from_recipe({"tokens_per_s_per_gpu_low": "x"}).scaled(2.0) == {}
+
+
+def _frozen(number=0, state=None, value=None, **attrs):
+    import optuna
+    from optuna.trial import TrialState
+
+    state = state or TrialState.COMPLETE
+    t = optuna.trial.create_trial(state=state, value=value if state == TrialState.COMPLETE else None,
+                                  params={}, distributions={}, user_attrs=attrs)
+    t.number = number
+    return t
+
+
+LAYOUT = {"world_size": 8, "tp": 1, "pp": 1, "ep": 8}
+
+
+def test_a_trial_reads_as_one_record():
+    from tuner.trial_record import forget_warnings, read_trial
+
+    forget_warnings()
+    prediction = {"tokens_per_s_per_gpu": 3000.0, "kind": "predicted", "interval": POSTERIOR}
+    result = {"status": "ok", "kind": "measured", "source": "a run", "tokens_per_s_per_gpu": 2500.0}
+    r = read_trial(_frozen(3, value=2500.0, layout=LAYOUT, layout_key="k", label="L", backend="megatron",
+                           proposer="agent", rationale="why", hypothesis_weights={"h": 1.0}, prediction=prediction,
+                           result=result, learnt="level x0.8"))
+    assert (r.number, r.value, r.layout_key, r.label, r.backend, r.proposer, r.rationale, r.learnt) == \
+        (3, 2500.0, "k", "L", "megatron", "agent", "why", "level x0.8")
+    assert r.rankable and r.kind == r.result_kind == "measured" and r.figures is r.result
+    assert r.interval == Interval.from_dict(POSTERIOR) and r.predicted == 3000.0   # the posterior has no median
+    assert r.parsed_layout().ep == 8 and r.reason is None
+
+
+def test_a_malformed_attribute_reads_as_missing_with_one_warning(capsys):
+    from optuna.trial import TrialState
+
+    from tuner.trial_record import forget_warnings, read_trial
+
+    forget_warnings()
+    t = _frozen(7, state=TrialState.PRUNED, prune_reason=5, prediction={"mfu": "high", "interval": "band"})
+    r, again = read_trial(t), read_trial(t)
+    assert r == again and r.prune_reason is None and r.prediction == {} and r.interval is None
+    assert r.kind is None and r.result == {} and r.rankable   # a pruned trial's prediction does not rank it
+    assert capsys.readouterr().err.count("tune: warning: trial 7:") == 1
+
+
+def test_a_complete_trial_without_a_layout_is_not_ranked():
+    from tuner.trial_record import read_trial
+
+    r = read_trial(_frozen(1, value=1.0, result={"status": "ok", "kind": "predicted", "tokens_per_s_per_gpu": 1.0}))
+    assert not r.rankable and r.layout is None

@@ -1,7 +1,7 @@
-"""A trial's stored attributes as `tune show`, `tune export` and `tune report` read them: each one they use is
-checked against what tune writes, in this one place.
+"""A stored trial read back as one TrialRecord (`read_trial`), which study (and so the agent), `tune show`,
+`tune export` and `tune report` read: each attribute they use is checked against what tune writes, in this one place.
 
-The rule, the same in the three commands: a malformed attribute (a peer's or another program's: a wrong type,
+The rule, the same everywhere: a malformed attribute (a peer's or another program's: a wrong type,
 a figure that is not a finite number, a layout that is not one, a figure a complete trial must have missing)
 never stops the command and never reaches the output as it is. It reads as missing, and stderr gets one line
 per such trial naming the trial and the attributes:
@@ -190,16 +190,6 @@ def read_trial(t) -> TrialRecord:
                                      "learnt", "prune_reason", "fail_reason")},
         prediction=prediction, interval=Interval.from_dict(prediction.get("interval")), result=result,
         rankable=not any(_grounds(path) for path, _ in problems))
-
-
-def stored_attrs(t) -> dict:
-    """The trial's user attributes with every malformed one left out (warned about once, on stderr)."""
-    return _read(t)[0]
-
-
-def rankable(t) -> bool:
-    """Whether a complete trial's layout and result are sound enough to rank and export it."""
-    return not any(_grounds(path) for path, _ in _read(t)[1])
 
 
 def read_trials(study, states=None) -> list[TrialRecord]:
