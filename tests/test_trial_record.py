@@ -76,6 +76,8 @@ def test_a_trial_reads_as_one_record():
     assert (r.number, r.value, r.layout_key, r.label, r.backend, r.proposer, r.rationale, r.learnt) == \
         (3, 2500.0, "k", "L", "megatron", "agent", "why", "level x0.8")
     assert r.rankable and r.kind == r.result_kind == "measured" and r.figures is r.result
+    assert (r.result.status, r.result.source, r.result.tokens_per_s_per_gpu, r.result.mfu) == ("ok", "a run", 2500.0, None)
+    assert r.result.trial_result().tokens_per_s_per_gpu == 2500.0 and r.prediction.tokens_per_s_per_gpu == 3000.0
     assert r.interval == Interval.from_dict(POSTERIOR) and r.predicted == 3000.0   # the posterior has no median
     assert r.parsed_layout().ep == 8 and r.reason is None
 
@@ -88,8 +90,9 @@ def test_a_malformed_attribute_reads_as_missing_with_one_warning(capsys):
     forget_warnings()
     t = _frozen(7, state=TrialState.PRUNED, prune_reason=5, prediction={"mfu": "high", "interval": "band"})
     r, again = read_trial(t), read_trial(t)
-    assert r == again and r.prune_reason is None and r.prediction == {} and r.interval is None
-    assert r.kind is None and r.result == {} and r.rankable   # a pruned trial's prediction does not rank it
+    assert r == again and r.prune_reason is None and r.interval is None
+    assert not r.prediction.recorded and not r.result.recorded and r.kind is None
+    assert r.rankable   # a pruned trial is never ranked: only a complete one's grounds count
     assert capsys.readouterr().err.count("tune: warning: trial 7:") == 1
 
 

@@ -9,7 +9,7 @@ from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
 from tuner.interval import Interval
 from tuner.options import writing_user_file
-from tuner.trial_record import TrialRecord, read_trial
+from tuner.trial_record import RunResult, TrialRecord, read_trial
 
 
 def export_rows(rows, config, out: Path, study=None) -> list[Path]:
@@ -72,12 +72,10 @@ def interval_block(config, layout) -> dict:
                            f"{iv.spread_high:,.0f}")
 
 
-def proxy_differences(result: dict, config) -> list[str]:
+def proxy_differences(result: RunResult, config) -> list[str]:
     """How a measured trial differs from the job the recipe describes (the study's whole model on slime, on the
     study's GPUs): fewer layers, replaced layers, another stack. Empty: the trial ran the recipe's job."""
-    from experiments.runner import TrialResult
-
-    detail = TrialResult.from_dict(result).details
+    detail = result.trial_result().details
     out = []
     run = detail.get("model_run") or {}
     layers = run.get("layers")
@@ -85,22 +83,21 @@ def proxy_differences(result: dict, config) -> list[str]:
         out.append(f"model run {run['name']}" + (f" ({layers} of {config.model.num_hidden_layers} layers)"
                                                   if layers else ""))
     if (detail.get("runner") or "slime") != "slime":
-        out.append(f"stack: the {detail['runner']} runner ({result.get('source') or 'not slime'}), not slime")
+        out.append(f"stack: the {detail['runner']} runner ({result.source or 'not slime'}), not slime")
     return out
 
 
 def _record_proxy(recipe: dict, row, record: TrialRecord, config, study, differences: list[str]) -> None:
     """A measured trial that ran a proxy (fewer layers, another stack) is evidence for the recipe, not its result:
     the recipe stays the target's prediction (status predicted), and the proxy run is listed with what ran."""
-    from experiments.runner import TrialResult
     from tuner.verify import convergence_of
 
-    result, proxy_prediction = record.result, record.prediction.get("tokens_per_s_per_gpu")
+    result, proxy_prediction = record.result, record.prediction.tokens_per_s_per_gpu
     entry = {"trial": row.number, "ran": "; ".join(differences),
              "tokens_per_s_per_gpu": round(row.tokens_per_s_per_gpu, 2),
              "predicted_for_the_proxy": round(proxy_prediction, 2) if proxy_prediction else None,
              **{k: v for k, v in measured_run_fields(result, config).items() if k in ("measured", "window")},
-             "gpu_hours": result.get("gpu_hours")}
+             "gpu_hours": result.gpu_hours}
     convergence = convergence_of(study, row.number)
     if convergence:
         entry["convergence"] = convergence.get("result")
@@ -108,7 +105,7 @@ def _record_proxy(recipe: dict, row, record: TrialRecord, config, study, differe
     recipe["result"]["proxy_runs"] = [entry]
     recipe["result"]["proxy_note"] = ("this recipe's figures are predicted for the whole model on slime; proxy_runs "
                                       "measured another job (it chose this layout): run the recipe to measure it")
-    recipe["result"]["calibration"] = _calibration(recipe["result"], entry, TrialResult.from_dict(result).details)
+    recipe["result"]["calibration"] = _calibration(recipe["result"], entry, result.trial_result().details)
     if not recipe["result"]["predicted"].get("fits", True):
         recipe["result"]["proxy_note"] += "; the whole model is predicted NOT to fit this layout on these GPUs"
 
@@ -147,26 +144,24 @@ def _record_measurement(recipe: dict, row, record: TrialRecord, config, study) -
     recipe["result"].update(
         tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),
         usd_per_million_tokens=round(usd, 2) if usd is not None else None,
-        step_time_cv_percent=result.get("step_time_cv_percent"), mfu=result.get("mfu"),
-        gpu_hours=result.get("gpu_hours"), **measured_run_fields(result, config))
+        step_time_cv_percent=result.step_time_cv_percent, mfu=result.mfu,
+        gpu_hours=result.gpu_hours, **measured_run_fields(result, config))
     recipe["status"] = "measured"
     convergence = convergence_of(study, row.number)
     if convergence:
         record_convergence(recipe, convergence, reference_of(study, row.number))
 
 
-def measured_run_fields(result: dict, config) -> dict:
+def measured_run_fields(result: RunResult, config) -> dict:
     """What a recipe's result says about the measured run: who measured it, what model actually ran
     (a truncated model, replaced layers), its steps, window and tokens, and how its MFU was counted."""
-    from experiments.runner import TrialResult
-
-    detail = TrialResult.from_dict(result).details
+    detail = result.trial_result().details
     notes = list(detail.get("notes") or [])
     optimizer = detail.get("optimizer") or ""
     if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran
         notes.append(optimizer.split("; ")[-1])
     run = (detail.get("model_run") or {}).get("name")
-    measured = result.get("source") or "measured"
+    measured = result.source or "measured"
     if notes:
         measured += f"; model run {run or '?'}: " + "; ".join(notes)
     window = detail.get("window") or list(config.window)

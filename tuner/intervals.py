@@ -113,10 +113,10 @@ def posterior_interval(expected, measured: int) -> Interval | None:
                           f"the hypotheses' mixture, levels learnt from the measurements")
 
 
-def predicted_figure(prediction: dict, interval: Interval | None) -> float | None:
-    """What was predicted for a trial, from its stored prediction and interval: the posterior median the interval
-    holds, else the point prediction (None where neither is a number)."""
-    for value in (interval.median if interval is not None else None, prediction.get("tokens_per_s_per_gpu")):
+def predicted_figure(point, interval: Interval | None) -> float | None:
+    """What was predicted for a trial, from its point prediction (tokens/s/GPU) and interval: the posterior median
+    the interval holds, else the point prediction (None where neither is a number)."""
+    for value in (interval.median if interval is not None else None, point):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value
     return None

@@ -12,7 +12,7 @@ from cost_model.layout import Layout
 from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
 from tuner.interval import Interval
-from tuner.trial_record import TrialRecord, read_trials
+from tuner.trial_record import Predicted, TrialRecord, read_trials
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
         result, interval = r.result, r.interval or NO_INTERVAL
         rows.append(Row(
             number=r.number, layout=r.parsed_layout(),
-            tokens_per_s_per_gpu=r.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
-            mfu=_number(result.get("mfu")), usd_per_million_tokens=_number(result.get("usd_per_million_tokens")),
-            kind=printable(r.result_kind), source=printable(result.get("source", "")),
+            tokens_per_s_per_gpu=r.value, peak_memory_gib=_number(result.peak_memory_gib),
+            mfu=_number(result.mfu), usd_per_million_tokens=_number(result.usd_per_million_tokens),
+            kind=printable(r.result_kind), source=printable(result.source or ""),
             predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
             predicted_low=_number(interval.low), predicted_high=_number(interval.high),
             fit=fit_of(r.prediction),
@@ -53,13 +53,13 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
 
 
-def fit_of(prediction: dict) -> str:
+def fit_of(prediction: Predicted) -> str:
     """A trial's predicted fit verdict; a prediction recorded before the verdicts says only whether it fit. The
     verdict is stored text (a peer's may be anything): printed as text, its terminal codes shown escaped."""
-    verdict = prediction.get("fit_verdict")
+    verdict = prediction.fit_verdict
     if not verdict:
-        return "fits" if prediction.get("fits") else "-"
-    probability = _number(prediction.get("fit_probability"))
+        return "fits" if prediction.fits else "-"
+    probability = _number(prediction.fit_probability)
     return printable(fit_label(str(verdict), probability or 0.0))
 
 
@@ -132,10 +132,10 @@ def trial_row(r: TrialRecord) -> dict:
     figures, layout, interval = r.figures, as_dict(r.layout), r.interval or NO_INTERVAL
     return {"number": r.number, "state": STATES[r.state], "kind": printable(r.kind),
             "label": printable(r.label), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
-            **{k: _number(figures.get(k)) for k in FIGURES},
+            **{k: _number(getattr(figures, k)) for k in FIGURES},
             "predicted_tokens_per_s_per_gpu": r.predicted,
             "predicted_low": _number(interval.low), "predicted_high": _number(interval.high),
-            "source": printable(figures.get("source")), "backend": printable(r.backend),
+            "source": printable(figures.source), "backend": printable(r.backend),
             "reason": printable(r.reason), "rationale": printable(r.rationale), "learnt": printable(r.learnt)}
 
 

@@ -80,16 +80,16 @@ def trial_facts(r: TrialRecord) -> TrialFacts:
     out, as if not recorded, so the figures never meet it."""
     row = trial_row(r)
     prediction, result, interval = r.prediction, r.result, r.interval
-    measured = result.get("kind") == "measured" and result.get("status", "ok") == "ok"
+    measured = result.kind == "measured" and (result.status or "ok") == "ok"
     return TrialFacts(
         number=r.number, state=row["state"], kind=row["kind"], label=row["label"] or "",
         short_label=_short_label(r.layout), value=row["tokens_per_s_per_gpu"],
         peak_memory_gib=row["peak_memory_gib"], usd_per_million_tokens=row["usd_per_million_tokens"],
-        predicted=prediction.get("tokens_per_s_per_gpu"),
+        predicted=prediction.tokens_per_s_per_gpu,
         interval=interval if interval is not None and interval.complete else None,
-        measured=result.get("tokens_per_s_per_gpu") if measured else None,
-        measured_step_s=result.get("step_time_s") if measured else None, ran=bool(result),
-        breakdown=dict(prediction.get("breakdown") or {}), weights=r.hypothesis_weights or None,
+        measured=result.tokens_per_s_per_gpu if measured else None,
+        measured_step_s=result.step_time_s if measured else None, ran=result.recorded,
+        breakdown=dict(prediction.breakdown or {}), weights=r.hypothesis_weights or None,
         rationale=row["rationale"] or "", learnt=str(r.learnt or ""), reason=row["reason"] or "",
         proposer=str(r.proposer or ""))
 
@@ -125,7 +125,7 @@ def write_report(study, out: Path) -> Path:
     facts = [trial_facts(r) for r in records]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
-    capacity = next((r.prediction.get("gpu_memory_gib") for r in records if r.prediction), None)
+    capacity = next((r.prediction.gpu_memory_gib for r in records if r.prediction.recorded), None)
     drawn = {
         "best": figs.best_over_trials(facts),
         "interval": figs.interval_vs_measured(facts),

@@ -317,22 +317,21 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
                 str(fail_reason(study_attrs, t) or "").startswith("interrupted"):
             h.tried.add(key)
         result = r.result
-        if key and t.state == TrialState.FAIL and result.get("failure_class"):
-            peak = r.prediction.get("peak_memory_gib")
-            h.failed.append((key, result["failure_class"], peak))
-            if result["failure_class"] in PERMANENT_FAILURES:
+        if key and t.state == TrialState.FAIL and result.failure_class:
+            h.failed.append((key, result.failure_class, r.prediction.peak_memory_gib))
+            if result.failure_class in PERMANENT_FAILURES:
                 h.tried.add(key)
         if t.state == TrialState.COMPLETE and isinstance(r.value, (int, float)) and not isinstance(r.value, bool):
             best.append(r.value)
-        if t.state == TrialState.COMPLETE and result.get("kind") == "measured" and r.rankable:
+        if t.state == TrialState.COMPLETE and result.kind == "measured" and r.rankable:
             layout = r.parsed_layout()
-            predicted = r.prediction.get("tokens_per_s_per_gpu")
+            predicted = r.prediction.tokens_per_s_per_gpu
             # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
-            facts = TrialResult.from_dict(result).details
+            facts = result.trial_result().details
             if (facts.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
                 predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
-            h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
-            h.measured_layouts.append((layout, result["tokens_per_s_per_gpu"]))
+            h.measured.append((family(layout), result.tokens_per_s_per_gpu, predicted))
+            h.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
     h.best_value = max(best) if best else None
     h.peers = _peers(study)
     return h
@@ -698,7 +697,7 @@ def flat_attrs(prediction: dict | None, result: dict | None) -> dict:
         return {}
     flat = {k: figures.get(k) for k in FLAT_FIGURES}
     interval = Interval.from_dict(prediction.get("interval"))
-    flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction, interval)
+    flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction.get("tokens_per_s_per_gpu"), interval)
     if interval is not None:
         flat.update(predicted_low=interval.low, predicted_high=interval.high)
     out = {k: float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -122,6 +122,63 @@ def forget_warnings() -> None:
 
 
 @dataclass(frozen=True)
+class Predicted:
+    """The runner's prediction for a trial's layout, as stored and checked: a figure not recorded (or malformed)
+    is None; `recorded` says whether the trial has a prediction at all."""
+    recorded: bool = False
+    kind: str | None = None
+    source: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    gpu_memory_gib: float | None = None          # the GPU's memory it was judged against
+    mfu: float | None = None
+    usd_per_million_tokens: float | None = None
+    fits: bool | None = None                     # before the fit verdicts: whether it fits
+    fit_verdict: str | None = None               # fits, borderline or does not fit
+    fit_probability: float | None = None
+    reasons: list | None = None
+    breakdown: dict | None = None                # predicted seconds per term of the step
+    interval: Interval | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The runner's result (measured, or predicted by the predict backend), as stored and checked: a field not
+    recorded (or malformed) is None; `recorded` says whether the trial ran at all."""
+    recorded: bool = False
+    status: str | None = None                    # ok or failed
+    kind: str | None = None                      # predicted or measured
+    source: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    mfu: float | None = None
+    usd_per_million_tokens: float | None = None
+    step_time_cv_percent: float | None = None
+    gpu_hours: float | None = None
+    step_times_s: list | None = None
+    losses: list | None = None
+    peak_memory_gib_per_rank: list | None = None
+    failure_class: str | None = None
+    detail: object = None                        # the runner's message (older results: its facts, see _detail)
+    breakdown: dict | None = None
+    runner: str | None = None
+    details: dict | None = None
+    stored: dict | None = None                   # the checked mapping itself, for experiments.runner.TrialResult
+
+    def trial_result(self):
+        """As experiments.runner.TrialResult (which moves the facts older results kept in `detail`)."""
+        from experiments.runner import TrialResult
+
+        return TrialResult.from_dict(self.stored or {})
+
+
+_PREDICTED = tuple(f for f in Predicted.__dataclass_fields__ if f not in ("recorded", "interval"))
+_RESULT = tuple(f for f in RunResult.__dataclass_fields__ if f not in ("recorded", "stored"))
+
+
+@dataclass(frozen=True)
 class TrialRecord:
     """One stored trial as study, show, export, report and the agent (through study.history_of) read it: each
     attribute checked (a malformed one reads as missing, warned about once: see the module docstring)."""
@@ -136,11 +193,9 @@ class TrialRecord:
     proposer: str | None
     rationale: str | None
     hypothesis_weights: dict | None    # the proposer's weights when it proposed this trial
-    # what was predicted: the runner's prediction (a mapping of figures) and its interval
-    prediction: dict
-    interval: Interval | None
-    # what was measured (or predicted, for the predict backend): the runner's result, {} when it did not run
-    result: dict
+    # what was predicted (figures and interval), and what the run gave
+    prediction: Predicted
+    result: RunResult
     # what it taught, and why it ended where it did not complete
     learnt: str | None
     prune_reason: str | None
@@ -148,25 +203,33 @@ class TrialRecord:
     rankable: bool                     # its layout and result are sound enough to rank and export it
 
     @property
-    def figures(self) -> dict:
+    def interval(self) -> Interval | None:
+        return self.prediction.interval
+
+    @property
+    def figures(self) -> Predicted | RunResult:
         """The figures it stands for: its result when it ran, else its prediction (a pruned trial)."""
-        return self.result or self.prediction
+        return self.result if self.result.recorded else self.prediction
 
     @property
     def kind(self) -> str | None:
         """Whether `figures` are predicted or measured (None: it has none)."""
-        return self.figures.get("kind", "predicted") if self.figures else None
+        figures = self.figures
+        if not figures.recorded:
+            return None
+        return figures.kind if figures.kind is not None else "predicted"
 
     @property
     def result_kind(self) -> str:
-        return self.result.get("kind", "predicted")
+        """The result's kind; a result that does not say is a prediction's (results before `kind`)."""
+        return self.result.kind if self.result.kind is not None else "predicted"
 
     @property
     def predicted(self) -> float | None:
         """What was predicted: the interval's median (the agent's posterior), else the point prediction."""
         from tuner.intervals import predicted_figure
 
-        return predicted_figure(self.prediction, self.interval)
+        return predicted_figure(self.prediction.tokens_per_s_per_gpu, self.interval)
 
     @property
     def reason(self) -> str | None:
@@ -188,7 +251,9 @@ def read_trial(t) -> TrialRecord:
         number=t.number, state=t.state, value=t.value, layout=attrs.get("layout"),
         **{k: attrs.get(k) for k in ("layout_key", "label", "backend", "proposer", "rationale", "hypothesis_weights",
                                      "learnt", "prune_reason", "fail_reason")},
-        prediction=prediction, interval=Interval.from_dict(prediction.get("interval")), result=result,
+        prediction=Predicted(recorded=bool(prediction), interval=Interval.from_dict(prediction.get("interval")),
+                             **{k: prediction.get(k) for k in _PREDICTED}),
+        result=RunResult(recorded=bool(result), stored=result, **{k: result.get(k) for k in _RESULT}),
         rankable=not any(_grounds(path) for path, _ in problems))
 
 
