@@ -298,7 +298,8 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
         c.runner_scaled_layer_error_sd
     # a stack priced by the fitted terms keeps the model's residual
     te = predict(model, H200, MEGATRON, layout, precision_aware_optimizer=True)
-    assert prediction_interval(config, SimpleNamespace(name="megatron"), layout, te).error_sd == default_constants().prediction_error_sd
+    assert prediction_interval(config, SimpleNamespace(name="megatron"), layout, te).error_sd == \
+        default_constants().prediction_error_sd
 
 
 def test_layer_time_memo_gives_what_a_fresh_computation_gives():

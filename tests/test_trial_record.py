@@ -76,7 +76,8 @@ def test_a_trial_reads_as_one_record():
     assert (r.number, r.value, r.layout_key, r.label, r.backend, r.proposer, r.rationale, r.learnt) == \
         (3, 2500.0, "k", "L", "megatron", "agent", "why", "level x0.8")
     assert r.rankable and r.kind == r.result_kind == "measured" and r.figures is r.result
-    assert (r.result.status, r.result.source, r.result.tokens_per_s_per_gpu, r.result.mfu) == ("ok", "a run", 2500.0, None)
+    assert (r.result.status, r.result.source, r.result.tokens_per_s_per_gpu, r.result.mfu) == \
+        ("ok", "a run", 2500.0, None)
     assert r.result.trial_result().tokens_per_s_per_gpu == 2500.0 and r.prediction.tokens_per_s_per_gpu == 3000.0
     assert r.interval == Interval.from_dict(POSTERIOR) and r.predicted == 3000.0   # the posterior has no median
     assert r.parsed_layout().ep == 8 and r.reason is None

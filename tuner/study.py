@@ -625,8 +625,8 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
               take_borderline: bool = False) -> TrialState:
     """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value.
     A borderline layout (it may or may not fit) runs only for a proposer that weighed its risk. The trial's
-    attributes are written together (tuner.optuna_adapter.set_trial_attrs): before the run (its layout and prediction stay if the
-    run never returns) and with its end."""
+    attributes are written together (tuner.optuna_adapter.set_trial_attrs): before the run (its layout and
+    prediction stay if the run never returns) and with its end."""
     attrs: dict = {}
 
     def prune(reason: str) -> TrialState:
