@@ -147,8 +147,8 @@ def test_the_band_printed_before_a_trial_is_the_one_the_study_stores(space):
     agent = agent_for(space)
     p = agent.propose(History())
     stored = posterior_interval(p.attrs["expected"], 0)
-    assert f"expects {stored['median']:,.0f} [{stored['low']:,.0f}-{stored['high']:,.0f}]" in p.rationale
-    assert stored["low"] < stored["median"] < stored["high"]
+    assert f"expects {stored.median:,.0f} [{stored.low:,.0f}-{stored.high:,.0f}]" in p.rationale
+    assert stored.low < stored.median < stored.high and stored.level == 0.9
     assert posterior_interval(None, 0) is None and posterior_interval({"low": "x"}, 0) is None
 
 

@@ -91,3 +91,71 @@ def test_no_function_takes_more_than_8_parameters():
     """A function that needs many inputs takes one context object (issue 30)."""
     many = {name: n for name, n in _parameter_counts() if n > MAX_PARAMETERS}
     assert not many, f"functions over {MAX_PARAMETERS} parameters (take a context object): {many}"
+
+
+def _private_names_defined_in(package: Path) -> set[str]:
+    """The _names the package itself defines (functions, classes, attributes it assigns): reading those is not
+    reading another library's internals."""
+    names = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+    return {n for n in names if n.startswith("_")}
+
+
+def test_optuna_internals_only_in_the_adapter():
+    """Every use of Optuna's internals is in tuner/optuna_adapter.py (one place to check on a new Optuna): elsewhere
+    in tuner no import of a private module of it, and no private attribute that tuner does not define itself."""
+    own = _private_names_defined_in(ROOT / "tuner")
+    found = []
+    for path in sorted((ROOT / "tuner").glob("*.py")):
+        if path.name == "optuna_adapter.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = None
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("optuna"):
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                name = next((m for m in modules if any(p.startswith("_") for p in m.split("."))), None)
+            elif isinstance(node, ast.Import):
+                name = next((a.name for a in node.names if a.name.startswith("optuna.")
+                             and any(p.startswith("_") for p in a.name.split("."))), None)
+            elif isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr", "setattr") \
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+                name = str(node.args[1].value)
+            private = [p for p in (name or "").split(".") if p.startswith("_") and not p.startswith("__")]
+            if private and not set(private) <= own:
+                found.append(f"{path.name}:{node.lineno} {name}")
+    assert not found, f"Optuna internals outside tuner/optuna_adapter.py: {found}"
+
+
+# The readers of stored trials (issue 30): each reads TrialRecords (tuner.trial_record), none a trial's attributes.
+TRIAL_READERS = {"report.py": ("read_trials",), "report_html.py": ("read_trials",), "export.py": ("read_trial",),
+                 "study.py": ("read_trial", "read_trials"), "study_commands.py": (), "agent.py": (),
+                 "report_figures.py": ()}
+# study.py's own bookkeeping of the trials it runs and claims reads their attributes raw: only these functions read
+# records there
+STUDY_READERS = ("history_of", "check_figures")
+
+
+def _trial_attribute_reads(tree) -> list[int]:
+    """Lines reading `.user_attrs` of anything but a study."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "user_attrs"
+            and not (isinstance(n.value, ast.Name) and n.value.id == "study")]
+
+
+def test_show_export_report_study_and_agent_read_trial_records():
+    for name, readers in TRIAL_READERS.items():
+        tree = ast.parse((ROOT / "tuner" / name).read_text())
+        if name == "study.py":
+            tree = ast.Module([n for n in tree.body if getattr(n, "name", "") in STUDY_READERS], [])
+            assert len(tree.body) == len(STUDY_READERS)
+        assert not _trial_attribute_reads(tree), f"{name} reads a trial's attributes, not a TrialRecord"
+        called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert set(readers) <= called, f"{name} does not read trials through {readers}"
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not imported & {"stored_attrs", "rankable"}

@@ -207,11 +207,11 @@ def test_a_lost_claim_is_not_a_trial_of_the_history(tmp_path):
 
 
 def test_a_trial_created_with_its_first_heartbeat(tmp_path):
-    from tuner.trial_claims import _beating
+    from tuner.optuna_adapter import beating
 
     study = _study(tmp_path)
     t = _trial(study, "k")
-    assert _beating(study._storage, [t._trial_id]) == {t._trial_id}
+    assert beating(study._storage, [t._trial_id]) == {t._trial_id}
 
 
 def test_a_trial_whose_tuner_died_before_its_first_beat_is_failed_on_any_host(tmp_path):

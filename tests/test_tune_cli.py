@@ -325,7 +325,7 @@ def handmade_study(storage: Path) -> str:
     from cost_model.workload import Workload
     from experiments.predicted_runner import PredictedRunner
     from experiments.runner import TrialResult, TrialSpec
-    from tuner.intervals import interval_dict
+    from tuner.intervals import prediction_interval
     from tuner.study import StudyConfig, load_or_create, open_storage
 
     config = StudyConfig(load_model("qwen3.6-35b-a3b"), load_gpu("h200"), 8, Workload())
@@ -335,7 +335,7 @@ def handmade_study(storage: Path) -> str:
         p = predict(config.model, config.gpu, config.workload, layout)
         prediction = p.to_dict()
         if with_interval:   # as the predict backend stores it
-            prediction["interval"] = interval_dict(config, PredictedRunner(), layout, p)
+            prediction["interval"] = prediction_interval(config, PredictedRunner(), layout, p).to_dict()
         return {"layout": {"world_size": 8, **layout_values(layout)}, "label": layout.long_label,
                 "layout_key": layout.key(), "prediction": prediction, "backend": "predict", **extra}
 

@@ -7,28 +7,29 @@ from pathlib import Path
 
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
+from tuner.interval import Interval
 from tuner.options import writing_user_file
-from tuner.trial_record import stored_attrs
+from tuner.trial_record import RunResult, TrialRecord, read_trial
 
 
 def export_rows(rows, config, out: Path, study=None) -> list[Path]:
     """Write one recipe per ranked row under `out`; the paths written, in the rows' order."""
     from recipes.recipe import build_recipe, free_path, recipe_name, recipe_path, write_recipe
 
+    # only the exported rows' trials are read (a malformed other trial is not warned about here)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)} if study is not None else {}
     paths = []
     for row in rows:
         prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
         recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
         recipe["result"]["predicted_interval"] = interval_block(config, row.layout)
-        trial = trials.get(row.number)
-        if row.kind == "measured" and trial is not None:
-            result = stored_attrs(trial).get("result") or {}
-            proxy = proxy_differences(result, config)
+        if row.kind == "measured" and row.number in trials:
+            record = read_trial(trials[row.number])
+            proxy = proxy_differences(record.result, config)
             if proxy:
-                _record_proxy(recipe, row, result, trial, config, study, proxy)
+                _record_proxy(recipe, row, record, config, study, proxy)
             else:
-                _record_measurement(recipe, row, trial, config, study)
+                _record_measurement(recipe, row, record, config, study)
         # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
         path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
         with writing_user_file():
@@ -64,21 +65,17 @@ def interval_block(config, layout) -> dict:
     """The layout's predicted tokens/s/GPU across the cost model's hypotheses (prior weights), for the recipe."""
     from tuner.predict_request import interval_for
 
-    iv = interval_for(config.case(layout), config.profile)
-    return {"tokens_per_s_per_gpu_low": round(iv.low), "tokens_per_s_per_gpu_median": round(iv.median),
-            "tokens_per_s_per_gpu_high": round(iv.high),
-            "note": (f"predicted: 90% interval over {len(iv.by_hypothesis)} hypotheses on slime's unexplained step "
-                     f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
-                     f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"
-                     f"{iv.spread_high:,.0f}")}
+    iv = Interval.of_hypotheses(interval_for(config.case(layout), config.profile))
+    return iv.recipe_block(f"predicted: 90% interval over {iv.hypotheses} hypotheses on slime's unexplained step "
+                           f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
+                           f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"
+                           f"{iv.spread_high:,.0f}")
 
 
-def proxy_differences(result: dict, config) -> list[str]:
+def proxy_differences(result: RunResult, config) -> list[str]:
     """How a measured trial differs from the job the recipe describes (the study's whole model on slime, on the
     study's GPUs): fewer layers, replaced layers, another stack. Empty: the trial ran the recipe's job."""
-    from experiments.runner import TrialResult
-
-    detail = TrialResult.from_dict(result).details
+    detail = result.trial_result().details
     out = []
     run = detail.get("model_run") or {}
     layers = run.get("layers")
@@ -86,22 +83,21 @@ def proxy_differences(result: dict, config) -> list[str]:
         out.append(f"model run {run['name']}" + (f" ({layers} of {config.model.num_hidden_layers} layers)"
                                                   if layers else ""))
     if (detail.get("runner") or "slime") != "slime":
-        out.append(f"stack: the {detail['runner']} runner ({result.get('source') or 'not slime'}), not slime")
+        out.append(f"stack: the {detail['runner']} runner ({result.source or 'not slime'}), not slime")
     return out
 
 
-def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differences: list[str]) -> None:
+def _record_proxy(recipe: dict, row, record: TrialRecord, config, study, differences: list[str]) -> None:
     """A measured trial that ran a proxy (fewer layers, another stack) is evidence for the recipe, not its result:
     the recipe stays the target's prediction (status predicted), and the proxy run is listed with what ran."""
-    from experiments.runner import TrialResult
     from tuner.verify import convergence_of
 
-    proxy_prediction = (stored_attrs(trial).get("prediction") or {}).get("tokens_per_s_per_gpu")
+    result, proxy_prediction = record.result, record.prediction.tokens_per_s_per_gpu
     entry = {"trial": row.number, "ran": "; ".join(differences),
              "tokens_per_s_per_gpu": round(row.tokens_per_s_per_gpu, 2),
              "predicted_for_the_proxy": round(proxy_prediction, 2) if proxy_prediction else None,
              **{k: v for k, v in measured_run_fields(result, config).items() if k in ("measured", "window")},
-             "gpu_hours": result.get("gpu_hours")}
+             "gpu_hours": result.gpu_hours}
     convergence = convergence_of(study, row.number)
     if convergence:
         entry["convergence"] = convergence.get("result")
@@ -109,7 +105,7 @@ def _record_proxy(recipe: dict, row, result: dict, trial, config, study, differe
     recipe["result"]["proxy_runs"] = [entry]
     recipe["result"]["proxy_note"] = ("this recipe's figures are predicted for the whole model on slime; proxy_runs "
                                       "measured another job (it chose this layout): run the recipe to measure it")
-    recipe["result"]["calibration"] = _calibration(recipe["result"], entry, TrialResult.from_dict(result).details)
+    recipe["result"]["calibration"] = _calibration(recipe["result"], entry, result.trial_result().details)
     if not recipe["result"]["predicted"].get("fits", True):
         recipe["result"]["proxy_note"] += "; the whole model is predicted NOT to fit this layout on these GPUs"
 
@@ -131,45 +127,41 @@ def _calibration(result: dict, proxy: dict, detail: dict) -> dict:
     if why:
         return {"applied": False, "note": f"not calibrated: {why}; the figure and interval are slime's prediction"}
     factor = measured / predicted
-    interval = result.get("predicted_interval") or {}
-    scaled = {k.replace("tokens_per_s_per_gpu_", ""): round(v * factor) for k, v in interval.items()
-              if k.startswith("tokens_per_s_per_gpu_") and isinstance(v, (int, float))}
+    scaled = Interval.from_recipe(result.get("predicted_interval")).scaled(factor)
     return {"applied": True, "factor": round(factor, 4),
             "tokens_per_s_per_gpu": round(result["tokens_per_s_per_gpu"] * factor, 2), "interval": scaled or None,
             "note": "predicted for the whole model on slime, scaled by the proxy's measured/predicted ratio (same "
                     "stack); what the proxy does not share (the other layers, GPUs) stays modelled"}
 
 
-def _record_measurement(recipe: dict, row, trial, config, study) -> None:
+def _record_measurement(recipe: dict, row, record: TrialRecord, config, study) -> None:
     """A measured trial's figures, and its convergence verdict when it has one, into its recipe."""
     from recipes.correctness import record_convergence
     from tuner.verify import convergence_of, reference_of
 
-    result = stored_attrs(trial).get("result") or {}
+    result = record.result
     usd = usd_per_million_tokens(config.gpu.usd_per_gpu_hour, row.tokens_per_s_per_gpu)
     recipe["result"].update(
         tokens_per_s_per_gpu=round(row.tokens_per_s_per_gpu, 2),
         usd_per_million_tokens=round(usd, 2) if usd is not None else None,
-        step_time_cv_percent=result.get("step_time_cv_percent"), mfu=result.get("mfu"),
-        gpu_hours=result.get("gpu_hours"), **measured_run_fields(result, config))
+        step_time_cv_percent=result.step_time_cv_percent, mfu=result.mfu,
+        gpu_hours=result.gpu_hours, **measured_run_fields(result, config))
     recipe["status"] = "measured"
     convergence = convergence_of(study, row.number)
     if convergence:
         record_convergence(recipe, convergence, reference_of(study, row.number))
 
 
-def measured_run_fields(result: dict, config) -> dict:
+def measured_run_fields(result: RunResult, config) -> dict:
     """What a recipe's result says about the measured run: who measured it, what model actually ran
     (a truncated model, replaced layers), its steps, window and tokens, and how its MFU was counted."""
-    from experiments.runner import TrialResult
-
-    detail = TrialResult.from_dict(result).details
+    detail = result.trial_result().details
     notes = list(detail.get("notes") or [])
     optimizer = detail.get("optimizer") or ""
     if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran
         notes.append(optimizer.split("; ")[-1])
     run = (detail.get("model_run") or {}).get("name")
-    measured = result.get("source") or "measured"
+    measured = result.source or "measured"
     if notes:
         measured += f"; model run {run or '?'}: " + "; ".join(notes)
     window = detail.get("window") or list(config.window)

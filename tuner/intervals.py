@@ -14,6 +14,7 @@ from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, i
 from cost_model.layout import Layout
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
+from tuner.interval import QUANTILES_90, Interval
 
 
 def uses_hypotheses(runner) -> bool:
@@ -21,12 +22,12 @@ def uses_hypotheses(runner) -> bool:
     return runner.name != "megatron"
 
 
-def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dict:
-    """The predicted interval of tokens/s/GPU for a trial's layout, as the study stores it."""
+def prediction_interval(config, runner, layout: Layout, prediction: Prediction) -> Interval:
+    """The predicted interval of tokens/s/GPU for a trial's layout (the study stores its to_dict)."""
     if uses_hypotheses(runner):
         iv = predict_interval(default_hypotheses(), config.model, config.gpu, config.workload, layout,
                               profile=config.profile)
-        return {**iv.to_dict(), "kind": "predicted", "basis": "hypotheses (cost_model/hypotheses.py) and residual"}
+        return Interval.of_hypotheses(iv, basis="hypotheses (cost_model/hypotheses.py) and residual")
     shipped = next(h for h in default_hypotheses() if h.shipped)
     c = default_constants()
     measured_stack = prediction.breakdown.get("layers", 0.0) > 0   # priced from the runner's measured components
@@ -34,7 +35,7 @@ def interval_dict(config, runner, layout: Layout, prediction: Prediction) -> dic
     iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], sd)
     basis = ("the runner's own prediction from its measured components and their residual on runner runs"
              if measured_stack else "the runner's own prediction and the model's residual (Megatron framework: one form)")
-    return {**iv.to_dict(), "kind": "predicted", "basis": basis}
+    return Interval.of_hypotheses(iv, basis=basis)
 
 
 def prediction_sd(config, runner) -> float:
@@ -101,21 +102,21 @@ def measured_before(history) -> int:
     return len(getattr(history, "measured_layouts", []) or [])
 
 
-def posterior_interval(expected, measured: int) -> dict | None:
-    """The agent's posterior for this trial's layout, as the study stores a prediction's interval: the band it
-    printed before the trial (None when no agent proposed it)."""
+def posterior_interval(expected, measured: int) -> Interval | None:
+    """The agent's posterior for this trial's layout, as a prediction's interval: the band it printed before the
+    trial (None when no agent proposed it)."""
     if not isinstance(expected, dict) or not all(isinstance(expected.get(k), (int, float)) for k in ("low", "high")):
         return None
     median = expected.get("median", expected.get("mean"))
-    return {"low": expected["low"], "median": median, "high": expected["high"], "quantiles": [0.05, 0.95],
-            "kind": "predicted", "basis": f"the agent's posterior before this trial ({measured} measured before it): "
-                                          f"the hypotheses' mixture, levels learnt from the measurements"}
+    return Interval(low=expected["low"], median=median, high=expected["high"], quantiles=QUANTILES_90,
+                    basis=f"the agent's posterior before this trial ({measured} measured before it): "
+                          f"the hypotheses' mixture, levels learnt from the measurements")
 
 
-def predicted_figure(prediction: dict, interval: dict) -> float | None:
-    """What was predicted for a trial, from its stored prediction and interval: the posterior median the interval
-    holds, else the point prediction (None where neither is a number)."""
-    for value in (interval.get("median"), prediction.get("tokens_per_s_per_gpu")):
+def predicted_figure(point, interval: Interval | None) -> float | None:
+    """What was predicted for a trial, from its point prediction (tokens/s/GPU) and interval: the posterior median
+    the interval holds, else the point prediction (None where neither is a number)."""
+    for value in (interval.median if interval is not None else None, point):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value
     return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from cost_model.hardware import load_gpu
-from cost_model.hypotheses import Interval, default_hypotheses, predict_interval
+from cost_model.hypotheses import Interval as HypothesesInterval, default_hypotheses, predict_interval
 from cost_model.model_spec import load_model
 from cost_model.predict import Prediction, predict
 from cost_model.profile import HardwareProfile
@@ -22,6 +22,7 @@ from search_space.rules import check
 from cost_model.stack import STACK_FIXES, STACK_NAMES, Stack
 from cost_model.errors import AttuneError
 from cost_model.names import shown, shown_name
+from tuner.interval import Interval
 from tuner.model_identity import check_recipe_model
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
@@ -140,16 +141,16 @@ def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction
                    precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
 
 
-def interval_for(resolved: Case, profile: HardwareProfile | None = None) -> Interval:
+def interval_for(resolved: Case, profile: HardwareProfile | None = None) -> HypothesesInterval:
     """The layout's tokens/s/GPU across the cost model's hypotheses (cost_model.hypotheses), prior weights."""
     return predict_interval(default_hypotheses(), resolved.model, resolved.gpu, resolved.workload, resolved.layout,
                             profile=profile, precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
 
 
-def result_dict(resolved: Case, prediction: Prediction, interval: Interval | None = None) -> dict:
+def result_dict(resolved: Case, prediction: Prediction, interval: HypothesesInterval | None = None) -> dict:
     out = prediction.to_dict()
     if interval is not None:
-        out["interval"] = {**interval.to_dict(), "kind": "predicted",
+        out["interval"] = {**Interval.of_hypotheses(interval).to_dict(),
                            "by_hypothesis": [{"hypothesis": n, "weight": w, "tokens_per_s_per_gpu": v}
                                              for n, w, v in interval.by_hypothesis],
                            "drivers": interval.drivers()}

@@ -9,11 +9,10 @@ import optuna
 from optuna.trial import TrialState
 
 from cost_model.layout import Layout
-from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable as printable_text
 from cost_model.memory_fit import fit_label
-from tuner.intervals import predicted_figure
-from tuner.trial_record import rankable, stored_attrs
+from tuner.interval import Interval
+from tuner.trial_record import Predicted, TrialRecord, read_trials
 
 
 @dataclass(frozen=True)
@@ -37,34 +36,30 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
     """The complete trials, best first. A trial whose stored layout or figures are malformed (another
     program's, a peer's) is left out or shows '-', never a traceback."""
     rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if not rankable(t):   # malformed layout or result: warned about, left out (tuner.trial_record)
+    for r in read_trials(study, states=(TrialState.COMPLETE,)):
+        if not r.rankable:   # malformed layout or result: warned about, left out (tuner.trial_record)
             continue
-        attrs = stored_attrs(t)
-        result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
-        interval = as_dict(prediction.get("interval"))
-        layout = layout_from_stored(attrs["layout"])
+        result, interval = r.result, r.interval or NO_INTERVAL
         rows.append(Row(
-            number=t.number, layout=layout,
-            tokens_per_s_per_gpu=t.value, peak_memory_gib=_number(result.get("peak_memory_gib")),
-            mfu=_number(result.get("mfu")), usd_per_million_tokens=_number(result.get("usd_per_million_tokens")),
-            kind=printable(result.get("kind", "predicted")), source=printable(result.get("source", "")),
-            predicted_tokens_per_s_per_gpu=predicted_figure(prediction, interval),
-            rationale=printable(attrs.get("rationale", "")),
-            predicted_low=_number(interval.get("low")), predicted_high=_number(interval.get("high")),
-            fit=fit_of(prediction),
+            number=r.number, layout=r.parsed_layout(),
+            tokens_per_s_per_gpu=r.value, peak_memory_gib=_number(result.peak_memory_gib),
+            mfu=_number(result.mfu), usd_per_million_tokens=_number(result.usd_per_million_tokens),
+            kind=printable(r.result_kind), source=printable(result.source or ""),
+            predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
+            predicted_low=_number(interval.low), predicted_high=_number(interval.high),
+            fit=fit_of(r.prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
 
 
-def fit_of(prediction: dict) -> str:
+def fit_of(prediction: Predicted) -> str:
     """A trial's predicted fit verdict; a prediction recorded before the verdicts says only whether it fit. The
     verdict is stored text (a peer's may be anything): printed as text, its terminal codes shown escaped."""
-    verdict = prediction.get("fit_verdict")
+    verdict = prediction.fit_verdict
     if not verdict:
-        return "fits" if prediction.get("fits") else "-"
-    probability = _number(prediction.get("fit_probability"))
+        return "fits" if prediction.fits else "-"
+    probability = _number(prediction.fit_probability)
     return printable(fit_label(str(verdict), probability or 0.0))
 
 
@@ -110,6 +105,7 @@ TRIAL_COLUMNS = ("number", "state", "kind", "label", *LAYOUT_COLUMNS, "tokens_pe
                  "peak_memory_gib", "mfu", "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "predicted_low",
                  "predicted_high", "source", "backend", "reason", "rationale", "learnt")
 FIGURES = ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu", "usd_per_million_tokens")
+NO_INTERVAL = Interval(None, None, None)   # a trial stored without one: its columns read as missing
 STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
           TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
 
@@ -131,21 +127,16 @@ def as_dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def trial_record(t: optuna.trial.FrozenTrial) -> dict:
-    """One trial's record; a malformed attribute (another program's, a peer's) reads as missing, not as a crash."""
-    attrs = stored_attrs(t)
-    result, prediction = as_dict(attrs.get("result")), as_dict(attrs.get("prediction"))
-    figures = result or prediction
-    layout, interval = as_dict(attrs.get("layout")), as_dict(prediction.get("interval"))
-    return {"number": t.number, "state": STATES[t.state],
-            "kind": printable(figures.get("kind", "predicted")) if figures else None,
-            "label": printable(attrs.get("label")), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
-            **{k: _number(figures.get(k)) for k in FIGURES},
-            "predicted_tokens_per_s_per_gpu": predicted_figure(prediction, interval),
-            "predicted_low": _number(interval.get("low")), "predicted_high": _number(interval.get("high")),
-            "source": printable(figures.get("source")), "backend": printable(attrs.get("backend")),
-            "reason": printable(attrs.get("prune_reason") or attrs.get("fail_reason")),
-            "rationale": printable(attrs.get("rationale")), "learnt": printable(attrs.get("learnt"))}
+def trial_row(r: TrialRecord) -> dict:
+    """One trial's row of TRIAL_COLUMNS; a malformed attribute (another program's, a peer's) reads as missing."""
+    figures, layout, interval = r.figures, as_dict(r.layout), r.interval or NO_INTERVAL
+    return {"number": r.number, "state": STATES[r.state], "kind": printable(r.kind),
+            "label": printable(r.label), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
+            **{k: _number(getattr(figures, k)) for k in FIGURES},
+            "predicted_tokens_per_s_per_gpu": r.predicted,
+            "predicted_low": _number(interval.low), "predicted_high": _number(interval.high),
+            "source": printable(figures.source), "backend": printable(r.backend),
+            "reason": printable(r.reason), "rationale": printable(r.rationale), "learnt": printable(r.learnt)}
 
 
 def trials_frame(study: optuna.Study, limit: int | None = None):
@@ -156,7 +147,7 @@ def trials_frame(study: optuna.Study, limit: int | None = None):
 
 
 def _records(study: optuna.Study, limit: int | None) -> list[dict]:
-    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    records = [trial_row(r) for r in read_trials(study)]
     return records[:limit] if limit else records
 
 

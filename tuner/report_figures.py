@@ -104,13 +104,14 @@ def interval_vs_measured(facts) -> Drawn | None:
     fig, ax = plt.subplots(figsize=(WIDTH, 4.6))
     with_interval = [f for f in ran if f.interval is not None]
     if with_interval:
-        quantiles = with_interval[0].interval[2]
-        span = f" {quantiles[0]:.0%}-{quantiles[1]:.0%}" if quantiles else ""
+        quantiles = with_interval[0].interval.quantiles
+        span = f" {quantiles[0]:.0%}-{quantiles[1]:.0%}" if len(quantiles) >= 2 else ""
         xs = [f.number for f in with_interval]
-        ax.vlines(xs, [f.interval[0] for f in with_interval], [f.interval[1] for f in with_interval],
+        ax.vlines(xs, [f.interval.low for f in with_interval], [f.interval.high for f in with_interval],
                   color=COLOR["predicted"], linewidth=1.6, alpha=0.7, label=f"predicted interval{span}")
-        for end in (0, 1):
-            ax.scatter(xs, [f.interval[end] for f in with_interval], marker="_", s=120, color=COLOR["predicted"])
+        for end in ("low", "high"):
+            ax.scatter(xs, [getattr(f.interval, end) for f in with_interval], marker="_", s=120,
+                       color=COLOR["predicted"])
     ax.scatter([f.number for f in ran], [f.predicted for f in ran], color=COLOR["predicted"], marker="o",
                s=30, zorder=3, label="predicted (central)")
     measured = [f for f in ran if f.measured is not None]

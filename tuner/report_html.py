@@ -25,8 +25,9 @@ from cost_model.layout_codec import layout_from_stored
 from cost_model.names import printable
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
-from tuner.report import as_dict, counts_line, ranked_rows, trial_record
-from tuner.trial_record import stored_attrs
+from tuner.interval import Interval
+from tuner.report import as_dict, counts_line, ranked_rows, trial_row
+from tuner.trial_record import TrialRecord, read_trials
 
 TOP_BREAKDOWN = 5
 FIGURES = {"best": "best", "interval": "interval", "pareto_memory": "pareto-memory", "pareto_cost": "pareto-cost",
@@ -62,7 +63,7 @@ class TrialFacts:
     peak_memory_gib: float | None
     usd_per_million_tokens: float | None
     predicted: float | None                # the prediction's tokens/s/GPU (central)
-    interval: tuple | None                 # (low, high, quantiles) of the predicted tokens/s/GPU
+    interval: Interval | None              # of the predicted tokens/s/GPU, when both its ends were recorded
     measured: float | None                 # a measured run's tokens/s/GPU
     measured_step_s: float | None
     ran: bool                              # the trial has a result (ok or failed)
@@ -74,27 +75,23 @@ class TrialFacts:
     proposer: str = ""
 
 
-def trial_facts(t) -> TrialFacts:
+def trial_facts(r: TrialRecord) -> TrialFacts:
     """A trial as the report draws it; a stored value of the wrong type (a peer's, another program's) is left
     out, as if not recorded, so the figures never meet it."""
-    record = trial_record(t)
-    attrs = stored_attrs(t)   # its malformed values already left out (tuner.trial_record)
-    prediction, result = attrs.get("prediction") or {}, attrs.get("result") or {}
-    interval = prediction.get("interval") or {}
-    quantiles = tuple(interval.get("quantiles") or ())
-    measured = result.get("kind") == "measured" and result.get("status", "ok") == "ok"
+    row = trial_row(r)
+    prediction, result, interval = r.prediction, r.result, r.interval
+    measured = result.kind == "measured" and (result.status or "ok") == "ok"
     return TrialFacts(
-        number=t.number, state=record["state"], kind=record["kind"], label=record["label"] or "",
-        short_label=_short_label(attrs.get("layout")), value=record["tokens_per_s_per_gpu"],
-        peak_memory_gib=record["peak_memory_gib"], usd_per_million_tokens=record["usd_per_million_tokens"],
-        predicted=prediction.get("tokens_per_s_per_gpu"),
-        interval=(interval["low"], interval["high"], quantiles if len(quantiles) >= 2 else ())
-        if "low" in interval and "high" in interval else None,
-        measured=result.get("tokens_per_s_per_gpu") if measured else None,
-        measured_step_s=result.get("step_time_s") if measured else None, ran=bool(result),
-        breakdown=dict(prediction.get("breakdown") or {}), weights=attrs.get("hypothesis_weights") or None,
-        rationale=record["rationale"] or "", learnt=str(attrs.get("learnt") or ""), reason=record["reason"] or "",
-        proposer=str(attrs.get("proposer") or ""))
+        number=r.number, state=row["state"], kind=row["kind"], label=row["label"] or "",
+        short_label=_short_label(r.layout), value=row["tokens_per_s_per_gpu"],
+        peak_memory_gib=row["peak_memory_gib"], usd_per_million_tokens=row["usd_per_million_tokens"],
+        predicted=prediction.tokens_per_s_per_gpu,
+        interval=interval if interval is not None and interval.complete else None,
+        measured=result.tokens_per_s_per_gpu if measured else None,
+        measured_step_s=result.step_time_s if measured else None, ran=result.recorded,
+        breakdown=dict(prediction.breakdown or {}), weights=r.hypothesis_weights or None,
+        rationale=row["rationale"] or "", learnt=str(r.learnt or ""), reason=row["reason"] or "",
+        proposer=str(r.proposer or ""))
 
 
 def _short_label(stored) -> str:
@@ -124,11 +121,11 @@ def write_report(study, out: Path) -> Path:
         from tuner import report_figures as figs
     except ImportError as e:
         raise CliError(f"tune report needs matplotlib ({e}); pip install 'matplotlib>=3.8'") from None
-    facts = [trial_facts(t) for t in study.get_trials(deepcopy=False)]
+    records = read_trials(study)
+    facts = [trial_facts(r) for r in records]
     by_number = {f.number: f for f in facts}
     top = [by_number[r.number] for r in ranked_rows(study)[:TOP_BREAKDOWN]]
-    capacity = next((p.get("gpu_memory_gib") for t in study.get_trials(deepcopy=False)
-                     if (p := stored_attrs(t).get("prediction"))), None)
+    capacity = next((r.prediction.gpu_memory_gib for r in records if r.prediction.recorded), None)
     drawn = {
         "best": figs.best_over_trials(facts),
         "interval": figs.interval_vs_measured(facts),

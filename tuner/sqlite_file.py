@@ -83,10 +83,9 @@ def check_sqlite_file(url: str, path: Path, create_dirs: bool, must_exist: bool 
 
 
 def _optuna_tables() -> set[str]:
-    """The tables of Optuna's RDB schema (and its migration tool's)."""
-    from optuna.storages._rdb import models
+    from tuner.optuna_adapter import optuna_tables   # optuna imported only for a file that exists
 
-    return set(models.BaseModel.metadata.tables) | {"alembic_version"}
+    return optuna_tables()
 
 
 def _sqlite_tables(url: str, path: Path) -> set[str]:

@@ -41,12 +41,13 @@ from search_space.runner_space import RunnerSpace, narrow
 from cost_model.layout import InvalidLayout, Layout
 from search_space.rules import check
 from cost_model.stack import Stack
-from tuner.trial_attrs import set_trial_attrs
-from tuner.trial_record import rankable, stored_attrs
-from tuner.intervals import interval_dict, measured_before, posterior_interval, predicted_figure
+from tuner.optuna_adapter import set_trial_attrs, storage_of, stored_trial, trial_id_of
+from tuner.trial_record import read_trial, read_trials
+from tuner.interval import Interval
+from tuner.intervals import measured_before, posterior_interval, predicted_figure, prediction_interval
 from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
-from cost_model.layout_codec import from_optuna_params, layout_from_stored, layout_values
+from cost_model.layout_codec import from_optuna_params, layout_values
 from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
@@ -285,8 +286,7 @@ def check_figures(study: optuna.Study, figures: str) -> None:
     best trial would mix a prediction with measurements. Studies made before the kind was recorded are
     judged by their completed trials."""
     kinds = {study.user_attrs.get(FIGURES)} - {None}
-    kinds |= {(stored_attrs(t).get("result") or {}).get("kind", "predicted")
-              for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+    kinds |= {r.result_kind for r in read_trials(study, states=(TrialState.COMPLETE,))}
     other = sorted(kinds - {figures})
     if other:
         raise StudyError(f"study '{study.study_name}' holds {' and '.join(other)} figures; {figures} trials "
@@ -301,14 +301,14 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
     A layout that failed permanently (PERMANENT_FAILURES: invalid_config, crash, cuda_oom) is tried;
     other failures (timeout, hang) may be proposed again, and interrupted ones unless `skip_interrupted`.
     Every failure with a class is in `failed` as (layout key, failure class, predicted peak GiB)."""
-    h = History()
+    h, best = History(), []
     study_attrs = study.user_attrs
     for t in study.get_trials(deepcopy=False):
         if is_lost_claim(t):
             continue    # a proposal that lost its layout to another tuner's trial: not a trial run
-        attrs = stored_attrs(t)   # a malformed attribute (a peer's edit) is read as missing, warned about once
-        key = attrs.get("layout_key")
-        if backend is not None and attrs.get("backend", "predict") != backend:
+        r = read_trial(t)   # a malformed attribute (a peer's edit) is read as missing, warned about once
+        key = r.layout_key
+        if backend is not None and (r.backend if r.backend is not None else "predict") != backend:
             key = None
         # a layout another tuner is running is taken too (it will hold the claim: tuner.trial_claims)
         if key and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING):
@@ -316,23 +316,22 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
         if key and skip_interrupted and t.state == TrialState.FAIL and \
                 str(fail_reason(study_attrs, t) or "").startswith("interrupted"):
             h.tried.add(key)
-        result = attrs.get("result") or {}
-        if key and t.state == TrialState.FAIL and result.get("failure_class"):
-            peak = (attrs.get("prediction") or {}).get("peak_memory_gib")
-            h.failed.append((key, result["failure_class"], peak))
-            if result["failure_class"] in PERMANENT_FAILURES:
+        result = r.result
+        if key and t.state == TrialState.FAIL and result.failure_class:
+            h.failed.append((key, result.failure_class, r.prediction.peak_memory_gib))
+            if result.failure_class in PERMANENT_FAILURES:
                 h.tried.add(key)
-        if t.state == TrialState.COMPLETE and result.get("kind") == "measured" and rankable(t):
-            layout = layout_from_stored(attrs["layout"])
-            predicted = (attrs.get("prediction") or {}).get("tokens_per_s_per_gpu")
+        if t.state == TrialState.COMPLETE and isinstance(r.value, (int, float)) and not isinstance(r.value, bool):
+            best.append(r.value)
+        if t.state == TrialState.COMPLETE and result.kind == "measured" and r.rankable:
+            layout = r.parsed_layout()
+            predicted = r.prediction.tokens_per_s_per_gpu
             # A runner that ran a different model (truncated layers) reports the prediction for what it ran.
-            facts = TrialResult.from_dict(result).details
+            facts = result.trial_result().details
             if (facts.get("prediction_for_model_run") or {}).get("tokens_per_s_per_gpu"):
                 predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
-            h.measured.append((family(layout), result["tokens_per_s_per_gpu"], predicted))
-            h.measured_layouts.append((layout, result["tokens_per_s_per_gpu"]))
-    best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if isinstance(t.value, (int, float)) and not isinstance(t.value, bool)]
+            h.measured.append((family(layout), result.tokens_per_s_per_gpu, predicted))
+            h.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
     h.best_value = max(best) if best else None
     h.peers = _peers(study)
     return h
@@ -391,9 +390,10 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
     first beat) is failed when its owner ran on this host and that process is gone; another host's is
     left alone. Trials queued WAITING by older versions of tune are ended too: an ask would hand them to
     the wrong proposal."""
-    running = {t._trial_id: t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    running = {trial_id_of(t): t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     fail_stale(study)
-    marked = [n for tid, n in running.items() if study._storage.get_trial(tid).state == TrialState.FAIL]
+    storage = storage_of(study)
+    marked = [n for tid, n in running.items() if storage.get_trial(tid).state == TrialState.FAIL]
     here = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         owner = t.user_attrs.get("owner") or {}
@@ -402,9 +402,9 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
         orphan = t.state == TrialState.WAITING
         if orphan or (owner.get("host") == here and not _alive(int(owner.get("pid", -1)))):
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-                study._storage.set_trial_user_attr(t._trial_id, "fail_reason",
+                storage.set_trial_user_attr(trial_id_of(t), "fail_reason",
                                                    "queued by an older tune, never run" if orphan else INTERRUPTED)
-                if study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                if storage.set_trial_state_values(trial_id_of(t), state=TrialState.FAIL):
                     marked.append(t.number)
     return sorted(marked)
 
@@ -415,7 +415,7 @@ def _complete_seed(study: optuna.Study, t: optuna.trial.FrozenTrial, dists: dict
     fixed = dict(t.system_attrs.get("fixed_params") or {})
     missing = {n: "none" for n, d in dists.items() if n not in fixed and "none" in getattr(d, "choices", ())}
     if missing:
-        study._storage.set_trial_system_attr(t._trial_id, "fixed_params", {**fixed, **missing})
+        storage_of(study).set_trial_system_attr(trial_id_of(t), "fixed_params", {**fixed, **missing})
 
 
 def user_enqueued(t: optuna.trial.FrozenTrial) -> bool:
@@ -545,10 +545,10 @@ def _claim_and_evaluate(loop: _Loop, history: History, proposal: Proposal) -> tu
                                                                 history_of(study, skip_interrupted, runner.name)),
                               take_borderline=proposer.weighs_fit_risk)
     except KeyboardInterrupt:
-        end_interrupted(study._storage, trial._trial_id, "interrupted by the user")
+        end_interrupted(storage_of(study), trial_id_of(trial), "interrupted by the user")
         raise
     except RunnerError as e:  # the runner cannot run trials at all: record it, then stop
-        end_interrupted(study._storage, trial._trial_id, f"runner: {e}")
+        end_interrupted(storage_of(study), trial_id_of(trial), f"runner: {e}")
         raise
     except optuna.exceptions.UpdateFinishedTrialError:
         _say(bar, f"trial {trial.number}: ended by another tuner (its heartbeat was late); not counted")
@@ -574,7 +574,7 @@ def _count(summary: RunSummary, state: TrialState, bar, history: History, study:
         summary.failed += 1
     bar.update(1)
     best = history.best_value
-    latest = study._storage.get_trial(trial._trial_id).value if state == TrialState.COMPLETE else None
+    latest = stored_trial(study, trial).value if state == TrialState.COMPLETE else None
     if latest is not None and (best is None or latest > best):
         best = latest
     if best is not None:
@@ -601,7 +601,7 @@ def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout,
 
 def _outcome(study: optuna.Study, trial: optuna.Trial) -> str:
     """The ended trial in a few words: its figure, or why it was pruned or failed; what it taught."""
-    frozen = study._storage.get_trial(trial._trial_id)
+    frozen = stored_trial(study, trial)
     result = frozen.user_attrs.get("result") or {}
     if frozen.state == TrialState.COMPLETE and result.get("tokens_per_s_per_gpu"):
         outcome = f"{result['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU {result.get('kind', '')}"
@@ -625,8 +625,8 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
               take_borderline: bool = False) -> TrialState:
     """Prune what cannot or need not run; else run it. Only a runner's own result becomes the value.
     A borderline layout (it may or may not fit) runs only for a proposer that weighed its risk. The trial's
-    attributes are written together (tuner.trial_attrs): before the run (its layout and prediction stay if the
-    run never returns) and with its end."""
+    attributes are written together (tuner.optuna_adapter.set_trial_attrs): before the run (its layout and
+    prediction stay if the run never returns) and with its end."""
     attrs: dict = {}
 
     def prune(reason: str) -> TrialState:
@@ -653,8 +653,9 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     except InvalidLayout as e:
         return prune(f"the {runner.name} runner cannot run it: {e}")
     predicted = prediction.to_dict()
-    predicted["interval"] = posterior_interval(trial.user_attrs.get("expected"), measured_before(history)) \
-        or interval_dict(config, runner, layout, prediction)
+    interval = posterior_interval(trial.user_attrs.get("expected"), measured_before(history)) \
+        or prediction_interval(config, runner, layout, prediction)
+    predicted["interval"] = interval.to_dict()
     attrs["prediction"] = _jsonable(predicted)
     if not prediction.may_fit:
         return prune("predicted not to fit: " + "; ".join(prediction.reasons))
@@ -695,10 +696,10 @@ def flat_attrs(prediction: dict | None, result: dict | None) -> dict:
     if not figures:
         return {}
     flat = {k: figures.get(k) for k in FLAT_FIGURES}
-    interval = prediction.get("interval")
-    interval = interval if isinstance(interval, dict) else {}
-    flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction, interval)
-    flat.update(predicted_low=interval.get("low"), predicted_high=interval.get("high"))
+    interval = Interval.from_dict(prediction.get("interval"))
+    flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction.get("tokens_per_s_per_gpu"), interval)
+    if interval is not None:
+        flat.update(predicted_low=interval.low, predicted_high=interval.high)
     out = {k: float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     out["figures"] = figures.get("kind", "predicted")
     return out

@@ -30,6 +30,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from experiments.runner import PERMANENT_FAILURES
 from tuner.interrupts import held
+from tuner.optuna_adapter import (beating, new_running_trial, storage_of, stored_trial, study_id, trial_of,
+                                   trial_id_of)
 
 HEARTBEAT_INTERVAL_S = 5
 GRACE_PERIOD_S = 20          # a worker silent this long is dead; its running trial is failed by another
@@ -46,12 +48,12 @@ def create_trial(study: optuna.Study, params: dict, dists: dict[str, BaseDistrib
     trial_id = None
     try:
         with held():
-            trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
-            _beat(study._storage, trial_id)
-        return optuna.Trial(study, trial_id)
+            trial_id = new_running_trial(study, template)
+            _beat(storage_of(study), trial_id)
+        return trial_of(study, trial_id)
     except KeyboardInterrupt:
         if trial_id is not None:
-            end_interrupted(study._storage, trial_id, "interrupted by the user")
+            end_interrupted(storage_of(study), trial_id, "interrupted by the user")
         raise
 
 
@@ -62,13 +64,13 @@ def ask_trial(study: optuna.Study, dists: dict[str, BaseDistribution], attrs: di
         with held(), warnings.catch_warnings():  # the heartbeat is ours (`heartbeat`), not Study.optimize's
             warnings.simplefilter("ignore", UserWarning)
             trial = study.ask(dists)
-            _beat(study._storage, trial._trial_id)
+            _beat(storage_of(study), trial_id_of(trial))
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
         return trial
     except KeyboardInterrupt:
         if trial is not None:
-            end_interrupted(study._storage, trial._trial_id, "interrupted by the user")
+            end_interrupted(storage_of(study), trial_id_of(trial), "interrupted by the user")
         raise
 
 
@@ -110,12 +112,12 @@ def lost_to(study: optuna.Study, trial: optuna.Trial, key: str, backend: str, se
     waits for one of those three, however long the other tuner is paused: the storage decides, not a timer.
     A tuner paused past the grace period finds its trial failed when it wakes, and can no longer complete it.
     Without heartbeats, `settle_s` bounds the wait (one process per study there)."""
-    storage = study._storage
+    storage = storage_of(study)
     beats = _interval(storage) is not None
     deadline = time.monotonic() + settle_s
     next_sweep = time.monotonic() + 1.0
     while True:
-        earlier = [t for t in storage.get_all_trials(study._study_id, deepcopy=False) if t.number < trial.number]
+        earlier = [t for t in storage.get_all_trials(study_id(study), deepcopy=False) if t.number < trial.number]
         unkeyed = [t for t in earlier if t.state == TrialState.RUNNING and "layout_key" not in t.user_attrs]
         if not unkeyed or not settle_s or (not beats and time.monotonic() > deadline):
             break
@@ -133,7 +135,7 @@ def lost_to(study: optuna.Study, trial: optuna.Trial, key: str, backend: str, se
 
 def still_running(study: optuna.Study, trial: optuna.Trial) -> bool:
     """Whether the storage still has `trial` running (another tuner fails it when its heartbeat stopped)."""
-    return study._storage.get_trial(trial._trial_id).state == TrialState.RUNNING
+    return stored_trial(study, trial).state == TrialState.RUNNING
 
 
 def is_lost_claim(t: FrozenTrial) -> bool:
@@ -144,7 +146,7 @@ def mark_stale(study: optuna.Study, trial: FrozenTrial) -> None:
     """Optuna's heartbeat callback: say why the trial failed (its layout may be proposed again). The
     trial has ended, so its own attributes are frozen: the reason goes on the study, one key per trial."""
     with contextlib.suppress(Exception):
-        study._storage.set_study_user_attr(study._study_id, stale_key(trial.number), STALE)
+        storage_of(study).set_study_user_attr(study_id(study), stale_key(trial.number), STALE)
 
 
 def stale_key(number: int) -> str:
@@ -162,35 +164,22 @@ def fail_stale(study: optuna.Study) -> None:
     with warnings.catch_warnings():  # experimental in Optuna since 2.9
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    storage = study._storage
+    storage = storage_of(study)
     if _interval(storage) is None:
         return
     # an older tune, which sent none, wrote its owner at once: a trial without owner nor beat is dead too
     since = datetime.datetime.now() - datetime.timedelta(seconds=2 * GRACE_PERIOD_S)
-    quiet = {t._trial_id: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    quiet = {trial_id_of(t): t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
              if t.datetime_start is not None and t.datetime_start < since
              and (t.user_attrs.get("owner") or {}).get("heartbeat", "owner" not in t.user_attrs)}
-    for trial_id in set(quiet) - _beating(storage, list(quiet)):
+    for trial_id in set(quiet) - beating(storage, list(quiet)):
         end_interrupted(storage, trial_id, STALE)
-
-
-def _beating(storage, trial_ids: list[int]) -> set[int]:
-    """Those of `trial_ids` that have a heartbeat record (Optuna's RDB table; no public reader)."""
-    if not trial_ids:
-        return set()
-    from optuna.storages._rdb.models import TrialHeartbeatModel
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    rdb = getattr(storage, "_backend", storage)   # Optuna wraps an RDBStorage in a cache
-    with _create_scoped_session(rdb.scoped_session) as session:
-        rows = session.query(TrialHeartbeatModel.trial_id).filter(TrialHeartbeatModel.trial_id.in_(trial_ids))
-        return {r[0] for r in rows.all()}
 
 
 @contextlib.contextmanager
 def heartbeat(study: optuna.Study, trial: optuna.Trial):
     """Record the trial's heartbeat now and every HEARTBEAT_INTERVAL_S while the block runs."""
-    storage = study._storage
+    storage = storage_of(study)
     interval = _interval(storage)
     if interval is None:
         yield
@@ -199,7 +188,7 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial):
 
     def record():
         with contextlib.suppress(Exception):  # a missed beat is not fatal; many are (grace period)
-            storage.record_heartbeat(trial._trial_id)
+            storage.record_heartbeat(trial_id_of(trial))
 
     def beat():
         while not stop.wait(interval):

@@ -1,7 +1,7 @@
-"""A trial's stored attributes as `tune show`, `tune export` and `tune report` read them: each one they use is
-checked against what tune writes, in this one place.
+"""A stored trial read back as one TrialRecord (`read_trial`), which study (and so the agent), `tune show`,
+`tune export` and `tune report` read: each attribute they use is checked against what tune writes, in this one place.
 
-The rule, the same in the three commands: a malformed attribute (a peer's or another program's: a wrong type,
+The rule, the same everywhere: a malformed attribute (a peer's or another program's: a wrong type,
 a figure that is not a finite number, a layout that is not one, a figure a complete trial must have missing)
 never stops the command and never reaches the output as it is. It reads as missing, and stderr gets one line
 per such trial naming the trial and the attributes:
@@ -19,6 +19,11 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
+
+from optuna.trial import TrialState
+
+from tuner.interval import Interval
 
 NUMBER, INTEGER, TEXT, FLAG = "a number", "an integer", "text", "true or false"
 
@@ -116,14 +121,145 @@ def forget_warnings() -> None:
     _warned.clear()
 
 
-def stored_attrs(t) -> dict:
-    """The trial's user attributes with every malformed one left out (warned about once, on stderr)."""
-    return _read(t)[0]
+@dataclass(frozen=True)
+class Predicted:
+    """The runner's prediction for a trial's layout, as stored and checked: a figure not recorded (or malformed)
+    is None; `recorded` says whether the trial has a prediction at all."""
+    recorded: bool = False
+    kind: str | None = None
+    source: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    gpu_memory_gib: float | None = None          # the GPU's memory it was judged against
+    mfu: float | None = None
+    usd_per_million_tokens: float | None = None
+    fits: bool | None = None                     # before the fit verdicts: whether it fits
+    fit_verdict: str | None = None               # fits, borderline or does not fit
+    fit_probability: float | None = None
+    reasons: list | None = None
+    breakdown: dict | None = None                # predicted seconds per term of the step
+    interval: Interval | None = None
 
 
-def rankable(t) -> bool:
-    """Whether a complete trial's layout and result are sound enough to rank and export it."""
-    return not any(_grounds(path) for path, _ in _read(t)[1])
+@dataclass(frozen=True)
+class RunResult:
+    """The runner's result (measured, or predicted by the predict backend), as stored and checked: a field not
+    recorded (or malformed) is None; `recorded` says whether the trial ran at all."""
+    recorded: bool = False
+    status: str | None = None                    # ok or failed
+    kind: str | None = None                      # predicted or measured
+    source: str | None = None
+    tokens_per_s_per_gpu: float | None = None
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    mfu: float | None = None
+    usd_per_million_tokens: float | None = None
+    step_time_cv_percent: float | None = None
+    gpu_hours: float | None = None
+    step_times_s: list | None = None
+    losses: list | None = None
+    peak_memory_gib_per_rank: list | None = None
+    failure_class: str | None = None
+    detail: object = None                        # the runner's message (older results: its facts, see _detail)
+    breakdown: dict | None = None
+    runner: str | None = None
+    details: dict | None = None
+    stored: dict | None = None                   # the checked mapping itself, for experiments.runner.TrialResult
+
+    def trial_result(self):
+        """As experiments.runner.TrialResult (which moves the facts older results kept in `detail`)."""
+        from experiments.runner import TrialResult
+
+        return TrialResult.from_dict(self.stored or {})
+
+
+_PREDICTED = tuple(f for f in Predicted.__dataclass_fields__ if f not in ("recorded", "interval"))
+_RESULT = tuple(f for f in RunResult.__dataclass_fields__ if f not in ("recorded", "stored"))
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One stored trial as study, show, export, report and the agent (through study.history_of) read it: each
+    attribute checked (a malformed one reads as missing, warned about once: see the module docstring)."""
+    number: int
+    state: TrialState
+    value: object                      # the objective as stored; a number wherever `rankable`
+    # what was proposed, and why
+    layout: dict | None                # the stored layout values (world_size, tp, ...): parsed_layout() reads them
+    layout_key: str | None
+    label: str | None
+    backend: str | None                # the runner that evaluated it (stored by tune since issue 13)
+    proposer: str | None
+    rationale: str | None
+    hypothesis_weights: dict | None    # the proposer's weights when it proposed this trial
+    # what was predicted (figures and interval), and what the run gave
+    prediction: Predicted
+    result: RunResult
+    # what it taught, and why it ended where it did not complete
+    learnt: str | None
+    prune_reason: str | None
+    fail_reason: str | None
+    rankable: bool                     # its layout and result are sound enough to rank and export it
+
+    @property
+    def interval(self) -> Interval | None:
+        return self.prediction.interval
+
+    @property
+    def figures(self) -> Predicted | RunResult:
+        """The figures it stands for: its result when it ran, else its prediction (a pruned trial)."""
+        return self.result if self.result.recorded else self.prediction
+
+    @property
+    def kind(self) -> str | None:
+        """Whether `figures` are predicted or measured (None: it has none)."""
+        figures = self.figures
+        if not figures.recorded:
+            return None
+        return figures.kind if figures.kind is not None else "predicted"
+
+    @property
+    def result_kind(self) -> str:
+        """The result's kind; a result that does not say is a prediction's (results before `kind`)."""
+        return self.result.kind if self.result.kind is not None else "predicted"
+
+    @property
+    def predicted(self) -> float | None:
+        """What was predicted: the interval's median (the agent's posterior), else the point prediction."""
+        from tuner.intervals import predicted_figure
+
+        return predicted_figure(self.prediction.tokens_per_s_per_gpu, self.interval)
+
+    @property
+    def reason(self) -> str | None:
+        """Why it was pruned or failed."""
+        return self.prune_reason or self.fail_reason
+
+    def parsed_layout(self):
+        """Its Layout (cost_model.layout); only for a record whose layout was read (a rankable one has it)."""
+        from cost_model.layout_codec import layout_from_stored
+
+        return layout_from_stored(self.layout)
+
+
+def read_trial(t) -> TrialRecord:
+    """The trial's record, its malformed attributes left out (warned about once, on stderr)."""
+    attrs, problems = _read(t)
+    prediction, result = attrs.get("prediction") or {}, attrs.get("result") or {}
+    return TrialRecord(
+        number=t.number, state=t.state, value=t.value, layout=attrs.get("layout"),
+        **{k: attrs.get(k) for k in ("layout_key", "label", "backend", "proposer", "rationale", "hypothesis_weights",
+                                     "learnt", "prune_reason", "fail_reason")},
+        prediction=Predicted(recorded=bool(prediction), interval=Interval.from_dict(prediction.get("interval")),
+                             **{k: prediction.get(k) for k in _PREDICTED}),
+        result=RunResult(recorded=bool(result), stored=result, **{k: result.get(k) for k in _RESULT}),
+        rankable=not any(_grounds(path) for path, _ in problems))
+
+
+def read_trials(study, states=None) -> list[TrialRecord]:
+    """The study's trials in trial order (those in `states` when given), read as records."""
+    return [read_trial(t) for t in study.get_trials(deepcopy=False, states=states)]
 
 
 def _grounds(path: str) -> bool:
@@ -131,7 +267,7 @@ def _grounds(path: str) -> bool:
 
 
 def _read(t) -> tuple[dict, list]:
-    from optuna.trial import TrialState
+    from tuner.optuna_adapter import trial_id_of
 
     attrs, problems = _clean(t.user_attrs, ATTRIBUTES, "")
     if t.state == TrialState.COMPLETE:
@@ -143,7 +279,7 @@ def _read(t) -> tuple[dict, list]:
             problems.append(("result.tokens_per_s_per_gpu", "is missing"))
         if not _is(NUMBER, t.value):   # the objective itself (an edited storage can hold text there)
             problems.append(("value", "is not a number"))
-    seen = (t._trial_id, t.number, t.datetime_start, tuple(problems))   # once per trial and command
+    seen = (trial_id_of(t), t.number, t.datetime_start, tuple(problems))   # once per trial and command
     if problems and seen not in _warned:
         _warned.add(seen)
         print(f"tune: warning: {describe(t.number, problems)}", file=sys.stderr)
@@ -213,34 +349,13 @@ def _what(schema) -> str:
 def unreadable_attribute(engine) -> str | None:
     """Which stored attribute is not JSON (Optuna cannot read a study past it): 'trial 3's attribute result' or
     "the study's attribute config"; None when every one reads."""
-    import sqlalchemy
+    from tuner.optuna_adapter import first_unreadable
 
-    queries = (("trial_user_attributes", "trial"), ("trial_system_attributes", "trial"),
-               ("study_user_attributes", "study"), ("study_system_attributes", "study"))
-    with engine.connect() as db:
-        for table, owner in queries:
-            key = "trial_id" if owner == "trial" else "study_id"
-            for owner_id, name, text in db.execute(sqlalchemy.text(f"SELECT {key}, key, value_json FROM {table}")):
-                try:
-                    json.loads(text)
-                except (TypeError, ValueError):
-                    return _owner(db, owner, owner_id) + f"'s attribute {_short(name)}"
-        for trial_id, name, text in db.execute(sqlalchemy.text(
-                "SELECT trial_id, param_name, distribution_json FROM trial_params")):
-            try:
-                json.loads(text)
-            except (TypeError, ValueError):
-                return _owner(db, "trial", trial_id) + f"'s parameter {_short(name)}"
-    return None
-
-
-def _owner(db, owner: str, owner_id) -> str:
-    import sqlalchemy
-
-    if owner == "study":
-        return "the study"
-    number = db.execute(sqlalchemy.text("SELECT number FROM trials WHERE trial_id = :i"), {"i": owner_id}).scalar()
-    return f"trial {number}"
+    found = first_unreadable(engine)
+    if found is None:
+        return None
+    owner, number, what, name = found
+    return ("the study" if owner == "study" else f"trial {number}") + f"'s {what} {_short(name)}"
 
 
 def _short(name) -> str:
