@@ -263,6 +263,24 @@ def test_the_agent_writes_what_it_expects_and_learnt_and_the_loop_keeps_the_gpu_
     assert err.count("trial 0: ") == 1 and err.count("trial 1: ") == 1 and err.count("; learnt: level now") == 2
 
 
+def test_a_peers_malformed_gpu_hours_reads_as_missing_under_a_budget(memory, config, scored, capsys):
+    """The --gpu-hours budget sums the study's measured GPU-hours through the one reader of stored trials: a peer's
+    figure that is not a number is one warning line and counts as none (it raised ValueError in the loop)."""
+    runner = HourRunner()
+    study = study_for(memory, config, figures="measured")
+    agent = study_commands.make_proposer("agent", scored, config, runner)
+    run_study(study, config, runner, agent, trials=1, progress=False, gpu_hours=10.0)
+    peer = study.trials[0]
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.FAIL, params=peer.params, distributions=peer.distributions,
+        user_attrs={**peer.user_attrs, "result": {**peer.user_attrs["result"], "gpu_hours": "lots"}}))
+    capsys.readouterr()
+    summary = run_study(study, config, runner, agent, trials=3, progress=False, gpu_hours=1.0)
+    assert len(runner.ran) == 2 and summary.exhausted and "--gpu-hours" in summary.reason
+    warned = [line for line in capsys.readouterr().err.splitlines() if "gpu_hours" in line]
+    assert warned and all("trial 1" in line and "read as missing" in line for line in warned)
+
+
 def test_the_agent_proposes_from_the_studys_measurements(memory, config, scored):
     """What the study measured reaches the agent's next proposal: its belief counts the trials (found on a
     2 x H200 run where every trial said "nothing measured yet"), and a resumed study starts from them."""

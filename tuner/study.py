@@ -433,9 +433,9 @@ def runner_space(config: StudyConfig, runner: TrialRunner) -> RunnerSpace:
 
 
 def gpu_hours_used(study: optuna.Study, backend: str) -> float:
-    """GPU-hours of the study's trials run by `backend` (measured results carry theirs)."""
-    return sum(float((t.user_attrs.get("result") or {}).get("gpu_hours") or 0.0)
-               for t in study.get_trials(deepcopy=False) if t.user_attrs.get("backend") == backend)
+    """GPU-hours of the study's trials run by `backend` (measured results carry theirs); a peer's malformed figure
+    reads as missing, with its one warning line (trial_record), instead of stopping the study."""
+    return sum(r.result.gpu_hours or 0.0 for r in read_trials(study) if r.backend == backend)
 
 
 def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, proposer: Proposer,
