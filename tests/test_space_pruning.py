@@ -72,12 +72,18 @@ def test_a_shape_whose_memory_floor_does_not_fit_has_no_layout_that_may_fit():
             assert not memory_verdict(config.model, config.gpu, config.workload, layout).may_fit, layout.long_label
 
 
-def test_a_pruned_scoring_keeps_what_each_judge_ranks_best(monkeypatch):
+@pytest.fixture(scope="module")
+def deepseek_64():
+    """DeepSeek-V3 on 64 x B200 (narrowed) and its whole scoring."""
+    config = config_of("deepseek-v3", "b200", 64, Workload(), replace(NARROW, max_cp=2))
+    return config, score_space(config, PredictedRunner())
+
+
+def test_a_pruned_scoring_keeps_what_each_judge_ranks_best(monkeypatch, deepseek_64):
     """Pruned with a small KEEP: the kept layouts are those of the whole scoring (same figures, same order); every
     layout left out is slower than KEEP plain fits kept, under the shipped model (all of them checked) and under
     each hypothesis (a sample); the summary counts what was left out."""
-    config = config_of("deepseek-v3", "b200", 64, Workload(), replace(NARROW, max_cp=2))
-    whole = score_space(config, PredictedRunner())
+    config, whole = deepseek_64
     assert whole.pruned is None
     keep = 20
     monkeypatch.setattr(space_scoring, "PRUNE_ABOVE", 0)
@@ -122,3 +128,20 @@ def test_only_the_cost_models_own_figures_are_pruned():
     class Other(PredictedRunner):
         name = "megatron"
     assert not space_pruning.prunable(config, Other())
+
+
+def test_the_agent_proposes_first_what_it_would_over_the_whole_space(monkeypatch, deepseek_64):
+    """On this space the agent's first proposal over the pruned candidates is the one over all of them, from a
+    table of fewer layouts."""
+    from types import SimpleNamespace
+
+    from tuner.study_commands import make_proposer
+
+    config, whole = deepseek_64
+    monkeypatch.setattr(space_scoring, "PRUNE_ABOVE", 0)
+    pruned = score_space(config, PredictedRunner())
+    assert len(pruned) < len(whole) / 2
+    nothing = SimpleNamespace(tried=set(), measured_layouts=[], failed=[])
+    agents = [make_proposer("agent", c, config, PredictedRunner()) for c in (whole, pruned)]
+    assert len(agents[1].table.candidates) < len(agents[0].table.candidates)
+    assert agents[0].propose(nothing).params == agents[1].propose(nothing).params
