@@ -145,3 +145,15 @@ def test_the_agent_proposes_first_what_it_would_over_the_whole_space(monkeypatch
     agents = [make_proposer("agent", c, config, PredictedRunner()) for c in (whole, pruned)]
     assert len(agents[1].table.candidates) < len(agents[0].table.candidates)
     assert agents[0].propose(nothing).params == agents[1].propose(nothing).params
+
+
+def test_a_pruned_space_named_for_ray_is_scored_here_with_the_local_result(monkeypatch, deepseek_64):
+    """Pruning reads the bars the shapes scored before raised: a space that is pruned is scored here, whatever
+    --ray-address names (no Ray cluster is started), with the local result, and the summary says so."""
+    config, _ = deepseek_64
+    monkeypatch.setattr(space_scoring, "PRUNE_ABOVE", 0)
+    monkeypatch.setattr(space_scoring, "_on_ray", lambda *a, **k: pytest.fail("a pruned space went to Ray"))
+    here = score_space(config, PredictedRunner())
+    named = score_space(config, PredictedRunner(), ray_address="local")
+    assert [(l.key(), p) for l, p in here] == [(l.key(), p) for l, p in named]
+    assert here.pruned.ray_address is None and "--ray-address local" in named.pruned.line()

@@ -6,8 +6,11 @@ and each hypothesis the agent weighs (tuner.intervals.hypothesis_predictor); eac
 gives fitting layouts scored so far (`Bars`). A shape is not scored when, for every judge, its ceiling under that
 judge is below the judge's KEEP-th best: then under the shipped model and under every hypothesis each of its
 layouts is slower than KEEP layouts that fit, so it is in no judge's KEEP best. What is skipped is counted
-(`Pruned`) and said, never silently dropped. A shape whose memory floor does not fit under any of its optimizer
-choices is not scored either: none of its layouts would have been kept.
+(`Pruned`) and said, never silently dropped. Within a scored shape, the layouts of a micro-batch size and
+dispatcher whose ceilings are below every bar are not scored either, and at the end the scored layouts that are below
+every final bar are dropped. A shape whose memory floor does not fit under any of its optimizer choices is not scored:
+none of its layouts would have been kept. A pruned space is scored here, not on a Ray cluster (`--ray-address`): each
+step reads the bars the steps before it raised.
 
 Smaller spaces are scored whole: their result is unchanged, to the bit.
 """
@@ -42,6 +45,7 @@ class Pruned:
     keep: int = KEEP
     no_fit: int = 0            # shapes whose every layout's memory floor does not fit
     no_fit_layouts: int = 0
+    ray_address: str | None = None   # named, and not used: a pruned space is scored here
 
     def line(self) -> str:
         out = (f"{self.layouts:,} layouts left unscored ({self.shapes:,} whole parallel shapes) and {self.dropped:,} "
@@ -50,6 +54,9 @@ class Pruned:
         if self.no_fit:
             out += (f"; {self.no_fit_layouts:,} layouts of {self.no_fit:,} parallel shapes not scored: their memory "
                     f"floor (weights, gradients and optimizer state alone) does not fit")
+        if self.ray_address is not None:
+            out += (f"; scored here, not on --ray-address {self.ray_address}: pruning goes shape by shape on what "
+                    f"it has scored")
         return out
 
 

@@ -115,18 +115,22 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
     fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
     for the full model), in the enumeration's order; CliError when none may fit. A space of more than PRUNE_ABOVE
-    layouts whose figures are the cost model's own is pruned (tuner.space_pruning): what it left out is the result's
-    `pruned`. `ray_address`: score the parallel shapes as tasks on that Ray cluster ("local": one started on this
-    machine), the whole space (no pruning there): the result of scoring it whole here."""
+    layouts whose figures are the cost model's own is pruned (tuner.space_pruning), here: what it left out is the
+    result's `pruned`. `ray_address`: score the parallel shapes of a space that is not pruned as tasks on that Ray
+    cluster ("local": one started on this machine); the same result."""
     options = space.options if space is not None else config.options
-    local = ray_address is None and prunable(config, runner)
+    prune = prunable(config, runner)
     shapes, options, size = space_plan(config.model, config.world_size, config.workload, config.stack, options,
-                                       limit=MAX_PLANNED_LAYOUTS if local else MAX_SPACE_LAYOUTS)
+                                       limit=MAX_PLANNED_LAYOUTS if prune else MAX_SPACE_LAYOUTS)
     pruned = None
-    if ray_address is not None:
-        scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
-    elif local and size > PRUNE_ABOVE:
+    if prune and size > PRUNE_ABOVE:
+        if ray_address is not None:
+            # pruning goes shape by shape on what it has scored: done here, its result is the local one
+            _check_reachable(ray_address)
         scoring, pruned = _pruned(config, runner, options, shapes, progress)
+        pruned.ray_address = ray_address
+    elif ray_address is not None:
+        scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     else:
         scoring = _Scoring(config, runner, progress)
         with no_cyclic_gc():
