@@ -9,7 +9,8 @@ and prints, beside the figure issue 27 recorded before the work on it ("then", 2
 - a resume: the same command again on the same study;
 - DeepSeek-V3 on 256 x B200 and Qwen3-235B-A22B on 1,024 x H100 up to the first proposal (`--trials 1`), with the
   process's peak resident memory; a case that runs past --cap-s is stopped and printed as "> cap"; DeepSeek-V3 again
-  with its scoring fanned out over a Ray cluster started on this machine (`--ray-address local`);
+  with `--ray-address local` (its space is pruned, and a pruned space is scored in tune's process, not as Ray tasks:
+  tuner.space_pruning);
 - layouts scored per second on the default space (tuner.study_commands.score_space, in this process).
 
 Every figure is measured here, now; the machine's load changes them (say what else ran when quoting them).
@@ -35,8 +36,8 @@ DEFAULT = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200"]
 LARGE = {"DeepSeek-V3 on 256 x B200": ["--model", "deepseek-v3", "--gpu", "b200", "--gpus", "256", "--trials", "1"],
          "Qwen3-235B-A22B on 1,024 x H100": ["--model", "qwen3-235b-a22b", "--gpu", "h100", "--gpus", "1024",
                                              "--trials", "1"],
-         # the same space scored as Ray tasks on a Ray cluster started on this machine (its CPUs): what a cluster's
-         # fan-out does on one host; peak RSS is tune's own process, not the Ray workers'
+         # with --ray-address local: a pruned space (this one) is scored in tune's process, the local result; a space
+         # that is not pruned would go out as Ray tasks (peak RSS is tune's own process, not the Ray workers')
          "DeepSeek-V3 on 256 x B200, Ray local": ["--model", "deepseek-v3", "--gpu", "b200", "--gpus", "256",
                                                   "--trials", "1", "--ray-address", "local"]}
 # issue 27's figures before the work on it, and its targets

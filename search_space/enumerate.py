@@ -54,6 +54,9 @@ MAX_GPUS = 4096
 # layer counts asks for more (4,096 experts and 512 layers: ~4.8 million) and is refused in one line, in
 # under a second, instead of growing for hours.
 MAX_SPACE_LAYOUTS = 4_000_000
+# A scoring that prunes (tuner.space_pruning) scores at most MAX_SPACE_LAYOUTS of a space planned up to this: its
+# shapes are bounded one by one (~1 ms each), not their layouts.
+MAX_PLANNED_LAYOUTS = 32_000_000
 
 
 # Rows per micro-batch (SpaceOptions.rows_per_microbatch None): the powers of two up to what a data-parallel
@@ -259,15 +262,17 @@ def bounded_options(shapes: list[dict], model: ModelSpec, world_size: int, workl
 
 
 def space_plan(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
-               options: SpaceOptions = SpaceOptions()) -> tuple[list[dict], SpaceOptions, int]:
+               options: SpaceOptions = SpaceOptions(), limit: int = MAX_SPACE_LAYOUTS
+               ) -> tuple[list[dict], SpaceOptions, int]:
     """(parallel shapes, the options the enumeration uses over them (bounded_options), the space's size);
-    SpaceTooLarge when the space would exceed MAX_SPACE_LAYOUTS."""
+    SpaceTooLarge when the space would exceed `limit` (MAX_PLANNED_LAYOUTS where its scoring prunes)."""
     shapes = list(parallel_shapes(model, world_size, workload, stack, options))
     options, size = bounded_options(shapes, model, world_size, workload, stack, options)
-    if size > MAX_SPACE_LAYOUTS:
+    if size > limit:
         raise SpaceTooLarge(f"the search space of {model.display_name} on {world_size:,} GPUs would hold {size:,} "
-                            f"layouts ({len(shapes):,} parallel shapes), more than the {MAX_SPACE_LAYOUTS:,} one "
-                            f"study scores; use fewer GPUs (--gpus) or a model with fewer layers or experts")
+                            f"layouts ({len(shapes):,} parallel shapes), more than the {limit:,} one "
+                            f"study {'scores' if limit == MAX_SPACE_LAYOUTS else 'plans'}; use fewer GPUs (--gpus) or "
+                            f"a model with fewer layers or experts")
     return shapes, options, size
 
 

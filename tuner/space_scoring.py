@@ -1,5 +1,8 @@
 """Scoring a study's search space: every layout the runner can run that may fit, with its prediction.
 
+A very large space is pruned: the parallel shapes and layouts that no judge (the shipped model, each hypothesis)
+could rank among its best are not scored (tuner.space_pruning), and the result says how many.
+
 Memory first: most of a space does not fit, and the memory verdict is cheaper than the step time, so a layout's
 step is priced only when it may fit; a layout ruled out by memory rules out its siblings with more tokens per
 micro-batch, unscored (tests/test_score_space_memory_first.py checks the result is scoring each alone).
@@ -15,11 +18,14 @@ from operator import attrgetter
 from cost_model.layout import InvalidLayout, Layout
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
-from search_space.enumerate import shape_layouts, space_plan
+from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, SpaceTooLarge, shape_layouts, space_plan,
+                                    space_size)
 from search_space.runner_space import RunnerSpace
 from tuner.gc_pause import no_cyclic_gc
 from tuner.options import CliError
 from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
+from tuner import space_pruning
+from tuner.space_pruning import PRUNE_ABOVE, Bars, Pruned, judges, prunable, shape_bounds
 
 _PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
 _SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
@@ -108,22 +114,91 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
     """Every layout of the space that `runner` can run (`space`: the space narrowed to its stack) and is
     predicted to fit or to be borderline (Prediction.fit_verdict: the agent weighs those by their chance to
     fit), with its prediction for what the runner runs (`runner.predict`; without a runner, the cost model
-    for the full model), in the enumeration's order; CliError when none may fit. `ray_address`: score the
-    parallel shapes as tasks on that Ray cluster ("local": one started on this machine); the same result."""
+    for the full model), in the enumeration's order; CliError when none may fit. A space of more than PRUNE_ABOVE
+    layouts whose figures are the cost model's own is pruned (tuner.space_pruning), here: what it left out is the
+    result's `pruned`. `ray_address`: score the parallel shapes of a space that is not pruned as tasks on that Ray
+    cluster ("local": one started on this machine); the same result."""
     options = space.options if space is not None else config.options
-    shapes, options, _ = space_plan(config.model, config.world_size, config.workload, config.stack, options)
-    if ray_address is None:
+    prune = prunable(config, runner)
+    shapes, options, size = space_plan(config.model, config.world_size, config.workload, config.stack, options,
+                                       limit=MAX_PLANNED_LAYOUTS if prune else MAX_SPACE_LAYOUTS)
+    pruned = None
+    if prune and size > PRUNE_ABOVE:
+        if ray_address is not None:
+            # pruning goes shape by shape on what it has scored: done here, its result is the local one
+            _check_reachable(ray_address)
+        scoring, pruned = _pruned(config, runner, options, shapes, progress)
+        pruned.ray_address = ray_address
+    elif ray_address is not None:
+        scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
+    else:
         scoring = _Scoring(config, runner, progress)
         with no_cyclic_gc():
             for shape in shapes:
                 for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
                                             options):
                     scoring.take(layout)
-    else:
-        scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     if isinstance(progress, Progress):
         progress.done()   # erased on a terminal: an error below is the only line left
-    return scoring.result()
+    return ScoredSpace(scoring.result(), pruned)
+
+
+class ScoredSpace(list):
+    """score_space's candidates, and what a pruned scoring left unscored (`pruned`, None when all was scored)."""
+
+    def __init__(self, items=(), pruned: Pruned | None = None):
+        super().__init__(items)
+        self.pruned = pruned
+
+
+def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Scoring, Pruned]:
+    """The shapes scored highest ceiling first, the shapes and layouts that cannot matter left out
+    (tuner.space_pruning), the scored ones that cannot either dropped at the end; the candidates in the
+    enumeration's order all the same. SpaceTooLarge past MAX_SPACE_LAYOUTS scored."""
+    every, predict_h = judges(config, runner)
+    bounds, ceilings = shape_bounds(shapes, config, options, every)
+    order = sorted(range(len(shapes)), key=lambda i: -ceilings[i])
+    keep = space_pruning.KEEP   # read here: a test narrows it
+    bars, skipped, no_fit, pruned = Bars(every, predict_h, keep), [], [], Pruned(keep=keep)
+    scoring = _Scoring(config, runner, progress)
+    scoring.looked.tail = lambda: (f", {len(scoring.fitting):,} may fit, {len(skipped):,} of {len(shapes):,} "
+                                   f"shapes and {pruned.layouts:,} layouts of others left unscored; still enumerating")
+    parts = {}
+    with no_cyclic_gc():
+        for at, i in enumerate(order):
+            if ceilings[i] < bars.lowest():   # every later shape's too: the order is by this ceiling
+                skipped += order[at:]
+                break
+            live = bounds[i].live(every, bars)
+            if live is not None and not live:
+                skipped.append(i)
+                continue
+            if bounds[i].cannot_fit():
+                no_fit.append(i)
+                continue
+            start = len(scoring.fitting)
+            for layout in shape_layouts(shapes[i], config.model, config.world_size, config.workload, config.stack,
+                                        options):
+                if live is None or (layout.max_tokens_per_gpu, layout.dispatcher) in live:
+                    scoring.take(layout)
+                else:
+                    pruned.layouts += 1
+            if scoring.looked.count > MAX_SPACE_LAYOUTS:
+                raise SpaceTooLarge(f"scoring the search space of {config.model.display_name} on "
+                                    f"{config.world_size:,} GPUs passed {MAX_SPACE_LAYOUTS:,} layouts before the rest "
+                                    f"could be ruled out; use fewer GPUs (--gpus)")
+            parts[i] = scoring.fitting[start:]
+            bars.offer(parts[i], bounds[i].shape_ceilings(every))
+        kept = {i: [(l, p) for l, p in part if bounds[i].matters(l, p, every, bars)] for i, part in parts.items()}
+        scoring.fitting = [lp for i in sorted(kept) for lp in kept[i]]
+    pruned.shapes = len(skipped)
+    pruned.layouts += space_size([shapes[i] for i in skipped], config.model, config.world_size, config.workload,
+                                 config.stack, options)
+    pruned.dropped = sum(map(len, parts.values())) - len(scoring.fitting)
+    pruned.no_fit = len(no_fit)
+    pruned.no_fit_layouts = space_size([shapes[i] for i in no_fit], config.model, config.world_size, config.workload,
+                                       config.stack, options)
+    return scoring, pruned
 
 
 def score_shapes(config, runner: TrialRunner | None, options, shapes: list[tuple[int, dict]]) -> list[tuple]:

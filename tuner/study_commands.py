@@ -111,6 +111,9 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     also = f" and {borderline:,} borderline ones (they may not fit; {how})" if borderline else ""
     print(f"tuning {config.describe()}: {len(candidates) - borderline:,} fitting layouts of the search space{also}; "
           f"study '{name}' in {shown(url)}; backend {args.backend} (figures are {kind})", file=sys.stderr)
+    pruned = getattr(candidates, "pruned", None)
+    if pruned is not None:
+        print(f"  search space pruned: {pruned.line()}", file=sys.stderr)
     for line in space.reasons:
         print(f"  search space narrowed: {line}", file=sys.stderr)
     for line in space.notes:

@@ -1,0 +1,265 @@
+"""Scoring a very large space without the parallel shapes that cannot matter (issue 27).
+
+A space of more than PRUNE_ABOVE layouts (hundreds of GPUs) is scored shape by shape, the shapes with the highest
+ceiling first (cost_model.bounds: tokens/s/GPU no layout of the shape reaches). The judges are the shipped prediction
+and each hypothesis the agent weighs (tuner.intervals.hypothesis_predictor); each keeps the KEEP best figures it
+gives fitting layouts scored so far (`Bars`). A shape is not scored when, for every judge, its ceiling under that
+judge is below the judge's KEEP-th best: then under the shipped model and under every hypothesis each of its
+layouts is slower than KEEP layouts that fit, so it is in no judge's KEEP best. What is skipped is counted
+(`Pruned`) and said, never silently dropped. Within a scored shape, the layouts of a micro-batch size and
+dispatcher whose ceilings are below every bar are not scored either, and at the end the scored layouts that are below
+every final bar are dropped. A shape whose memory floor does not fit under any of its optimizer choices is not scored:
+none of its layouts would have been kept. A pruned space is scored here, not on a Ray cluster (`--ray-address`): each
+step reads the bars the steps before it raised.
+
+Smaller spaces are scored whole: their result is unchanged, to the bit.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+
+from cost_model.batching import max_tokens_per_gpu
+from cost_model.bounds import (cannot_fit, ceilings_of, launch_key, memory_floor_gib, optimistic_constants,
+                               step_floor_s)
+from cost_model.constants import default_constants
+from cost_model.layout import InvalidLayout, Layout
+from search_space.enumerate import offload_choices, rows_choices, shape_dispatchers, shape_dp
+
+# Spaces up to this many layouts are scored whole (the default job's 104,316 among them); above it, pruned.
+PRUNE_ABOVE = 1_000_000
+# The fitting layouts that must beat a skipped shape's every layout under every hypothesis: the top 20 the exactness
+# test checks and every layout the agent's first proposals weigh seriously are among them.
+KEEP = 200
+
+
+@dataclass
+class Pruned:
+    """What a pruned scoring left out: whole shapes, the layouts not scored (of those shapes, as the enumeration
+    would build them before its rules, and of scored shapes), and the scored ones dropped at the end."""
+
+    shapes: int = 0
+    layouts: int = 0
+    dropped: int = 0
+    keep: int = KEEP
+    no_fit: int = 0            # shapes whose every layout's memory floor does not fit
+    no_fit_layouts: int = 0
+    ray_address: str | None = None   # named, and not used: a pruned space is scored here
+
+    def line(self) -> str:
+        out = (f"{self.layouts:,} layouts left unscored ({self.shapes:,} whole parallel shapes) and {self.dropped:,} "
+               f"scored ones dropped: under the shipped model and each hypothesis, each is slower than {self.keep} "
+               f"scored layouts that fit (cost_model.bounds)")
+        if self.no_fit:
+            out += (f"; {self.no_fit_layouts:,} layouts of {self.no_fit:,} parallel shapes not scored: their memory "
+                    f"floor (weights, gradients and optimizer state alone) does not fit")
+        if self.ray_address is not None:
+            out += (f"; scored here, not on --ray-address {self.ray_address}: pruning goes shape by shape on what "
+                    f"it has scored")
+        return out
+
+
+def prunable(config, runner) -> bool:
+    """Whether the scored figures are the cost model's own with the shipped constants (what the ceilings bound):
+    no runner, or the predicting one without constants or a profile of its own."""
+    if runner is None:
+        return True
+    from experiments.predicted_runner import PredictedRunner
+
+    return type(runner) is PredictedRunner and runner.constants is None and \
+        runner.profile in (None, config.profile)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """The shipped prediction (`hypothesis` None) or one hypothesis, with the constants its ceilings use."""
+
+    name: str
+    hypothesis: object
+    constants: object
+
+
+def judges(config, runner) -> tuple[list[Judge], object]:
+    """(the judges, predict_h for their figures): hypotheses that price a step's floor alike share one constants
+    object (the cost model's memos are keyed by its identity)."""
+    from tuner.intervals import hypothesis_predictor
+    from experiments.predicted_runner import PredictedRunner
+
+    hypotheses, predict_h = hypothesis_predictor(config, runner or PredictedRunner(profile=config.profile))
+    c, shared = default_constants(), {}
+    out = [Judge("shipped", None, c)]
+    for h in hypotheses:
+        # a floor leaves out the offload term, the only one the CPU-Adam share prices
+        key = (h.layer_launch_overhead_s, h.flex_overhead_factor)
+        if key not in shared:
+            shared[key] = replace(c, layer_launch_overhead_s=key[0], flex_overhead_factor=key[1])
+        out.append(Judge(h.name, h, shared[key]))
+    return out, predict_h
+
+
+class Bars:
+    """Per judge, the KEEP best figures of the fitting layouts scored so far (min-heaps). A hypothesis is asked only
+    of a few layouts of each shape (`offer`): the figures of any KEEP fitting layouts make a sound bar, and those
+    are the ones likely to raise it."""
+
+    def __init__(self, judges: list[Judge], predict_h, keep: int = KEEP):
+        self.judges, self.predict_h, self.keep = judges, predict_h, keep
+        self.heaps = [[] for _ in judges]
+
+    def bar(self, k: int) -> float:
+        """Below it a layout is slower than KEEP fitting ones under judge `k` (0 until KEEP are held)."""
+        heap = self.heaps[k]
+        return heap[0] if len(heap) >= self.keep else 0.0
+
+    def lowest(self) -> float:
+        return min(self.bar(k) for k in range(len(self.judges)))
+
+    def offer(self, fitting: list, ceilings: list[float]) -> None:
+        """A scored shape's layouts that may fit, with (layout, prediction): each plain fit to the shipped bar;
+        to a hypothesis's, the fastest plain fit of each micro-batch size and dispatcher (where it is fastest
+        under any hypothesis), and only where the shape's ceiling under it can raise its bar (`ceilings`)."""
+        fastest = {}
+        for layout, p in fitting:
+            if p.fits:
+                _push(self.heaps[0], p.tokens_per_s_per_gpu, self.keep)
+                key = (layout.max_tokens_per_gpu, layout.dispatcher)
+                if key not in fastest or p.tokens_per_s_per_gpu > fastest[key][1].tokens_per_s_per_gpu:
+                    fastest[key] = (layout, p)
+        for k, judge in enumerate(self.judges[1:], 1):
+            if ceilings[k] > self.bar(k):
+                for layout, _ in fastest.values():
+                    _push(self.heaps[k], self.predict_h(judge.hypothesis, layout), self.keep)
+
+
+def _push(heap: list, value: float, keep: int) -> bool:
+    if len(heap) < keep:
+        heapq.heappush(heap, value)
+        return True
+    if value > heap[0]:
+        heapq.heapreplace(heap, value)
+        return True
+    return False
+
+
+class ShapeBounds:
+    """One shape's fastest layouts (cost_model.bounds), one per micro-batch size and dispatcher ("rep"), and their
+    ceilings: a layout of the shape is at most its rep's ceiling, under every judge at once (optimistic_constants)
+    or under one judge. A judge's ceiling is first bounded from the optimistic floor (`cheap`), and worked out
+    only where that bound does not settle it. Floors are shared by the judges that read the same launch time."""
+
+    def __init__(self, shape: dict, config, options, offload: dict, optimistic):
+        self.config, self.optimistic, self.shape, self.options = config, optimistic, shape, options
+        self.fastest = _fastest(shape, config, options, offload)
+        self.rep = {} if self.fastest is None else {
+            (layout.max_tokens_per_gpu, layout.dispatcher): r for r, layout in enumerate(self.fastest)}
+        self.floors, self.cheap, self.exact = {}, {}, {}
+        self.opt = self._floors(optimistic)
+
+    def _floors(self, constants) -> list[float] | None:
+        """Per rep, its floor under `constants` (None where the shape cannot be bounded: it is scored whole)."""
+        if self.fastest is None:
+            return None
+        config, out = self.config, []
+        try:
+            for layout in self.fastest:
+                key = (launch_key(constants, layout, config.workload), layout.max_tokens_per_gpu, layout.dispatcher)
+                floor = self.floors.get(key)
+                if floor is None:
+                    floor = self.floors[key] = step_floor_s(config.model, config.gpu, config.workload, layout,
+                                                            constants, config.profile)
+                out.append(floor)
+        except (InvalidLayout, ValueError):
+            self.fastest = None
+            return None
+        return out
+
+    def cannot_fit(self) -> bool:
+        """Whether no layout of the shape may fit: under each dispatcher and optimizer choice its memory floor
+        (cost_model.bounds) is predicted not to fit. Those layouts would not be kept: skipping them changes nothing."""
+        if not self.fastest:
+            return False
+        config, layout = self.config, self.fastest[0]
+        c = default_constants()
+        try:
+            for dispatcher in {r.dispatcher for r in self.fastest}:
+                for offload in offload_choices(self.options):
+                    probe = replace(layout, dispatcher=dispatcher, **offload)
+                    floor, usable = memory_floor_gib(config.model, config.gpu, config.workload, probe, c,
+                                                     config.profile)
+                    if not cannot_fit(floor, usable, c):
+                        return False
+        except (InvalidLayout, ValueError):
+            return False
+        return True
+
+    def ceiling(self) -> float:
+        """Above every layout of the shape under every judge (0 for a shape without layouts: no dispatcher)."""
+        if self.opt is None:
+            return math.inf
+        return max(ceilings_of(self.opt, self.fastest, self.config.workload), default=0.0)
+
+    def _cheap(self, k: int, judge: Judge) -> list[float]:
+        hit = self.cheap.get(k)
+        if hit is None:
+            hit = self.cheap[k] = ceilings_of(self.opt, self.fastest, self.config.workload, judge.hypothesis)
+        return hit
+
+    def _exact(self, k: int, judge: Judge) -> list[float] | None:
+        if k not in self.exact:
+            floors = self._floors(judge.constants)
+            self.exact[k] = None if floors is None else ceilings_of(floors, self.fastest, self.config.workload,
+                                                                     judge.hypothesis)
+        return self.exact[k]
+
+    def above(self, k: int, judge: Judge, r: int, bar: float) -> bool:
+        """Whether rep `r`'s ceiling under judge `k` reaches `bar`."""
+        if self._cheap(k, judge)[r] < bar:
+            return False
+        exact = self._exact(k, judge)
+        return exact is None or exact[r] >= bar
+
+    def shape_ceilings(self, judges: list[Judge]) -> list[float]:
+        """Per judge, a bound above every layout of the shape (the cheap one)."""
+        if self.opt is None:
+            return [math.inf] * len(judges)
+        return [max(self._cheap(k, j), default=0.0) for k, j in enumerate(judges)]
+
+    def live(self, judges: list[Judge], bars: Bars) -> set | None:
+        """The reps (micro-batch size, dispatcher) whose layouts may be among some judge's KEEP best (None: all)."""
+        if self.opt is None:
+            return None
+        out = {key for key, r in self.rep.items()
+               if any(self.above(k, j, r, bars.bar(k)) for k, j in enumerate(judges))}
+        return None if self.fastest is None else out
+
+    def matters(self, layout: Layout, prediction, judges: list[Judge], bars: Bars) -> bool:
+        """Whether a scored layout may be among some judge's KEEP best: its own shipped figure, its rep's ceilings
+        under the hypotheses."""
+        r = self.rep.get((layout.max_tokens_per_gpu, layout.dispatcher))
+        if self.opt is None or r is None or prediction.tokens_per_s_per_gpu >= bars.bar(0):
+            return True
+        return any(self.above(k, j, r, bars.bar(k)) for k, j in enumerate(judges) if k)
+
+
+def shape_bounds(shapes: list[dict], config, options, judges: list[Judge]) -> tuple[list[ShapeBounds], list[float]]:
+    """Per shape, its bounds and its ceiling under every judge at once (math.inf where it cannot be bounded)."""
+    c = optimistic_constants(default_constants(), [j.hypothesis for j in judges if j.hypothesis is not None])
+    offs = offload_choices(options)
+    top = max(o["optimizer_offload_fraction"] for o in offs)
+    offload = next(o for o in offs if o["optimizer_offload_fraction"] == top)
+    bounds = [ShapeBounds(shape, config, options, offload, c) for shape in shapes]
+    return bounds, [b.ceiling() for b in bounds]
+
+
+def _fastest(shape: dict, config, options, offload: dict) -> list[Layout] | None:
+    world, workload = config.world_size, config.workload
+    out = []
+    for rows in rows_choices(options, workload, shape_dp(shape, world), shape["cp"]):
+        for dispatcher in shape_dispatchers(shape, config.stack, options):
+            try:
+                out.append(Layout(world, **shape, max_tokens_per_gpu=max_tokens_per_gpu(
+                    rows, shape["cp"], workload.seq_len), rows_per_microbatch=rows, dispatcher=dispatcher, **offload))
+            except InvalidLayout:
+                return None
+    return out
