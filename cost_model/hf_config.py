@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from cost_model.names import clean_name, shown
-from cost_model.vision import VisionSpec
+from cost_model.vision_spec import VisionSpec
 from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelError,
                                    ModelSpec)
 

@@ -35,7 +35,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from cost_model.vision import VisionSpec
+from cost_model.vision_spec import VisionSpec
 from cost_model.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
 from cost_model.errors import AttuneError
 from cost_model.names import shown_name

@@ -15,7 +15,7 @@ from cost_model.layout import Layout
 from cost_model.model_spec import ModelError, load_model
 from cost_model.predict import predict
 from cost_model.units import GIB
-from cost_model.vision import VisionSpec
+from cost_model.vision_spec import VisionSpec
 from cost_model.workload import Workload, WorkloadError
 from tuner.cli import main
 from tuner.study import StudyConfig
