@@ -27,7 +27,7 @@ from benchmarks.calibrate import bisect  # noqa: E402
 from benchmarks.public_data import reference_cases  # noqa: E402
 from cost_model.constants import default_constants  # noqa: E402
 from cost_model.hypotheses import FLEX_FACTORS, FORMS, Hypothesis, predict_under  # noqa: E402
-from cost_model.layout_codec import layout_from_values  # noqa: E402
+from cost_model.nouns.layout_codec import layout_from_values  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "cost_model" / "data" / "hypotheses.yaml"

@@ -50,7 +50,7 @@ def judge(url: str, runs: list[dict]) -> dict:
     """What the study holds after the workers: completed, distinct, duplicates, lost claims, bad rationales."""
     import optuna
 
-    from cost_model.layout_codec import layout_from_stored
+    from cost_model.nouns.layout_codec import layout_from_stored
     from tuner.trial_claims import is_lost_claim
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.public_data import DEFAULT, Measurement, load_cases, reference_cases  # noqa: E402
-from cost_model.case import Case  # noqa: E402
+from cost_model.nouns.case import Case  # noqa: E402
 from cost_model.constants import Constants  # noqa: E402
 from cost_model.memory import GIB  # noqa: E402
 from cost_model.predict import Prediction, predict  # noqa: E402

@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from search_space.enumerate import enumerate_layouts
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_model.hardware import load_gpu  # noqa: E402
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses, tokens_per_s_under  # noqa: E402
-from cost_model.model_spec import catalog_names, load_model  # noqa: E402
+from cost_model.nouns.model_spec import catalog_names, load_model  # noqa: E402
 from cost_model.predict import memory_verdict, predict, step_time_only  # noqa: E402
-from cost_model.stack import Stack  # noqa: E402
-from cost_model.workload import Workload  # noqa: E402
+from cost_model.nouns.stack import Stack  # noqa: E402
+from cost_model.nouns.workload import Workload  # noqa: E402
 from search_space.enumerate import SpaceOptions, shape_layouts, space_plan  # noqa: E402
 
 # (GPU type, GPU count): a node, a few nodes, a large cluster

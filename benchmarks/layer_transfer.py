@@ -20,15 +20,15 @@ from pathlib import Path
 import yaml
 
 from cost_model.constants import default_constants
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import _step_context
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import parse_runner_components
-from cost_model.runtime import MEGATRON_RUNNER
+from cost_model.nouns.runtime import MEGATRON_RUNNER
 from cost_model.step_time import runner_layer_terms
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from experiments.checks.runner_components import section_from_builds
 
 ROOT = Path(__file__).resolve().parents[1]

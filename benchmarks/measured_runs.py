@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cost_model.runtime import MEGATRON_RUNNER, Runtime
+from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime
 from experiments.megatron.suite import SuiteTrial, parse_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ class MeasuredRun:
 
     @property
     def runtime(self) -> Runtime:
-        """The runner's stack as it ran (cost_model.runtime): what its prediction must assume."""
+        """The runner's stack as it ran (cost_model.nouns.runtime): what its prediction must assume."""
         return MEGATRON_RUNNER if self.first_build_collected else RUNNER_BEFORE_COLLECT
 
     @property

@@ -34,11 +34,11 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_model.case import Case  # noqa: E402
-from cost_model.hardware import load_gpu  # noqa: E402
-from cost_model.layout_codec import layout_from_stored  # noqa: E402
-from cost_model.model_spec import load_model  # noqa: E402
-from cost_model.workload import Workload  # noqa: E402
+from cost_model.nouns.case import Case  # noqa: E402
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
+from cost_model.nouns.layout_codec import layout_from_stored  # noqa: E402
+from cost_model.nouns.model_spec import load_model  # noqa: E402
+from cost_model.nouns.workload import Workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING_SOURCE = ROOT / "benchmarks" / "results" / "megatron-h200-suite.jsonl"

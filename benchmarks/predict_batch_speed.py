@@ -15,11 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
 from search_space.enumerate import enumerate_layouts
-from cost_model.stack import Stack
-from cost_model.layout_codec import layout_values
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.layout_codec import layout_values
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "tests" / "fixtures" / "reference_recipes"

@@ -14,7 +14,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
-from cost_model.hardware import load_gpu  # noqa: E402
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from experiments.megatron.suite import parse_suite  # noqa: E402
 
 

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from cost_model.case import Case
-from cost_model.hardware import GpuSpec, HardwareError, load_gpu
-from cost_model.model_spec import ModelSpec, catalog_names, load_model
-from cost_model.workload import Workload, WorkloadError
-from cost_model.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
-from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import GpuSpec, HardwareError, load_gpu
+from cost_model.nouns.model_spec import ModelSpec, catalog_names, load_model
+from cost_model.nouns.workload import Workload, WorkloadError
+from cost_model.nouns.layout import RECOMPUTE_MODULES, InvalidLayout, Layout
+from cost_model.nouns.batching import max_tokens_per_gpu, rows_per_microbatch
 from cost_model.predict import predict
 from search_space.enumerate import divisors, pipeline_splits, selective_module_sets
 from search_space.rules import violations
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "data" / "public-throughput.csv"

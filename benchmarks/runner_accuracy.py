@@ -18,11 +18,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from cost_model.case import Case
+from cost_model.nouns.case import Case
 from cost_model.constants import default_constants
 from cost_model.hypotheses import Z90
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
 from experiments.megatron.model_run import predict_run, trial_model
 
 if __package__ in (None, ""):

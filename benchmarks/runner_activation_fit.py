@@ -84,14 +84,14 @@ def runs(paths: list[str]) -> list[dict]:
 
 def oom_bounds() -> list[dict]:
     """The lower bounds OOM_BOUNDS put on the factor of their model's MLP kind, with the current model."""
-    from cost_model.case import Case
+    from cost_model.nouns.case import Case
     from cost_model.constants import default_constants
-    from cost_model.hardware import load_gpu
-    from cost_model.layout import Layout
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.layout import Layout
     from cost_model.loss_path import padded_vocab
-    from cost_model.model_spec import load_model
-    from cost_model.units import BF16, GIB
-    from cost_model.workload import Workload
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.units import BF16, GIB
+    from cost_model.nouns.workload import Workload
     from experiments.megatron.model_run import predict_run, trial_model
     c = default_constants()
     out = []

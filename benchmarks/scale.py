@@ -99,9 +99,9 @@ def run_tune(args: list[str], workdir: Path, cap_s: float, until: str | None = N
 
 
 def layouts_per_s() -> tuple[int, float]:
-    from cost_model.hardware import load_gpu
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
     from search_space.enumerate import enumerate_layouts
     from tuner.study import StudyConfig
     from tuner.study_commands import score_space

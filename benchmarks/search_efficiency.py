@@ -35,13 +35,13 @@ import optuna
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_model.hardware import load_gpu  # noqa: E402
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses, predict_under  # noqa: E402
-from cost_model.layout_codec import from_optuna_params, to_optuna_params  # noqa: E402
-from cost_model.model_spec import load_model  # noqa: E402
+from cost_model.nouns.layout_codec import from_optuna_params, to_optuna_params  # noqa: E402
+from cost_model.nouns.model_spec import load_model  # noqa: E402
 from cost_model.predict import predict  # noqa: E402
-from cost_model.stack import Stack  # noqa: E402
-from cost_model.workload import Workload  # noqa: E402
+from cost_model.nouns.stack import Stack  # noqa: E402
+from cost_model.nouns.workload import Workload  # noqa: E402
 from search_space.enumerate import SpaceOptions, enumerate_layouts  # noqa: E402
 from tuner.agent import AgentPrior, AgentProposer  # noqa: E402
 from tuner.proposer import Candidate, History, SamplerProposer  # noqa: E402
@@ -194,7 +194,7 @@ REPLAYS = (("megatron-h200-suite.jsonl", "megatron_h200_suite.json"),
 
 def replay_grid(result: str, suite: str, seeds: int) -> dict:
     """The measured grid as the truth: the agent (with the runner's own predictions) and random order."""
-    from cost_model.case import Case
+    from cost_model.nouns.case import Case
     from experiments.megatron.model_run import predict_run, trial_model
     from experiments.megatron.suite import parse_suite
     trials = {t.name: t for t in parse_suite(ROOT / "benchmarks" / suite)[0]}

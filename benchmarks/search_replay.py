@@ -43,11 +43,11 @@ import optuna
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cost_model.case import Case  # noqa: E402
-from cost_model.hardware import load_gpu  # noqa: E402
+from cost_model.nouns.case import Case  # noqa: E402
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses  # noqa: E402
-from cost_model.layout_codec import to_optuna_params  # noqa: E402
-from cost_model.model_spec import load_model  # noqa: E402
+from cost_model.nouns.layout_codec import to_optuna_params  # noqa: E402
+from cost_model.nouns.model_spec import load_model  # noqa: E402
 from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from tuner.agent import AgentPrior, AgentProposer  # noqa: E402

@@ -12,10 +12,10 @@ from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
 from cost_model.constants import Constants
-from cost_model.layout import Layout
-from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.stages import RankLayers
-from cost_model.units import BF16, FP32
+from cost_model.nouns.units import BF16, FP32
 
 if TYPE_CHECKING:   # cost_model.memory imports this module
     from cost_model.memory import MemoryInputs
@@ -245,8 +245,8 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     `in_flight` micro-batches at once (later ranks proportionally fewer, at least one): what the
     micro-batches in flight keep for the backward, and the largest layer's working set while it runs
     its backward. The loss path is counted apart (cost_model.loss_path). fp8 keeps fp8 copies of the
-    linear layers' inputs. A stack without fused kernels (the runtime's `fused_kernels` False,
-    cost_model.runtime) keeps the extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
+    linear layers' inputs. A stack without fused kernels (`fused_kernels` False, cost_model.nouns.runtime)
+    keeps the extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
     precision, tokens, routed_rows_per_token = inputs.precision, inputs.tokens, inputs.routed_rows_per_token
     gdn_sharded, fused = inputs.runtime.gdn_sharded, inputs.runtime.fused_kernels

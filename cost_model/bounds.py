@@ -28,18 +28,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cost_model.constants import Constants
-from cost_model.hardware import GpuSpec
+from cost_model.nouns.hardware import GpuSpec
 from cost_model.device_memory import overheads
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.memory import MemoryInputs, _rank_static
 from cost_model.memory_fit import DOES_NOT_FIT, fit_probability, fit_verdict
-from cost_model.units import GIB
-from cost_model.model_spec import ModelSpec
+from cost_model.nouns.units import GIB
+from cost_model.nouns.model_spec import ModelSpec
 from cost_model.predict import _step_context, microbatches
 from cost_model.profile import HardwareProfile, shipped_profile
-from cost_model.runtime import default_runtime
+from cost_model.nouns.runtime import default_runtime
 from cost_model.step_time import step_breakdown
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 
 # A ceiling is compared with figures summed in another order: a relative margin far above rounding.
 ROUNDING_MARGIN = 1e-9

@@ -7,10 +7,10 @@ issues them (`cost_model.layer_time`).
 from __future__ import annotations
 
 from cost_model.constants import Constants
-from cost_model.layout import Layout
-from cost_model.model_spec import ModelSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import ModelSpec
 from cost_model.rates import Rates
-from cost_model.units import BF16, FP32
+from cost_model.nouns.units import BF16, FP32
 
 
 def hidden_state_bytes(model: ModelSpec, tokens: float) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from cost_model.hardware import GpuSpec
+from cost_model.nouns.hardware import GpuSpec
 from cost_model.profile import ProfileError
 
 

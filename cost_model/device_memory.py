@@ -26,11 +26,11 @@ from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
 from cost_model.constants import Constants
-from cost_model.errors import AttuneError
-from cost_model.names import shown
-from cost_model.hardware import GpuSpec
-from cost_model.layout import Layout
-from cost_model.runtime import Runtime, communicators
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.runtime import Runtime, communicators
 
 
 class DeviceMemoryError(AttuneError, ValueError):

@@ -28,13 +28,13 @@ from importlib import resources
 import yaml
 
 from cost_model.constants import Constants, default_constants
-from cost_model.errors import AttuneError
-from cost_model.hardware import GpuSpec
-from cost_model.layout import Layout
-from cost_model.model_spec import ModelSpec
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import ModelSpec
 from cost_model.predict import Prediction, predict, step_time_only
 from cost_model.profile import HardwareProfile
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 
 FORMS = ("per_layer_pass", "per_token", "per_microbatch", "per_step", "pass_and_token")
 FLEX_FACTORS = (0.6, 0.8, 1.0)

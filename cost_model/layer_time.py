@@ -14,10 +14,10 @@ from operator import attrgetter
 from cost_model.memo import IdentityMemo
 from cost_model.communication import expert_dispatch_time, hidden_state_bytes
 from cost_model.constants import Constants
-from cost_model.layout import Layout
-from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
-from cost_model.units import BF16
+from cost_model.nouns.units import BF16
 
 
 @dataclass(slots=True)

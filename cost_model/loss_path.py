@@ -18,10 +18,10 @@ sequence parallelism, its all-gather.
 """
 from __future__ import annotations
 
-from cost_model.layout import Layout
-from cost_model.model_spec import ModelSpec
-from cost_model.runtime import SLIME_LOSS, Runtime
-from cost_model.units import BF16, FP32
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import ModelSpec
+from cost_model.nouns.runtime import SLIME_LOSS, Runtime
+from cost_model.nouns.units import BF16, FP32
 
 VOCAB_MULTIPLE = 128  # megatron's --make-vocab-size-divisible-by default
 

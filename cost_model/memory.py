@@ -20,13 +20,13 @@ from cost_model.memo import IdentityMemo
 from cost_model.activations import in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
 from cost_model.device_memory import DeviceMemory, overheads
-from cost_model.hardware import GpuSpec
-from cost_model.layout import Layout
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import Layout
 from cost_model.loss_path import loss_path_bytes
-from cost_model.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
-from cost_model.runtime import Runtime
+from cost_model.nouns.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
+from cost_model.nouns.runtime import Runtime
 from cost_model.stages import RankLayers
-from cost_model.units import BF16, FP32, GIB
+from cost_model.nouns.units import BF16, FP32, GIB
 from cost_model.vision import VisionWork, vision_activation_bytes
 
 MOMENT_BYTES = {"fp32": 4, "bf16": 2}

@@ -10,24 +10,24 @@ from functools import cached_property
 from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
-from cost_model.batching import rows_per_microbatch, tokens_per_microbatch
+from cost_model.nouns.batching import rows_per_microbatch, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
-from cost_model.hardware import GpuSpec
-from cost_model.layout import Layout
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import Layout
 from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_per_node, most_loaded_params,
                                peak_memory)
 from cost_model import memory_fit
 from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
 from cost_model.metrics import mfu as model_flops_utilisation
 from cost_model.metrics import usd_per_million_tokens
-from cost_model.model_spec import LINEAR_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import LINEAR_ATTENTION, ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
-from cost_model.runtime import MEGATRON_RUNNER, Runtime, default_runtime
+from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime, default_runtime
 from cost_model.stages import layout_rank_layers
 from cost_model.step_time import StepContext, step_breakdown, term_sources
 from cost_model.vision import VisionWork
-from cost_model.workload import Workload, WorkloadError
+from cost_model.nouns.workload import Workload, WorkloadError
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
             precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> Prediction:
     """`profile` defaults to the profile shipped for the GPU type; without one, datasheet rates apply.
     `precision_aware_optimizer`: False for a stack without Transformer Engine (standard fp32 optimizer).
-    `runtime`: the stack's memory behaviour (cost_model.runtime); by default the framework's, or the
+    `runtime`: the stack's memory behaviour (cost_model.nouns.runtime); by default the framework's, or the
     megatron runner's without the precision-aware optimizer."""
     c = constants or default_constants()
     profile = profile or shipped_profile(gpu.name)

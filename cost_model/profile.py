@@ -16,10 +16,10 @@ from pathlib import Path
 
 
 from cost_model.device_memory import DeviceMemory, DeviceMemoryError, parse_device_memory
-from cost_model.errors import AttuneError
-from cost_model.names import clean_name
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import clean_name
 from cost_model.runner_components import RunnerComponents, parse_runner_components
-from cost_model.user_file import parse_yaml, read_user_text, unique_containers
+from cost_model.nouns.user_file import parse_yaml, read_user_text, unique_containers
 
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 

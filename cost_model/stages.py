@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from cost_model.model_spec import DENSE, MOE, ModelSpec
-from cost_model.pipeline_layout import stage_grid
+from cost_model.nouns.model_spec import DENSE, MOE, ModelSpec
+from cost_model.nouns.pipeline_layout import stage_grid
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from cost_model.memo import IdentityMemo
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants, constants_sources
 from cost_model.layer_time import LayerInputs, LayerTime, layer_time
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.memory import backup_bytes, sharded_params
-from cost_model.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
 from cost_model.runner_components import RunnerComponents, layer_signature, signature_model
 from cost_model.stages import RankLayers
-from cost_model.units import FP32
+from cost_model.nouns.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The time and memory of running a VLM's vision encoder (cost_model.vision_spec) over a micro-batch's
+"""The time and memory of running a VLM's vision encoder (cost_model.nouns.vision_spec) over a micro-batch's
 images on the first pipeline stage. Megatron-Bridge runs the encoder on the first pipeline stage, its
 layers sharded over TP like the language model's.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cost_model.rates import Rates
-from cost_model.vision_spec import VisionSpec
+from cost_model.nouns.vision_spec import VisionSpec
 
 # Bytes a ViT layer keeps for its backward per patch and hidden unit (Korthikanti et al.'s 34sbh without
 # the attention scores, which flash attention recomputes), before TP sharding.

@@ -1,7 +1,7 @@
 """The runner that needs no GPU: the cost model answers, and says so."""
 from __future__ import annotations
 
-from cost_model.case import Case
+from cost_model.nouns.case import Case
 from cost_model.constants import Constants
 from cost_model.hypotheses import Hypothesis, default_hypotheses, predictions_under, weighted_quantile
 from cost_model.predict import MemoryVerdict, Prediction, memory_verdict, predict, predict_from_verdict

@@ -12,8 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from cost_model.case import Case
-from cost_model.errors import AttuneError
+from cost_model.nouns.case import Case
+from cost_model.nouns.errors import AttuneError
 
 # Failure classes a runner reports.
 FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config", "too_few_steps")

@@ -10,7 +10,7 @@ its convergence arm passed, and no component test failed). Nothing else makes a 
 """
 from __future__ import annotations
 
-from cost_model.errors import AttuneError
+from cost_model.nouns.errors import AttuneError
 
 CONVERGENCE_RULES = ("convergence: Megatron-Bridge validate_convergence rules and pipeline thresholds "
                      "(experiments/checks/convergence.py)")

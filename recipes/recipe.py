@@ -16,17 +16,17 @@ from pathlib import Path
 
 import yaml
 
-from cost_model.case import Case
-from cost_model.errors import AttuneError
-from cost_model.hardware import GpuSpec, HardwareError, load_gpu
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.layout_codec import layout_from_recipe_block, recipe_block
-from cost_model.model_spec import ModelError, ModelSpec, catalog_names, load_model
-from cost_model.names import file_name, shown
+from cost_model.nouns.case import Case
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.hardware import GpuSpec, HardwareError, load_gpu
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import layout_from_recipe_block, recipe_block
+from cost_model.nouns.model_spec import ModelError, ModelSpec, catalog_names, load_model
+from cost_model.nouns.names import file_name, shown
 from cost_model.predict import Prediction
-from cost_model.stack import Stack
-from cost_model.user_file import parse_yaml, read_user_text
-from cost_model.workload import STEP_OPTION_DEFAULTS, Workload, WorkloadError
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.user_file import parse_yaml, read_user_text
+from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload, WorkloadError
 from recipes.correctness import CorrectnessError, correctness_block
 from recipes.files import LinkedTarget, write_atomic
 from recipes.slime_command import actor_placement, slime_env, slime_run

@@ -21,12 +21,12 @@ import re
 import shlex
 from collections.abc import Mapping
 
-from cost_model.errors import AttuneError
-from cost_model.hardware import GpuSpec
-from cost_model.model_spec import ModelSpec
-from cost_model.workload import Workload
-from cost_model.layout import Layout
-from cost_model.names import clean_name
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.model_spec import ModelSpec
+from cost_model.nouns.workload import Workload
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.names import clean_name
 from search_space.megatron_args import (batch_args, dispatcher_args, moment_args, offload_args, parallel_args,
                                         recompute_args)
 

@@ -9,15 +9,15 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator
 
-from cost_model.batching import max_tokens_per_gpu
-from cost_model.errors import AttuneError
-from cost_model.model_spec import DENSE, FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
-from cost_model.workload import Workload
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.pipeline_layout import balanced_layout
+from cost_model.nouns.batching import max_tokens_per_gpu
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.workload import Workload
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
 from search_space.rules import layout_violations, shape_violations, violations
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 
 
 @dataclass(frozen=True)

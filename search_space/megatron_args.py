@@ -8,9 +8,9 @@ Megatron cross-check use the same mapping. Every flag name is one megatron-core 
 """
 from __future__ import annotations
 
-from cost_model.model_spec import MLA, MOE, SLIDING_ATTENTION, ModelSpec
-from cost_model.layout import Layout
-from cost_model.pipeline_layout import parse_stages
+from cost_model.nouns.model_spec import MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.pipeline_layout import parse_stages
 
 
 def parallel_args(layout: Layout) -> list[str]:

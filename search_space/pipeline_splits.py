@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from cost_model.model_spec import ModelError, stage_layers
+from cost_model.nouns.model_spec import ModelError, stage_layers
 
 Split = tuple[int | None, int | None]     # (decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers)
 Accounting = tuple[bool, bool]            # (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split)

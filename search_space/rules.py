@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_model.batching import rows_per_microbatch
-from cost_model.model_spec import MLA, ModelError, ModelSpec
-from cost_model.workload import Workload
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.pipeline_layout import parse_stages
-from cost_model.stack import Stack
+from cost_model.nouns.batching import rows_per_microbatch
+from cost_model.nouns.model_spec import MLA, ModelError, ModelSpec
+from cost_model.nouns.workload import Workload
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.pipeline_layout import parse_stages
+from cost_model.nouns.stack import Stack
 
 MEGATRON, SLIME, STACK, CANONICAL = "megatron", "slime", "stack", "canonical"
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cost_model.errors import AttuneError
-from cost_model.layout import Layout
-from cost_model.model_spec import LINEAR_ATTENTION, MLA, ModelSpec
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import LINEAR_ATTENTION, MLA, ModelSpec
 from search_space.enumerate import SpaceOptions, covering_sets, selective_module_sets
 
 

@@ -3,7 +3,7 @@ import itertools
 
 from cost_model.predict import predict
 from search_space.enumerate import enumerate_layouts
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 from tuner.proposer import Candidate
 
 # One space's candidates are computed once a session (the whole 8-GPU space of Qwen3.6-35B-A3B: about 10 s, asked

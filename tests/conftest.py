@@ -2,10 +2,10 @@ import importlib.util
 
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
-from cost_model.stack import Stack
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
+from cost_model.nouns.stack import Stack
 
 
 # Test files that import torch at module level: every test in them is marked torch. Without torch, a run that

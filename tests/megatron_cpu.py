@@ -38,7 +38,7 @@ def cpu_patches(tracker, *, factories: bool = False):
 def tiny_qwen36_gdn(layers: int = 4):
     """Qwen3.6's first `layers` layers (3 Gated DeltaNet + 1 full attention per 4, all MoE) at toy
     width: 2 q/k and 4 value GDN heads (Qwen3.6's 1:2 ratio), 4 experts top-2 with a gated shared expert."""
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.model_spec import load_model
     from experiments.megatron.model_run import trial_model
 
     return dataclasses.replace(trial_model(load_model("qwen3.6-35b-a3b"), layers), hidden_size=64,

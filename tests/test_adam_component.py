@@ -111,7 +111,7 @@ def test_adam_cli_without_gpu_exits_2(capsys):
 
 
 def test_moe_layer_shapes_cap():
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.model_spec import load_model
     shapes, info = adam.moe_layer_shapes(load_model("qwen3.6-35b-a3b"), ep=8, max_elements=1 << 25)
     assert info["local_experts"] == 32 and info["tested_experts"] == 10 and len(shapes) == 20
     assert shapes[:2] == [("expert0.fc1", 2048, 1024), ("expert0.fc2", 512, 2048)]

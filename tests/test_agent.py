@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from cost_model.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu
 from cost_model.hypotheses import default_hypotheses, predict_under
-from cost_model.layout_codec import to_optuna_params
-from cost_model.model_spec import load_model
+from cost_model.nouns.layout_codec import to_optuna_params
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.stack import Stack
-from cost_model.workload import Workload
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
 from search_space.enumerate import SpaceOptions, enumerate_layouts
 from tuner.agent import AgentPrior, AgentProposer, Table, belief, lognormal_ei
 from tuner.proposer import Candidate, History
@@ -169,9 +169,9 @@ def test_the_runner_stacks_prior_is_its_measured_error_so_the_band_is_narrow(spa
 
 
 def test_the_predicted_backend_headlines_the_hypotheses_median_not_the_shipped_one():
-    from cost_model.case import Case
+    from cost_model.nouns.case import Case
     from cost_model.hypotheses import predict_interval
-    from cost_model.layout_codec import layout_from_values
+    from cost_model.nouns.layout_codec import layout_from_values
     from experiments.predicted_runner import PredictedRunner
     from experiments.runner import TrialSpec
     model, gpu, wl = load_model("qwen3.6-35b-a3b"), load_gpu("h200"), Workload()

@@ -2,10 +2,10 @@ import dataclasses
 
 import pytest
 
-from cost_model.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu
 from cost_model.predict import predict
-from cost_model.workload import Workload
-from cost_model.layout import Layout
+from cost_model.nouns.workload import Workload
+from cost_model.nouns.layout import Layout
 
 FULL1 = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 REFERENCE = Layout(8, ep=8, **FULL1)
@@ -111,9 +111,9 @@ def test_fp8_uses_the_fp8_peak(qwen36, h200):
 
 
 def test_every_catalog_model_predicts_on_a_default_node(h200, workload):
-    from cost_model.model_spec import catalog_names, load_model
+    from cost_model.nouns.model_spec import catalog_names, load_model
     from search_space.enumerate import enumerate_layouts
-    from cost_model.stack import Stack
+    from cost_model.nouns.stack import Stack
 
     for name in catalog_names():
         model = load_model(name)

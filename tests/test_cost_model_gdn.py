@@ -5,11 +5,11 @@ import pytest
 
 from cost_model.constants import default_constants
 from cost_model.layer_time import LayerTime, gdn_kernel_seconds, linear_attention
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.predict import predict
 from cost_model.profile import profile_from_dict, shipped_profile
 from cost_model.rates import rates_for
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 
 # Measured on one H200 with fla-core 0.6.0 (TileLang backend), Qwen3.6's GDN shapes, bf16 (issue 12).
 ISSUE_FWD_BWD_MS = {8192: 2.57, 16384: 4.51, 32768: 9.02}
@@ -114,7 +114,7 @@ def test_a_profile_prefers_the_series_measured_as_megatron_calls_the_kernel(qwen
 
 def test_a_derived_profile_scales_the_kernel_times_and_drops_the_capacity():
     from cost_model.derive_profile import derive_profile
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     raw = dict(issue_profile(), device_memory={"visible_gib": 139.8, "context_gib": 1.0})
     out = derive_profile(raw, load_gpu("h200"), load_gpu("b200"))
     ratio = load_gpu("b200").bf16_tflops / load_gpu("h200").bf16_tflops

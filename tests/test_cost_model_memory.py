@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from cost_model.case import Case
+from cost_model.nouns.case import Case
 from cost_model.constants import default_constants
 from cost_model.device_memory import DeviceMemory, NcclMemory, nccl_gib, overheads, parse_device_memory
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.loss_path import loss_path_bytes, padded_vocab
-from cost_model.model_spec import load_model
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.profile import ProfileError, profile_from_dict
-from cost_model.runtime import MEGATRON, MEGATRON_RUNNER, SLIME, communicators, default_runtime, \
+from cost_model.nouns.runtime import MEGATRON, MEGATRON_RUNNER, SLIME, communicators, default_runtime, \
     megatron_process_groups
-from cost_model.units import GIB
-from cost_model.workload import Workload
+from cost_model.nouns.units import GIB
+from cost_model.nouns.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -19,17 +19,17 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from cost_model.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu
 from cost_model.memory import GIB, static_memory
-from cost_model.model_spec import load_model
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.stages import layout_rank_layers
 from cost_model.step_time import TERMS
-from cost_model.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
+from cost_model.nouns.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
 from search_space.enumerate import SpaceOptions, enumerate_layouts, recompute_choices
-from cost_model.layout import RECOMPUTE_MODULES, Layout
+from cost_model.nouns.layout import RECOMPUTE_MODULES, Layout
 from search_space.rules import violations
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 
 MODELS = ("qwen3.6-35b-a3b", "qwen3-30b-a3b", "moonlight-16b-a3b", "deepseek-v3", "llama3-8b")
 WORLDS = (8, 16, 64)

@@ -8,11 +8,11 @@ import json
 import pytest
 
 from benchmarks.public_data import map_cuda_graphs
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.workload import Workload, WorkloadError
+from cost_model.nouns.workload import Workload, WorkloadError
 from tuner.cli import main
 from tuner.study import StudyConfig
 

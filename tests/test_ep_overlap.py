@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.public_data import load_cases
-from cost_model.hardware import load_gpu
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.layout_codec import (from_optuna_params, layout_from_recipe_block, parse_pairs, recipe_block,
-                                     to_optuna_params)
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import (from_optuna_params, layout_from_recipe_block, parse_pairs, recipe_block,
+                                           to_optuna_params)
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.step_time import ep_overlap_share
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from search_space.megatron_args import dispatcher_args
 
 QWEN, H100 = load_model("qwen3-30b-a3b"), load_gpu("h100")

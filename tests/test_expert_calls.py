@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 
 from cost_model.constants import constants_sources, default_constants
-from cost_model.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu
 from cost_model.layer_time import LayerTime
-from cost_model.layout import Layout
-from cost_model.model_spec import load_model
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.runtime import MEGATRON, MEGATRON_RUNNER
+from cost_model.nouns.runtime import MEGATRON, MEGATRON_RUNNER
 from cost_model.step_time import exposed_expert_calls
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 
 QWEN36, H200 = load_model("qwen3.6-35b-a3b"), load_gpu("h200")
 C = dataclasses.replace(default_constants(), expert_gemm_call_s=5e-5)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cost_model.model_spec import load_model
+from cost_model.nouns.model_spec import load_model
 from experiments.checks import collectives, measure
 from experiments.checks import hardware_profile as hp
 from experiments.checks import profile_shapes as ps
@@ -392,7 +392,7 @@ def test_runner_probe_rows_from_the_runners_own_records():
                     "memory_gib_per_rank": per_rank, "kernels": {"linear_attention": "fla"}})
             return TrialResult(status="failed", kind="measured", source="x", failure_class="crash", detail="boom")
 
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     out = rm.measure_runner_outside(2, gpu=load_gpu("h200"), runner_factory=StandIn)["runner_outside"]
     assert seen == [(1, 1, 2, 3, "qwen3.6-35b-a3b"), (2, 2, 4, 3, "qwen3.6-35b-a3b")]
     assert out[0]["outside_gib"] == pytest.approx(9.1) and out[0]["linear_attention"] == "fla"

@@ -251,8 +251,8 @@ def test_an_oversized_space_is_refused_before_scoring(tmp_path, monkeypatch, cap
 
 def test_catalog_spaces_fit_the_bound(qwen36, stack):
     """The bound refuses hostile configs, not the catalog: the largest catalog space at MAX_GPUS fits."""
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
 
     for model in (qwen36, load_model("qwen3-30b-a3b")):
         workload = Workload(global_batch=4096)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cost_model.model_spec import ModelError, load_model
-from cost_model.names import clean_name, file_name
+from cost_model.nouns.model_spec import ModelError, load_model
+from cost_model.nouns.names import clean_name, file_name
 from cost_model.profile import ProfileError, load_profile
-from cost_model.user_file import MAX_NESTING, MAX_USER_FILE_BYTES, read_user_text
+from cost_model.nouns.user_file import MAX_NESTING, MAX_USER_FILE_BYTES, read_user_text
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -297,9 +297,9 @@ def test_a_display_name_with_a_newline_adds_no_shell_line(tmp_path, capsys):
 
 
 def test_slime_command_refuses_any_field_that_would_add_a_line():
-    from cost_model.hardware import load_gpu
-    from cost_model.layout import Layout
-    from cost_model.workload import Workload
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.layout import Layout
+    from cost_model.nouns.workload import Workload
     from recipes.slime_command import CommandError, slime_flag_lines, slime_run
 
     model, gpu = load_model("qwen3-30b-a3b"), load_gpu("h200")
@@ -324,7 +324,7 @@ def test_names_are_cleaned_for_the_terminal_and_file_names():
 
 
 def test_a_model_folder_name_cannot_leave_the_export_folder(tmp_path):
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     from recipes.recipe import recipe_path
 
     model = dataclasses.replace(load_model("qwen3-30b-a3b"), name="..")
@@ -361,9 +361,9 @@ def test_recipe_mode_respects_a_strict_umask(tmp_path):
 
 
 def test_user_yaml_is_read_by_a_safe_loader_that_builds_no_python_object(tmp_path):
-    """Every YAML tune reads goes through cost_model.user_file.parse_yaml, whose loader is a SafeLoader: a
+    """Every YAML tune reads goes through cost_model.nouns.user_file.parse_yaml, whose loader is a SafeLoader: a
     python/object tag is refused, not constructed."""
-    from cost_model.user_file import _unique_keys_loader, parse_yaml
+    from cost_model.nouns.user_file import _unique_keys_loader, parse_yaml
 
     assert issubclass(_unique_keys_loader(), yaml.SafeLoader)
     with pytest.raises(ValueError, match="malformed YAML"):

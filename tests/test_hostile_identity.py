@@ -11,11 +11,11 @@ import optuna
 import pytest
 import yaml
 
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import CATALOG_DIR, load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import CATALOG_DIR, load_model
 from cost_model.predict import predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from recipes.recipe import RecipeError, build_recipe, load_recipe, write_recipe
 from tuner.cli import main
 

@@ -71,7 +71,7 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path, flag):
 
 
 def test_a_file_over_the_size_limit_is_refused(tmp_path, capsys):
-    from cost_model.user_file import MAX_USER_FILE_BYTES
+    from cost_model.nouns.user_file import MAX_USER_FILE_BYTES
 
     big = tmp_path / "big.yaml"
     with big.open("wb") as f:

@@ -113,7 +113,7 @@ def test_cluster_file_values_are_not_echoed(tmp_path):
 
 
 def test_shown_keeps_a_short_word_and_describes_the_rest():
-    from cost_model.names import shown
+    from cost_model.nouns.names import shown
 
     assert shown("a100") == "'a100'" and shown(8) == "8" and shown(None) == "null" and shown(float("nan")) == "NaN"
     assert shown(SECRET) == f"a string of {len(SECRET)} characters"
@@ -204,10 +204,10 @@ def test_an_error_after_progress_is_one_line_on_stderr(tmp_path):
 def test_weighing_a_space_reports_progress(monkeypatch, capsys):
     """After the scoring, the agent predicts the space's layouts under each hypothesis (minutes for hundreds of
     GPUs, silent before): that step reports its counts and rate too."""
-    from cost_model.hardware import load_gpu
-    from cost_model.model_spec import load_model
-    from cost_model.stack import Stack
-    from cost_model.workload import Workload
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.stack import Stack
+    from cost_model.nouns.workload import Workload
     from experiments.predicted_runner import PredictedRunner
     from search_space.enumerate import SpaceOptions
     from tuner import progress, study_commands

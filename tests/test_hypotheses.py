@@ -9,9 +9,9 @@ from benchmarks.public_data import reference_cases
 from cost_model.hypotheses import (FLEX_FACTORS, FORMS, HypothesisError, applicable, default_hypotheses,
                                    parse_hypotheses, predict_interval, predict_under, reweighted,
                                    weighted_quantile)
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.predict import predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 
 LEADERBOARD_RECIPE_1 = 4663.0   # attune-tp1-pp1-ep8, tokens/s/GPU measured (../shared reference recipe)
 
@@ -100,11 +100,11 @@ def test_layout_for_the_interval_test_is_valid():
 
 
 def test_tokens_per_s_under_is_predict_under_without_the_memory_model():
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     from cost_model.hypotheses import default_hypotheses, predict_under, tokens_per_s_under
-    from cost_model.layout import Layout
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.layout import Layout
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
 
     model, gpu = load_model("qwen3.6-35b-a3b"), load_gpu("h200")
     for workload in (Workload(), Workload(framework="megatron")):

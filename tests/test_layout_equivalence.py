@@ -41,9 +41,9 @@ def _worker(rank: int, world: int, grid: dict, port: int, out: str) -> None:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from cost_model.layout import Layout
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.layout import Layout
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
     from experiments.megatron import torch_native as tnb
     from experiments.megatron.config import transformer_config_kwargs
     from experiments.megatron.model_run import trial_model

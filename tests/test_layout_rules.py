@@ -1,12 +1,12 @@
 import pytest
 
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
 from search_space.enumerate import enumerate_layouts
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.layout_codec import layout_from_stored, layout_values
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import layout_from_stored, layout_values
 from search_space.rules import check, violations
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 
 FULL1 = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 

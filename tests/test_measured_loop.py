@@ -8,11 +8,11 @@ import pytest
 from optuna.trial import TrialState
 
 import tuner.study_commands as study_commands
-from cost_model.hardware import load_gpu
-from cost_model.layout_codec import to_optuna_params
-from cost_model.model_spec import load_model
-from cost_model.stack import Stack
-from cost_model.workload import Workload
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout_codec import to_optuna_params
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import predict_run, trial_model
 from experiments.megatron.runner import MegatronRunner, detect_stack
 from experiments.predicted_runner import PredictedRunner

@@ -75,10 +75,10 @@ from dataclasses import dataclass, field
 import pytest
 
 import megatron_validate
-from cost_model.model_spec import ModelSpec, load_model
-from cost_model.workload import Workload
+from cost_model.nouns.model_spec import ModelSpec, load_model
+from cost_model.nouns.workload import Workload
 from search_space import rules
-from cost_model.layout import InvalidLayout, Layout
+from cost_model.nouns.layout import InvalidLayout, Layout
 from search_space.megatron_args import (
     batch_args,
     dispatcher_args,
@@ -89,7 +89,7 @@ from search_space.megatron_args import (
 )
 from search_space.enumerate import divisors
 from search_space.rules import MEGATRON, violations
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")]
@@ -537,7 +537,7 @@ def test_canonical_settings_are_accepted_by_megatron(outcomes):
 
 def test_model_args_accepted_for_every_catalog_model():
     """Each catalog model's MODEL_ARGS pass Megatron's checks on one GPU (no parallelism)."""
-    from cost_model.model_spec import catalog_names
+    from cost_model.nouns.model_spec import catalog_names
 
     for name in catalog_names():
         model = load_model(name)

@@ -19,11 +19,11 @@ import pytest
 import torch
 from megatron_cpu import CpuAdam, one_rank, tiny_qwen36_gdn
 
-from cost_model.case import Case
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, load_model
-from cost_model.workload import Workload
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, load_model
+from cost_model.nouns.workload import Workload
 from experiments.megatron import config, gdn, memory, model_run, suite, train_loop
 from experiments.megatron import runner as mr
 from experiments.megatron import torch_native as tnb

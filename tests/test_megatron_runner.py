@@ -27,12 +27,12 @@ from unittest import mock
 import pytest
 import torch
 
-from cost_model.case import Case
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, load_model
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, load_model
 from cost_model.predict import predict
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.workload import Workload
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.workload import Workload
 from experiments.megatron import config, data, failures, launch, model_run, suite, train_loop, worker
 from experiments.megatron import runner as mr
 from experiments.megatron import torch_native as tnb
@@ -164,7 +164,7 @@ def test_transformer_config_rejections_are_invalid_config():
 
 
 def test_mixtral_config_builds_and_a_sliding_window_is_refused():
-    from cost_model.hf_config import from_hf_config
+    from cost_model.nouns.hf_config import from_hf_config
     from tests.test_model_catalog import MIXTRAL_8X7B
     run = model_run.trial_model(from_hf_config(MIXTRAL_8X7B, "mixtral-8x7b"), 2)
     cfg = config.build_transformer_config(run, Layout(1), WL, use_cpu_initialization=True)

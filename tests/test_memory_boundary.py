@@ -29,10 +29,10 @@ def test_plan_covers_models_gpus_and_the_boundary(planned):
 
 def test_plan_uses_the_runners_own_prediction(planned, h200):
     """The fit trial is the largest layer count predict_run calls a fit; the up trial one step more."""
-    from cost_model.case import Case
-    from cost_model.layout_codec import layout_from_stored
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.case import Case
+    from cost_model.nouns.layout_codec import layout_from_stored
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
     from experiments.megatron.model_run import predict_run, trial_model
     trials, _ = planned
     for t in trials[:4] + trials[-4:]:

@@ -8,12 +8,12 @@ import math
 import pytest
 
 from cost_model.constants import default_constants
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.layout_codec import to_optuna_params
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.layout_codec import to_optuna_params
 from cost_model.memory_fit import fit_label, fit_probability, fit_verdict
 from cost_model.predict import Prediction, predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from tuner.agent import AgentProposer
 from tuner.proposer import Candidate, History
 
@@ -63,7 +63,7 @@ def test_the_sd_rule():
 def near_and_far():
     """One layout on an H100 (no measured device_memory: usable is the catalog's memory_gib) whose usable
     memory is set 0.5% and 10% above what it needs."""
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.model_spec import load_model
     model, h100, wl = load_model("qwen3.6-35b-a3b"), load_gpu("h100"), Workload()
     layout = Layout(8, ep=8, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     needed = predict(model, h100, wl, layout).memory.total

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cost_model.hf_config import from_hf_config
-from cost_model.model_spec import (
+from cost_model.nouns.hf_config import from_hf_config
+from cost_model.nouns.model_spec import (
     DENSE,
     FULL_ATTENTION,
     LINEAR_ATTENTION,

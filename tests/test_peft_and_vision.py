@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 
 from benchmarks.public_data import map_images, map_peft
-from cost_model.hardware import load_gpu
-from cost_model.hf_config import from_hf_config
-from cost_model.layout import Layout
-from cost_model.model_spec import ModelError, load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.hf_config import from_hf_config
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import ModelError, load_model
 from cost_model.predict import predict
-from cost_model.units import GIB
-from cost_model.vision_spec import VisionSpec
-from cost_model.workload import Workload, WorkloadError
+from cost_model.nouns.units import GIB
+from cost_model.nouns.vision_spec import VisionSpec
+from cost_model.nouns.workload import Workload, WorkloadError
 from tuner.cli import main
 from tuner.study import StudyConfig
 
@@ -206,8 +206,8 @@ def test_a_recipe_keeps_the_workload_it_was_priced_for(tmp_path, capsys):
 
 def test_images_that_cannot_be_in_the_row_are_refused():
     """16 images of 896 px are 16 x 784 image tokens of a 4,096-token row; a 7-px image is smaller than a patch."""
-    from cost_model.errors import AttuneError
-    from cost_model.workload import Workload
+    from cost_model.nouns.errors import AttuneError
+    from cost_model.nouns.workload import Workload
 
     model, gpu, layout = load_model("qwen3.5-35b-a3b"), load_gpu("h100"), Layout(16, ep=8, max_tokens_per_gpu=4096)
     crowded = Workload(seq_len=4096, global_batch=64, framework="megatron", images_per_row=16, image_size=896)

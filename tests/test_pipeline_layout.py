@@ -10,16 +10,16 @@ import pytest
 import yaml
 
 import megatron_validate
-from cost_model.hardware import load_gpu
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.layout_codec import (from_optuna_params, layout_from_recipe_block, layout_from_values,
-                                     recipe_block, to_optuna_params)
-from cost_model.model_spec import ModelError, load_model
-from cost_model.pipeline_layout import InvalidPipelineLayout, balanced_layout, parse_stages, stage_grid
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import (from_optuna_params, layout_from_recipe_block, layout_from_values,
+                                           recipe_block, to_optuna_params)
+from cost_model.nouns.model_spec import ModelError, load_model
+from cost_model.nouns.pipeline_layout import InvalidPipelineLayout, balanced_layout, parse_stages, stage_grid
 from cost_model.predict import predict
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 from cost_model.stages import rank_layers
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from search_space.enumerate import SpaceOptions, parallel_shapes, pipeline_splits
 from search_space.megatron_args import model_args, parallel_args
 from search_space.rules import violations

@@ -6,10 +6,10 @@ import math
 import pytest
 import yaml
 
-from cost_model.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu
 from cost_model.predict import predict
 from cost_model.profile import ProfileError, parse_profile, profile_from_dict
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 
 GRID = (512, 2048, 8192, 32768)
 

@@ -1,7 +1,7 @@
 import pytest
 
 from candidates import fitting_candidates
-from cost_model.layout_codec import from_optuna_params, to_optuna_params
+from cost_model.nouns.layout_codec import from_optuna_params, to_optuna_params
 from tuner.agent import AgentProposer
 from tuner.proposer import History, SamplerProposer, family
 

@@ -6,7 +6,7 @@ import pytest
 from benchmarks.cost_model_accuracy import evaluate, ordered_pairs, report, stated_memory
 from benchmarks.public_data import (DEFAULT, REFERENCE_GROUP, STACK, Unusable, load_cases, map_dispatcher,
                                     map_precision, map_recompute, map_routing, reference_cases)
-from cost_model.batching import rows_per_microbatch
+from cost_model.nouns.batching import rows_per_microbatch
 from search_space.rules import MEGATRON, violations
 
 

@@ -1,9 +1,9 @@
 """The recipe's correctness block: component tests and convergence verdicts, and the status they allow."""
 import pytest
 
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.predict import predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from recipes.correctness import record_component_test, record_convergence
 from recipes.recipe import build_recipe
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
 from recipes.recipe import STEPS_PER_RUN
 from recipes.slime_command import slime_launch, slime_run
 

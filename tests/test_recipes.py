@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cost_model.case import Case
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from recipes.recipe import (
     LoadedRecipe,
     RecipeError,
@@ -23,8 +23,8 @@ from recipes.recipe import (
     write_recipe,
 )
 from recipes.slime_command import slime_env, slime_model_script, slime_run
-from cost_model.layout import Layout
-from cost_model.stack import Stack
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.stack import Stack
 
 # Copies of ../shared/reference/recipes/qwen3.6-35b-a3b/h200 (the leaderboard's recipes), so the tests never
 # depend on the workplace's shared folder being beside the checkout.
@@ -440,7 +440,7 @@ def test_a_recipe_whose_label_or_command_contradicts_its_layout_is_refused(tmp_p
 
 
 def test_yaml_merge_keys_are_refused_and_a_key_twice_still_named():
-    from cost_model.user_file import parse_yaml
+    from cost_model.nouns.user_file import parse_yaml
 
     # YAML 1.1 only: a YAML 1.2 reader would read a key named `<<` (issue 29, point 6; tests/test_hostile_identity.py)
     text = "base: &b\n  tp: 1\n  ep: 8\nlayout:\n  <<: *b\n  tp: 2\n"

@@ -16,12 +16,12 @@ SECTIONS = ("1. Best tokens/s/GPU over trials", "2. Predicted interval vs measur
 def make_study(storage: Path, name: str, agent_attrs: bool = True) -> str:
     """Trials as `tune` stores them: two predicted, one measured, one pruned, one failed when measured. With
     `agent_attrs`, two carry a prediction interval and hypothesis weights, and one what the agent learnt."""
-    from cost_model.case import Case
-    from cost_model.hardware import load_gpu
-    from cost_model.layout_codec import layout_from_values, layout_values
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.case import Case
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.layout_codec import layout_from_values, layout_values
+    from cost_model.nouns.model_spec import load_model
     from cost_model.predict import predict
-    from cost_model.workload import Workload
+    from cost_model.nouns.workload import Workload
     from experiments.predicted_runner import PredictedRunner
     from experiments.runner import TrialResult, TrialSpec
     from tuner.study import StudyConfig, load_or_create, open_storage

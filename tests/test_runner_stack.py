@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import Curve, layer_signature, parse_runner_components
 from cost_model.step_time import TERMS, term_sources
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import trial_model
 from experiments.megatron.backend_support import unsupported
 from tuner.cli import main

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from experiments.predicted_runner import PredictedRunner
 from search_space.enumerate import SpaceOptions
 from tuner.study import StudyConfig

@@ -3,9 +3,9 @@ kept layouts, their predictions and the refusal for a space where nothing fits a
 layout in full."""
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
 from experiments.predicted_runner import PredictedRunner
 from tuner.options import CliError
 from tuner.study import StudyConfig
@@ -43,7 +43,7 @@ def test_a_space_where_nothing_fits_names_the_same_nearest_layout():
 
 def _each_alone(config, runner):
     """Every layout of the space priced in full on its own, in enumeration order: those that may fit."""
-    from cost_model.layout import InvalidLayout
+    from cost_model.nouns.layout import InvalidLayout
     from search_space.enumerate import enumerate_layouts
 
     out = []

@@ -157,7 +157,7 @@ class _NoClient:
 
 def runner_commands(config, layouts: dict, slime_dir: str) -> list[Command]:
     """The argument list SlimeRunner submits for some layouts; MODEL_ARGS from slime's script, and as a list."""
-    from cost_model.case import Case
+    from cost_model.nouns.case import Case
     from experiments.runner import TrialSpec
     from experiments.slime.cluster import ClusterConfig
     from experiments.slime.runner import SlimeRunner
@@ -177,7 +177,7 @@ def runner_commands(config, layouts: dict, slime_dir: str) -> list[Command]:
 
 
 def model_args_commands() -> list[Command]:
-    from cost_model.model_spec import catalog_names, load_model
+    from cost_model.nouns.model_spec import catalog_names, load_model
     from search_space.megatron_args import model_args
 
     return [Command("model_args", f"model_args({name})", tuple(model_args(load_model(name)))) for name in catalog_names()]
@@ -185,9 +185,9 @@ def model_args_commands() -> list[Command]:
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory) -> dict:
-    from cost_model.hardware import load_gpu
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
     from tuner.study import StudyConfig
     from tuner.study_commands import score_space
 

@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cost_model.case import Case
-from cost_model.workload import Workload
+from cost_model.nouns.case import Case
+from cost_model.nouns.workload import Workload
 from experiments.runner import FAILURE_CLASSES, TrialSpec
 from experiments.slime.cluster import ClusterConfig
 from experiments.slime.log import SlimeLog
@@ -37,7 +37,7 @@ from experiments.slime.sft_rows import build_rows, write_rows
 from experiments.slime.summary import RunEnd, summarize
 from experiments.slime.watch import JobWatch, Limits
 from recipes.slime_command import NVLS_EXPR, slime_run
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from toy_tokenizer import ToyTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -171,7 +171,7 @@ def test_the_prelude_computes_nvls_as_slime_scripts_do_and_passes_it_to_the_acto
 
 
 def test_model_scripts_are_checked_against_slimes_list(tmp_path, qwen36, h200, workload):
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.model_spec import load_model
     from experiments.slime.model_scripts import SLIME_COMMIT, SLIME_MODEL_SCRIPTS
     from recipes.slime_command import _MODEL_SCRIPTS
     assert len(SLIME_MODEL_SCRIPTS) == 39 and "scripts/models/qwen3.5-35B-A3B.sh" in SLIME_MODEL_SCRIPTS
@@ -671,9 +671,9 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
 
     from candidates import fitting_candidates
     from search_space.enumerate import SpaceOptions
-    from cost_model.stack import Stack
+    from cost_model.nouns.stack import Stack
     from tuner.agent import AgentProposer
-    from cost_model.layout_codec import to_optuna_params
+    from cost_model.nouns.layout_codec import to_optuna_params
     from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 
     workload = Workload(seq_len=64, global_batch=8)

@@ -61,7 +61,7 @@ def test_the_key_does_not_depend_on_the_interpreters_hash_seed():
     code = ("from tuner.space_cache import space_key; from tuner.study_commands import *; "
             "import tuner.study_commands as sc; from tuner.options import run_parser; "
             "a = run_parser().parse_args(['--model', 'qwen3.6-35b-a3b', '--gpu', 'h200']); "
-            "from tuner.study import StudyConfig; from cost_model.stack import Stack; "
+            "from tuner.study import StudyConfig; from cost_model.nouns.stack import Stack; "
             "from search_space.enumerate import SpaceOptions; from tuner.backends import make_runner, measured_window; "
             "m, g, n = sc.target(a); w = sc.workload(a); "
             "c = StudyConfig(m, g, n, w, Stack(), sc.workload_options(SpaceOptions(), w), sc.profile(a)); "

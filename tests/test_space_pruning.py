@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
 from cost_model.bounds import memory_floor_gib
 from cost_model.constants import default_constants
 from cost_model.predict import memory_verdict, predict
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from experiments.predicted_runner import PredictedRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, SpaceOptions, SpaceTooLarge, shape_layouts, space_plan,
                                     space_size)

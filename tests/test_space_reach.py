@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from cost_model.batching import max_tokens_per_gpu
-from cost_model.layout import Layout
-from cost_model.model_spec import DENSE, LINEAR_ATTENTION, load_model
-from cost_model.stack import Stack
-from cost_model.workload import Workload
+from cost_model.nouns.batching import max_tokens_per_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import DENSE, LINEAR_ATTENTION, load_model
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import trial_model
 from experiments.runner import RunnerStack
 from search_space.enumerate import (BASE_ROWS, MAX_GPUS, MAX_MICROBATCH_TOKENS, SpaceOptions, bounded_options,

@@ -2,9 +2,9 @@
 an address where nothing answers, or the dashboard's http:// address, is one line before any work."""
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
 from experiments.predicted_runner import PredictedRunner
 from tuner.cli import main
 from tuner.options import CliError

@@ -229,8 +229,8 @@ def test_export_of_a_config_json_study_elsewhere_takes_its_file(tmp_path, capsys
 
 
 def test_a_trial_the_user_enqueued_runs_first(tmp_path, capsys, monkeypatch):
-    from cost_model.layout import Layout
-    from cost_model.layout_codec import to_optuna_params
+    from cost_model.nouns.layout import Layout
+    from cost_model.nouns.layout_codec import to_optuna_params
 
     args = tuned_small_llama(tmp_path, monkeypatch)
     mine = Layout(4, tp=2, pp=2, max_tokens_per_gpu=8192)   # the user's current recipe, as a seed

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from cost_model.hardware import load_gpu
-from cost_model.model_spec import load_model
-from cost_model.stack import Stack
-from cost_model.workload import Workload
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
 from experiments.megatron.runner import MegatronRunner
 from search_space.enumerate import SpaceOptions, workload_options
 from tuner.options import CliError

@@ -24,11 +24,11 @@ def test_stored_interval_shapes_read_and_write_back_byte_for_byte(stored):
 
 
 def test_the_cost_models_interval_is_stored_as_before():
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     from cost_model.hypotheses import default_hypotheses, predict_interval
-    from cost_model.layout import Layout
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.layout import Layout
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
 
     iv = predict_interval(default_hypotheses(), load_model("qwen3-30b-a3b"), load_gpu("h200"), Workload(),
                           Layout(8, ep=8))

@@ -201,7 +201,7 @@ def test_catalog_commands(capsys):
 
 def test_profile_flag_changes_predictions(tmp_path, capsys):
     from cost_model.derive_profile import derive_profile
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     from cost_model.profile import shipped_profile
     from experiments.checks.hardware_profile import write_profile
 
@@ -317,12 +317,12 @@ def test_megatron_rows_flag_is_checked_before_any_trial(monkeypatch, tmp_path):
 
 def handmade_study(storage: Path) -> str:
     """A study with one trial of each kind, as `tune` stores them: predicted, measured, pruned, failed."""
-    from cost_model.case import Case
-    from cost_model.hardware import load_gpu
-    from cost_model.layout_codec import layout_from_values, layout_values
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.case import Case
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.layout_codec import layout_from_values, layout_values
+    from cost_model.nouns.model_spec import load_model
     from cost_model.predict import predict
-    from cost_model.workload import Workload
+    from cost_model.nouns.workload import Workload
     from experiments.predicted_runner import PredictedRunner
     from experiments.runner import TrialResult, TrialSpec
     from tuner.intervals import prediction_interval

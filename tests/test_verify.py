@@ -3,15 +3,15 @@ import pytest
 import yaml
 
 from candidates import fitting_candidates
-from cost_model.workload import Workload
+from cost_model.nouns.workload import Workload
 from experiments.runner import TrialResult, TrialRunner
 from search_space.enumerate import SpaceOptions
-from cost_model.layout import Layout
-from cost_model.stack import Stack
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.stack import Stack
 from tuner.export import export_rows
 from tuner.agent import AgentProposer
 from tuner.report import ranked_rows
-from cost_model.layout_codec import to_optuna_params
+from cost_model.nouns.layout_codec import to_optuna_params
 from tuner.study import StudyConfig, load_or_create, open_storage, run_study
 from tuner.verify import default_reference, verify_top
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, weighted_quantile
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from tuner.proposer import Candidate, History, Proposal, Proposer, family, family_label
 
 SQRT2 = math.sqrt(2.0)

@@ -80,7 +80,7 @@ def _check_rows(path: str) -> None:
 def _slime_runner(args):
     """The slime runner for the --cluster file and the flags over it; every missing or bad field fails here
     in one line, before any job (a --dry-run never connects to Ray)."""
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.model_spec import load_model
     from experiments.slime.cluster import ClusterConfig, load_cluster
     from experiments.slime.runner import SlimeRunner
     from experiments.slime.watch import Limits

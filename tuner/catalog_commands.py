@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from cost_model.hardware import all_gpus, load_gpu
-from cost_model.model_spec import catalog_names, load_model
+from cost_model.nouns.hardware import all_gpus, load_gpu
+from cost_model.nouns.model_spec import catalog_names, load_model
 from tuner.options import writing_user_file
 
 

@@ -13,7 +13,7 @@ import importlib
 import os
 import sys
 
-from cost_model.errors import AttuneError
+from cost_model.nouns.errors import AttuneError
 from tuner.options import OWN_PARSER_SUBCOMMANDS, PARSERS, SUBCOMMANDS, CliError, one_line_usage_errors
 
 # Subcommands whose module parses its own arguments and returns its own exit code.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from cost_model.constants import default_constants
 from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, interval_of, predict_interval,
                                    residual_sd, step_constants, tokens_per_s_under)
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
 from tuner.interval import QUANTILES_90, Interval

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from cost_model.errors import AttuneError
-from cost_model.model_spec import ModelSpec
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.model_spec import ModelSpec
 
 # Where a recipe records its model's architecture digest (recipes/recipe.py writes it under result.active_params,
 # an extension of the format like workload.routing; the leaderboard's recipes have none).
@@ -15,7 +15,7 @@ RECIPE_FIELD = "architecture"
 
 def architecture_digest(model: ModelSpec) -> str | None:
     """A short digest of a model read from a config.json (None for a catalog model, named by its key)."""
-    from cost_model.model_spec import catalog_names, load_model
+    from cost_model.nouns.model_spec import catalog_names, load_model
 
     if model.name in catalog_names() and load_model(model.name) == model:
         return None
@@ -57,7 +57,7 @@ def recorded_before_digests(existing: dict, identity: dict) -> bool:
     """A study recorded before config.json digests (no `architecture`), resumed now with one: the same study when
     all else matches, unless it names a catalog model: then it was tuned on the catalog's and the model asked
     now is another one of that name (a config.json folder named like the catalog key)."""
-    from cost_model.model_spec import catalog_names
+    from cost_model.nouns.model_spec import catalog_names
 
     if "architecture" not in identity or "architecture" in existing or identity.get("model") in catalog_names():
         return False

@@ -10,13 +10,13 @@ import math
 import re
 from contextlib import contextmanager
 
-from cost_model.errors import AttuneError
-from cost_model.hardware import GpuSpec, load_gpu
-from cost_model.layout_codec import LAYOUT_KEYS
-from cost_model.model_spec import ModelSpec, load_model
-from cost_model.stack import STACK_FIXES, STACK_NAMES
-from cost_model.workload import (CUDA_GRAPHS, FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_IMAGE_SIZE, MAX_IMAGES_PER_ROW,
-                                 MAX_SEQ_LEN, PEFTS, PRECISIONS, ROUTINGS, Workload)
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.hardware import GpuSpec, load_gpu
+from cost_model.nouns.layout_codec import LAYOUT_KEYS
+from cost_model.nouns.model_spec import ModelSpec, load_model
+from cost_model.nouns.stack import STACK_FIXES, STACK_NAMES
+from cost_model.nouns.workload import (CUDA_GRAPHS, FRAMEWORKS, MAX_GLOBAL_BATCH, MAX_IMAGE_SIZE, MAX_IMAGES_PER_ROW,
+                                       MAX_SEQ_LEN, PEFTS, PRECISIONS, ROUTINGS, Workload)
 from search_space.enumerate import MAX_GPUS
 from tuner.predict_request import MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, MAX_USD_PER_GPU_HOUR, REQUEST_KEYS
 

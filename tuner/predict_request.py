@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import json
 
-from cost_model.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu
 from cost_model.hypotheses import Interval as HypothesesInterval, default_hypotheses, predict_interval
-from cost_model.model_spec import load_model
+from cost_model.nouns.model_spec import load_model
 from cost_model.predict import Prediction, predict
 from cost_model.profile import HardwareProfile
-from cost_model.workload import Workload
-from cost_model.case import Case
-from cost_model.layout_codec import layout_from_values, layout_values
+from cost_model.nouns.workload import Workload
+from cost_model.nouns.case import Case
+from cost_model.nouns.layout_codec import layout_from_values, layout_values
 from search_space.enumerate import MAX_GPUS
 from search_space.rules import check
-from cost_model.stack import STACK_FIXES, STACK_NAMES, Stack
-from cost_model.errors import AttuneError
-from cost_model.names import shown, shown_name
+from cost_model.nouns.stack import STACK_FIXES, STACK_NAMES, Stack
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown, shown_name
 from tuner.interval import Interval
 from tuner.model_identity import check_recipe_model
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from cost_model.predict import Prediction
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import TrialState
 
-from cost_model.layout import Layout
-from cost_model.names import printable as printable_text
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.names import printable as printable_text
 from cost_model.memory_fit import fit_label
 from tuner.interval import Interval
 from tuner.trial_record import Predicted, TrialRecord, read_trials
@@ -111,7 +111,7 @@ STATES = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialSta
 
 
 def printable(value):
-    """Text from a study as it may be printed (cost_model.names.printable: a peer's terminal escape codes shown
+    """Text from a study as it may be printed (cost_model.nouns.names.printable: a peer's terminal escape codes shown
     as \\x1b); a number or None as it is, anything else as text."""
     if value is None or isinstance(value, (bool, int, float)):
         return value

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib import ticker  # noqa: E402
 
-from cost_model.names import printable  # noqa: E402
+from cost_model.nouns.names import printable  # noqa: E402
 
 COLOR = {"predicted": "tab:blue", "measured": "tab:orange"}
 MARKER = {"predicted": "o", "measured": "D"}

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cost_model.layout_codec import layout_from_stored
-from cost_model.names import printable
+from cost_model.nouns.layout_codec import layout_from_stored
+from cost_model.nouns.names import printable
 from recipes.files import write_atomic
 from tuner.options import CliError, writing_user_file
 from tuner.interval import Interval

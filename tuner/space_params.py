@@ -1,4 +1,4 @@
-"""The fixed Optuna distributions of a search space (the parameters themselves: cost_model.layout_codec).
+"""The fixed Optuna distributions of a search space (the parameters themselves: cost_model.nouns.layout_codec).
 
 Eleven categorical parameters describe a layout (the pipeline split 'even' unless the layers do not divide;
 a twelfth, pipeline_layout, where only a --pipeline-model-parallel-layout string splits them); max_tokens_per_gpu follows from rows per
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from optuna.distributions import CategoricalDistribution
 
-from cost_model.layout_codec import NO_PIPELINE_LAYOUT, encode_offload, encode_recompute, encode_split
-from cost_model.model_spec import ModelSpec
-from cost_model.workload import Workload
+from cost_model.nouns.layout_codec import NO_PIPELINE_LAYOUT, encode_offload, encode_recompute, encode_split
+from cost_model.nouns.model_spec import ModelSpec
+from cost_model.nouns.workload import Workload
 from search_space.enumerate import (SpaceOptions, divisors, offload_choices, pipeline_splits, recompute_choices,
                                     study_rows_choices)
 

@@ -20,11 +20,11 @@ import heapq
 import math
 from dataclasses import dataclass, replace
 
-from cost_model.batching import max_tokens_per_gpu
+from cost_model.nouns.batching import max_tokens_per_gpu
 from cost_model.bounds import (cannot_fit, ceilings_of, launch_key, memory_floor_gib, optimistic_constants,
                                step_floor_s)
 from cost_model.constants import default_constants
-from cost_model.layout import InvalidLayout, Layout
+from cost_model.nouns.layout import InvalidLayout, Layout
 from search_space.enumerate import offload_choices, rows_choices, shape_dispatchers, shape_dp
 
 # Spaces up to this many layouts are scored whole (the default job's 104,316 among them); above it, pruned.

@@ -15,7 +15,7 @@ import time
 from dataclasses import fields as dataclass_fields
 from operator import attrgetter
 
-from cost_model.layout import InvalidLayout, Layout
+from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, SpaceTooLarge, shape_layouts, space_plan,

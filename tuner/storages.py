@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 
-from cost_model.errors import AttuneError
+from cost_model.nouns.errors import AttuneError
 
 DEFAULT_STORAGE = "sqlite:///studies/attune.sqlite3"
 

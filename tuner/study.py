@@ -30,24 +30,24 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from cost_model.case import Case
-from cost_model.hardware import GpuSpec
-from cost_model.model_spec import ModelSpec
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile
-from cost_model.workload import STEP_OPTION_DEFAULTS, Workload
+from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload
 from experiments.runner import PERMANENT_FAILURES, RunnerError, TrialResult, TrialRunner, TrialSpec
 from search_space.enumerate import NARROWING_FIELDS, SpaceOptions
 from search_space.runner_space import RunnerSpace, narrow
-from cost_model.layout import InvalidLayout, Layout
+from cost_model.nouns.layout import InvalidLayout, Layout
 from search_space.rules import check
-from cost_model.stack import Stack
+from cost_model.nouns.stack import Stack
 from tuner.optuna_adapter import set_trial_attrs, storage_of, stored_trial, trial_id_of
 from tuner.trial_record import read_trial, read_trials
 from tuner.interval import Interval
 from tuner.intervals import measured_before, posterior_interval, predicted_figure, prediction_interval
 from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
-from cost_model.layout_codec import from_optuna_params, layout_values
+from cost_model.nouns.layout_codec import from_optuna_params, layout_values
 from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
@@ -275,7 +275,7 @@ def _added_since(existing: dict, identity: dict, config: StudyConfig) -> bool:
     later = ("usd_per_gpu_hour", "profile")
     if any(k in existing for k in later):
         return False
-    from cost_model.hardware import load_gpu
+    from cost_model.nouns.hardware import load_gpu
     catalog_price = load_gpu(config.gpu.name).usd_per_gpu_hour
     same_rest = {k: v for k, v in identity.items() if k not in later} == existing
     return same_rest and identity["usd_per_gpu_hour"] == catalog_price and identity["profile"] == "shipped"

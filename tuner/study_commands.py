@@ -7,12 +7,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.layout_codec import layout_from_values, parse_pairs, to_optuna_params
-from cost_model.model_spec import ModelError, catalog_names, load_model
-from cost_model.hardware import load_gpu
-from cost_model.stack import Stack
-from cost_model.workload import Workload
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import layout_from_values, parse_pairs, to_optuna_params
+from cost_model.nouns.model_spec import ModelError, catalog_names, load_model
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
 from experiments.runner import TrialRunner
 from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_options
 from search_space.runner_space import RunnerSpace

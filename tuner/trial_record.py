@@ -67,7 +67,7 @@ def _detail(value, path: str):
 
 
 def _layout(value, path: str):
-    from cost_model.layout_codec import layout_from_stored
+    from cost_model.nouns.layout_codec import layout_from_stored
 
     try:
         layout_from_stored(value)
@@ -78,7 +78,7 @@ def _layout(value, path: str):
 
 def _bad_layout_field(value, path: str) -> str:
     """The first field of a stored layout the codec refuses (layout.tp), else the layout as a whole."""
-    from cost_model.layout_codec import text_layout_value
+    from cost_model.nouns.layout_codec import text_layout_value
 
     if not isinstance(value, dict):
         return path
@@ -237,8 +237,8 @@ class TrialRecord:
         return self.prune_reason or self.fail_reason
 
     def parsed_layout(self):
-        """Its Layout (cost_model.layout); only for a record whose layout was read (a rankable one has it)."""
-        from cost_model.layout_codec import layout_from_stored
+        """Its Layout (cost_model.nouns.layout); only for a record whose layout was read (a rankable one has it)."""
+        from cost_model.nouns.layout_codec import layout_from_stored
 
         return layout_from_stored(self.layout)
 
@@ -359,7 +359,7 @@ def unreadable_attribute(engine) -> str | None:
 
 
 def _short(name) -> str:
-    from cost_model.names import printable
+    from cost_model.nouns.names import printable
 
     text = printable(str(name))
     return text if len(text) <= 40 else text[:37] + "..."

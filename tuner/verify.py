@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from experiments.checks.convergence import Curve, CurveError, check, recipe_convergence_block
 from experiments.runner import TrialRunner, TrialSpec
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 from tuner.report import ranked_rows
 
 VERDICTS = "convergence_verdicts"

@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from cost_model.errors import AttuneError
-from cost_model.hardware import GpuSpec
-from cost_model.layout import Layout
-from cost_model.layout_codec import parse_pairs
-from cost_model.model_spec import ModelSpec
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.layout_codec import parse_pairs
+from cost_model.nouns.model_spec import ModelSpec
 from cost_model.predict import Prediction
-from cost_model.user_file import parse_json, read_user_text
+from cost_model.nouns.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
 from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
@@ -68,7 +68,7 @@ def cmd_predict(args) -> int:
 
 def _say(notes: list[str]) -> None:
     """What the answer's reader must know (a recipe's model not checked), on stderr: stdout stays the answer."""
-    from cost_model.names import printable
+    from cost_model.nouns.names import printable
 
     for note in notes:
         print(f"tune: note: {printable(note)}", file=sys.stderr)

@@ -29,8 +29,8 @@ def main() -> int:
     p.add_argument("--real-vocab", action="store_true")
     args = p.parse_args()
 
-    from cost_model.layout import Layout
-    from cost_model.model_spec import load_model
+    from cost_model.nouns.layout import Layout
+    from cost_model.nouns.model_spec import load_model
     from experiments.checks.runner_components import (MICROBATCHES, SEQ_LEN, SMALL_VOCAB, Bench, kind_model,
                                                       layer_kinds)
 

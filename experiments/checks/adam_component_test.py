@@ -29,7 +29,7 @@ Shapes: one MoE layer's routed experts on one EP rank: per local expert fc1 hidd
 fit in `max_elements` (default 2^25 elements, a few seconds on a GPU). The step is elementwise, so
 the shape only sets how many elements are tested.
 
-Imports: torch, the standard library and cost_model.model_spec only (it runs on the bare training
+Imports: torch, the standard library and cost_model.nouns.model_spec only (it runs on the bare training
 image, torch 2.11, no Transformer Engine). Exit codes: 0 the main arm is within the bound (and
 bitwise identical to explicit FP32 masters) and both controls fail it; 1 otherwise; 2 no usable GPU
 (unless --device cpu) or bad arguments, one line on stderr.
@@ -45,8 +45,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cost_model.errors import AttuneError
-from cost_model.model_spec import ModelError, ModelSpec, load_model
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.model_spec import ModelError, ModelSpec, load_model
 
 try:  # torch runs the test; parsing its flags (`tune component-test --help`) must not need it
     import torch

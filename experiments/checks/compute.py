@@ -315,7 +315,7 @@ def _linear_section(shape: dict, points: list, info: dict, dispatch: list, error
     ref = min(best, key=lambda p: abs(p["tokens"] - 8192))
     fb_tflops = 3 * 8 * ref["v_heads"] * dk * dv * ref["tokens"] / (ref["fwd_bwd_ms"] / 1e3) / 1e12
     try:
-        from cost_model.hardware import load_gpu
+        from cost_model.nouns.hardware import load_gpu
         efficiency = sig(fb_tflops / load_gpu(gpu_type).bf16_tflops, 3)
     except Exception:  # noqa: BLE001 - a GPU type outside the catalog has no peak to compare with
         efficiency = None

@@ -45,7 +45,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from cost_model.names import printable
+from cost_model.nouns.names import printable
 from experiments.checks.loss_curve import Curve, CurveError, load_curve
 
 __all__ = ["Curve", "CurveError", "Thresholds", "Verdict", "check", "load_curve", "main", "recipe_convergence_block"]

@@ -72,8 +72,8 @@ from pathlib import Path
 
 import yaml
 
-from cost_model.errors import AttuneError
-from cost_model.model_spec import ModelSpec, load_model
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.model_spec import ModelSpec, load_model
 from experiments.checks.collectives import NCCL_ENV, measure_collectives
 from experiments.checks.compute import (linear_attention_estimate, measure_attention, measure_gemm,
                                         measure_gemm_fp8, measure_grouped_gemm, measure_linear_attention)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from cost_model.errors import AttuneError
-from cost_model.names import shown
-from cost_model.user_file import parse_json, read_user_text
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown
+from cost_model.nouns.user_file import parse_json, read_user_text
 
 
 class CurveError(AttuneError, ValueError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from cost_model.model_spec import DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, SLIDING_ATTENTION, ModelSpec
 
 GEMM_M = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 GEMM_NK = (256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -68,7 +68,7 @@ class Bench:
         import torch
         import torch.distributed as dist
 
-        from cost_model.layout import Layout
+        from cost_model.nouns.layout import Layout
         from experiments.megatron import torch_native as tnb
         from experiments.megatron.train_loop import _init_parallel
 
@@ -82,7 +82,7 @@ class Bench:
         self.fla = None
 
     def build(self, model, layout, offload: bool = False):
-        from cost_model.workload import Workload
+        from cost_model.nouns.workload import Workload
         from experiments.megatron.config import build_transformer_config
         from experiments.megatron.train_loop import _build_model, build_optimizer
 
@@ -161,7 +161,7 @@ def _is_oom(err: BaseException) -> bool:
 
 def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, rows_list, recompute: bool,
                   offload: bool = False) -> dict:
-    from cost_model.layout import Layout
+    from cost_model.nouns.layout import Layout
 
     m = kind_model(model, kind, layers, vocab)
     entry = {"kind": list(kind), "layers": layers, "vocab": m.vocab_size, "offload": offload, "points": []}
@@ -236,7 +236,7 @@ def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, 
 def one_build(args) -> int:
     """One build in this process, appended as a JSON line to --out (megatron keeps references to a built
     model in its globals, so a profile of large layers runs each build in a process of its own)."""
-    from cost_model.model_spec import LINEAR_ATTENTION, load_model
+    from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
     from cost_model.runner_components import layer_signature
 
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
@@ -288,7 +288,7 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
 
     import torch
 
-    from cost_model.model_spec import LINEAR_ATTENTION, load_model
+    from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
 
     started = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",

@@ -18,7 +18,7 @@ PROBE_TIMEOUT_S = 300
 
 
 def probe_layouts(world: int) -> list:
-    from cost_model.layout import Layout
+    from cost_model.nouns.layout import Layout
     layouts = [Layout(1, max_tokens_per_gpu=PROBE_SEQ)]
     if world > 1:
         layouts.append(Layout(world, ep=world, max_tokens_per_gpu=PROBE_SEQ))
@@ -54,10 +54,10 @@ def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOU
     """Run the probe trials; {"runner_outside": [rows]}. `gpu`: the catalog GpuSpec (nvidia-smi's by
     default); `runner_factory(timeout_s)` makes the runner (a MegatronRunner by default; the CPU tests
     pass a stand-in)."""
-    from cost_model.case import Case
-    from cost_model.hardware import load_gpu
-    from cost_model.model_spec import load_model
-    from cost_model.workload import Workload
+    from cost_model.nouns.case import Case
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.workload import Workload
     from experiments.runner import TrialSpec
     if gpu is None:
         from experiments.megatron.runner import detect_gpu

@@ -2,7 +2,7 @@
 and tests ask them on machines without torch."""
 from __future__ import annotations
 
-from cost_model.model_spec import MLA, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import MLA, SLIDING_ATTENTION, ModelSpec
 
 
 def unsupported(model: ModelSpec, backend: str, cp: int = 1) -> list[str]:

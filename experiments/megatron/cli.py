@@ -5,12 +5,12 @@ import argparse
 import json
 import sys
 
-from cost_model.case import Case
-from cost_model.hardware import HardwareError, load_gpu
-from cost_model.layout import InvalidLayout
-from cost_model.layout_codec import layout_from_stored, parse_pairs
-from cost_model.model_spec import ModelError, load_model
-from cost_model.workload import Workload
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import HardwareError, load_gpu
+from cost_model.nouns.layout import InvalidLayout
+from cost_model.nouns.layout_codec import layout_from_stored, parse_pairs
+from cost_model.nouns.model_spec import ModelError, load_model
+from cost_model.nouns.workload import Workload
 from experiments.megatron.launch import STARTUP_GRACE_S
 from experiments.megatron.runner import DEFAULT_SEED, MegatronRunner, detect_gpu, visible_gpus
 from experiments.megatron.suite import SuiteSetup, parse_suite, run_suite

@@ -5,9 +5,9 @@ with TransformerConfig's own names.
 """
 from __future__ import annotations
 
-from cost_model.layout import Layout
-from cost_model.model_spec import LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
-from cost_model.workload import Workload
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.workload import Workload
 
 
 def transformer_config_kwargs(model: ModelSpec, layout: Layout, workload: Workload, *,

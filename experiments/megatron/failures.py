@@ -1,8 +1,8 @@
 """Failure classes for what goes wrong in a worker: an exception it reports, or an exit without a report."""
 from __future__ import annotations
 
-from cost_model.layout import InvalidLayout
-from cost_model.model_spec import ModelError
+from cost_model.nouns.layout import InvalidLayout
+from cost_model.nouns.model_spec import ModelError
 
 # When ranks fail differently, the first of these names the trial's failure (a stuck collective is
 # usually the peers of the rank that really failed).

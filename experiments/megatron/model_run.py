@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cost_model.case import Case
-from cost_model.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, ModelSpec
+from cost_model.nouns.case import Case
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, ModelSpec
 
 GDN_NOTE = "gdn: replaced by full attention (replace_gdn asked for)"
 GDN_KEPT_NOTE = "gdn: megatron-core GatedDeltaNet"

@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass, field, replace
 
 from cost_model import metrics
-from cost_model.batching import rows_per_microbatch
-from cost_model.case import Case
+from cost_model.nouns.batching import rows_per_microbatch
+from cost_model.nouns.case import Case
 from cost_model.constants import default_constants
-from cost_model.hardware import GpuSpec, HardwareError, load_gpu
-from cost_model.layout import InvalidLayout
-from cost_model.model_spec import LINEAR_ATTENTION, ModelError
+from cost_model.nouns.hardware import GpuSpec, HardwareError, load_gpu
+from cost_model.nouns.layout import InvalidLayout
+from cost_model.nouns.model_spec import LINEAR_ATTENTION, ModelError
 from experiments.megatron.backend_support import microbatch_refusal
 from experiments.megatron.launch import STARTUP_GRACE_S, free_port, ray_available, run_job
 from experiments.megatron.model_run import auto_layers, predict_run, trial_model, trial_model_notes

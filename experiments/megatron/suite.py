@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cost_model.case import Case
-from cost_model.hardware import GpuSpec
-from cost_model.layout import InvalidLayout, Layout
-from cost_model.layout_codec import layout_from_stored
-from cost_model.model_spec import load_model
-from cost_model.workload import Workload
+from cost_model.nouns.case import Case
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import layout_from_stored
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
 from experiments.megatron.runner import MegatronRunner
 from experiments.runner import TrialSpec
 

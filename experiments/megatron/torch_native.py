@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cost_model.model_spec import DENSE, LINEAR_ATTENTION, MOE, ModelSpec
+from cost_model.nouns.model_spec import DENSE, LINEAR_ATTENTION, MOE, ModelSpec
 from experiments.megatron import same_weights
 from experiments.megatron.backend_support import unsupported  # noqa: F401  (build_* check it; callers import it here)
 

@@ -11,7 +11,7 @@ import time
 
 import os
 
-from cost_model.model_spec import LINEAR_ATTENTION
+from cost_model.nouns.model_spec import LINEAR_ATTENTION
 from experiments.megatron.config import build_transformer_config
 from experiments.megatron.data import StepBatches, load_rows
 from experiments.megatron.memory import GIB, MemoryTracker, memory_report
@@ -181,7 +181,7 @@ def build_optimizer(chunks, layout, lr: float):
     if layout.offloaded:
         # megatron-core builds the CPU-offload optimizer twice; the first build's fp32 copies are held by reference
         # cycles until the cyclic collector happens to run (before, during or after the first step: v1-v11 saw
-        # all three). Collected here, every run's peak is the same one (cost_model.runtime
+        # all three). Collected here, every run's peak is the same one (cost_model.nouns.runtime
         # offload_first_build_collected) and the memory is the user's.
         import gc
         gc.collect()

@@ -26,9 +26,9 @@ import re
 from dataclasses import dataclass, field
 
 
-from cost_model.errors import AttuneError
-from cost_model.names import shown, shown_name
-from cost_model.user_file import parse_yaml, read_user_text
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown, shown_name
+from cost_model.nouns.user_file import parse_yaml, read_user_text
 
 # The recipe's cluster paths: field -> (its recipe variable, the slime flag it feeds).
 PATHS = {

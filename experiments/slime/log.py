@@ -30,7 +30,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
-from cost_model.errors import AttuneError
+from cost_model.nouns.errors import AttuneError
 
 PEAK_MEMORY_TAG = "attune-peak-memory"
 GIB = 2 ** 30

@@ -48,7 +48,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from cost_model.errors import AttuneError
+from cost_model.nouns.errors import AttuneError
 
 ROWS_BUILD_NAME = "attune-fixed-sft-v1"
 PACKING = ("source conversations in a seeded global permutation, concatenated with an EOS token between them "

@@ -12,7 +12,7 @@ class AttuneError(Exception):
     The message names the problem and the failing values in one line."""
 
     def one_line(self) -> str:
-        from cost_model.names import printable
+        from cost_model.nouns.names import printable
 
         text = str(self).strip() or type(self).__name__
         # user text inside a message (a name, a path) must not add a line or send terminal escapes

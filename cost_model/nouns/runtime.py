@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_model.layout import Layout
+from cost_model.nouns.layout import Layout
 
 EAGER, LAZY = "eager", "lazy"
 MEGATRON_LOSS, SLIME_LOSS = "megatron", "slime"

@@ -8,8 +8,8 @@ from functools import lru_cache
 from importlib import resources
 
 import yaml
-from cost_model.errors import AttuneError
-from cost_model.names import shown_name
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown_name
 
 
 class HardwareError(AttuneError, ValueError):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cost_model.names import clean_name, shown
-from cost_model.vision_spec import VisionSpec
-from cost_model.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelError,
-                                   ModelSpec)
+from cost_model.nouns.names import clean_name, shown
+from cost_model.nouns.vision_spec import VisionSpec
+from cost_model.nouns.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION,
+                                         ModelError, ModelSpec)
 
 # HF model_type -> architecture family handled by `from_hf_config`.
 _FAMILIES = {

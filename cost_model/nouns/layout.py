@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 
-from cost_model.errors import AttuneError
-from cost_model.names import shown
-from cost_model.pipeline_layout import InvalidPipelineLayout, parse_stages
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown
+from cost_model.nouns.pipeline_layout import InvalidPipelineLayout, parse_stages
 
 RECOMPUTE_GRANULARITIES = (None, "full", "selective")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -71,7 +71,7 @@ class Layout:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     # Megatron's third way: every stage's layers spelled out (--pipeline-model-parallel-layout, "Et|(tt|)*30L":
-    # E embedding, t decoder layer, m MTP layer, L loss; see cost_model.pipeline_layout). Sets VPP by itself.
+    # E embedding, t decoder layer, m MTP layer, L loss; see cost_model.nouns.pipeline_layout). Sets VPP by itself.
     pipeline_model_parallel_layout: str | None = None
     # Megatron's EP all-to-all overlap (--overlap-moe-expert-parallel-comm): the combined 1F1B schedule runs one
     # micro-batch's dispatch and combine under another's compute.

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from cost_model.names import shown, shown_name
-from cost_model.batching import max_tokens_per_gpu, rows_per_microbatch
-from cost_model.pipeline_layout import InvalidPipelineLayout, vpp_of
-from cost_model.layout import (ACCOUNT_FIELDS, EP_OVERLAP_FIELD, LAYOUT_STRING_FIELD, SPLIT_FIELDS, UNEVEN_FIELDS,
-                               InvalidLayout, Layout)
+from cost_model.nouns.names import shown, shown_name
+from cost_model.nouns.batching import max_tokens_per_gpu, rows_per_microbatch
+from cost_model.nouns.pipeline_layout import InvalidPipelineLayout, vpp_of
+from cost_model.nouns.layout import (ACCOUNT_FIELDS, EP_OVERLAP_FIELD, LAYOUT_STRING_FIELD, SPLIT_FIELDS, UNEVEN_FIELDS,
+                                     InvalidLayout, Layout)
 
 LAYOUT_KEYS = tuple(f.name for f in fields(Layout) if f.name != "world_size")
 _TEXT_KEYS = ("recompute_method", "dispatcher", "exp_avg_dtype", LAYOUT_STRING_FIELD)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cost_model.names import shown_name
+from cost_model.nouns.names import shown_name
 
 MAX_USER_FILE_BYTES = 16 * 1024 * 1024     # far above any config, recipe, profile or curve
 MAX_NESTING = 64                           # config.json nests 3 deep, recipes 4, profiles 5

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cost_model.hardware import GpuSpec
-from cost_model.layout import Layout
-from cost_model.model_spec import ModelSpec
-from cost_model.stack import Stack
-from cost_model.workload import Workload
+from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import ModelSpec
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from cost_model.errors import AttuneError
-from cost_model.names import shown
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown
 
 LAYER_CHARS = "EtmL"
 MAX_EXPANDED = 100_000          # characters once the repeats are unrolled (a 1,000-layer model is 1,000)

@@ -1,7 +1,7 @@
 """Model architectures: `ModelSpec`, its parameter counts, and loading the catalog or a config.json.
 
 A `ModelSpec` is the normalised architecture the rest of attune-llm reads. It is
-built from a Hugging Face config.json by `cost_model.hf_config.from_hf_config` (the
+built from a Hugging Face config.json by `cost_model.nouns.hf_config.from_hf_config` (the
 catalog stores exactly such configs, plus an `_attune` block with the display name and
 sources), so a user's own config.json and the catalog take one code path.
 
@@ -35,11 +35,11 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
-from cost_model.vision_spec import VisionSpec
-from cost_model.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
-from cost_model.errors import AttuneError
-from cost_model.names import shown_name
-from cost_model.pipeline_layout import InvalidPipelineLayout, stage_grid
+from cost_model.nouns.vision_spec import VisionSpec
+from cost_model.nouns.user_file import check_regular_file, parse_json, parse_yaml, read_user_text
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown_name
+from cost_model.nouns.pipeline_layout import InvalidPipelineLayout, stage_grid
 
 # Layer kinds used in `ModelSpec.layer_types`.
 FULL_ATTENTION = "full_attention"        # softmax attention (GQA/MHA), optional output gate
@@ -51,7 +51,7 @@ MLA = "mla"                              # multi-head latent attention (DeepSeek
 DENSE = "dense"
 MOE = "moe"
 
-CATALOG_DIR = Path(__file__).parent / "catalog" / "models"
+CATALOG_DIR = Path(__file__).parents[1] / "catalog" / "models"
 
 
 class ModelError(AttuneError, ValueError):
@@ -444,8 +444,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _from_hf_config(data: Any, name: str, origin: str) -> ModelSpec:
-    # cost_model.hf_config builds ModelSpecs, so it imports this module: import it on first load.
-    from cost_model.hf_config import from_hf_config
+    # cost_model.nouns.hf_config builds ModelSpecs, so it imports this module: import it on first load.
+    from cost_model.nouns.hf_config import from_hf_config
     return from_hf_config(data, name=name, origin=origin)
 
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from cost_model.errors import AttuneError
-from cost_model.names import shown
+from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.names import shown
 
 PRECISIONS = ("bf16", "fp8")
 ROUTINGS = ("natural", "balanced")
