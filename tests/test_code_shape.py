@@ -1,5 +1,5 @@
 """The library stays readable: no module over 800 lines, no function over 80 (issue 11's house rules),
-and cost_model imports nothing from the packages built on it."""
+cost_model imports nothing from the packages built on it, and its nouns nothing of ours outside themselves."""
 from __future__ import annotations
 
 import ast
@@ -31,13 +31,43 @@ def test_no_function_over_80_lines():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
-def test_cost_model_imports_only_itself():
-    upward = []
-    for path in sorted((ROOT / "cost_model").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            upward += [f"{path.name}: {n}" for n in names if n.split(".")[0] in set(PACKAGES) - {"cost_model"}]
+OURS = set(PACKAGES) | {"benchmarks"}
+NOUNS = "cost_model.nouns"
+
+
+def _imported(path: Path) -> list[str]:
+    """Every module a file imports, at any depth (lazy imports too): `from a.b import c` gives a.b and a.b.c;
+    a relative import is made absolute against the file's package."""
+    package = ".".join(path.relative_to(ROOT).parent.parts)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found += [module] + [f"{module}.{a.name}" for a in node.names]
+    return found
+
+
+def _is_noun(name: str) -> bool:
+    return name == NOUNS or name.startswith(NOUNS + ".")
+
+
+def test_nouns_import_nothing_of_ours_outside_themselves():
+    """The vocabulary (cost_model/nouns: layouts, workloads, models, hardware, cases, stacks, codecs, units, errors)
+    sits below everything else of ours (issue 30); its __init__ imports nothing, so importing a noun runs no verb."""
+    nouns = ROOT / "cost_model" / "nouns"
+    assert not [n for n in _imported(nouns / "__init__.py")], "cost_model/nouns/__init__.py imports something"
+    outside = [f"{path.name}: {n}" for path in sorted(nouns.rglob("*.py")) for n in _imported(path)
+               if n.split(".")[0] in OURS and not _is_noun(n)]
+    assert not outside, f"cost_model.nouns imports from outside itself: {outside}"
+
+
+def test_cost_model_imports_nothing_above_it():
+    """The cost model's verbs price the nouns; nothing in cost_model imports the packages built on it."""
+    upward = [f"{path.relative_to(ROOT)}: {n}" for path in sorted((ROOT / "cost_model").rglob("*.py"))
+              for n in _imported(path) if n.split(".")[0] in OURS - {"cost_model"}]
     assert not upward, f"cost_model imports from the packages above it: {upward}"
 
 
