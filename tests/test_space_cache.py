@@ -74,3 +74,26 @@ def test_the_key_does_not_depend_on_the_interpreters_hash_seed():
 def test_no_cache_for_a_server_or_memory_storage():
     assert SpaceCache.for_study("postgresql://u@h/db", None, None, None) is None
     assert SpaceCache.for_study("sqlite:///:memory:", None, None, None) is None
+
+
+def test_a_cache_file_builds_only_our_classes(tmp_path):
+    """A cache file of ours that names anything but a class of our packages (a function, a module's attribute by a
+    dotted name) or a plain container is refused before anything of it runs: it reads as no cache."""
+    import io
+    import pickle
+
+    from cost_model.layout import Layout
+    from tuner.space_cache import OurClassesOnly
+
+    ours = {"format": 1, "candidates": [Layout(2)], "hypothesis_values": {"a": {1, 2}}}
+    assert OurClassesOnly(io.BytesIO(pickle.dumps(ours))).load() == ours
+    calls_system = b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."
+    dotted = b"\x80\x04\x8c\x11tuner.space_cache\x8c\x09os.system\x93."
+    function = pickle.dumps(test_a_cache_file_builds_only_our_classes)
+    for blob in (calls_system, dotted, function):
+        with pytest.raises(pickle.UnpicklingError, match="not a class of ours"):
+            OurClassesOnly(io.BytesIO(blob)).load()
+    path = tmp_path / "x.pkl"
+    path.write_bytes(calls_system)
+    path.chmod(0o600)
+    assert SpaceCache(path).load() is None

@@ -45,6 +45,25 @@ def space_key(config, runner, space) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
+OUR_PACKAGES = ("cost_model", "search_space", "tuner")
+PLAIN_BUILTINS = frozenset({"set", "frozenset", "slice", "range", "complex", "bytearray"})
+
+
+class OurClassesOnly(pickle.Unpickler):
+    """Unpickles only classes our packages define and plain containers (pickle's documented "restricting globals"):
+    a pickle names what it builds, so a file that names a function, a module attribute or anything else is refused
+    before anything of it runs, on top of the file's ownership check."""
+
+    def find_class(self, module: str, name: str):
+        if module == "builtins" and name in PLAIN_BUILTINS:
+            return super().find_class(module, name)
+        if module.split(".")[0] in OUR_PACKAGES and "." not in name:
+            found = super().find_class(module, name)
+            if isinstance(found, type) and found.__module__ == module:
+                return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not a class of ours")
+
+
 class SpaceCache:
     """One study's cached scored space: `load` what is stored (None when nothing usable is), `save` it."""
 
@@ -63,11 +82,11 @@ class SpaceCache:
         """The stored candidates (and the agent's predictions into `hypothesis_values`), or None."""
         try:
             st = self.path.lstat()
-            # only a plain file of ours that no one else could have written: a pickle runs what it holds
+            # only a plain file of ours that no one else could have written, and only our classes built from it
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
                 return None
             with open(self.path, "rb") as f:
-                data = pickle.load(f)
+                data = OurClassesOnly(f).load()
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
             return None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
