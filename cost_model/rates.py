@@ -8,7 +8,7 @@ always uses the catalog's inter-node bandwidth: profiles are measured inside one
 from __future__ import annotations
 
 from cost_model.constants import Constants
-from cost_model.hardware import GpuSpec
+from cost_model.nouns.hardware import GpuSpec
 from cost_model.profile import HardwareProfile
 
 

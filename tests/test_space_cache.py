@@ -82,7 +82,7 @@ def test_a_cache_file_builds_only_our_classes(tmp_path):
     import io
     import pickle
 
-    from cost_model.layout import Layout
+    from cost_model.nouns.layout import Layout
     from tuner.space_cache import OurClassesOnly
 
     ours = {"format": 1, "candidates": [Layout(2)], "hypothesis_values": {"a": {1, 2}}}
