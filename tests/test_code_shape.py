@@ -71,6 +71,24 @@ def test_cost_model_imports_nothing_above_it():
     assert not upward, f"cost_model imports from the packages above it: {upward}"
 
 
+def _is_module_here(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_every_import_of_ours_names_a_module_of_this_checkout():
+    """A module of ours that moved is imported by its new name everywhere: the venv's editable install of another
+    checkout would otherwise import the old file from there without a word."""
+    missing = []
+    for path in [*_modules(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            missing += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in OURS
+                        and not _is_module_here(n)]
+    assert not missing, f"imports of modules this checkout does not have: {missing}"
+
+
 def _imports_torch_at_top(tree: ast.Module) -> bool:
     tops = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = [a.name for n in tops if isinstance(n, ast.Import) for a in n.names] + \
