@@ -40,7 +40,7 @@ class Interval:
     @property
     def complete(self) -> bool:
         """Both ends are numbers (a peer's band may have lost one as malformed)."""
-        return _number(self.low) is not None and _number(self.high) is not None
+        return number(self.low) is not None and number(self.high) is not None
 
     @classmethod
     def of_hypotheses(cls, iv, basis: str | None = None) -> Interval:
@@ -81,12 +81,13 @@ class Interval:
     def from_recipe(cls, block) -> Interval:
         """A recipe's predicted_interval (recipe_block); an end it lacks or that is not a number reads as None."""
         block = block if isinstance(block, dict) else {}
-        return cls(**{end: _number(block.get(f"tokens_per_s_per_gpu_{end}")) for end in ("low", "median", "high")})
+        return cls(**{end: number(block.get(f"tokens_per_s_per_gpu_{end}")) for end in ("low", "median", "high")})
 
     def scaled(self, factor: float) -> dict:
         """Its ends and median times `factor`, rounded, as a calibrated recipe states them (those it has)."""
-        return {k: round(v * factor) for k in ("low", "median", "high") if (v := _number(getattr(self, k))) is not None}
+        return {k: round(v * factor) for k in ("low", "median", "high") if (v := number(getattr(self, k))) is not None}
 
 
-def _number(value):
+def number(value):
+    """`value` where it is a number (an int or float, not a bool), else None."""
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -14,7 +14,7 @@ from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, i
 from cost_model.nouns.layout import Layout
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
-from tuner.interval import QUANTILES_90, Interval
+from tuner.interval import QUANTILES_90, Interval, number
 
 
 def uses_hypotheses(runner) -> bool:
@@ -116,7 +116,5 @@ def posterior_interval(expected, measured: int) -> Interval | None:
 def predicted_figure(point, interval: Interval | None) -> float | None:
     """What was predicted for a trial, from its point prediction (tokens/s/GPU) and interval: the posterior median
     the interval holds, else the point prediction (None where neither is a number)."""
-    for value in (interval.median if interval is not None else None, point):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-    return None
+    median = number(interval.median) if interval is not None else None
+    return median if median is not None else number(point)

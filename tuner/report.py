@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import printable as printable_text
 from cost_model.memory_fit import fit_label
-from tuner.interval import Interval
+from tuner.interval import Interval, number
 from tuner.trial_record import Predicted, TrialRecord, read_trials
 
 
@@ -42,11 +42,11 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
         result, interval = r.result, r.interval or NO_INTERVAL
         rows.append(Row(
             number=r.number, layout=r.parsed_layout(),
-            tokens_per_s_per_gpu=r.value, peak_memory_gib=_number(result.peak_memory_gib),
-            mfu=_number(result.mfu), usd_per_million_tokens=_number(result.usd_per_million_tokens),
+            tokens_per_s_per_gpu=r.value, peak_memory_gib=number(result.peak_memory_gib),
+            mfu=number(result.mfu), usd_per_million_tokens=number(result.usd_per_million_tokens),
             kind=printable(r.result_kind), source=printable(result.source or ""),
             predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
-            predicted_low=_number(interval.low), predicted_high=_number(interval.high),
+            predicted_low=number(interval.low), predicted_high=number(interval.high),
             fit=fit_of(r.prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
@@ -59,7 +59,7 @@ def fit_of(prediction: Predicted) -> str:
     verdict = prediction.fit_verdict
     if not verdict:
         return "fits" if prediction.fits else "-"
-    probability = _number(prediction.fit_probability)
+    probability = number(prediction.fit_probability)
     return printable(fit_label(str(verdict), probability or 0.0))
 
 
@@ -118,9 +118,6 @@ def printable(value):
     return printable_text(str(value))
 
 
-def _number(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
 
 def as_dict(value) -> dict:
     """A stored value that should be a mapping, or {} (a study's config is not read through trial_record)."""
@@ -131,10 +128,10 @@ def trial_row(r: TrialRecord) -> dict:
     """One trial's row of TRIAL_COLUMNS; a malformed attribute (another program's, a peer's) reads as missing."""
     figures, layout, interval = r.figures, as_dict(r.layout), r.interval or NO_INTERVAL
     return {"number": r.number, "state": STATES[r.state], "kind": printable(r.kind),
-            "label": printable(r.label), **{k: _number(layout.get(k)) for k in LAYOUT_COLUMNS},
-            **{k: _number(getattr(figures, k)) for k in FIGURES},
+            "label": printable(r.label), **{k: number(layout.get(k)) for k in LAYOUT_COLUMNS},
+            **{k: number(getattr(figures, k)) for k in FIGURES},
             "predicted_tokens_per_s_per_gpu": r.predicted,
-            "predicted_low": _number(interval.low), "predicted_high": _number(interval.high),
+            "predicted_low": number(interval.low), "predicted_high": number(interval.high),
             "source": printable(figures.source), "backend": printable(r.backend),
             "reason": printable(r.reason), "rationale": printable(r.rationale), "learnt": printable(r.learnt)}
 
