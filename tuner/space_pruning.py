@@ -132,14 +132,12 @@ class Bars:
                     _push(self.heaps[k], self.predict_h(judge.hypothesis, layout), self.keep)
 
 
-def _push(heap: list, value: float, keep: int) -> bool:
+def _push(heap: list, value: float, keep: int) -> None:
+    """Into a min-heap of the `keep` largest values."""
     if len(heap) < keep:
         heapq.heappush(heap, value)
-        return True
-    if value > heap[0]:
+    elif value > heap[0]:
         heapq.heapreplace(heap, value)
-        return True
-    return False
 
 
 class ShapeBounds:
