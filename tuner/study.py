@@ -43,7 +43,7 @@ from search_space.rules import check
 from cost_model.nouns.stack import Stack
 from tuner.optuna_adapter import set_trial_attrs, storage_of, stored_trial, trial_id_of
 from tuner.trial_record import read_trial, read_trials
-from tuner.interval import Interval
+from tuner.interval import Interval, number
 from tuner.intervals import measured_before, posterior_interval, predicted_figure, prediction_interval
 from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
@@ -321,7 +321,7 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
             h.failed.append((key, result.failure_class, r.prediction.peak_memory_gib))
             if result.failure_class in PERMANENT_FAILURES:
                 h.tried.add(key)
-        if t.state == TrialState.COMPLETE and isinstance(r.value, (int, float)) and not isinstance(r.value, bool):
+        if t.state == TrialState.COMPLETE and number(r.value) is not None:
             best.append(r.value)
         if t.state == TrialState.COMPLETE and result.kind == "measured" and r.rankable:
             layout = r.parsed_layout()
@@ -700,7 +700,7 @@ def flat_attrs(prediction: dict | None, result: dict | None) -> dict:
     flat["predicted_tokens_per_s_per_gpu"] = predicted_figure(prediction.get("tokens_per_s_per_gpu"), interval)
     if interval is not None:
         flat.update(predicted_low=interval.low, predicted_high=interval.high)
-    out = {k: float(v) for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out = {k: float(v) for k, v in flat.items() if number(v) is not None}
     out["figures"] = figures.get("kind", "predicted")
     return out
 
