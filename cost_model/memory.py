@@ -199,10 +199,10 @@ class OffloadSplit:
 
 
 def _layer_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
-                   gdn_sharded: bool) -> tuple[list, list]:
-    """(non-expert tensors, expert tensors) of one layer on one GPU, element counts in megatron's parameter
-    order (attention's linear_proj before linear_qkv; MoE router, experts' stacked fc1 and fc2, shared expert);
-    1-D tensors (norms, biases, gates) are left to the norm group."""
+                   gdn_sharded: bool) -> list[tuple[float, bool]]:
+    """The 2-D tensors of one layer on one GPU as (elements, is_expert), in megatron's parameter order (attention's
+    linear_proj before linear_qkv; the MoE router, the experts' stacked fc1 and fc2, then the shared expert); 1-D
+    tensors (norms, biases, gates) are left to the norm group."""
     h, tp = model.hidden_size, layout.tp
     lp = model.layer_params(attn_kind, mlp_kind)
     if attn_kind == LINEAR_ATTENTION:
@@ -217,17 +217,17 @@ def _layer_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layo
         q = model.num_attention_heads * model.head_dim
         o_proj = q * h
         mixer = [o_proj / tp, max(lp.attention - o_proj, 0) / tp]
+    tensors = [(n, False) for n in mixer]
     if mlp_kind == MOE:
-        e = model.moe_intermediate_size
-        experts = [model.num_experts * 2 * e * h / (layout.ep * layout.etp),
-                   model.num_experts * e * h / (layout.ep * layout.etp)]
-        dense = mixer + [model.num_experts * h]
+        e, local = model.moe_intermediate_size, layout.ep * layout.etp
+        tensors += [(model.num_experts * h, False),
+                    (model.num_experts * 2 * e * h / local, True), (model.num_experts * e * h / local, True)]
         if model.shared_expert_intermediate_size:
             sh = model.shared_expert_intermediate_size
-            dense += [2 * sh * h / tp, sh * h / tp]
-        return dense, experts
+            tensors += [(2 * sh * h / tp, False), (sh * h / tp, False)]
+        return tensors
     i = model.intermediate_size
-    return mixer + [2 * i * h / tp, i * h / tp], []
+    return tensors + [(2 * i * h / tp, False), (i * h / tp, False)]
 
 
 def _kept_on_gpu(tensors: list, rest: float, fraction: float) -> float:
@@ -261,20 +261,21 @@ def offload_split(model: ModelSpec, indices, rank: RankLayers, layout: Layout, g
         kinds = [(a, m) for a, m, n in rank.kinds for _ in range(n)]
     else:
         kinds = [(model.layer_types[i], model.mlp_types[i]) for i in indices]
-    dense_t, expert_t = [], []
-    if rank.embedding:
-        dense_t.append(rank.embedding / layout.tp)
+    ordered = [(rank.embedding / layout.tp, False)] if rank.embedding else []
     for a, m in kinds:
-        d, e = _layer_tensors(model, a, m, layout, gdn_sharded)
-        dense_t += d
-        expert_t += e
+        ordered += _layer_tensors(model, a, m, layout, gdn_sharded)
     if rank.lm_head:
-        dense_t.append(rank.lm_head / layout.tp)
+        ordered.append((rank.lm_head / layout.tp, False))
     dense, expert = local_params(rank, layout, gdn_sharded)
     own_expert_groups = layout.ep > 1 or layout.etp != layout.tp
     f = layout.optimizer_offload_fraction
-    groups = [(dense_t, dense, layout.dp * layout.cp), (expert_t, expert, layout.edp)] if own_expert_groups \
-        else [(dense_t + expert_t, dense + expert, layout.dp * layout.cp)]
+    # Experts with their own process groups are a buffer and an optimizer of their own; otherwise they sit among
+    # the layer's other tensors, in the model's order (the runs' optimizer builds, benchmarks/offload_split_check.py)
+    if own_expert_groups:
+        groups = [([n for n, x in ordered if not x], dense, layout.dp * layout.cp),
+                  ([n for n, x in ordered if x], expert, layout.edp)]
+    else:
+        groups = [([n for n, _ in ordered], dense + expert, layout.dp * layout.cp)]
     stepped = first = 0.0
     for tensors, total, shards in groups:
         rest = max(0.0, total - sum(tensors))
