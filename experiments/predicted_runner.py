@@ -10,7 +10,7 @@ from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
 
 class PredictedRunner(TrialRunner):
-    """Its stack is everything (the default RunnerStack): it predicts slime's image."""
+    """Its stack is everything (the default Stack): it predicts slime's image."""
 
     name = "predict"
     figures = "predicted"

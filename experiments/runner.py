@@ -14,27 +14,13 @@ from typing import Any
 
 from cost_model.nouns.case import Case
 from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.stack import Stack
 
 # Failure classes a runner reports.
 FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config", "too_few_steps")
 # Failures that cannot change when the same layout runs again on the same runner (a timeout or a hang
 # may be the machine's, not the layout's, so those may be retried).
 PERMANENT_FAILURES = ("invalid_config", "crash", "cuda_oom")
-
-
-@dataclass(frozen=True)
-class RunnerStack:
-    """What a runner's software stack can run (the search space is narrowed to it before ranking).
-
-    Every field True is slime's image (and the cost model's default stack)."""
-    deepep: bool = True                      # the flex token dispatcher (DeepEP)
-    transformer_engine: bool = True          # TE kernels (grouped GEMM, fused attention)
-    precision_aware_optimizer: bool = True   # bf16 Adam moments on the GPU (TE's FusedAdam)
-    context_parallel: bool = True            # CP > 1 (TE's ring attention)
-    mla: bool = True                         # multi-latent attention models (DeepSeek-V3, Moonlight)
-    gdn_kernels: bool = True                 # fla's Gated DeltaNet kernels (else a slow torch rule)
-    optimizer_offload: bool = True           # optimizer CPU offload (HybridDeviceOptimizer)
-    source: str = "slime's training image"   # where these facts come from
 
 
 @dataclass(frozen=True)
@@ -141,9 +127,9 @@ class TrialRunner(abc.ABC):
     figures: str = "measured"    # what kind of figures `run` returns: "measured" or "predicted"
 
     @property
-    def stack(self) -> RunnerStack:
-        """What this runner can run; by default everything (slime's image)."""
-        return RunnerStack()
+    def stack(self) -> Stack:
+        """What this runner's software can run; by default everything (slime's image)."""
+        return Stack()
 
     def model_run(self, model):
         """The model a trial of `model` trains (the same model unless the runner truncates it)."""
