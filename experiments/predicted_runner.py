@@ -26,6 +26,9 @@ class PredictedRunner(TrialRunner):
             return predict_from_verdict(verdict, case.gpu, case.workload)
         return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
 
+    def scores_shipped_cost_model(self, profile: HardwareProfile | None = None) -> bool:
+        return self.constants is None and self.profile in (None, profile)
+
     def memory_verdict(self, case: Case, profile: HardwareProfile | None = None) -> MemoryVerdict:
         return memory_verdict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
 

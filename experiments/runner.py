@@ -123,8 +123,15 @@ class TrialRunner(abc.ABC):
     model trains (`model_run`) and what the cost model predicts for that (`predict`): the study ranks
     layouts by `predict`, so what is ranked is what the runner measures."""
 
-    name: str = ""
+    name: str = ""               # how studies and results name it (--backend); nothing dispatches on it
     figures: str = "measured"    # what kind of figures `run` returns: "measured" or "predicted"
+    # True: a trial trains the model's first `layers` layers, and `layers` None lets the runner pick a count per
+    # layout; a study then fixes one count for all its trials (layouts compare only on one model run)
+    truncates_layers: bool = False
+    # True: `predict` prices the runner's own model run on its own stack, not the cost model's step in the
+    # study's framework; the study's intervals and the agent use that prediction's residual, not the
+    # cost model's hypotheses (tuner.intervals)
+    prices_own_run: bool = False
 
     @property
     def stack(self) -> Stack:
@@ -141,6 +148,11 @@ class TrialRunner(abc.ABC):
         from cost_model.predict import predict
 
         return predict(case.model, case.gpu, case.workload, case.layout, profile=profile)
+
+    def scores_shipped_cost_model(self, profile=None) -> bool:
+        """Whether `predict` is the cost model's own prediction with the shipped constants and `profile`, what
+        the ceilings of a pruned space bound (tuner.space_pruning)."""
+        return False
 
     def memory_verdict(self, case: Case, profile=None):
         """The memory side of `predict` alone (cost_model.predict.MemoryVerdict), when this runner can give it

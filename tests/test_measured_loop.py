@@ -108,6 +108,14 @@ def test_runners_declare_their_stacks():
     assert Stack.named("megatron-runner").frameworks == detected.frameworks
 
 
+def test_runners_are_told_apart_by_what_they_declare():
+    """Studies ask what a runner declares (a truncated model run, its own prediction), never its name."""
+    megatron, predicted = MegatronRunner(), PredictedRunner()
+    assert megatron.truncates_layers and megatron.prices_own_run and not megatron.scores_shipped_cost_model()
+    assert not predicted.truncates_layers and not predicted.prices_own_run and predicted.scores_shipped_cost_model()
+    assert SamplerProposer("random").uniform and not SamplerProposer("tpe").uniform
+
+
 def test_ranking_predicts_the_model_the_runner_runs(config, scored):
     run = trial_model(config.model, 4)
     for layout, prediction in scored[:: max(1, len(scored) // 20)]:

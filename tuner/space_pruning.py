@@ -62,13 +62,9 @@ class Pruned:
 
 def prunable(config, runner) -> bool:
     """Whether the scored figures are the cost model's own with the shipped constants (what the ceilings bound):
-    no runner, or the predicting one without constants or a profile of its own."""
-    if runner is None:
-        return True
-    from experiments.predicted_runner import PredictedRunner
-
-    return type(runner) is PredictedRunner and runner.constants is None and \
-        runner.profile in (None, config.profile)
+    no runner, or one that declares so (TrialRunner.scores_shipped_cost_model: the predicting runner without
+    constants or a profile of its own)."""
+    return runner is None or runner.scores_shipped_cost_model(config.profile)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ class Runtime:
     # megatron-core builds the CPU-offload optimizer twice; True: the first build is collected before the first step
     # (the runner's gc.collect); False: its fp32 copies are counted at the first step's optimizer peak
     offload_first_build_collected: bool = False
+    # True: the hardware profile's runner figures (its runner_components, device_memory.runner_outside) were
+    # measured on this runtime, so they price it; False: the fitted terms and the memory parts do
+    profiled: bool = False
 
 
 # slime's initialize_model_and_optimizer runs gc.collect (clear_memory) right after setup_model_and_optimizer
@@ -57,7 +60,7 @@ MEGATRON = Runtime("megatron", fused_adam=True, nccl_init=LAZY, loss_path=MEGATR
                    source="Megatron-LM/Bridge: TE FusedAdam, NCCL communicators on first use, megatron-core GDN")
 MEGATRON_RUNNER = Runtime("megatron-runner", fused_adam=False, nccl_init=EAGER, loss_path=MEGATRON_LOSS,
                           gdn_sharded=True, expandable_segments=True, fused_kernels=False,
-                          per_expert_gemm_calls=False, offload_first_build_collected=True,
+                          per_expert_gemm_calls=False, offload_first_build_collected=True, profiled=True,
                           source="attune megatron runner without TE: torch AdamW(foreach), every NCCL "
                                  "communicator at start (device_id bound), megatron-core GDN, unfused kernels, "
                                  "an offloaded optimizer's first build collected before the first step")

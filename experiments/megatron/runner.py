@@ -166,6 +166,8 @@ class MegatronRunner(TrialRunner):
     torch_compile: bool = False
     scale_batch_to_budget: bool = True
     name: str = field(default=RUNNER_NAME, init=False)
+    truncates_layers = True     # TrialRunner's declarations (class attributes, not fields)
+    prices_own_run = True
 
     # ------------------------------------------------------------------ what it runs, what it predicts
     @property
