@@ -1,4 +1,4 @@
-"""Predictions of a sample of layouts of every catalog model, saved and compared bit for bit (issue 27).
+"""Predictions of a sample of layouts of every catalog model, saved and compared bit for bit.
 
     python benchmarks/exactness.py save FILE      # with the code as it is: the reference
     python benchmarks/exactness.py compare FILE   # after a change: every figure must be the same, to the bit

@@ -221,7 +221,7 @@ def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev
     src["nccl"] = (f"{src['nccl']}; {len(created)} communicators ({runtime.nccl_init} init), "
                    f"{len(used)} with buffers ({runtime.name})")
     nccl = nccl_gib(created, used, dev, c)
-    runner = dev.runner_outside_at(layout.world_size) if runtime.name == "megatron-runner" else None
+    runner = dev.runner_outside_at(layout.world_size) if runtime.profiled else None
     runner_src = src.pop("runner_outside", None)
     exact = any(g == layout.world_size for g, _ in dev.runner_outside)
     if runner is not None and (exact or runner > context + nccl):

@@ -23,7 +23,7 @@ from cost_model.metrics import usd_per_million_tokens
 from cost_model.nouns.model_spec import LINEAR_ATTENTION, ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
-from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime, default_runtime
+from cost_model.nouns.runtime import Runtime, default_runtime
 from cost_model.stages import layout_rank_layers
 from cost_model.step_time import StepContext, step_breakdown, term_sources
 from cost_model.vision import VisionWork
@@ -187,7 +187,7 @@ def fit_reasons(memory: MemoryBreakdown, capacity: float, host: float, gpu: GpuS
 def runner_components(rt: Runtime, profile: HardwareProfile | None):
     """The measured components that price the megatron runner's own stack (None: another stack, or a profile
     that has not measured them: then the fitted Megatron terms price it)."""
-    if rt.name != MEGATRON_RUNNER.name or profile is None:
+    if not rt.profiled or profile is None:
         return None
     return profile.runner
 

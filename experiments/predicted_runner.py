@@ -10,7 +10,7 @@ from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
 
 class PredictedRunner(TrialRunner):
-    """Its stack is everything (the default RunnerStack): it predicts slime's image."""
+    """Its stack is everything (the default Stack): it predicts slime's image."""
 
     name = "predict"
     figures = "predicted"
@@ -25,6 +25,9 @@ class PredictedRunner(TrialRunner):
         if verdict is not None:
             return predict_from_verdict(verdict, case.gpu, case.workload)
         return predict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)
+
+    def scores_shipped_cost_model(self, profile: HardwareProfile | None = None) -> bool:
+        return self.constants is None and self.profile in (None, profile)
 
     def memory_verdict(self, case: Case, profile: HardwareProfile | None = None) -> MemoryVerdict:
         return memory_verdict(case.model, case.gpu, case.workload, case.layout, self.constants, profile or self.profile)

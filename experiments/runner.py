@@ -14,27 +14,13 @@ from typing import Any
 
 from cost_model.nouns.case import Case
 from cost_model.nouns.errors import AttuneError
+from cost_model.nouns.stack import Stack
 
 # Failure classes a runner reports.
 FAILURE_CLASSES = ("cuda_oom", "host_oom", "nccl_timeout", "hang", "crash", "invalid_config", "too_few_steps")
 # Failures that cannot change when the same layout runs again on the same runner (a timeout or a hang
 # may be the machine's, not the layout's, so those may be retried).
 PERMANENT_FAILURES = ("invalid_config", "crash", "cuda_oom")
-
-
-@dataclass(frozen=True)
-class RunnerStack:
-    """What a runner's software stack can run (the search space is narrowed to it before ranking).
-
-    Every field True is slime's image (and the cost model's default stack)."""
-    deepep: bool = True                      # the flex token dispatcher (DeepEP)
-    transformer_engine: bool = True          # TE kernels (grouped GEMM, fused attention)
-    precision_aware_optimizer: bool = True   # bf16 Adam moments on the GPU (TE's FusedAdam)
-    context_parallel: bool = True            # CP > 1 (TE's ring attention)
-    mla: bool = True                         # multi-latent attention models (DeepSeek-V3, Moonlight)
-    gdn_kernels: bool = True                 # fla's Gated DeltaNet kernels (else a slow torch rule)
-    optimizer_offload: bool = True           # optimizer CPU offload (HybridDeviceOptimizer)
-    source: str = "slime's training image"   # where these facts come from
 
 
 @dataclass(frozen=True)
@@ -137,13 +123,20 @@ class TrialRunner(abc.ABC):
     model trains (`model_run`) and what the cost model predicts for that (`predict`): the study ranks
     layouts by `predict`, so what is ranked is what the runner measures."""
 
-    name: str = ""
+    name: str = ""               # how studies and results name it (--backend); nothing dispatches on it
     figures: str = "measured"    # what kind of figures `run` returns: "measured" or "predicted"
+    # True: a trial trains the model's first `layers` layers, and `layers` None lets the runner pick a count per
+    # layout; a study then fixes one count for all its trials (layouts compare only on one model run)
+    truncates_layers: bool = False
+    # True: `predict` prices the runner's own model run on its own stack, not the cost model's step in the
+    # study's framework; the study's intervals and the agent use that prediction's residual, not the
+    # cost model's hypotheses (tuner.intervals)
+    prices_own_run: bool = False
 
     @property
-    def stack(self) -> RunnerStack:
-        """What this runner can run; by default everything (slime's image)."""
-        return RunnerStack()
+    def stack(self) -> Stack:
+        """What this runner's software can run; by default everything (slime's image)."""
+        return Stack()
 
     def model_run(self, model):
         """The model a trial of `model` trains (the same model unless the runner truncates it)."""
@@ -155,6 +148,11 @@ class TrialRunner(abc.ABC):
         from cost_model.predict import predict
 
         return predict(case.model, case.gpu, case.workload, case.layout, profile=profile)
+
+    def scores_shipped_cost_model(self, profile=None) -> bool:
+        """Whether `predict` is the cost model's own prediction with the shipped constants and `profile`, what
+        the ceilings of a pruned space bound (tuner.space_pruning)."""
+        return False
 
     def memory_verdict(self, case: Case, profile=None):
         """The memory side of `predict` alone (cost_model.predict.MemoryVerdict), when this runner can give it

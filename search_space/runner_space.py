@@ -1,6 +1,6 @@
 """The search space a trial runner can run: SpaceOptions narrowed to the runner's stack, with reasons.
 
-A runner declares what its software stack can run (experiments.runner.RunnerStack: DeepEP, Transformer
+A runner declares what its software stack can run (cost_model.nouns.stack.Stack: DeepEP, Transformer
 Engine, the precision-aware optimizer, CP, MLA, fla, optimizer offload). Every dimension it cannot run
 leaves the space before ranking, with one line saying why (the CLI prints them); `RunnerSpace.refusal`
 names why a layout outside it (an Optuna sampler's proposal, a --reference) cannot run there.
@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.model_spec import LINEAR_ATTENTION, MLA, ModelSpec
+from cost_model.nouns.stack import Stack
 from search_space.enumerate import SpaceOptions, covering_sets, selective_module_sets
 
 
@@ -41,9 +42,9 @@ class RunnerSpace:
         return None
 
 
-def narrow(options: SpaceOptions, model: ModelSpec, world_size: int, stack, runner: str = "the runner",
+def narrow(options: SpaceOptions, model: ModelSpec, world_size: int, stack: Stack, runner: str = "the runner",
            model_run: ModelSpec | None = None) -> RunnerSpace:
-    """`options` narrowed to what `stack` (a RunnerStack) can run for `model` on `world_size` GPUs.
+    """`options` narrowed to what `stack` can run for `model` on `world_size` GPUs.
     `model_run` is the model a trial trains (default `model`). Raises RunnerSpaceError when the runner
     cannot run the model at all."""
     where = stack.source
@@ -82,7 +83,7 @@ def narrow(options: SpaceOptions, model: ModelSpec, world_size: int, stack, runn
                        _notes(model, model_run or model, stack, runner), tuple(why))
 
 
-def _notes(model: ModelSpec, run: ModelSpec, stack, runner: str) -> tuple[str, ...]:
+def _notes(model: ModelSpec, run: ModelSpec, stack: Stack, runner: str) -> tuple[str, ...]:
     notes = []
     if run.num_hidden_layers != model.num_hidden_layers or run.layer_types != model.layer_types:
         notes.append(f"ranked by predictions for {run.display_name} ({run.num_hidden_layers} of "

@@ -16,7 +16,7 @@ from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import predict_run, trial_model
 from experiments.megatron.runner import MegatronRunner, detect_stack
 from experiments.predicted_runner import PredictedRunner
-from experiments.runner import RunnerStack, TrialResult
+from experiments.runner import TrialResult
 from search_space.enumerate import SpaceOptions, enumerate_layouts
 from search_space.runner_space import RunnerSpaceError, narrow
 from tuner.cli import main
@@ -26,8 +26,8 @@ from tuner.study import StudyConfig, StudyError, history_of, load_or_create, run
 from tuner.verify import default_reference
 
 MODEL = "qwen3-30b-a3b"
-BARE = RunnerStack(deepep=False, transformer_engine=False, precision_aware_optimizer=False, context_parallel=False,
-                   mla=False, gdn_kernels=False, source="a test stack without DeepEP and TE")
+BARE = Stack(deepep=False, transformer_engine=False, precision_aware_optimizer=False, context_parallel=False,
+             mla=False, gdn_kernels=False, source="a test stack without DeepEP and TE")
 CLI = ["--model", MODEL, "--gpu", "h200", "--gpus", "2", "--backend", "megatron", "--layers", "4", "--seq-len",
        "4096", "--global-batch", "16", "--steps", "10", "--top", "0", "--no-progress"]
 
@@ -92,18 +92,28 @@ def test_the_space_has_only_what_the_stack_can_run(config):
     assert "precision-aware" in space.refusal(next(l for l in full if l.exp_avg_dtype == "bf16"))
     assert space.refusal(layouts[0]) is None
     # Everything runnable: nothing narrowed; a model the runner cannot build: one clear error.
-    assert narrow(config.options, config.model, 2, RunnerStack()).options == config.options
+    assert narrow(config.options, config.model, 2, Stack()).options == config.options
     with pytest.raises(RunnerSpaceError, match="MLA"):
         narrow(config.options, load_model("deepseek-v3"), 8, BARE, "megatron")
 
 
 def test_runners_declare_their_stacks():
-    assert PredictedRunner().stack == RunnerStack()
+    assert PredictedRunner().stack == Stack()
     detected = detect_stack()
     assert detected.mla is False and detected.optimizer_offload is True
     assert detected.precision_aware_optimizer == detected.transformer_engine
     assert detect_stack("torch-native").context_parallel is False
     assert MegatronRunner().stack == detected
+    assert detected.frameworks == ("megatron",) and detected.dynamic_batching is False
+    assert Stack.named("megatron-runner").frameworks == detected.frameworks
+
+
+def test_runners_are_told_apart_by_what_they_declare():
+    """Studies ask what a runner declares (a truncated model run, its own prediction), never its name."""
+    megatron, predicted = MegatronRunner(), PredictedRunner()
+    assert megatron.truncates_layers and megatron.prices_own_run and not megatron.scores_shipped_cost_model()
+    assert not predicted.truncates_layers and not predicted.prices_own_run and predicted.scores_shipped_cost_model()
+    assert SamplerProposer("random").uniform and not SamplerProposer("tpe").uniform
 
 
 def test_ranking_predicts_the_model_the_runner_runs(config, scored):

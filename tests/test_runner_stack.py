@@ -285,7 +285,7 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
     layout = Layout(1, max_tokens_per_gpu=8192)
     p = runner(model, layout)
     config = SimpleNamespace(workload=MEGATRON, model=model, gpu=H200, profile=None)
-    iv = prediction_interval(config, SimpleNamespace(name="megatron"), layout, p).to_dict()
+    iv = prediction_interval(config, SimpleNamespace(prices_own_run=True), layout, p).to_dict()
     c = default_constants()
     sd = c.runner_prediction_error_sd
     assert iv["error_sd"] == sd < c.runner_scaled_layer_error_sd < c.prediction_error_sd
@@ -294,11 +294,11 @@ def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stack
     # a model whose layer the profile did not measure (timed as another's, scaled) carries the larger residual
     other = trial_model(load_model("llama3.1-405b"), 1)
     scaled = SimpleNamespace(workload=MEGATRON, model=other, gpu=H200, profile=None)
-    assert prediction_interval(scaled, SimpleNamespace(name="megatron"), layout, runner(other, layout)).error_sd == \
+    assert prediction_interval(scaled, SimpleNamespace(prices_own_run=True), layout, runner(other, layout)).error_sd == \
         c.runner_scaled_layer_error_sd
     # a stack priced by the fitted terms keeps the model's residual
     te = predict(model, H200, MEGATRON, layout, precision_aware_optimizer=True)
-    assert prediction_interval(config, SimpleNamespace(name="megatron"), layout, te).error_sd == \
+    assert prediction_interval(config, SimpleNamespace(prices_own_run=True), layout, te).error_sd == \
         default_constants().prediction_error_sd
 
 

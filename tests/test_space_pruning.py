@@ -124,10 +124,9 @@ def test_only_the_cost_models_own_figures_are_pruned():
     config = StudyConfig(load_model("llama3-8b"), load_gpu("h100"), 8, Workload())
     assert space_pruning.prunable(config, None) and space_pruning.prunable(config, PredictedRunner())
     assert not space_pruning.prunable(config, PredictedRunner(constants=object()))
-
-    class Other(PredictedRunner):
-        name = "megatron"
-    assert not space_pruning.prunable(config, Other())
+    assert not space_pruning.prunable(config, PredictedRunner(profile=object()))
+    from experiments.megatron.runner import MegatronRunner
+    assert not space_pruning.prunable(config, MegatronRunner())   # its own model run, priced on its own stack
 
 
 def test_the_agent_proposes_first_what_it_would_over_the_whole_space(monkeypatch, deepseek_64):

@@ -12,7 +12,6 @@ from cost_model.nouns.model_spec import DENSE, LINEAR_ATTENTION, load_model
 from cost_model.nouns.stack import Stack
 from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import trial_model
-from experiments.runner import RunnerStack
 from search_space.enumerate import (BASE_ROWS, MAX_GPUS, MAX_MICROBATCH_TOKENS, SpaceOptions, bounded_options,
                                     enumerate_layouts, parallel_shapes, recompute_choices, rows_choices,
                                     selective_module_sets, study_rows_choices)
@@ -91,7 +90,7 @@ def test_a_gated_deltanet_only_run_gets_no_core_attn(qwen36):
     assert "core_attn" in modules(full) and "core_attn" not in modules(sets)
     assert len(set(map(frozenset, sets))) == len(sets)            # no two sets cover the same modules
     assert set(sets) <= set(full)                                 # the study's Optuna choices hold them
-    space = narrow(SpaceOptions(), qwen36, 1, RunnerStack(), "megatron", run)
+    space = narrow(SpaceOptions(), qwen36, 1, Stack(), "megatron", run)
     assert space.options.selective_module_sets == tuple(sets)
     assert any("core_attn" in r for r in space.reasons)
     core_attn = Layout(1, max_tokens_per_gpu=4096, recompute_granularity="selective", recompute_modules=("core_attn",))
@@ -101,7 +100,7 @@ def test_a_gated_deltanet_only_run_gets_no_core_attn(qwen36):
     layouts = list(enumerate_layouts(qwen36, 1, workload, Stack(), options))
     assert layouts and not any("core_attn" in l.selective_modules for l in layouts)
     # a run with the full-attention layer keeps every set
-    assert narrow(SpaceOptions(), qwen36, 1, RunnerStack(), "megatron", trial_model(qwen36, 4)).reasons == ()
+    assert narrow(SpaceOptions(), qwen36, 1, Stack(), "megatron", trial_model(qwen36, 4)).reasons == ()
 
 
 def test_a_model_without_softmax_attention_gets_no_core_attn(qwen36):

@@ -18,8 +18,8 @@ from tuner.interval import QUANTILES_90, Interval, number
 
 
 def uses_hypotheses(runner) -> bool:
-    """Whether the runner's predictions are the cost model's in its own framework (not a model run)."""
-    return runner.name != "megatron"
+    """Whether the runner's predictions are the cost model's in its own framework (not its own model run)."""
+    return not runner.prices_own_run
 
 
 def prediction_interval(config, runner, layout: Layout, prediction: Prediction) -> Interval:

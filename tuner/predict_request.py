@@ -91,16 +91,21 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
         raise RequestError("layout must be a mapping of layout keys to values")
     layout = layout_from_values(raw_layout, gpus, workload.seq_len)
     name = request.get("stack") or "image"
-    if name == "megatron-runner" and workload.framework != "megatron":
-        raise RequestError("the megatron-runner stack runs Megatron's own step: give framework megatron "
-                           "(--framework megatron)")
-    if name == "megatron-runner":
+    stack = Stack.named(name, list(fixes))
+    if workload.framework not in stack.frameworks:
+        runs = " or ".join(_STEPS[f] for f in stack.frameworks)
+        raise RequestError(f"the {name} stack runs {runs}: give framework {' or '.join(stack.frameworks)} "
+                           f"(--framework {stack.frameworks[0]})")
+    if not stack.dynamic_batching:
         from experiments.megatron.backend_support import microbatch_refusal
         refusal = microbatch_refusal(layout, workload.global_batch)
         if refusal:
-            raise RequestError(f"the megatron runner cannot run this layout: {refusal} (slime's dynamic batching "
+            raise RequestError(f"{stack.source} cannot run this layout: {refusal} (slime's dynamic batching "
                                f"can: predict it with the image stack)")
-    return Case(model, gpu, workload, layout, Stack.named(name, list(fixes)))
+    return Case(model, gpu, workload, layout, stack)
+
+
+_STEPS = {"slime": "slime's step", "megatron": "Megatron's own step"}   # a Workload.framework in words
 
 
 # The JSON type each request key takes (layout: a mapping, checked by the layout codec).

@@ -89,6 +89,8 @@ class SamplerProposer(Proposer):
         if kind not in self.SAMPLERS:
             raise ValueError(f"unknown sampler {kind!r}; choose from {', '.join(self.SAMPLERS)}")
         self.name = kind
+        # a pure random sampler: every proposal is a uniform draw of an untried candidate (not only the first ones)
+        self.uniform = kind == "random"
         if kind == "gp":
             import importlib.util
             missing = [m for m in ("torch", "scipy") if importlib.util.find_spec(m) is None]
@@ -99,13 +101,13 @@ class SamplerProposer(Proposer):
         self._seed, self._candidates, self._to_params, self._startup = seed, candidates, to_params, startup
 
     def propose(self, history: History) -> Proposal | None:
-        if self._candidates is not None and (self.name == "random" or len(history.tried) < self._startup):
+        if self._candidates is not None and (self.uniform or len(history.tried) < self._startup):
             untried = [c for c in self._candidates if c.layout.key() not in history.tried]
             if not untried:
                 return None
             # seeded by what the study has tried, so a resumed study does not replay a fresh one's draws
             pick = random.Random(f"{self._seed}/{len(history.tried)}").choice(untried)
-            why = "" if self.name == "random" else f" (the sampler's first {self._startup} trials)"
+            why = "" if self.uniform else f" (the sampler's first {self._startup} trials)"
             return Proposal(params=self._to_params(pick.layout),
                             rationale=f"a random untried layout of the {len(self._candidates):,} valid ones "
                                       f"predicted to fit{why}")

@@ -1,18 +1,12 @@
-"""Scoring a very large space without the parallel shapes that cannot matter (issue 27).
+"""Scoring a very large space without the parallel shapes that cannot matter.
 
-A space of more than PRUNE_ABOVE layouts (hundreds of GPUs) is scored shape by shape, the shapes with the highest
-ceiling first (cost_model.bounds: tokens/s/GPU no layout of the shape reaches). The judges are the shipped prediction
-and each hypothesis the agent weighs (tuner.intervals.hypothesis_predictor); each keeps the KEEP best figures it
-gives fitting layouts scored so far (`Bars`). A shape is not scored when, for every judge, its ceiling under that
-judge is below the judge's KEEP-th best: then under the shipped model and under every hypothesis each of its
-layouts is slower than KEEP layouts that fit, so it is in no judge's KEEP best. What is skipped is counted
-(`Pruned`) and said, never silently dropped. Within a scored shape, the layouts of a micro-batch size and
-dispatcher whose ceilings are below every bar are not scored either, and at the end the scored layouts that are below
-every final bar are dropped. A shape whose memory floor does not fit under any of its optimizer choices is not scored:
-none of its layouts would have been kept. A pruned space is scored here, not on a Ray cluster (`--ray-address`): each
-step reads the bars the steps before it raised.
-
-Smaller spaces are scored whole: their result is unchanged, to the bit.
+A space of more than PRUNE_ABOVE layouts is scored shape by shape, highest ceiling first (cost_model.bounds: the
+tokens/s/GPU no layout of the shape reaches). The judges are the shipped prediction and each hypothesis the agent
+weighs; each keeps the KEEP best fitting figures so far (`Bars`). A shape, or a micro-batch size and dispatcher of
+one, whose ceiling is below every judge's KEEP-th best is in no judge's KEEP best and is not scored; nor is a shape
+whose memory floor fits under none of its optimizer choices; scored layouts below every final bar are dropped.
+What is skipped is counted (`Pruned`) and said. A pruned space is scored here, not on Ray (each step reads the bars
+the steps before it raised); smaller spaces are scored whole, unchanged to the bit.
 """
 from __future__ import annotations
 
@@ -62,13 +56,9 @@ class Pruned:
 
 def prunable(config, runner) -> bool:
     """Whether the scored figures are the cost model's own with the shipped constants (what the ceilings bound):
-    no runner, or the predicting one without constants or a profile of its own."""
-    if runner is None:
-        return True
-    from experiments.predicted_runner import PredictedRunner
-
-    return type(runner) is PredictedRunner and runner.constants is None and \
-        runner.profile in (None, config.profile)
+    no runner, or one that declares so (TrialRunner.scores_shipped_cost_model: the predicting runner without
+    constants or a profile of its own)."""
+    return runner is None or runner.scores_shipped_cost_model(config.profile)
 
 
 @dataclass(frozen=True)

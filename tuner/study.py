@@ -63,6 +63,16 @@ def workload_identity(workload: Workload) -> dict:
     return {**base, **workload.step_options}
 
 
+# The stack fields every study has recorded; the others (what a runner's software provides) only when not the default
+_STACK_IDENTITY = ("output_gate_tp_fix", "deepep", "transformer_engine", "precision_aware_optimizer")
+
+
+def stack_identity(stack: Stack) -> dict:
+    """The stack's fields a study is told apart by: studies made before the stack held a runner's fields resume."""
+    default = Stack()
+    return {k: v for k, v in asdict(stack).items() if k in _STACK_IDENTITY or v != getattr(default, k)}
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     model: ModelSpec
@@ -83,7 +93,7 @@ class StudyConfig:
         out = {
             "model": self.model.name, "gpu": self.gpu.name, "gpus": self.world_size,
             "workload": workload_identity(self.workload),
-            "stack": asdict(self.stack), "options": options,
+            "stack": stack_identity(self.stack), "options": options,
             # $/1M tokens and every figure depend on these: a resumed study must not mix them
             "usd_per_gpu_hour": self.gpu.usd_per_gpu_hour, "profile": self.profile_name(),
         }

@@ -44,7 +44,7 @@ def cmd_run(args) -> int:
     check_profile_gpu(config.profile, gpu)
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
     space = runner_space(config, runner)         # what this runner's stack can run
-    if runner.name == "megatron" and getattr(runner, "layers", None) is None:
+    if runner.truncates_layers and runner.layers is None:
         # one layer count for the whole study (layouts are only comparable on one model run)
         runner.layers, how = study_layers(config, runner, space)
         args.layers = runner.layers

@@ -1,25 +1,14 @@
-"""What the training process does with GPU memory beyond the model's own tensors, stack by stack.
+"""What the training process does with GPU memory beyond the model's own tensors, runtime by runtime.
 
-Three stacks run the layouts the cost model predicts for; they differ in the optimizer kernel, in
-when NCCL communicators come to exist, in the loss path and in how Gated DeltaNet is sharded:
-
-- slime (the leaderboard's stack): Megatron-LM's initialisation (no device_id: NCCL communicators are
-  created lazily, on a group's first collective), TE's FusedAdam (precision-aware optimizer), slime's
-  log-prob loss, Qwen3.5/3.6 Gated DeltaNet as the HF module (the whole row on every TP and CP rank);
-- megatron (Megatron-LM / Megatron-Bridge pretraining): lazy NCCL initialisation, TE's FusedAdam,
-  megatron's vocab-parallel cross-entropy, megatron-core's GatedDeltaNet (heads sharded over TP, CP by a
-  head all-to-all);
-- megatron-runner (attune's megatron runner without Transformer Engine, experiments/megatron): it binds
-  device_id in init_process_group, so every process group megatron builds gets its communicator at
-  start (torch splits them from the default one eagerly); torch.optim.AdamW (megatron's fallback without
-  TE or Apex) whose foreach step keeps one fp32 temporary the size of the shard; megatron's unfused
-  vocab-parallel cross-entropy; megatron-core's GatedDeltaNet; unfused torch kernels (RoPE, SwiGLU,
-  norms, the attention output gate), which keep more of their inputs for the backward than TE's fused
-  ones (constants.yaml unfused_activation_factor); its experts are one torch._grouped_mm per linear, not TE's
-  GEMM call per local expert (cost_model/step_time.py exposed_expert_calls).
-
-All three run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (slime's recipes set it; the runner
-sets it since issue 12). Pure data: no I/O.
+- slime (the leaderboard's): NCCL communicators made lazily (no device_id), TE's FusedAdam, slime's log-prob
+  loss, Qwen3.5/3.6 Gated DeltaNet as the HF module (the whole row on every TP and CP rank);
+- megatron (Megatron-LM/Bridge): the same, with megatron's vocab-parallel loss and megatron-core's GatedDeltaNet
+  (heads over TP, CP by a head all-to-all);
+- megatron-runner (attune's runner without TE, experiments/megatron): device_id bound in init_process_group, so
+  every group's communicator exists at start; torch AdamW(foreach), an fp32 temporary the size of the shard;
+  unfused kernels that keep more inputs for the backward (constants.yaml unfused_activation_factor); one
+  torch._grouped_mm per expert linear (cost_model/step_time.py exposed_expert_calls).
+All run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. Pure data: no I/O.
 """
 from __future__ import annotations
 
@@ -45,6 +34,9 @@ class Runtime:
     # megatron-core builds the CPU-offload optimizer twice; True: the first build is collected before the first step
     # (the runner's gc.collect); False: its fp32 copies are counted at the first step's optimizer peak
     offload_first_build_collected: bool = False
+    # True: the hardware profile's runner figures (its runner_components, device_memory.runner_outside) were
+    # measured on this runtime, so they price it; False: the fitted terms and the memory parts do
+    profiled: bool = False
 
 
 # slime's initialize_model_and_optimizer runs gc.collect (clear_memory) right after setup_model_and_optimizer
@@ -57,7 +49,7 @@ MEGATRON = Runtime("megatron", fused_adam=True, nccl_init=LAZY, loss_path=MEGATR
                    source="Megatron-LM/Bridge: TE FusedAdam, NCCL communicators on first use, megatron-core GDN")
 MEGATRON_RUNNER = Runtime("megatron-runner", fused_adam=False, nccl_init=EAGER, loss_path=MEGATRON_LOSS,
                           gdn_sharded=True, expandable_segments=True, fused_kernels=False,
-                          per_expert_gemm_calls=False, offload_first_build_collected=True,
+                          per_expert_gemm_calls=False, offload_first_build_collected=True, profiled=True,
                           source="attune megatron runner without TE: torch AdamW(foreach), every NCCL "
                                  "communicator at start (device_id bound), megatron-core GDN, unfused kernels, "
                                  "an offloaded optimizer's first build collected before the first step")

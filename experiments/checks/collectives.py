@@ -1,5 +1,13 @@
 """The profile's collectives section: one process per GPU sweeps NCCL collectives over buffer sizes;
-NCCL-tests bus bandwidth."""
+NCCL-tests bus bandwidth.
+
+- collectives: one process per GPU (NCCL, NVLink multicast forced off), all_reduce, all_gather
+  (all_gather_into_tensor), reduce_scatter (reduce_scatter_tensor), all_to_all (all_to_all_single)
+  and p2p (send/recv, rank 2i -> 2i+1, all pairs at once), bf16 buffers of 64 KiB .. 1 GiB in powers
+  of 4 (`bytes` = the full buffer: all_gather's output, reduce_scatter's input). Every call is timed
+  with CUDA events; time = the max over ranks of each rank's median. NCCL-tests bus bandwidth:
+  algbw = bytes / time, busbw = algbw x factor (`bus_factor`).
+"""
 from __future__ import annotations
 
 import datetime

@@ -1,5 +1,31 @@
 """The profile's compute sections: bf16 and fp8 GEMM, grouped GEMM, causal attention (SDPA) and Gated DeltaNet
-linear attention (fla, in a time-limited subprocess)."""
+linear attention (fla, in a time-limited subprocess).
+
+- gemm_bf16: torch.mm(A[m,k], W[n,k].T) (nn.Linear's forward layout), bf16 in and out, on the full
+  grid m x n x k (`GEMM_M` x `GEMM_NK` x `GEMM_NK`, 343 points; the cost model interpolates
+  multilinearly in log2 space on exactly this grid) plus the model's own forward GEMM shapes.
+  TFLOP/s = 2 m n k / time.
+- gemm_fp8: torch._scaled_mm, float8_e4m3fn operands, per-tensor fp32 scales, bf16 out,
+  use_fast_accum=False, on a few large shapes (compute capability >= 8.9 only).
+- grouped_gemm_bf16: torch._grouped_mm(X[E*rows,k], W[E,n,k].transpose(-2,-1), offs), equal rows
+  per expert. fwd FLOPs = 2 E rows k n; fwd_bwd_tflops = 3 x fwd FLOPs / time(forward + autograd
+  backward producing both input and weight gradients).
+- attention_bf16: F.scaled_dot_product_attention(is_causal=True), batch 1, q/k/v [1,heads,seq,head_dim]
+  (kv heads = heads: GQA changes the bytes, not the FLOPs), default SDPA backend.
+  Causal fwd FLOPs = 2 * 2 * heads * seq^2 * head_dim / 2 (QK^T and PV, half the square).
+  fwd_bwd_tflops = 3 x fwd FLOPs / time(fwd + bwd): the cost model's "training = 3 x forward"
+  convention. Flash-style kernels execute ~3.5 x forward (the backward recomputes QK^T), so this is
+  a model-FLOP rate, ~14% below the executed-FLOP rate.
+- linear_attention: fla's chunk_gated_delta_rule (Gated DeltaNet) forward and forward+backward at
+  4,096, 8,192, 16,384 and 32,768 tokens (batch 1), with the model's q/k and value heads and with q/k
+  repeated to the value heads (how megatron-core's GatedDeltaNet calls it), in a subprocess with a time
+  limit (fla's TileLang backend compiles with nvcc on first use; points already measured are kept). On
+  Hopper it sets FLA_TILELANG=1 unless set (fla 0.6.0's Triton backward is wrong there with Triton 3.4 to
+  3.7.0, fla #640, and its TileLang backend replaces it), records fla's, Triton's and TileLang's versions
+  and the backends fla dispatched to (its '[FLA Backend]' log lines), and says so when TileLang did not
+  run. efficiency = fwd_bwd TFLOP/s near 8,192 tokens / the catalog's dense bf16 peak. The cost model
+  uses the times (cost_model.profile.GdnKernel). Without fla: a documented estimate (efficiency 0.15).
+"""
 from __future__ import annotations
 
 import importlib.util

@@ -5,55 +5,12 @@ Run on a machine with NVIDIA GPUs (only torch, numpy, pyyaml and the standard li
 
     PYTHONPATH=<repo root> python -m experiments.checks.hardware_profile [--model M] [--out FILE] [--quick]
 
-What is measured (GPU 0 in this process unless said otherwise; random normal data; timing with CUDA
-events after warm-up; each figure is the median of `repeats` samples, a sample timing `inner`
-back-to-back calls, `inner` chosen so a sample lasts >= ~1 ms; the L2 cache is not flushed):
-
-- gemm_bf16: torch.mm(A[m,k], W[n,k].T) (nn.Linear's forward layout), bf16 in and out, on the full
-  grid m x n x k (`GEMM_M` x `GEMM_NK` x `GEMM_NK`, 343 points; the cost model interpolates
-  multilinearly in log2 space on exactly this grid) plus the model's own forward GEMM shapes.
-  TFLOP/s = 2 m n k / time.
-- gemm_fp8: torch._scaled_mm, float8_e4m3fn operands, per-tensor fp32 scales, bf16 out,
-  use_fast_accum=False, on a few large shapes (compute capability >= 8.9 only).
-- grouped_gemm_bf16: torch._grouped_mm(X[E*rows,k], W[E,n,k].transpose(-2,-1), offs), equal rows
-  per expert. fwd FLOPs = 2 E rows k n; fwd_bwd_tflops = 3 x fwd FLOPs / time(forward + autograd
-  backward producing both input and weight gradients).
-- attention_bf16: F.scaled_dot_product_attention(is_causal=True), batch 1, q/k/v [1,heads,seq,head_dim]
-  (kv heads = heads: GQA changes the bytes, not the FLOPs), default SDPA backend.
-  Causal fwd FLOPs = 2 * 2 * heads * seq^2 * head_dim / 2 (QK^T and PV, half the square).
-  fwd_bwd_tflops = 3 x fwd FLOPs / time(fwd + bwd): the cost model's "training = 3 x forward"
-  convention. Flash-style kernels execute ~3.5 x forward (the backward recomputes QK^T), so this is
-  a model-FLOP rate, ~14% below the executed-FLOP rate.
-- linear_attention: fla's chunk_gated_delta_rule (Gated DeltaNet) forward and forward+backward at
-  4,096, 8,192, 16,384 and 32,768 tokens (batch 1), with the model's q/k and value heads and with q/k
-  repeated to the value heads (how megatron-core's GatedDeltaNet calls it), in a subprocess with a time
-  limit (fla's TileLang backend compiles with nvcc on first use; points already measured are kept). On
-  Hopper it sets FLA_TILELANG=1 unless set (fla 0.6.0's Triton backward is wrong there with Triton 3.4 to
-  3.7.0, fla #640, and its TileLang backend replaces it), records fla's, Triton's and TileLang's versions
-  and the backends fla dispatched to (its '[FLA Backend]' log lines), and says so when TileLang did not
-  run. efficiency = fwd_bwd TFLOP/s near 8,192 tokens / the catalog's dense bf16 peak. The cost model
-  uses the times (cost_model.profile.GdnKernel). Without fla: a documented estimate (efficiency 0.15).
-- memory: pinned host->device and device->host copies of 2 GiB and 256 MiB (GB/s = 1e9 B/s), and a
-  device-to-device copy of 2 GiB counting read + write (TB/s = 1e12 B/s).
-- cpu_adam: torch.optim.Adam(foreach=True) step on 64 Mi fp32 CPU parameters (16 tensors), params/s.
-- collectives: one process per GPU (NCCL, NVLink multicast forced off), all_reduce, all_gather
-  (all_gather_into_tensor), reduce_scatter (reduce_scatter_tensor), all_to_all (all_to_all_single)
-  and p2p (send/recv, rank 2i -> 2i+1, all pairs at once), bf16 buffers of 64 KiB .. 1 GiB in powers
-  of 4 (`bytes` = the full buffer: all_gather's output, reduce_scatter's input). Every call is timed
-  with CUDA events; time = the max over ranks of each rank's median. NCCL-tests bus bandwidth:
-  algbw = bytes / time, busbw = algbw x factor (`bus_factor`).
-- device_memory: what a training process holds beyond its tensors (experiments.checks.device_memory,
-  first, in fresh processes, before this process touches a GPU): the visible capacity, the CUDA context,
-  the workspaces and kernels of a training step's kernel mix, the allocator's reserve under expandable
-  segments; what the megatron runner's own processes hold outside PyTorch in a few training steps on 1
-  GPU and on all of them (experiments.checks.runner_memory); then NCCL memory per communicator
-  (experiments.checks.nccl_memory): at creation and after its first collectives, for groups of all GPUs
-  and single-rank groups.
-
-`--only SECTIONS` measures some sections; `--update FILE` puts them into an existing profile.
-
-This module orchestrates and writes the profile; each section is measured in its own module of
-experiments.checks (profile_shapes: the grid; compute; memory; cpu_adam; collectives; measure: timing).
+GPU 0 in this process unless said otherwise; random normal data; CUDA-event timing after warm-up, each figure the
+median of `repeats` samples of `inner` back-to-back calls (a sample >= ~1 ms; the L2 cache is not flushed).
+`--only SECTIONS` measures some sections; `--update FILE` puts them into an existing profile. This module
+orchestrates and writes the profile; each section is measured, and its figures defined, in its own module of
+experiments.checks: profile_shapes (the grid), compute, memory, cpu_adam, collectives, device_memory (first, in
+fresh processes, before this one touches a GPU; with runner_memory and nccl_memory), measure (timing).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The profile's memory section: pinned host <-> device copies and the device-to-device (HBM) copy rate."""
+"""The profile's memory section: pinned host <-> device copies (GB/s = 1e9 B/s) and the device-to-device (HBM)
+copy rate, counting read + write (TB/s = 1e12 B/s)."""
 from __future__ import annotations
 
 from experiments.checks.measure import load_torch, median_time, sig

@@ -8,27 +8,14 @@ lr 1e-5), fixed seeds, synthetic (or given) token rows. Step times are measured 
 torch.cuda.synchronize + perf_counter; failures are classified (cuda_oom, host_oom, nccl_timeout,
 hang, crash, invalid_config) and are results, not exceptions.
 
-What runs is recorded, never silently changed:
-- the model actually trained (`model_run.trial_model`): truncated to `layers` layers (explicit, or
-  the largest count the cost model predicts to fit the local GPUs); for Qwen3.5/3.6/Next its Gated
-  DeltaNet layers are megatron-core's GatedDeltaNet in the model's own layer pattern (gdn.py: fla's
-  chunk_gated_delta_rule, with its TileLang backend on Hopper, or megatron's torch gated delta rule
-  without fla; details["kernels"]["linear_attention"] says which ran), or full attention when
-  `replace_gdn` asks for it; MTP layers are not built. Predictions for comparison must use this model.
-- the environment: the workers run with the recipe's allocator setting (PYTORCH_CUDA_ALLOC_CONF from
-  recipes.slime_command.slime_env; a user-set value wins), recorded in details["env"];
-- memory per rank (memory.py): the allocator's peaks and the device-level peak (largest `total - free`
-  after each step); the result's peak_memory_gib is the device-level one (details["peak_memory_basis"]);
-  a CUDA OOM's message figures are parsed into details["oom_per_rank"];
-- the initial weights: by default each rank draws its own (megatron's GPU initialisation); with
-  `cpu_init` every layout starts from the same full model (dense weights drawn whole and sliced, as
-  megatron's CPU initialisation does; experts drawn by global expert index, see
-  same_weights.init_experts_cpu; Gated DeltaNet weights drawn whole and sliced per in_proj/conv1d
-  section, see same_weights.init_gdn_cpu; the generator reseeded per global layer, so PP and VPP
-  splits agree, see same_weights.seeded_layer), which convergence arms need;
-- the backend (te / torch-native / local, see torch_native.py) and the kernels that ran; the
-  optimizer actually built (precision-aware needs TE's FusedAdam); a global batch scaled down to fit
-  the trial's time budget.
+What runs is recorded, never silently changed: the model actually trained (model_run.trial_model: the
+first `layers` layers, given or the most predicted to fit; Gated DeltaNet as megatron-core's GatedDeltaNet
+(gdn.py) or full attention when `replace_gdn` asks; no MTP layers; predictions for comparison must use this
+model); the workers' environment (the recipe's PYTORCH_CUDA_ALLOC_CONF unless the user set one,
+details["env"]); memory per rank (memory.py: the result's peak is the device-level one, an OOM's figures in
+details["oom_per_rank"]); the initial weights (each rank's own, or with `cpu_init` one model for every layout,
+same_weights.py, which convergence arms need); the backend and kernels that ran (torch_native.py,
+details["kernels"]), the optimizer built, and a global batch scaled down to the trial's time budget.
 
 Modules: runner (MegatronRunner: plan, launch, summary), model_run (the model a trial trains),
 config (TransformerConfig arguments), train_loop (one rank's training), memory (its memory figures),

@@ -2,7 +2,7 @@
 
 The allocator's peak (torch.cuda.max_memory_allocated) is not what fills the card: the caching
 allocator holds reserved segments beyond it (fragmentation), and the CUDA context, NCCL and cuBLAS
-workspaces live outside it (8.8-9.4 GiB per H200 rank in the issue 12 OOMs). The device-level peak is
+workspaces live outside it (8.8-9.4 GiB per H200 rank in OOMs on H200). The device-level peak is
 the largest `total - free` (torch.cuda.mem_get_info) sampled after each training step: the reserved
 segments the allocator keeps plus everything outside it.
 """

@@ -22,10 +22,11 @@ from cost_model.constants import default_constants
 from cost_model.nouns.hardware import GpuSpec, HardwareError, load_gpu
 from cost_model.nouns.layout import InvalidLayout
 from cost_model.nouns.model_spec import LINEAR_ATTENTION, ModelError
+from cost_model.nouns.stack import Stack
 from experiments.megatron.backend_support import microbatch_refusal
 from experiments.megatron.launch import STARTUP_GRACE_S, free_port, ray_available, run_job
 from experiments.megatron.model_run import auto_layers, predict_run, trial_model, trial_model_notes
-from experiments.runner import RunnerStack, TrialResult, TrialRunner, TrialSpec
+from experiments.runner import TrialResult, TrialRunner, TrialSpec
 
 RUNNER_NAME = "megatron"
 DEFAULT_LR = 1e-5
@@ -121,7 +122,7 @@ def allocator_conf(case: Case | None) -> tuple[str | None, str]:
     return conf, "recipe: recipes.slime_command.slime_env (what slime's recipes run with)"
 
 
-def detect_stack(backend: str = "auto") -> RunnerStack:
+def detect_stack(backend: str = "auto") -> Stack:
     """What the megatron runner can run in this Python, found without importing torch: DeepEP for the
     flex dispatcher; Transformer Engine for the precision-aware optimizer (TE's FusedAdam: without it
     bf16 moments are not applied, train_loop.build_optimizer) and for CP (torch-native and local refuse
@@ -134,9 +135,10 @@ def detect_stack(backend: str = "auto") -> RunnerStack:
             return False
 
     te = found("transformer_engine")
-    return RunnerStack(deepep=found("deep_ep"), transformer_engine=te, precision_aware_optimizer=te,
-                       context_parallel=te and backend in ("auto", "te"), mla=False, gdn_kernels=found("fla"),
-                       optimizer_offload=True, source=f"the megatron runner, backend {backend}, in {sys.executable}")
+    return Stack(deepep=found("deep_ep"), transformer_engine=te, precision_aware_optimizer=te,
+                 context_parallel=te and backend in ("auto", "te"), mla=False, gdn_kernels=found("fla"),
+                 optimizer_offload=True, frameworks=("megatron",), dynamic_batching=False,
+                 source=f"the megatron runner, backend {backend}, in {sys.executable}")
 
 
 # ================================================================================ the runner
@@ -164,10 +166,12 @@ class MegatronRunner(TrialRunner):
     torch_compile: bool = False
     scale_batch_to_budget: bool = True
     name: str = field(default=RUNNER_NAME, init=False)
+    truncates_layers = True     # TrialRunner's declarations (class attributes, not fields)
+    prices_own_run = True
 
     # ------------------------------------------------------------------ what it runs, what it predicts
     @property
-    def stack(self) -> RunnerStack:
+    def stack(self) -> Stack:
         return detect_stack(self.backend)
 
     def model_run(self, model):

@@ -47,7 +47,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from experiments.runner import RunnerError, RunnerStack, TrialResult, TrialRunner, TrialSpec
+from cost_model.nouns.stack import Stack
+from experiments.runner import RunnerError, TrialResult, TrialRunner, TrialSpec
 from experiments.slime.cluster import ClusterConfig, missing_paths_message
 from experiments.slime.model_scripts import SLIME_COMMIT, listed, same_commit
 from experiments.slime.summary import RunEnd, summarize
@@ -148,9 +149,9 @@ class SlimeRunner(TrialRunner):
     name = "slime"
 
     @property
-    def stack(self) -> RunnerStack:
+    def stack(self) -> Stack:
         """slime's training image: DeepEP, Transformer Engine, the precision-aware optimizer, every feature."""
-        return RunnerStack(source="slime's training image")
+        return Stack(source="slime's training image")
 
     def __init__(self, cluster: ClusterConfig, limits: Limits | None = None, *, steps: int | None = None,
                  window: tuple[int, int] | None = None, model_args: list[str] | None = None,
