@@ -10,7 +10,8 @@ one JSON object with those figures.
 
 tests/test_concurrent_workers.py runs the same scenarios small (fewer trials, a smaller space); this is their full
 size: the default (4 x 200 agent trials, Qwen3.6-35B-A3B on 8 x H200) and, with `--workers 3 --proposer random
---storage sqlite`, many sampler workers on one file.
+--storage sqlite`, many sampler workers on one file. The paused-claim scenario runs every claim step under both
+proposers with `ATTUNE_TEST_ALL_PAUSES=1 pytest tests/test_concurrent_workers.py -k paused` (the suite: each step once).
 
 PostgreSQL: a throwaway server is started (tests/postgres_server.py; Debian's postgresql package).
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import resource
 import signal
@@ -282,8 +283,9 @@ def test_profile_quick(doc, mode, folder, capsys):
     check_profile(doc, mode, folder, capsys)
 
 
+# A profile example loads and checks the whole profile (~0.7 s): 30 here; ATTUNE_FUZZ_PROFILE_EXAMPLES=N for more.
 @pytest.mark.slow
-@FULL
+@settings(FULL, max_examples=int(os.environ.get("ATTUNE_FUZZ_PROFILE_EXAMPLES", "30")))
 @given(doc=PROFILE_DOCS, mode=MODES)
 def test_profile(doc, mode, folder, capsys):
     check_profile(doc, mode, folder, capsys)
