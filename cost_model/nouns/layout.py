@@ -8,6 +8,7 @@ workload and the software stack live in `search_space.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from cost_model.nouns.quick_init import quick_init
 from operator import attrgetter
 
 from cost_model.nouns.errors import AttuneError
@@ -43,6 +44,7 @@ class InvalidLayout(AttuneError, ValueError):
     """A layout Megatron or slime would reject. The message names the rule and the numbers."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Layout:
     world_size: int
