@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     shipped_launch = default_constants().layer_launch_overhead_s
     today = date.today().isoformat()
     probe_16k = dataclasses.replace(plain.case, layout=layout_from_values(
-        {**{k: v for k, v in vars(plain.case.layout).items() if k != "world_size"}, "max_tokens_per_gpu": 16384},
+        {**{f.name: getattr(plain.case.layout, f.name) for f in dataclasses.fields(plain.case.layout)
+           if f.name != "world_size"}, "max_tokens_per_gpu": 16384},   # the fields: a layout caches more
         plain.case.layout.world_size, plain.case.workload.seq_len))
     rows = []
     for form in FORMS:

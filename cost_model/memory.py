@@ -14,6 +14,7 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from cost_model.nouns.quick_init import quick_init
 from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
@@ -39,6 +40,7 @@ OUTSIDE_PARTS = ("cuda_context", "nccl", "deepep")
 _allocated_parts, _outside_parts = attrgetter(*ALLOCATED_PARTS), attrgetter(*OUTSIDE_PARTS)
 
 
+@quick_init
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """GiB on the most-loaded GPU: the allocator's peak by part, then what the device holds beyond it.
@@ -325,6 +327,7 @@ def _shard_kept(buffer_order: tuple, rest: float, fraction: float, shards: int) 
     return best
 
 
+@quick_init
 @dataclass(frozen=True)
 class MemoryInputs:
     """What the GPU memory of a layout depends on beyond the model and the layout."""

@@ -6,6 +6,7 @@ global state, fast enough to score every layout of a search space.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from cost_model.nouns.quick_init import quick_init
 from functools import cached_property
 from operator import attrgetter
 
@@ -30,6 +31,7 @@ from cost_model.vision import VisionWork
 from cost_model.nouns.workload import Workload, WorkloadError
 
 
+@quick_init
 @dataclass(frozen=True)
 class Prediction:
     fits: bool                          # a plain fit: fit_verdict "fits" (cost_model/memory_fit.py)
@@ -259,6 +261,7 @@ def step_time_only(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: L
     return sum(step_breakdown(ctx).values()), ctx.num_microbatches
 
 
+@quick_init
 @dataclass(frozen=True)
 class MemoryVerdict:
     """The memory side of a prediction alone (what deciding whether a layout may fit needs)."""

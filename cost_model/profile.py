@@ -345,8 +345,8 @@ def _fp8_speedup(data: dict, grid: GemmGrid) -> float:
     return max(ratios) if ratios else float(data.get("fp8_speedup", 1.0))
 
 
-def parse_profile(text: str, origin: str) -> HardwareProfile:
-    data = parse_yaml(text, origin, ProfileError)
+def parse_profile(text: str, origin: str, shipped: bool = False) -> HardwareProfile:
+    data = parse_yaml(text, origin, ProfileError, shipped)
     if not isinstance(data, dict):
         raise ProfileError(f"{origin}: a profile must be a YAML mapping")
     return profile_from_dict(data, origin)
@@ -362,4 +362,4 @@ def shipped_profile(gpu_type: str) -> HardwareProfile | None:
     res = resources.files("cost_model").joinpath(f"data/profiles/{gpu_type}.yaml")
     if not res.is_file():
         return None
-    return parse_profile(res.read_text(), f"cost_model/data/profiles/{gpu_type}.yaml")
+    return parse_profile(res.read_text(), f"cost_model/data/profiles/{gpu_type}.yaml", shipped=True)

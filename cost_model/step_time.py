@@ -10,6 +10,7 @@ import math
 import re
 from copy import copy
 from dataclasses import dataclass, replace
+from cost_model.nouns.quick_init import quick_init
 from functools import lru_cache
 from operator import attrgetter
 
@@ -26,6 +27,7 @@ from cost_model.stages import RankLayers
 from cost_model.nouns.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
 
+@quick_init
 @dataclass(frozen=True)
 class StepContext:
     """Everything one step's time depends on, computed once per layout by `cost_model.predict`.

@@ -276,26 +276,60 @@ def space_plan(model: ModelSpec, world_size: int, workload: Workload, stack: Sta
     return shapes, options, size
 
 
+class ShapeRuns:
+    """The layouts of one parallel shape (`options` as space_plan gives them) as shape_layouts walks them: the
+    product of rows per micro-batch (outermost), recompute, offload and dispatcher choices. A layout is named by its
+    rows' index and its template's (the recompute, offload and dispatcher choice): its place in that walk is
+    `rows_index * len(templates) + template_index`. A run of siblings (one template, every rows value) can be
+    walked on its own, and a layout that is not needed is never built."""
+
+    def __init__(self, shape: dict, model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                 options: SpaceOptions):
+        self.shape, self.model, self.world_size, self.workload, self.stack = shape, model, world_size, workload, stack
+        self.rows = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
+        self.max_tokens = tuple(max_tokens_per_gpu(rows, shape["cp"], workload.seq_len) for rows in self.rows)
+        self.templates = list(product(recompute_choices(model, options), offload_choices(options),
+                                      shape_dispatchers(shape, stack, options)))
+        # a template given twice (the same fields) runs the same layouts: the first's index names both
+        first: dict = {}
+        self.same_as = [first.setdefault(_template_key(t), i) for i, t in enumerate(self.templates)]
+        self.broken = None   # the shape's own rules, asked of its first layout: the same for all of them
+
+    def layout(self, rows_index: int, template_index: int) -> Layout | None:
+        """The layout, or None where it is not valid (a broken shape: `broken` is True after the first one)."""
+        if self.broken:
+            return None
+        rows, (rc, off, disp) = self.rows[rows_index], self.templates[template_index]
+        try:
+            layout = Layout(self.world_size, **self.shape, max_tokens_per_gpu=self.max_tokens[rows_index],
+                            rows_per_microbatch=rows, dispatcher=disp, **rc, **off)
+        except InvalidLayout:
+            return None
+        model, workload, stack = self.model, self.workload, self.stack
+        if self.broken is None:
+            self.broken = bool(shape_violations(layout, model, workload, stack))
+            if self.broken:
+                return None
+        return None if layout_violations(layout, model, workload, stack) else layout
+
+
+def _template_key(template: tuple) -> tuple:
+    rc, off, disp = template
+    return tuple(sorted(rc.items())), tuple(sorted(off.items())), disp
+
+
 def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
                   options: SpaceOptions) -> Iterator[Layout]:
     """Every valid layout of one parallel shape (`options` as space_plan gives them)."""
-    dispatchers = shape_dispatchers(shape, stack, options)
-    rows_per_mb = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
-    shape_broken = None   # the shape's own rules, asked of its first layout: the same for all of them
-    for rows, rc, off, disp in product(rows_per_mb, recompute_choices(model, options), offload_choices(options),
-                                       dispatchers):
-        max_tokens = max_tokens_per_gpu(rows, shape["cp"], workload.seq_len)
-        try:
-            layout = Layout(world_size, **shape, max_tokens_per_gpu=max_tokens, rows_per_microbatch=rows,
-                            dispatcher=disp, **rc, **off)
-        except InvalidLayout:
-            continue
-        if shape_broken is None:
-            shape_broken = bool(shape_violations(layout, model, workload, stack))
-        if shape_broken:
-            return
-        if not layout_violations(layout, model, workload, stack):
-            yield layout
+    runs = ShapeRuns(shape, model, world_size, workload, stack, options)
+    templates = range(len(runs.templates))
+    for ri in range(len(runs.rows)):
+        for ti in templates:
+            layout = runs.layout(ri, ti)
+            if runs.broken:
+                return
+            if layout is not None:
+                yield layout
 
 
 def enumerate_layouts(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,

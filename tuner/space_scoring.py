@@ -13,13 +13,13 @@ import math
 import signal
 import time
 from dataclasses import fields as dataclass_fields
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
-from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, SpaceTooLarge, shape_layouts, space_plan,
-                                    space_size)
+from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge, shape_layouts,
+                                    space_plan, space_size)
 from search_space.runner_space import RunnerSpace
 from tuner.gc_pause import no_cyclic_gc
 from tuner.options import CliError
@@ -30,6 +30,7 @@ from tuner.space_pruning import PRUNE_ABOVE, Bars, Pruned, judges, prunable, sha
 _PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
 _SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
 _sibling_fields = attrgetter(*_SIBLING_FIELDS)   # a tuple of them, read in C
+_first = itemgetter(0)
 
 
 def sibling_key(layout: Layout) -> tuple:
@@ -92,6 +93,50 @@ class _Scoring:
         if self.least is None or peak < self.least[1]:
             self.least = (layout, peak)
 
+    def take_shape(self, runs: ShapeRuns) -> None:
+        """`take` of every layout of one parallel shape, in runs of siblings: a layout ruled out by memory rules
+        out the rest of its run unbuilt (counted all the same). The candidates, the first refusal and the layout
+        nearest to fitting are those of taking each layout in shape_layouts' order (ties go to the earlier one)."""
+        placed, refusal, least = [], None, None
+        n_templates, max_tokens = len(runs.templates), runs.max_tokens
+        ruled_out: dict[int, int] = {}   # per run (its first template's index): the fewest tokens ruled out
+        looked = self.looked
+        for ti in range(n_templates):
+            run = runs.same_as[ti]
+            for ri, tokens in enumerate(max_tokens):
+                if ruled_out.get(run, math.inf) <= tokens:
+                    looked.add()
+                    self.count += 1
+                    continue
+                layout = runs.layout(ri, ti)
+                if layout is None:
+                    if runs.broken:
+                        return
+                    continue
+                looked.add()
+                place = ri * n_templates + ti
+                try:
+                    mv = self.memory(layout)
+                    p = self.prediction(layout, mv) if mv is None or mv.may_fit else None
+                except InvalidLayout as e:  # the runner's model run cannot take this layout
+                    if refusal is None or place < refusal[0]:
+                        refusal = (place, str(e))
+                    continue
+                self.count += 1
+                if p is not None and p.may_fit:
+                    placed.append((place, layout, p))
+                    continue
+                ruled_out[run] = min(ruled_out.get(run, math.inf), tokens)
+                peak = p.peak_memory_gib if p is not None else mv.memory.total
+                if least is None or (peak, place) < least[:2]:
+                    least = (peak, place, layout)
+        placed.sort(key=_first)
+        self.fitting += [(layout, p) for _, layout, p in placed]
+        if refusal is not None and not self.refused:
+            self.refused.append(refusal[1])
+        if least is not None and (self.least is None or least[0] < self.least[1]):
+            self.least = (least[2], least[0])
+
     def result(self) -> list[tuple[Layout, Prediction]]:
         config, runner = self.config, self.runner
         if not self.count:
@@ -135,9 +180,8 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
         scoring = _Scoring(config, runner, progress)
         with no_cyclic_gc():
             for shape in shapes:
-                for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack,
-                                            options):
-                    scoring.take(layout)
+                scoring.take_shape(ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack,
+                                             options))
     if isinstance(progress, Progress):
         progress.done()   # erased on a terminal: an error below is the only line left
     return ScoredSpace(scoring.result(), pruned)
@@ -207,8 +251,7 @@ def score_shapes(config, runner: TrialRunner | None, options, shapes: list[tuple
     out = []
     for place, shape in shapes:
         scoring = _Scoring(config, runner, None)
-        for layout in shape_layouts(shape, config.model, config.world_size, config.workload, config.stack, options):
-            scoring.take(layout)
+        scoring.take_shape(ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack, options))
         out.append((place, scoring.fitting, scoring.refused, scoring.least, scoring.count, scoring.looked.count))
     return out
 

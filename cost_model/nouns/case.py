@@ -6,6 +6,7 @@ recipe, a trial and a published measurement are all one of these with extras bes
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from cost_model.nouns.quick_init import quick_init
 
 from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.layout import Layout
@@ -14,6 +15,7 @@ from cost_model.nouns.stack import Stack
 from cost_model.nouns.workload import Workload
 
 
+@quick_init
 @dataclass(frozen=True)
 class Case:
     model: ModelSpec

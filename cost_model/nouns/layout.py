@@ -8,6 +8,8 @@ workload and the software stack live in `search_space.rules`.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
+from cost_model.nouns.quick_init import quick_init
 from operator import attrgetter
 
 from cost_model.nouns.errors import AttuneError
@@ -43,6 +45,7 @@ class InvalidLayout(AttuneError, ValueError):
     """A layout Megatron or slime would reject. The message names the rule and the numbers."""
 
 
+@quick_init
 @dataclass(frozen=True)
 class Layout:
     world_size: int
@@ -206,31 +209,38 @@ class Layout:
         elif m is not None or k is not None or mods:
             raise InvalidLayout("recompute_method, recompute_num_layers and recompute_modules need a recompute_granularity")
 
-    # Derived sizes, as torchtitan's ParallelDims derives them.
-    @property
+    # Derived sizes, as torchtitan's ParallelDims derives them. Worked out once per layout (cached_property: the
+    # instance's dict answers later reads, as a field does; scoring a space reads them hundreds of thousands of
+    # times) and left out of the pickled state (__getstate__).
+    @cached_property
     def dp(self) -> int:
         return self.world_size // (self.tp * self.pp * self.cp)
 
-    @property
+    @cached_property
     def edp(self) -> int:
         """Expert data parallel size (MoE parallel folding)."""
         return self.world_size // (self.etp * self.ep * self.pp)
 
-    @property
+    @cached_property
     def sequence_parallel(self) -> bool:
         # slime always passes --sequence-parallel when TP > 1; Megatron rejects it at TP 1.
         return self.tp > 1
 
-    @property
+    @cached_property
     def selective_modules(self) -> tuple[str, ...]:
         """The modules selective recompute covers (Megatron's default is core_attn)."""
         if self.recompute_granularity != "selective":
             return ()
         return self.recompute_modules or ("core_attn",)
 
-    @property
+    @cached_property
     def offloaded(self) -> bool:
         return self.optimizer_offload_fraction > 0
+
+    def __getstate__(self) -> dict:
+        """The fields alone: what a layout caches of itself (derived sizes, its key) is worked out again."""
+        state = self.__dict__
+        return {name: state[name] for name in _KEY_NAMES}
 
     @property
     def label(self) -> str:
