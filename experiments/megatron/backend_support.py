@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from cost_model.nouns.model_spec import MLA, SLIDING_ATTENTION, ModelSpec
 
+BACKENDS = ("auto", "te", "torch-native", "local")
+# "auto": torch's own SDPA dispatch; a kernel name forces that kernel (torch_native.SDPA_KERNELS maps them)
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+
 
 def unsupported(model: ModelSpec, backend: str, cp: int = 1) -> list[str]:
     """Why `backend` cannot build `model` (empty: it can)."""

@@ -111,7 +111,7 @@ def _parse_trial(name: str, t: dict) -> SuiteTrial:
                         routing=t.get("routing", "natural"), framework="megatron")
     steps = int(t.get("steps", 8))
     window = tuple(t["window"]) if t.get("window") is not None else None
-    from experiments.megatron.torch_native import BACKENDS, SDPA_BACKENDS  # imports torch: only once a suite is read
+    from experiments.megatron.backend_support import BACKENDS, SDPA_BACKENDS
     backend = t.get("backend", "auto")
     if backend not in BACKENDS:
         raise ValueError(f"trial {name}: unknown backend {backend!r}")

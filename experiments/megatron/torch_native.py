@@ -61,18 +61,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cost_model.nouns.model_spec import DENSE, LINEAR_ATTENTION, MOE, ModelSpec
 from experiments.megatron import same_weights
-from experiments.megatron.backend_support import unsupported  # noqa: F401  (build_* check it; callers import it here)
+# build_* check `unsupported`; callers import these here
+from experiments.megatron.backend_support import BACKENDS, SDPA_BACKENDS, unsupported  # noqa: F401
 
-BACKENDS = ("auto", "te", "torch-native", "local")
 
 # Kernels that ran in this process (the runner reports them with its result).
 _KERNELS: dict = {}
 
 # Which fused SDPA kernel TorchSDPAttention uses: "auto" is torch's own dispatch; a name forces
 # that kernel (torch.nn.attention.sdpa_kernel), so a kernel found wrong for a shape can be avoided.
-SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-SDPA_BACKENDS = ("auto", *SDPA_KERNELS)
+SDPA_KERNELS = dict(zip(SDPA_BACKENDS[1:], (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))
 _SDPA_POLICY = {"backend": "auto"}
 
 
