@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # attune's scripts last (no dependencies: a few seconds).
 OWN_SCRIPTS := $(PY) -m pip install -q --no-deps --force-reinstall -e .
 
-.PHONY: setup setup-ray setup-test test test-fast
+.PHONY: setup setup-ray setup-test setup-test-fast test test-fast
 
 $(PY):
 	@test -n "$(PYTHON312)" || { echo "Python 3.12 not found (tried python3.12 and ~/.pyenv/versions/3.12*)"; exit 2; }
@@ -31,10 +31,18 @@ setup-test: $(PY)
 
 # Two workers, a test file whole on one of them (its module fixtures, a Ray cluster or a PostgreSQL server, start once).
 XDIST := -n 2 --dist loadfile
+# The suite starts many Python processes (tune runs, workers): with PYTHONDONTWRITEBYTECODE set in the shell each of
+# them compiles our modules again, and pytest re-rewrites every test file's asserts. The tests write bytecode.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q $(XDIST)
 
 test: setup-test
-	$(PY) -m pytest -q $(XDIST)
+	$(PYTEST)
 
-# The quick subset for the edit-test loop: no test marked slow, ray or torch (pyproject.toml lists the markers).
-test-fast: setup-test
-	$(PY) -m pytest -q $(XDIST) -m "not slow and not ray and not torch"
+# The quick subset for the edit-test loop: no test marked slow, ray or torch (pyproject.toml lists the markers); it
+# installs no torch (an existing one is left alone).
+setup-test-fast: $(PY)
+	$(PY) -m pip install -q -e '.[test-fast]'
+	$(OWN_SCRIPTS)
+
+test-fast: setup-test-fast
+	$(PYTEST) -m "not slow and not ray and not torch"

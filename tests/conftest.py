@@ -1,5 +1,3 @@
-import importlib.util
-
 import pytest
 
 from cost_model.nouns.hardware import load_gpu
@@ -8,15 +6,15 @@ from cost_model.nouns.workload import Workload
 from cost_model.nouns.stack import Stack
 
 
-# Test files that import torch at module level: every test in them is marked torch. Without torch, a run that
-# deselects torch tests (`make test-fast`) does not collect them; any other run collects them and fails loudly on
-# the import rather than skipping the group.
+# Test files that import torch at module level: every test in them is marked torch. A run that deselects torch
+# tests (`make test-fast`) does not collect them (importing torch alone takes seconds, and it may be missing); any
+# other run collects them and, without torch, fails loudly on the import rather than skipping the group.
 NEEDS_TORCH_TO_IMPORT = ("test_adam_component.py", "test_layout_equivalence.py", "test_megatron_gdn.py",
                          "test_megatron_runner.py")
 
 
 def pytest_ignore_collect(collection_path, config):
-    if collection_path.name in NEEDS_TORCH_TO_IMPORT and importlib.util.find_spec("torch") is None:
+    if collection_path.name in NEEDS_TORCH_TO_IMPORT:
         return "not torch" in (config.getoption("markexpr") or "") or None
     return None
 

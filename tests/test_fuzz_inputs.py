@@ -271,6 +271,7 @@ def check_profile(doc: bytes, mode: str, folder: Path, capsys) -> None:
 PROFILE_DOCS = documents(PROFILE_BASES, "yaml", max_mutations=2)
 
 
+@pytest.mark.slow
 @QUICK
 @given(doc=PROFILE_DOCS, mode=MODES)
 @example(doc=profile_with((("gemm_bf16",), "set", [])), mode="json")

@@ -57,10 +57,10 @@ def config(tmp_path: Path, name: str = "config.json", **changes) -> Path:
 
 def _edited(source: Path, tmp_path: Path, name: str, edit) -> Path:
     """A copy of the YAML file `source` in tmp_path/name, changed in place by `edit`."""
-    data = yaml.safe_load(source.read_text())
+    data = yaml.load(source.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: fast
     edit(data)
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(yaml.dump(data, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper)))
     return path
 
 

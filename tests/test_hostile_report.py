@@ -40,6 +40,7 @@ def run(argv, capsys) -> tuple[int, str, str]:
 
 # ---------------------------------------------------------------- item 2: escaped for the medium
 
+@pytest.mark.slow
 def test_report_page_holds_no_markup_and_no_control_character_of_a_study(tmp_path, capsys):
     storage = tmp_path / "s.db"
     name = hostile_study(storage)

@@ -294,8 +294,10 @@ def _command(command: str, folder: Path) -> list[str]:
             "report": ["report", "--out", str(folder / "report")]}[command]
 
 
-# `report` draws six figures (about 1 s a study): its 40 cases run in the full suite only (show, export: in both)
-@pytest.mark.parametrize("command", ["show", "show csv", "export", pytest.param("report", marks=pytest.mark.slow)])
+# `report` draws six figures (about 1 s a study) and `show csv` reads as `show` does: their cases run in the full
+# suite only (show, export: in both)
+@pytest.mark.parametrize("command", ["show", pytest.param("show csv", marks=pytest.mark.slow), "export",
+                                     pytest.param("report", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("path,value,left_out", CORRUPTIONS,
                          ids=[f"{p}={'deleted' if v is DELETE else repr(v)[:12]}" for p, v, _ in CORRUPTIONS])
 def test_one_malformed_attribute_is_one_warning_naming_the_trial(tuned, tmp_path, capsys, command, path, value,
@@ -351,7 +353,7 @@ def test_an_attribute_that_is_not_json_is_one_line_naming_the_trial(tuned, tmp_p
     assert db.read_bytes() == before
 
 
-@pytest.mark.parametrize("command", ["show", "show csv", "export", "report"])
+@pytest.mark.parametrize("command", ["show", "show csv", "export", pytest.param("report", marks=pytest.mark.slow)])
 def test_an_objective_stored_as_text_is_one_warning_and_not_ranked(tuned, tmp_path, capsys, command):
     import sqlite3
 

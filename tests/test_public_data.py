@@ -220,6 +220,7 @@ def test_fields_a_source_leaves_out_are_searched_or_implied(cases):
     assert implied.case.workload.global_batch == 4 and any("GBS not stated: 4" in n for n in implied.notes)
 
 
+@pytest.mark.slow
 def test_the_fit_leaves_out_rows_it_misses_by_more_than_the_trim_factor(cases):
     """A row 10x slower than its layout explains (a long-context SFT card row's kind of miss) must not move
     the fitted Megatron constants: the trimmed fit gives what it gives without that row; untrimmed, it does not."""

@@ -78,6 +78,7 @@ def test_the_launch_stops_at_once_on_an_unset_path(tmp_path):
     assert done.returncode != 0 and "SLIME_DIR" in done.stderr
 
 
+@pytest.mark.slow
 def test_export_writes_an_executable_launch_beside_each_recipe(tmp_path):
     from tuner.cli import main
 

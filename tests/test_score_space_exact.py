@@ -15,6 +15,8 @@ from search_space.enumerate import SpaceOptions
 from tuner.study import StudyConfig
 from tuner.study_commands import score_space
 
+pytestmark = pytest.mark.slow   # scores whole spaces: make test runs it, make test-fast does not
+
 TOP = 20
 # narrowed where the whole space would take long to score; offload, recompute, PP/VPP, CP and EP stay in each
 NARROW = SpaceOptions(rows_per_microbatch=(1, 2), full_recompute_layers=(1,), offload_fractions=(0.0, 0.5),

@@ -26,6 +26,7 @@ def table(out: str) -> list[str]:
     return [line for line in out.splitlines() if "|" in line]
 
 
+@pytest.mark.slow
 def test_a_resume_reads_the_scored_space_and_proposes_as_a_fresh_scoring_does(tmp_path, capsys):
     cached, fresh = tmp_path / "a" / "s.db", tmp_path / "b" / "s.db"
     cached.parent.mkdir()

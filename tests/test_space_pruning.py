@@ -19,6 +19,8 @@ from tuner.space_pruning import Bars, judges, shape_bounds
 from tuner.space_scoring import score_space
 from tuner.study import StudyConfig
 
+pytestmark = pytest.mark.slow   # scores whole spaces: make test runs it, make test-fast does not
+
 NARROW = SpaceOptions(rows_per_microbatch=(1, 2, 4), full_recompute_layers=(1,), offload_fractions=(0.0, 0.5),
                       max_vpp=2)
 CASES = [

@@ -140,6 +140,7 @@ def test_a_reader_that_leaves_the_pipe_gets_no_traceback():
     assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
+@pytest.mark.slow
 def test_two_config_folders_of_one_name_are_two_studies(tmp_path, capsys, monkeypatch):
     import json
 
@@ -166,6 +167,7 @@ def test_an_in_memory_storage_is_refused_before_anything_runs(value):
         storage_url(value)
 
 
+@pytest.mark.slow
 def test_a_postgresql_password_is_never_printed(tmp_path, monkeypatch):
     import socket
 
@@ -218,6 +220,7 @@ def test_export_refuses_a_config_changed_after_tuning(tmp_path, capsys, monkeypa
     assert "another model's" in one_line(capsys) and not Path("r2").exists()
 
 
+@pytest.mark.slow
 def test_export_of_a_config_json_study_elsewhere_takes_its_file(tmp_path, capsys, monkeypatch):
     tuned_small_llama(tmp_path, monkeypatch)
     capsys.readouterr()
@@ -228,6 +231,7 @@ def test_export_of_a_config_json_study_elsewhere_takes_its_file(tmp_path, capsys
     assert list(Path("r1").rglob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_a_trial_the_user_enqueued_runs_first(tmp_path, capsys, monkeypatch):
     from cost_model.nouns.layout import Layout
     from cost_model.nouns.layout_codec import to_optuna_params
