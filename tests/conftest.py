@@ -52,15 +52,3 @@ def _signal_handlers_restored():
         if signal.getsignal(s) is not handler and handler is not None:
             signal.signal(s, handler)
 
-
-# The files that take longest (minutes of Ray jobs, worker processes, spawned gloo groups), first: the two xdist
-# workers take whole files in collection order, and a long file picked up last leaves the other worker idle.
-LONGEST_FIRST = ("test_slime_runner.py", "test_concurrent_workers.py", "test_layout_equivalence.py",
-                 "test_slime_cli.py", "test_score_space_memory_first.py", "test_cost_model_properties.py",
-                 "test_tune_cli.py", "test_space_pruning.py", "test_fuzz_inputs.py", "test_hostile_storage.py",
-                 "test_megatron_runner.py", "test_score_space_exact.py", "test_space_scoring_ray.py")
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: each file's own order kept

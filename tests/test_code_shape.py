@@ -208,9 +208,3 @@ def test_show_export_report_study_and_agent_read_trial_records():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not imported & {"stored_attrs", "rankable"}
 
-
-def test_the_longest_test_files_named_first_exist():
-    """conftest.LONGEST_FIRST orders the suite for its two workers: a renamed file would silently fall back to the end."""
-    from conftest import LONGEST_FIRST
-
-    assert all((ROOT / "tests" / name).is_file() for name in LONGEST_FIRST)

@@ -406,6 +406,27 @@ def test_a_broken_stream_falls_back_to_the_rest_of_the_log():
     assert watch.log_source.startswith("get_job_logs (the stream broke: WebSocket connection closed")
 
 
+class _EarlyEndingStream(_StreamingJob):
+    """Ray's stream ending cleanly with the job, before the job's last lines went out (seen on a loaded machine)."""
+
+    async def tail_job_logs(self, job_id):
+        import asyncio
+        for chunk in self.chunks[:-2]:
+            await asyncio.sleep(0.02)
+            yield chunk
+        self.finished.set()
+
+
+def test_a_stream_that_ends_before_the_needed_step_is_read_on_from_the_whole_log():
+    chunks = _step_chunks(8)
+    job = _EarlyEndingStream(chunks)
+    watch = JobWatch(job, "job-1", Limits(startup_grace_s=60, hang_timeout_s=30, timeout_s=120, poll_interval_s=0.05),
+                     submitted=time.monotonic(), where="http://head:8265")
+    assert watch.follow().value == "SUCCEEDED"
+    assert watch.drain(last_step=7) == "".join(chunks) and watch.log.last_step == 7
+    assert job.get_job_logs_calls == 1 and watch.log_source == "tail_job_logs (the end from get_job_logs)"
+
+
 def test_start_up_grace_defaults_to_at_least_the_step_hang_timeout(tmp_path):
     assert _runner(tmp_path, Limits(hang_timeout_s=60)).limits().startup_grace_s == STARTUP_GRACE_S
     assert _runner(tmp_path, Limits(hang_timeout_s=2 * STARTUP_GRACE_S)).limits().startup_grace_s == 2 * STARTUP_GRACE_S

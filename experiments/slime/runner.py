@@ -345,7 +345,7 @@ class SlimeRunner(TrialRunner):
         watch = JobWatch(self.client, job.job_id, self.limits(), submitted=job.monotonic, where=self.ray_address)
         status = watch.follow()
         finished_wall = time.time()
-        text = watch.drain()
+        text = watch.drain(last_step=window[1])
         info = self._job_info(job.job_id)
         wall_s = _wall_s(info, job.wall, finished_wall)
         details = self._job_facts(job, status, info, wall_s, steps, window, cmd)

@@ -173,8 +173,10 @@ class JobWatch:
             self._wait()
         return self.status
 
-    def drain(self) -> str:
-        """Read what the job printed last, close the log and return its whole text."""
+    def drain(self, last_step: int | None = None) -> str:
+        """Read what the job printed last, close the log and return its whole text. `last_step`: the step line the
+        trial needs last; a stream that ended short of it is read on once from get_job_logs (Ray ends the stream
+        when the job ends, at times before its last lines went out)."""
         if self._tail is not None:
             ended = self.status is not None and self.status.is_terminal()
             self._tail.ended.wait(DRAIN_S if ended else 1.0)
@@ -182,7 +184,8 @@ class JobWatch:
             self._read_log()           # a broken stream falls back to get_job_logs here
             if self._tail is not None:
                 self._close_tail()
-                if not complete:       # the stream had not delivered the end: read the rest once
+                short = last_step is not None and (self.log.last_step is None or self.log.last_step < last_step)
+                if not complete or short:   # the stream had not delivered the end: read the rest once
                     self.log_source += " (the end from get_job_logs)"
                     self._read_log()
         else:
