@@ -56,6 +56,7 @@ def test_lognormal_ei_matches_monte_carlo():
     assert lognormal_ei(mu, var, 0.0) == pytest.approx(math.exp(mu + var / 2))
 
 
+@pytest.mark.slow
 def test_the_posterior_finds_the_true_form_and_level(space):
     """Measurements made by one hypothesis at 0.6 of its level: after a handful the weight is on that
     form and the level near 0.6."""

@@ -67,6 +67,7 @@ def images(page: Path) -> list[str]:
     return re.findall(r'<img src="([^"]+)"', page.read_text())
 
 
+@pytest.mark.slow
 def test_report_writes_a_page_whose_figures_all_exist(tmp_path, capsys):
     storage = tmp_path / "s.db"
     name = make_study(storage, "agent-study")
@@ -165,6 +166,7 @@ def test_report_refuses_a_planted_link_and_leaves_its_target_alone(tmp_path, cap
     assert victim.read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_a_stored_script_is_shown_as_text(tmp_path):
     storage = tmp_path / "s.db"
     name = make_study(storage, "s", agent_attrs=False)

@@ -103,6 +103,7 @@ os._exit(9)             # killed mid-transaction (SIGKILL, a crash, a power cut)
 """
 
 
+@pytest.mark.slow
 def test_a_study_whose_writer_was_killed_mid_transaction_resumes(tmp_path, capsys):
     """SQLite rolls a hot journal back when the file is next opened read-write; the check that a file is a study
     reads it read-only, which cannot, and once refused such a study with 'attempt to write a readonly database'."""
@@ -209,6 +210,7 @@ def tuned_small_llama(tmp_path, monkeypatch) -> list[str]:
     return args
 
 
+@pytest.mark.slow
 def test_export_refuses_a_config_changed_after_tuning(tmp_path, capsys, monkeypatch):
     import json
 

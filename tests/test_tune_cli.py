@@ -440,6 +440,7 @@ def test_megatron_backend_without_torch_or_megatron_core_says_what_to_install(tm
     assert "missing here: megatron-core" in err[0] and "pip install 'attune-llm[megatron]'" in err[0]
 
 
+@pytest.mark.slow
 def test_show_export_and_report_print_json_with_json(tmp_path, capsys):
     storage = tmp_path / "s.db"
     name = handmade_study(storage)
