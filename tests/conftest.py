@@ -51,4 +51,3 @@ def _signal_handlers_restored():
     for s, handler in saved.items():
         if signal.getsignal(s) is not handler and handler is not None:
             signal.signal(s, handler)
-

@@ -207,4 +207,3 @@ def test_show_export_report_study_and_agent_read_trial_records():
         assert set(readers) <= called, f"{name} does not read trials through {readers}"
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not imported & {"stored_attrs", "rankable"}
-

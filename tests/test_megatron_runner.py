@@ -327,6 +327,11 @@ def test_sdpa_attention_matches_naive_causal_gqa():
             tnb.TorchSDPAttention(SimpleNamespace(**{**vars(cfg), **bad}), 1, AttnMaskType.causal, "self")
 
 
+def test_the_torch_free_sdpa_names_are_the_kernels_torch_native_maps():
+    from experiments.megatron import backend_support, torch_native
+    assert backend_support.SDPA_BACKENDS == ("auto", *torch_native.SDPA_KERNELS)
+
+
 def test_backend_resolution_and_unsupported_models(qwen36):
     # This machine: no Transformer Engine, torch with grouped_mm and SDPA -> torch-native.
     assert not tnb.te_available()

@@ -70,8 +70,9 @@ _KERNELS: dict = {}
 
 # Which fused SDPA kernel TorchSDPAttention uses: "auto" is torch's own dispatch; a name forces
 # that kernel (torch.nn.attention.sdpa_kernel), so a kernel found wrong for a shape can be avoided.
-SDPA_KERNELS = dict(zip(SDPA_BACKENDS[1:], (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
-                                            SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)))
+# (backend_support.SDPA_BACKENDS names the same kernels without torch; a test keeps the two alike)
+SDPA_KERNELS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 _SDPA_POLICY = {"backend": "auto"}
 
 
