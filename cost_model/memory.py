@@ -14,7 +14,6 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from cost_model.nouns.quick_init import quick_init
 from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
@@ -25,6 +24,7 @@ from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.layout import Layout
 from cost_model.loss_path import loss_path_bytes
 from cost_model.nouns.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
+from cost_model.nouns.quick_init import quick_init
 from cost_model.nouns.runtime import Runtime
 from cost_model.stages import RankLayers
 from cost_model.nouns.units import BF16, FP32, GIB

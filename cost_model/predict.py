@@ -6,10 +6,10 @@ global state, fast enough to score every layout of a search space.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from cost_model.nouns.quick_init import quick_init
 from functools import cached_property
 from operator import attrgetter
 
+from cost_model.nouns.quick_init import quick_init
 from cost_model.memo import IdentityMemo
 from cost_model.nouns.batching import rows_per_microbatch, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants

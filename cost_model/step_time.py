@@ -10,10 +10,10 @@ import math
 import re
 from copy import copy
 from dataclasses import dataclass, replace
-from cost_model.nouns.quick_init import quick_init
 from functools import lru_cache
 from operator import attrgetter
 
+from cost_model.nouns.quick_init import quick_init
 from cost_model.memo import IdentityMemo
 from cost_model.communication import data_parallel_time, pipeline_p2p_time
 from cost_model.constants import Constants, constants_sources
