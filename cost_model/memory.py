@@ -198,6 +198,8 @@ class OffloadSplit:
 
     stepped_on_gpu: float       # the shard's parameters the second (stepping) optimizer keeps on the GPU
     first_copy_on_gpu: float    # the local parameters whose fp32 copy the first optimizer made on the GPU
+    stepped_on_cpu: float       # the most parameters a DP rank's stepping optimizer moves to the CPU (its step's
+    #                             CPU Adam and copies: whole tensors, so up to a tensor more than the fraction)
 
 
 def _layer_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
@@ -278,12 +280,14 @@ def offload_split(model: ModelSpec, indices, rank: RankLayers, layout: Layout, g
                   ([n for n, x in ordered if x], expert, layout.edp)]
     else:
         groups = [([n for n, _ in ordered], dense + expert, layout.dp * layout.cp)]
-    stepped = first = 0.0
+    stepped = first = moved = 0.0
     for tensors, total, shards in groups:
         rest = max(0.0, total - sum(tensors))
         first += _kept_on_gpu(tensors, rest, f)
-        stepped += _shard_kept(tuple(reversed(tensors)), rest, f, shards)
-    return OffloadSplit(stepped_on_gpu=stepped, first_copy_on_gpu=first)
+        kept, most_moved = _shard_split(tuple(reversed(tensors)), rest, f, shards)
+        stepped += kept
+        moved += most_moved
+    return OffloadSplit(stepped_on_gpu=stepped, first_copy_on_gpu=first, stepped_on_cpu=moved)
 
 
 # Scoring a space asks for the same rank's split under the many layouts that differ elsewhere (recompute, tokens,
@@ -294,6 +298,13 @@ _SPLIT_FIELDS = ("pp", "vpp", "decoder_first_pipeline_num_layers", "decoder_last
                  "pipeline_model_parallel_layout", "tp", "ep", "etp", "dp", "cp", "edp", "optimizer_offload_fraction")
 _split_fields = attrgetter(*_SPLIT_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _SPLIT_MEMO = IdentityMemo(50_000)
+
+
+def offloaded_params(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], gdn_sharded: bool) -> float:
+    """The most parameters one GPU's optimizer steps on the CPU under offload (OffloadSplit.stepped_on_cpu)."""
+    if not layout.offloaded:
+        return 0.0
+    return max(_rank_offload_split(model, layout, ranks, i, gdn_sharded).stepped_on_cpu for i in range(len(ranks)))
 
 
 def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], i: int,
@@ -307,15 +318,16 @@ def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayer
     return hit[1]
 
 
-def _shard_kept(buffer_order: tuple, rest: float, fraction: float, shards: int) -> float:
-    """The most any DP rank's shard keeps on the GPU: each rank holds 1/shards of the buffer (the tensors in
-    buffer order, then the norm group), as pieces of the tensors it cuts."""
-    if shards <= 1:
-        return _kept_on_gpu(list(buffer_order), rest, fraction)
+def _shard_split(buffer_order: tuple, rest: float, fraction: float, shards: int) -> tuple[float, float]:
+    """(the most any DP rank's shard keeps on the GPU, the most any moves to the CPU): each rank holds 1/shards of
+    the buffer (the tensors in buffer order, then the norm group), as pieces of the tensors it cuts."""
     total = sum(buffer_order) + rest
+    if shards <= 1:
+        kept = _kept_on_gpu(list(buffer_order), rest, fraction)
+        return kept, total - kept
     size = total / shards
     items = list(buffer_order) + ([rest] if rest else [])
-    best = 0.0
+    most_kept = most_moved = 0.0
     bounds, acc = [], 0.0
     for n in items:
         bounds.append((acc, acc + n))
@@ -323,8 +335,9 @@ def _shard_kept(buffer_order: tuple, rest: float, fraction: float, shards: int) 
     for r in range(min(shards, 4096)):
         lo, hi = r * size, (r + 1) * size
         pieces = [min(b, hi) - max(a, lo) for a, b in bounds if b > lo and a < hi]
-        best = max(best, _kept_on_gpu(pieces, 0.0, fraction))
-    return best
+        kept = _kept_on_gpu(pieces, 0.0, fraction)
+        most_kept, most_moved = max(most_kept, kept), max(most_moved, sum(pieces) - kept)
+    return most_kept, most_moved
 
 
 @quick_init

@@ -71,9 +71,10 @@ def test_runner_step_follows_recompute_microbatches_and_offload():
     assert base.breakdown["offload"] == 0 and offload.breakdown["offload"] > 0
     assert offload.breakdown["optimizer"] < base.breakdown["optimizer"]
     assert offload.term_sources["offload"].startswith("measured: the offloaded optimizer step")
-    # the profile's offload builds: the step's extra time per parameter on the CPU, linear in the fraction
+    # the profile's offload builds: the step's extra time per parameter moved to the CPU; the optimizer moves whole
+    # tensors, so 0.5 moves at least half of them
     whole = runner(model, Layout(1, max_tokens_per_gpu=8192, optimizer_offload_fraction=1.0))
-    assert whole.breakdown["offload"] == pytest.approx(2 * offload.breakdown["offload"])
+    assert offload.breakdown["offload"] < whole.breakdown["offload"] <= 2 * offload.breakdown["offload"]
 
 
 def test_a_layer_the_profile_did_not_run_is_timed_from_the_nearest_measured_layer_of_its_kind():
