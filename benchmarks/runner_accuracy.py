@@ -52,7 +52,9 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v13_suite.json", R / "runner-grids-h200-v13-qn-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v14_suite.json", R / "runner-grids-h200-v14-a-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v14_suite.json", R / "runner-grids-h200-v14-b-2026-12-03.jsonl"),
-           (B / "runner_grids_h200_v14_suite.json", R / "runner-grids-h200-v14-c-2026-12-03.jsonl")]
+           (B / "runner_grids_h200_v14_suite.json", R / "runner-grids-h200-v14-c-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v15_suite.json", R / "runner-grids-h200-v15-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v15b_suite.json", R / "runner-grids-h200-v15b-2026-12-03.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -107,8 +109,14 @@ IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2
 # of run6 (another host, 2026-12-03) were added: their tokens/s are in sample from then on. Their memory is in sample
 # too since the offload split was corrected on every stored run's measured optimizer build
 # (benchmarks/offload_split_check.py). The v14 grid (offload on MoE models) ran after both, predictions committed
-# before (runner-grids-h200-v14-predicted-before.txt): held out.
-OFFLOAD_LOOKED_AT = {"runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
+# before (runner-grids-h200-v14-predicted-before.txt), then looked at: its MoE offload steps (1.1-1.7x the offload term)
+# led to timing the offloaded optimizer by phase (benchmarks/device/offload_steps.py --phases) and to pricing the
+# tensors HybridDeviceOptimizer moves (whole tensors, up to twice the fraction on stacked experts) instead of the
+# fraction: v14's offload runs are in sample from then on. The v15 and v15b grids (offload on Qwen3-30B-A3B,
+# Mixtral-8x7B, Mixtral-8x22B at 1 layer, Qwen3-235B-A22B at 1 layer, Llama3-70B at 3 layers; fractions 0.2-1.0) ran
+# after that change, predictions committed before (runner-grids-h200-v15/v15b-predicted-before.txt): held out.
+OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
+                     "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
                      "runner-grids-h200-v13-nemo-2026-12-03.jsonl", "runner-grids-h200-v13-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v13-qn-2026-12-03.jsonl"}
@@ -163,8 +171,8 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
                "median_ape_recorded_then": statistics.median(then_apes) if then_apes else None}
     print(f"\n{label}: {len(table)} runs, {len(measured)} measured")
     left_out = len(measured) - len(ok)
-    print((f"tokens/s and peak ({left_out} offload runs left out: in sample since the run6 offload builds and the "
-           f"offload split): " if left_out else
+    print((f"tokens/s and peak ({left_out} offload runs left out: looked at, see OFFLOAD_LOOKED_AT: "
+           f"v11-v13 since the run6 offload builds and the offload split, v14 since the moved-tensor pricing): " if left_out else
            "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")
@@ -234,7 +242,7 @@ def main(argv: list[str]) -> int:
         peak = f"{r['peak']:6.1f}" if r["status"] == "ok" else f"{r['failure'] or r['status']:>6}"[:9]
         print(f"{r['trial']:22} {r['measured']:9.0f} {r['repeats']:2} {r['predicted']:9.0f} {err:7.1f} {then} {peak} "
               f"{r['peak_predicted']:6.1f} {r['verdict']}{'  (in sample)' if r['in_sample'] else ''}"
-              f"{'  (tokens/s in sample: run6 offload builds)' if r['offload_looked_at'] else ''}")
+              f"{'  (offload tokens/s in sample: looked at)' if r['offload_looked_at'] else ''}")
     spreads = [r["spread"] for r in table if r["spread"] is not None]
     if spreads:
         print(f"repeat noise: {len(spreads)} runs measured twice, (max-min)/mean median "
