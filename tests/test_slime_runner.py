@@ -551,7 +551,10 @@ def _run(ray_cluster, fake_slime, spec, fail=None, **kw):
                             python=sys.executable, env=env, hf_checkpoint="/nonexistent/hf",
                             torch_dist="/nonexistent/dist", sft_data=fake_slime.rows, profile_dir="/nonexistent/prof",
                             log_dir=os.environ.get("ATTUNE_TEST_LOG_DIR"))     # keep the job logs when set
-    limits = dict(startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL, poll_interval_s=0.25)
+    # drain_s: Ray ends a job's log stream seconds after the job (about 4 s here); these jobs read the rest from
+    # get_job_logs at once instead, the path a stream that ends short takes
+    limits = dict(startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL, poll_interval_s=0.25,
+                  drain_s=0.5)
     limits.update({k: kw.pop(k) for k in list(kw) if k in limits})
     runner = SlimeRunner(cluster, Limits(**limits), **kw)
     t = time.monotonic()
@@ -706,7 +709,7 @@ def test_study_loop_on_ray_records_failures_and_goes_on(ray_cluster, fake_slime,
                             sft_data=fake_slime.rows, profile_dir="/n/prof",
                             env={"ATTUNE_STANDIN_STEP_S": "0.05", "ATTUNE_STANDIN_FAIL_AT": "2"})
     runner = _FlakyRunner(cluster, Limits(startup_grace_s=STARTUP_GRACE, hang_timeout_s=HANG, timeout_s=OVERALL,
-                                          poll_interval_s=0.25))
+                                          poll_interval_s=0.25, drain_s=0.5))
     # every trial runs (stop_margin=None): this is about failures, not about when the agent stops (test_agent)
     agent = AgentProposer(candidates, to_optuna_params, stop_margin=None)
     summary = run_study(study, config, runner, agent, trials=4, progress=False)

@@ -102,6 +102,7 @@ class Limits:
     hang_timeout_s: float = 900  # one step line -> the next
     timeout_s: float = 3600      # submission -> end
     poll_interval_s: float = 5.0
+    drain_s: float = DRAIN_S     # job ended -> its log stream's end; past it the rest is read from get_job_logs
 
     def __post_init__(self):
         if self.startup_grace_s is None:   # a start (image pull, model load) never gets less time than a step
@@ -179,7 +180,7 @@ class JobWatch:
         when the job ends, at times before its last lines went out)."""
         if self._tail is not None:
             ended = self.status is not None and self.status.is_terminal()
-            self._tail.ended.wait(DRAIN_S if ended else 1.0)
+            self._tail.ended.wait(self.limits.drain_s if ended else min(1.0, self.limits.drain_s))
             complete = self._tail.ended.is_set()
             self._read_log()           # a broken stream falls back to get_job_logs here
             if self._tail is not None:
