@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SLOW = [sys.executable, str(ROOT / "tests" / "slow_worker.py")]
 # Trials per worker: the four contend for claims from the first trial on; the full 4 x 200 scenario (Qwen3.6-35B-A3B
 # on 8 x H200) is `python benchmarks/concurrent_workers.py` (about 13 minutes per storage on 2 cores).
-TRIALS = 20
+TRIALS = 10
 SMALL = ("--gpus", "4")   # 5,639 layouts that may fit, scored in about 2 s (8 GPUs: 35,133)
 # Qwen3-30B-A3B on 2 x H200: a space scored in under a second (on 8 GPUs each run took about 8 s)
 ARGS = ["--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus", "2", "--study", "conc", "--no-progress", "--top", "0"]
