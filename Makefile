@@ -13,7 +13,9 @@ OWN_SCRIPTS := $(PY) -m pip install -q --no-deps --force-reinstall -e .
 # pip is configured with, if any, so both resolve the same; where uv cannot be had, pip installs.
 PIP_CONSTRAINT := $(shell $(PYTHON312) -m pip config get global.constraint 2>/dev/null)
 UV := $(VENV)/bin/uv
-INSTALL = $(UV) pip install -q --python $(PY) $(if $(PIP_CONSTRAINT),--constraint $(PIP_CONSTRAINT))
+# $(call install,ARGS): uv installs ARGS, pip where uv fails
+install = $(UV) pip install -q --python $(PY) $(if $(PIP_CONSTRAINT),--constraint $(PIP_CONSTRAINT)) $(1) || \
+	$(PY) -m pip install -q $(1)
 
 .PHONY: setup setup-ray setup-test setup-test-fast test test-fast
 
@@ -22,21 +24,21 @@ $(PY):
 	$(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(UV): $(PY)
+$(UV): | $(PY)
 	$(PY) -m pip install -q uv || echo "uv not installed: pip installs instead"
 
 # Core install: optuna, pandas, pyyaml (no torch), enough for the predicted loop on a laptop.
 setup: $(UV)
-	$(INSTALL) -e . || $(PY) -m pip install -q -e .
+	$(call install,-e .)
 
 # Real trials: adds Ray (the slime runner's Jobs API, the megatron runner's placement groups).
 setup-ray: $(UV)
-	$(INSTALL) -e '.[ray]' || $(PY) -m pip install -q -e '.[ray]'
+	$(call install,-e '.[ray]')
 	$(OWN_SCRIPTS)
 
 # Test install adds pytest, hypothesis, torch and megatron-core (for the Megatron cross-check), and ray.
 setup-test: $(UV)
-	$(INSTALL) -e '.[test]' || $(PY) -m pip install -q -e '.[test]'
+	$(call install,-e '.[test]')
 	$(OWN_SCRIPTS)
 
 # Two workers, a test file whole on one of them (its module fixtures, a Ray cluster or a PostgreSQL server, start once).
@@ -52,7 +54,7 @@ test: setup-test
 # The quick subset for the edit-test loop: no test marked slow, ray or torch (pyproject.toml lists the markers); it
 # installs no torch (an existing one is left alone).
 setup-test-fast: $(UV)
-	$(INSTALL) -e '.[test-fast]' || $(PY) -m pip install -q -e '.[test-fast]'
+	$(call install,-e '.[test-fast]')
 	$(OWN_SCRIPTS)
 
 test-fast: setup-test-fast

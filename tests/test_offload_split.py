@@ -35,8 +35,9 @@ def test_tensors_moved_to_the_cpu_match_the_measured_optimizers():
     from cost_model.stages import rank_layers
     from experiments.checks.runner_components import SMALL_VOCAB, kind_model, layer_kinds
 
-    paths = {"mixtral-8x22b": "benchmarks/models/mixtral-8x22b/config.json"}
-    path = Path(__file__).parents[1] / "benchmarks/results/offload-phases-h200-2026-12-03.jsonl"
+    root = Path(__file__).parents[1]
+    paths = {"mixtral-8x22b": str(root / "benchmarks/models/mixtral-8x22b/config.json")}
+    path = root / "benchmarks/results/offload-phases-h200-2026-12-03.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) >= 4
     for r in records:
