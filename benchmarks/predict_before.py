@@ -24,10 +24,12 @@ def main(argv: list[str]) -> int:
         return 2
     trials, _ = parse_suite(argv[0])
     gpu = load_gpu("h200")
-    print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'peak GiB':>9} verdict   (predicted before any of these ran)")
+    print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'needs GiB':>9} {'device peak':>11} verdict   "
+          "(predicted before any of these ran; device peak: what it needs plus the allocator's gap where there is room)")
     for t in trials:
         _, p = trial_prediction(t, gpu)
-        print(f"{t.name:22} {p.tokens_per_s_per_gpu:20.0f} {p.peak_memory_gib:9.1f} {p.fit_verdict}")
+        print(f"{t.name:22} {p.tokens_per_s_per_gpu:20.0f} {p.peak_memory_gib:9.1f} {p.memory.device_peak:11.1f} "
+              f"{p.fit_verdict}")
     return 0
 
 

@@ -44,7 +44,9 @@ class Constants:
     nccl_buffers_gib_per_communicator: float
     deepep_buffers_gib: float
     allocator_reserve_fraction: float
-    allocator_cache_fraction: float
+    allocator_gap_dense_gib: float
+    allocator_gap_moe_gib: float
+    allocator_gap_per_dispatched_gib: float
     fp8_activation_factor: float
     unfused_activation_factor: float
     unfused_moe_activation_factor: float

@@ -8,8 +8,10 @@ process holds outside PyTorch's allocator is at most the device's visible capaci
 - allocator reserve: with expandable segments the caching allocator needs little beyond its allocated
   peak when memory is short (at the limit it gives back its cache and retries): the fraction `tune
   profile` finds by capping the allocator under a training-like pattern. This decides the fit;
-- allocator cache: with room to spare the allocator keeps more (its free-running reserved peak), up to
-  what the card has left: part of the device-level peak a run shows, never of what it needs;
+- allocator cache: with room to spare the allocator keeps more (the gap between its reserved and allocated
+  peaks, cost_model.memory.allocator_gap_gib, measured on real runs: `tune profile`'s synthetic pattern
+  leaves 7.4% of the allocated peak reserved, the runner's dense runs 0.3 GiB), up to what the card has
+  left: part of the device-level peak a run shows, never of what it needs;
 - outside PyTorch: the CUDA context with cuBLAS/cuDNN workspaces and loaded kernels; the NCCL
   communicators (one per process group megatron builds when they are created eagerly, each with base
   memory at creation and channel/peer buffers on its first collectives; a single-rank communicator
@@ -144,7 +146,6 @@ class Overheads:
     deepep: float
     usable: float
     communicators: int
-    cache_fraction: float = 0.0   # the allocator's free-running reserve over its allocated peak
     sources: dict = field(default_factory=dict, compare=False, hash=False)
     reserve_fraction: float = 0.0  # allocator_reserve over the allocated peak
 
@@ -152,23 +153,24 @@ class Overheads:
         """The same overheads for another allocated peak (only the allocator's reserve follows it)."""
         return replace(self, allocator_reserve=allocated_gib * self.reserve_fraction)
 
-    def reserve_and_cache(self, allocated_gib: float) -> tuple[float, float]:
-        """(allocator_reserve, allocator_cache) at another allocated peak: `at(allocated_gib)`'s, without the copy."""
+    def reserve_and_cache(self, allocated_gib: float, gap_gib: float) -> tuple[float, float]:
+        """(allocator_reserve, allocator_cache) at another allocated peak, where the allocator would hold
+        `gap_gib` beyond its allocated peak with room to spare."""
         reserve = allocated_gib * self.reserve_fraction
-        return reserve, self._cache(allocated_gib, reserve)
+        return reserve, self._cache(allocated_gib, reserve, gap_gib)
 
     @property
     def outside_pytorch(self) -> float:
         return self.cuda_context + self.nccl + self.deepep
 
-    def allocator_cache(self, allocated_gib: float) -> float:
-        """GiB the allocator keeps beyond its reserve when the card has room: its free-running reserve
-        over the allocated peak, but never past the usable capacity (then it gives the cache back)."""
-        return self._cache(allocated_gib, self.allocator_reserve)
+    def allocator_cache(self, allocated_gib: float, gap_gib: float) -> float:
+        """GiB the allocator keeps beyond its reserve when the card has room: `gap_gib` over the allocated
+        peak in all, but never past the usable capacity (then it gives the cache back)."""
+        return self._cache(allocated_gib, self.allocator_reserve, gap_gib)
 
-    def _cache(self, allocated_gib: float, reserve: float) -> float:
+    def _cache(self, allocated_gib: float, reserve: float, gap_gib: float) -> float:
         room = self.usable - (allocated_gib + reserve + self.outside_pytorch)
-        return max(0.0, min(allocated_gib * self.cache_fraction - reserve, room))
+        return max(0.0, min(gap_gib - reserve, room))
 
 
 def nccl_gib(created: tuple, used: tuple, dev: DeviceMemory | None, c: Constants) -> float:
@@ -204,7 +206,6 @@ def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev
     fallback = "constants.yaml (no measured figure in the profile)"
     created, used = communicators(layout, runtime, is_moe)
     reserve = dev.reserve_fraction if dev.reserve_fraction is not None else c.allocator_reserve_fraction
-    cache = dev.cache_fraction if dev.cache_fraction is not None else c.allocator_cache_fraction
     deepep = 0.0
     if layout.dispatcher == "flex":
         deepep = dev.deepep_gib if dev.deepep_gib is not None else c.deepep_buffers_gib
@@ -212,7 +213,9 @@ def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev
         src.pop("deepep", None)
     context = dev.context_gib if dev.context_gib is not None else c.cuda_context_gib
     usable = dev.visible_gib if dev.visible_gib is not None else gpu.memory_gib
-    for part in ("allocator_reserve", "allocator_cache", "cuda_context", "nccl") + (("deepep",) if deepep else ()):
+    src["allocator_cache"] = ("constants.yaml allocator_gap_*: the reserved - allocated gap of the megatron runner's "
+                              "in-sample H200 grids (benchmarks/allocator_gap_fit.py)")
+    for part in ("allocator_reserve", "cuda_context", "nccl") + (("deepep",) if deepep else ()):
         src.setdefault(part, fallback)
     src.setdefault("usable", f"GPU catalog memory_gib ({gpu.sources.get('memory_gib', 'catalog')})")
     unmeasured = sorted({size for _, size in created if dev.nccl_at(size) is None})
@@ -233,5 +236,5 @@ def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev
                                 f"outside PyTorch ({how}), {runner_src}")
         context = runner - nccl
     return Overheads(allocator_reserve=allocated_gib * reserve, cuda_context=context, nccl=nccl, deepep=deepep,
-                     usable=usable, communicators=len(created), cache_fraction=max(cache, reserve), sources=src,
+                     usable=usable, communicators=len(created), sources=src,
                      reserve_fraction=reserve)

@@ -429,9 +429,29 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
         if best_total is None or total > best_total:
             best, best_total = (parts, allocated), total
     parts, allocated = best
-    reserve, cache = fixed.reserve_and_cache(allocated)
+    gap = allocator_gap_gib(model, layout, inputs.tokens, inputs.routed_rows_per_token, c)
+    reserve, cache = fixed.reserve_and_cache(allocated, gap)
     return MemoryBreakdown(*parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
                            nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=fixed.sources)
+
+
+def dispatched_gib(model: ModelSpec, layout: Layout, tokens: float, routed_rows_per_token: float) -> float:
+    """GiB of one micro-batch's routed rows on one GPU (bf16 hidden states after the dispatch); 0 for a dense model."""
+    if not model.is_moe:
+        return 0.0
+    return BF16 * model.hidden_size * routed_rows_per_token * tokens / layout.tp / GIB
+
+
+def allocator_gap_gib(model: ModelSpec, layout: Layout, tokens: float, routed_rows_per_token: float,
+                      c: Constants) -> float:
+    """GiB the caching allocator holds reserved beyond its allocated peak when the card has room. MoE layers
+    allocate routing-dependent sizes every micro-batch, so the gap grows with the routed rows; dense layers
+    reuse the same sizes (constants.yaml allocator_gap_*: fitted on the runner's in-sample grids,
+    benchmarks/allocator_gap_fit.py)."""
+    if not model.is_moe:
+        return c.allocator_gap_dense_gib
+    return c.allocator_gap_moe_gib + c.allocator_gap_per_dispatched_gib * dispatched_gib(
+        model, layout, tokens, routed_rows_per_token)
 
 
 def host_memory_gib_per_node(gpu: GpuSpec, layout: Layout, framework: str, dense: float, expert: float,

@@ -72,10 +72,13 @@ def test_the_allocator_cache_fills_room_but_never_decides_the_fit(qwen36, h200):
     from experiments.megatron.model_run import trial_model
     small = predict(trial_model(qwen36, 4, True), h200, WL, Layout(2, ep=2, max_tokens_per_gpu=4096),
                     precision_aware_optimizer=False)
-    from cost_model.profile import shipped_profile
-    dev = shipped_profile("h200").device_memory     # measured with expandable segments: 0.2% and 7.4%
-    assert small.memory.allocator_cache == pytest.approx(
-        small.memory.allocated * (dev.cache_fraction - dev.reserve_fraction))
+    from cost_model.memory import allocator_gap_gib
+    c = default_constants()
+    # MoE: the gap grows with the micro-batch's routed rows (4 layers, EP2: 4096 tokens x 8 rows x 2048 x bf16)
+    gap = allocator_gap_gib(trial_model(qwen36, 4, True),
+                            Layout(2, ep=2, max_tokens_per_gpu=4096), 4096, 8, c)
+    assert gap == pytest.approx(c.allocator_gap_moe_gib + c.allocator_gap_per_dispatched_gib * 4096 * 8 * 2048 * 2 / 2**30)
+    assert small.memory.allocator_cache == pytest.approx(gap - small.memory.allocator_reserve, rel=0.05)
     big = predict(trial_model(qwen36, 7, True), h200, WL, Layout(1, max_tokens_per_gpu=4096),
                   precision_aware_optimizer=False)
     assert not big.fits and big.memory.allocator_cache == 0 and big.memory.device_peak == big.peak_memory_gib
@@ -268,7 +271,8 @@ def test_profile_device_memory_section_is_read_with_its_provenance(h200):
     dev = parse_device_memory(data, "p.yaml")
     over = overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, dev, default_constants())
     assert over.usable == 139.8 and over.cuda_context == 1.1 and over.allocator_reserve == pytest.approx(0.4)
-    assert over.allocator_cache(100.0) == pytest.approx(100 * default_constants().allocator_cache_fraction - 0.4)
+    assert over.allocator_cache(100.0, 1.5) == pytest.approx(1.5 - 0.4)
+    assert over.allocator_cache(139.0, 1.5) == 0.0        # no room: the cache is given back
     assert over.nccl == pytest.approx(21 * 0.02 + 4 * 0.5)
     assert all("2026-12-01" in over.sources[k] for k in ("usable", "cuda_context", "allocator_reserve"))
     assert over.sources["nccl"].startswith("profile device_memory.nccl") and "21 communicators" in over.sources["nccl"]
