@@ -76,6 +76,8 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v13-nemo-2026-12-03.jsonl", "runner_grids_h200_v13_suite.json"),
            ("runner-grids-h200-v13-q36-2026-12-03.jsonl", "runner_grids_h200_v13_suite.json"),
            ("runner-grids-h200-v13-qn-2026-12-03.jsonl", "runner_grids_h200_v13_suite.json"),
+           ("runner-grids-h200-v16-a-2026-12-03.jsonl", "runner_grids_h200_v16_suite.json"),
+           ("runner-grids-h200-v16-b-2026-12-03.jsonl", "runner_grids_h200_v16_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -286,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
           "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid (Mixtral-8x22B) "
           "held out for tokens/s, in sample for memory (unfused_moe_act_recompute_tensors); the v8 and v9 grids held "
           "out for tokens/s (predictions committed before they ran), in sample for memory since the 2026-12-03 "
-          "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11, v12 and v13 grids held out "
-          "(predictions committed before they ran)")
+          "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11, v12, v13 and v16 grids held out "
+          "(predictions committed before they ran; v16: Mistral-Small-24B, Qwen3-235B-A22B at 8k, Qwen3.6 at 2k)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
