@@ -76,9 +76,11 @@ def test_a_shape_whose_memory_floor_does_not_fit_has_no_layout_that_may_fit():
 
 @pytest.fixture(scope="module")
 def deepseek_64():
-    """DeepSeek-V3 on 64 x B200 (narrowed) and its whole scoring."""
+    """DeepSeek-V3 on 64 x B200 (narrowed) and its whole scoring (more layouts than PRUNE_ABOVE: not pruned here)."""
     config = config_of("deepseek-v3", "b200", 64, Workload(), replace(NARROW, max_cp=2))
-    return config, score_space(config, PredictedRunner())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(space_scoring, "PRUNE_ABOVE", 10 ** 9)
+        return config, score_space(config, PredictedRunner())
 
 
 def test_a_pruned_scoring_keeps_what_each_judge_ranks_best(monkeypatch, deepseek_64):

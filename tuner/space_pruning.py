@@ -1,6 +1,6 @@
 """Scoring a very large space without the parallel shapes that cannot matter.
 
-A space of more than PRUNE_ABOVE layouts is scored shape by shape, highest ceiling first (cost_model.bounds: the
+A space of more than PRUNE_ABOVE layouts (50,000) is scored shape by shape, highest ceiling first (cost_model.bounds: the
 tokens/s/GPU no layout of the shape reaches). The judges are the shipped prediction and each hypothesis the agent
 weighs; each keeps the KEEP best fitting figures so far (`Bars`). A shape, or a micro-batch size and dispatcher of
 one, whose ceiling is below every judge's KEEP-th best is in no judge's KEEP best and is not scored; nor is a shape
@@ -21,8 +21,9 @@ from cost_model.constants import default_constants
 from cost_model.nouns.layout import InvalidLayout, Layout
 from search_space.enumerate import offload_choices, rows_choices, shape_dispatchers, shape_dp
 
-# Spaces up to this many layouts are scored whole (the default job's 104,316 among them); above it, pruned.
-PRUNE_ABOVE = 1_000_000
+# Spaces up to this many layouts are scored whole; above it (the default job's 104,316 among them), pruned: the
+# agent then weighs the candidates that can still matter, not every one that may fit.
+PRUNE_ABOVE = 50_000
 # The fitting layouts that must beat a skipped shape's every layout under every hypothesis: the top 20 the exactness
 # test checks and every layout the agent's first proposals weigh seriously are among them.
 KEEP = 200
