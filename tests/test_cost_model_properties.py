@@ -1,8 +1,8 @@
 """Property tests of the cost model: orderings and identities that must hold for every valid layout.
 
-Layouts are drawn from `enumerate_layouts` (everything Megatron and slime accept) of a few catalog
-models on 8, 16 and 64 GPUs; each (model, world size) space is enumerated once and cached, and
-hypothesis samples indices into it. On 8 GPUs the space is the default one; on 16 and 64 it holds every
+Layouts are drawn from the enumeration (everything Megatron and slime accept) of a few catalog
+models on 8, 16 and 64 GPUs: hypothesis draws a parallel shape of the space (`space_plan`), then one of
+that shape's layouts (`shape_layouts`, each shape enumerated once and cached). On 8 GPUs the space is the default one; on 16 and 64 it holds every
 parallel shape with the non-parallel dimensions narrowed (one full-recompute depth, no offload, fp32
 moments): the properties that vary those dimensions vary them on the drawn layout themselves, and the
 whole 64-GPU spaces (8.5 million layouts, about 110 s to enumerate) made this file the suite's slowest. Variants of a drawn layout (another recompute setting, another
@@ -26,7 +26,7 @@ from cost_model.predict import predict
 from cost_model.stages import layout_rank_layers
 from cost_model.step_time import TERMS
 from cost_model.nouns.workload import FRAMEWORKS, PRECISIONS, ROUTINGS, Workload
-from search_space.enumerate import SpaceOptions, enumerate_layouts, recompute_choices
+from search_space.enumerate import SpaceOptions, recompute_choices, shape_layouts, space_plan
 from cost_model.nouns.layout import RECOMPUTE_MODULES, Layout
 from search_space.rules import violations
 from cost_model.nouns.stack import Stack
@@ -57,9 +57,17 @@ def gpu(name: str):
 
 
 @lru_cache(maxsize=None)
-def space(name: str, world_size: int) -> tuple[Layout, ...]:
-    options = OPTIONS if world_size == 8 else WIDE
-    return tuple(enumerate_layouts(model(name), world_size, WORKLOAD, STACK, options))
+def plan(name: str, world_size: int) -> tuple[list[dict], SpaceOptions]:
+    """The space's parallel shapes and the options its enumeration uses (the whole space is 3k-300k layouts a
+    model and GPU count: enumerated whole, 22 s for the 15 of them; drawn shape by shape, a shape's layouts only)."""
+    shapes, options, _ = space_plan(model(name), world_size, WORKLOAD, STACK, OPTIONS if world_size == 8 else WIDE)
+    return shapes, options
+
+
+@lru_cache(maxsize=None)
+def shape_space(name: str, world_size: int, index: int) -> tuple[Layout, ...]:
+    shapes, options = plan(name, world_size)
+    return tuple(shape_layouts(shapes[index], model(name), world_size, WORKLOAD, STACK, options))
 
 
 RECOMPUTE_MODULE_RULES = {"mla_up_proj_needs_mla", "moe_recompute_needs_moe", "moe_layer_recompute_needs_moe",
@@ -77,10 +85,13 @@ def valid_modules(name: str) -> tuple[str, ...]:
 
 @st.composite
 def enumerated(draw, worlds=WORLDS):
-    """(model name, a valid layout of that model) drawn from the enumerated space."""
+    """(model name, a valid layout of that model) drawn from the enumerated space: a parallel shape, then one of
+    its layouts."""
     name = draw(st.sampled_from(MODELS))
     n = draw(st.sampled_from(worlds))
-    layouts = space(name, n)
+    shapes, _ = plan(name, n)
+    layouts = shape_space(name, n, draw(st.integers(0, len(shapes) - 1)))
+    assume(layouts)
     return name, layouts[draw(st.integers(0, len(layouts) - 1))]
 
 

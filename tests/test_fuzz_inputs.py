@@ -284,9 +284,10 @@ def test_profile_quick(doc, mode, folder, capsys):
     check_profile(doc, mode, folder, capsys)
 
 
-# A profile example loads and checks the whole profile (~0.7 s): 30 here; ATTUNE_FUZZ_PROFILE_EXAMPLES=N for more.
+# A profile example loads and checks the whole profile (~1 s): 15 here (test_profile_quick has its own);
+# ATTUNE_FUZZ_PROFILE_EXAMPLES=N for more.
 @pytest.mark.slow
-@settings(FULL, max_examples=int(os.environ.get("ATTUNE_FUZZ_PROFILE_EXAMPLES", "30")))
+@settings(FULL, max_examples=int(os.environ.get("ATTUNE_FUZZ_PROFILE_EXAMPLES", "15")))
 @given(doc=PROFILE_DOCS, mode=MODES)
 def test_profile(doc, mode, folder, capsys):
     check_profile(doc, mode, folder, capsys)
