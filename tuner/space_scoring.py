@@ -12,13 +12,12 @@ from __future__ import annotations
 import math
 import signal
 import time
-from dataclasses import fields as dataclass_fields
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
-from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge, shape_layouts,
+from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
                                     space_plan, space_size)
 from search_space.runner_space import RunnerSpace
 from tuner.gc_pause import no_cyclic_gc
@@ -27,15 +26,7 @@ from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 from tuner import space_pruning
 from tuner.space_pruning import PRUNE_ABOVE, Bars, Pruned, judges, prunable, shape_bounds
 
-_PER_MICROBATCH = ("max_tokens_per_gpu", "rows_per_microbatch")
-_SIBLING_FIELDS = tuple(f.name for f in dataclass_fields(Layout) if f.name not in _PER_MICROBATCH)
-_sibling_fields = attrgetter(*_SIBLING_FIELDS)   # a tuple of them, read in C
 _first = itemgetter(0)
-
-
-def sibling_key(layout: Layout) -> tuple:
-    """The layout but for its tokens per micro-batch: its siblings differ only in that."""
-    return _sibling_fields(layout)
 
 
 class _Scoring:
@@ -47,8 +38,6 @@ class _Scoring:
         self.fitting: list[tuple[Layout, Prediction]] = []
         self.refused: list[str] = []
         self.least, self.count = None, 0
-        # peak memory grows with a micro-batch's tokens (the module's docstring)
-        self.ruled_out: dict[tuple, int] = {}
         # every layout looked at counts (a run of refused or ruled-out ones too), so a large space reports within
         # seconds whatever it holds (tuner.progress)
         self.looked = Counter(progress if isinstance(progress, Progress) else None, "scored layouts",
@@ -71,39 +60,26 @@ class _Scoring:
             return memory_verdict(config.model, config.gpu, config.workload, layout, profile=config.profile)
         return self.runner.memory_verdict(config.case(layout), config.profile)
 
-    def take(self, layout: Layout) -> None:
-        self.looked.add()
-        siblings = sibling_key(layout)
-        if self.ruled_out.get(siblings, math.inf) <= layout.max_tokens_per_gpu:
-            self.count += 1
-            return
-        try:
-            mv = self.memory(layout)
-            p = self.prediction(layout, mv) if mv is None or mv.may_fit else None
-        except InvalidLayout as e:  # the runner's model run cannot take this layout (e.g. PP vs --layers)
-            if not self.refused:
-                self.refused.append(str(e))
-            return
-        self.count += 1
-        if p is not None and p.may_fit:
-            self.fitting.append((layout, p))
-            return
-        self.ruled_out[siblings] = min(self.ruled_out.get(siblings, math.inf), layout.max_tokens_per_gpu)
-        peak = p.peak_memory_gib if p is not None else mv.memory.total
-        if self.least is None or peak < self.least[1]:
-            self.least = (layout, peak)
-
-    def take_shape(self, runs: ShapeRuns) -> None:
+    def take_shape(self, runs: ShapeRuns, live: set | None = None) -> int:
         """`take` of every layout of one parallel shape, in runs of siblings: a layout ruled out by memory rules
         out the rest of its run unbuilt (counted all the same). The candidates, the first refusal and the layout
-        nearest to fitting are those of taking each layout in shape_layouts' order (ties go to the earlier one)."""
-        placed, refusal, least = [], None, None
+        nearest to fitting are those of taking each layout in shape_layouts' order (ties go to the earlier one).
+        `live`: only the layouts whose (tokens per micro-batch, dispatcher) it holds are taken; the valid layouts
+        left out are counted and the count returned (a pruned scoring's)."""
+        placed, refusal, least, left_out = [], None, None, 0
         n_templates, max_tokens = len(runs.templates), runs.max_tokens
         ruled_out: dict[int, int] = {}   # per run (its first template's index): the fewest tokens ruled out
         looked = self.looked
         for ti in range(n_templates):
             run = runs.same_as[ti]
+            dispatcher = runs.templates[ti][2]
             for ri, tokens in enumerate(max_tokens):
+                if live is not None and (tokens, dispatcher) not in live:
+                    if runs.layout(ri, ti) is not None:
+                        left_out += 1
+                    elif runs.broken:
+                        return 0
+                    continue
                 if ruled_out.get(run, math.inf) <= tokens:
                     looked.add()
                     self.count += 1
@@ -111,7 +87,7 @@ class _Scoring:
                 layout = runs.layout(ri, ti)
                 if layout is None:
                     if runs.broken:
-                        return
+                        return 0
                     continue
                 looked.add()
                 place = ri * n_templates + ti
@@ -136,6 +112,7 @@ class _Scoring:
             self.refused.append(refusal[1])
         if least is not None and (self.least is None or least[0] < self.least[1]):
             self.least = (least[2], least[0])
+        return left_out
 
     def result(self) -> list[tuple[Layout, Prediction]]:
         config, runner = self.config, self.runner
@@ -221,12 +198,8 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
                 no_fit.append(i)
                 continue
             start = len(scoring.fitting)
-            for layout in shape_layouts(shapes[i], config.model, config.world_size, config.workload, config.stack,
-                                        options):
-                if live is None or (layout.max_tokens_per_gpu, layout.dispatcher) in live:
-                    scoring.take(layout)
-                else:
-                    pruned.layouts += 1
+            pruned.layouts += scoring.take_shape(ShapeRuns(shapes[i], config.model, config.world_size,
+                                                           config.workload, config.stack, options), live)
             if scoring.looked.count > MAX_SPACE_LAYOUTS:
                 raise SpaceTooLarge(f"scoring the search space of {config.model.display_name} on "
                                     f"{config.world_size:,} GPUs passed {MAX_SPACE_LAYOUTS:,} layouts before the rest "
