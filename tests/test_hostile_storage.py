@@ -259,19 +259,11 @@ def tuned(tmp_path_factory):
     return folder / "base.db"
 
 
-def corrupted(base: Path, folder: Path, path: str, value) -> tuple[Path, int]:
-    """A copy of the study with one more complete trial, the best by far, whose attribute `path` is `value`; the
-    copy and that trial's number."""
+def with_corruption(attrs: dict, path: str, value) -> dict:
+    """A copy of a trial's attributes whose attribute `path` is `value` ("measured:": made a measured trial first)."""
     import copy
-    import shutil
 
-    import optuna
-    from optuna.trial import TrialState
-
-    db = folder / "s.db"
-    shutil.copy(base, db)
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
-    attrs = copy.deepcopy(study.trials[0].user_attrs)
+    attrs = copy.deepcopy(attrs)
     if path.startswith("measured:"):
         path = path.removeprefix("measured:")
         attrs["result"].update(kind="measured", source="test runner", gpu_hours=0.5, details=dict(MEASURED_DETAILS))
@@ -284,6 +276,21 @@ def corrupted(base: Path, folder: Path, path: str, value) -> tuple[Path, int]:
         del node[last]
     else:
         node[last] = value
+    return attrs
+
+
+def corrupted(base: Path, folder: Path, path: str, value) -> tuple[Path, int]:
+    """A copy of the study with one more complete trial, the best by far, whose attribute `path` is `value`; the
+    copy and that trial's number."""
+    import shutil
+
+    import optuna
+    from optuna.trial import TrialState
+
+    db = folder / "s.db"
+    shutil.copy(base, db)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+    attrs = with_corruption(study.trials[0].user_attrs, path, value)
     study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=99_999.0, user_attrs=attrs))
     return db, len(study.trials) - 1
 
@@ -294,10 +301,9 @@ def _command(command: str, folder: Path) -> list[str]:
             "report": ["report", "--out", str(folder / "report")]}[command]
 
 
-# `report` draws six figures (about 1 s a study) and `show csv` reads as `show` does: their cases run in the full
-# suite only (show, export: in both)
-@pytest.mark.parametrize("command", ["show", pytest.param("show csv", marks=pytest.mark.slow), "export",
-                                     pytest.param("report", marks=pytest.mark.slow)])
+# `show csv` reads as `show` does: its cases run in the full suite only (show, export: in both); `report` draws six
+# figures (about 1.5 s a study): every corruption is a trial of one study it reports once (the test below)
+@pytest.mark.parametrize("command", ["show", pytest.param("show csv", marks=pytest.mark.slow), "export"])
 @pytest.mark.parametrize("path,value,left_out", CORRUPTIONS,
                          ids=[f"{p}={'deleted' if v is DELETE else repr(v)[:12]}" for p, v, _ in CORRUPTIONS])
 def test_one_malformed_attribute_is_one_warning_naming_the_trial(tuned, tmp_path, capsys, command, path, value,
@@ -321,8 +327,35 @@ def test_one_malformed_attribute_is_one_warning_naming_the_trial(tuned, tmp_path
         assert out.strip() and all(Path(p).is_file() for p in out.split())
         recipes = "".join(Path(p).read_text() for p in out.split() if p.endswith(".yaml"))
         assert ("99999" in recipes) == (not left_out and attribute.startswith("result") and "measured:" in path)
-    if command == "report":
-        page = (tmp_path / "report" / "index.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_report_names_each_malformed_trial_once(tuned, tmp_path, capsys):
+    """Every corruption above as a trial of one study: `report` warns once per malformed trial, naming it and the
+    attribute, leaves out of the ranking what it cannot rank, and lists every trial on its page."""
+    import shutil
+
+    import optuna
+    from optuna.trial import TrialState
+
+    db = tmp_path / "s.db"
+    shutil.copy(tuned, db)
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+    base, expected = study.trials[0].user_attrs, {}
+    for path, value, left_out in CORRUPTIONS:
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=99_999.0,
+                                                  user_attrs=with_corruption(base, path, value)))
+        expected[len(study.trials) - 1] = (path.removeprefix("measured:"), left_out)
+    code = main([*_command("report", tmp_path), "--study", "s", "--storage", str(db)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 0 and len(lines) == len(CORRUPTIONS), lines
+    page = (tmp_path / "report" / "index.html").read_text()
+    for number, (attribute, left_out) in expected.items():
+        mine = [line for line in lines if line.startswith(f"tune: warning: trial {number}: ")]
+        assert len(mine) == 1, (number, lines)
+        named = mine[0].removeprefix(f"tune: warning: trial {number}: {attribute}")
+        assert named != mine[0] and named[:1] in (" ", ".", "["), mine[0]
+        assert mine[0].endswith("left out of the ranking") == left_out, mine[0]
         assert f'<td class="num">{number}</td>' in page
 
 
