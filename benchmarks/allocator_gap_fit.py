@@ -48,6 +48,8 @@ def gap_rows(pairs=DEFAULT) -> list[dict]:
                 continue
             seen.add((results.name, t.name))
             model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
+            # the micro-batch's tokens on one GPU and its routed rows per token as cost_model.predict gives them to
+            # the memory model (these runs are all EP1: no routing imbalance)
             tokens = t.layout.max_tokens_per_gpu / t.layout.cp
             routed = model.num_experts_per_tok * t.layout.etp
             out.append({"file": results.name, "trial": t.name, "family": model.display_name.split("[")[0],

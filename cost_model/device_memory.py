@@ -56,7 +56,9 @@ class DeviceMemory:
     context_gib: float | None = None            # CUDA context + cuBLAS/cuDNN workspaces + loaded kernels
     nccl: tuple[NcclMemory, ...] = ()
     reserve_fraction: float | None = None       # slack over the allocated peak the allocator needs when capped
-    cache_fraction: float | None = None         # free-running reserved peak / allocated peak - 1
+    cache_fraction: float | None = None         # free-running reserved peak / allocated peak - 1, under tune profile's
+                                                # synthetic pattern: recorded and checked, not priced (the expected
+                                                # device peak takes the gap of real runs, memory.allocator_gap_gib)
     deepep_gib: float | None = None
     runner_outside: tuple[tuple[int, float], ...] = ()   # (GPUs, GiB) the megatron runner held outside PyTorch
     sources: dict = field(default_factory=dict, compare=False, hash=False)
@@ -117,7 +119,6 @@ def parse_device_memory(data: dict | None, origin: str = "profile") -> DeviceMem
     if reserve.get("unconstrained_fraction") is not None:
         kw["cache_fraction"] = _gib(reserve["unconstrained_fraction"], "allocator_reserve.unconstrained_fraction",
                                     origin)
-        sources["allocator_cache"] = f"profile device_memory.allocator_reserve.unconstrained_fraction: {basis}"
     nccl = []
     for row in data.get("nccl") or []:
         if not isinstance(row, dict) or "ranks" not in row:

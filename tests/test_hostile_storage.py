@@ -279,20 +279,31 @@ def with_corruption(attrs: dict, path: str, value) -> dict:
     return attrs
 
 
-def corrupted(base: Path, folder: Path, path: str, value) -> tuple[Path, int]:
-    """A copy of the study with one more complete trial, the best by far, whose attribute `path` is `value`; the
-    copy and that trial's number."""
+def copied_study(base: Path, folder: Path):
+    """A copy of the base study in `folder`: its file and the study."""
     import shutil
 
     import optuna
-    from optuna.trial import TrialState
 
     db = folder / "s.db"
     shutil.copy(base, db)
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+    return db, optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
+
+
+def add_corrupted(study, path: str, value) -> int:
+    """One more complete trial, the best by far, a copy of the first whose attribute `path` is `value`; its number."""
+    import optuna
+    from optuna.trial import TrialState
+
     attrs = with_corruption(study.trials[0].user_attrs, path, value)
     study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=99_999.0, user_attrs=attrs))
-    return db, len(study.trials) - 1
+    return len(study.trials) - 1
+
+
+def corrupted(base: Path, folder: Path, path: str, value) -> tuple[Path, int]:
+    """A copy of the study with one corrupted trial (`add_corrupted`); the copy and that trial's number."""
+    db, study = copied_study(base, folder)
+    return db, add_corrupted(study, path, value)
 
 
 def _command(command: str, folder: Path) -> list[str]:
@@ -333,19 +344,9 @@ def test_one_malformed_attribute_is_one_warning_naming_the_trial(tuned, tmp_path
 def test_a_report_names_each_malformed_trial_once(tuned, tmp_path, capsys):
     """Every corruption above as a trial of one study: `report` warns once per malformed trial, naming it and the
     attribute, leaves out of the ranking what it cannot rank, and lists every trial on its page."""
-    import shutil
-
-    import optuna
-    from optuna.trial import TrialState
-
-    db = tmp_path / "s.db"
-    shutil.copy(tuned, db)
-    study = optuna.load_study(study_name="s", storage=f"sqlite:///{db}")
-    base, expected = study.trials[0].user_attrs, {}
-    for path, value, left_out in CORRUPTIONS:
-        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=99_999.0,
-                                                  user_attrs=with_corruption(base, path, value)))
-        expected[len(study.trials) - 1] = (path.removeprefix("measured:"), left_out)
+    db, study = copied_study(tuned, tmp_path)
+    expected = {add_corrupted(study, path, value): (path.removeprefix("measured:"), left_out)
+                for path, value, left_out in CORRUPTIONS}
     code = main([*_command("report", tmp_path), "--study", "s", "--storage", str(db)])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 0 and len(lines) == len(CORRUPTIONS), lines

@@ -61,7 +61,7 @@ class _Scoring:
         return self.runner.memory_verdict(config.case(layout), config.profile)
 
     def take_shape(self, runs: ShapeRuns, live: set | None = None) -> int:
-        """`take` of every layout of one parallel shape, in runs of siblings: a layout ruled out by memory rules
+        """Every layout of one parallel shape looked at, in runs of siblings: a layout ruled out by memory rules
         out the rest of its run unbuilt (counted all the same). The candidates, the first refusal and the layout
         nearest to fitting are those of taking each layout in shape_layouts' order (ties go to the earlier one).
         `live`: only the layouts whose (tokens per micro-batch, dispatcher) it holds are taken; the valid layouts
