@@ -20,6 +20,7 @@ _FAMILIES = {
     "qwen3_5_moe_text": "qwen3_5",
     "qwen3_next": "qwen3_5",      # same hybrid GDN + gated attention + shared-expert MoE layout
     "qwen3_moe": "qwen3_moe",
+    "qwen3": "qwen3_moe",         # dense Qwen3 (0.6B-32B): the MoE family's attention with no experts
     "deepseek_v3": "deepseek",
     "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
     "gpt_oss": "gpt_oss",
@@ -173,7 +174,7 @@ def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
 
 
 def _qwen3_moe(r: _Reader, n: int) -> dict[str, Any]:
-    """Qwen3 MoE: softmax attention with q/k norms, routed experts only."""
+    """Qwen3 MoE: softmax attention with q/k norms, routed experts only (dense Qwen3 has none)."""
     num_experts = r.int("num_experts", 0, minimum=0)
     kw: dict[str, Any] = dict(
         layer_types=(FULL_ATTENTION,) * n, mlp_types=_qwen_mlp_types(r, n, num_experts),
