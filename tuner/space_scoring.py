@@ -64,8 +64,8 @@ class _Scoring:
         """Every layout of one parallel shape looked at, in runs of siblings: a layout ruled out by memory rules
         out the rest of its run unbuilt (counted all the same). The candidates, the first refusal and the layout
         nearest to fitting are those of taking each layout in shape_layouts' order (ties go to the earlier one).
-        `live`: only the layouts whose (tokens per micro-batch, dispatcher) it holds are taken; the valid layouts
-        left out are counted and the count returned (a pruned scoring's)."""
+        `live`: only the layouts whose (tokens per micro-batch, dispatcher) it holds are taken; the layouts left out
+        are counted unbuilt, before the enumeration's rules, and the count returned (a pruned scoring's)."""
         placed, refusal, least, left_out = [], None, None, 0
         n_templates, max_tokens = len(runs.templates), runs.max_tokens
         ruled_out: dict[int, int] = {}   # per run (its first template's index): the fewest tokens ruled out
@@ -75,10 +75,7 @@ class _Scoring:
             dispatcher = runs.templates[ti][2]
             for ri, tokens in enumerate(max_tokens):
                 if live is not None and (tokens, dispatcher) not in live:
-                    if runs.layout(ri, ti) is not None:
-                        left_out += 1
-                    elif runs.broken:
-                        return 0
+                    left_out += 1   # counted as the enumeration would build it, before its rules (as Pruned says)
                     continue
                 if ruled_out.get(run, math.inf) <= tokens:
                     looked.add()
