@@ -204,25 +204,30 @@ def test_help_documents_the_bounds(capsys):
 
 # ---------------------------------------------------------------- bounded work
 
-def test_a_huge_gpu_count_is_refused_at_once(capsys):
-    start = time.monotonic()
+def never_scored(*args, **kwargs):
+    raise AssertionError("the space was scored before the refusal")
+
+
+def test_a_huge_gpu_count_is_refused_at_once(capsys, monkeypatch):
+    from tuner import study_commands
+
+    monkeypatch.setattr(study_commands, "score_space", never_scored)
     line = one_line_error(capsys, main([*TARGET, "--gpus", "9223372036854775808"]))
-    assert "between 1 and 4,096" in line and time.monotonic() - start < 2
+    assert "between 1 and 4,096" in line
 
 
 @pytest.mark.slow
 def test_first_output_for_1024_gpus_within_seconds(tmp_path):
-    """The space of 1,024 GPUs takes minutes to score; the command says what it is doing at once."""
-    start = time.monotonic()
+    """The space of 1,024 GPUs takes minutes to score; the command says what it is doing before it scores (how soon,
+    about 2 s on an idle machine, is benchmarks/scale.py's to print: this verdict does not depend on the speed)."""
     p = subprocess.Popen([sys.executable, "-m", "tuner", *TARGET, "--gpus", "1024", "--trials", "1", "--storage",
                           str(tmp_path / "s.db"), "--no-progress"], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:   # progress is on stdout when stderr is no terminal (tuner.progress): stderr is for the one error line
-        ready, _, _ = select.select([p.stdout], [], [], 20)    # ~2 s on an idle machine, start-up included
-        assert ready, "no output within 20 s"
+        ready, _, _ = select.select([p.stdout], [], [], 300)    # a guard against a hang only
+        assert ready, "no output within 300 s"
         first = p.stdout.readline()
         assert "scoring the search space" in first and "1024 x H200" in first, first
-        assert time.monotonic() - start < 20
     finally:
         p.kill()
         p.wait()
@@ -241,11 +246,10 @@ def test_an_oversized_space_is_refused_before_scoring(tmp_path, monkeypatch, cap
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     monkeypatch.chdir(tmp_path)
-    start = time.monotonic()
+    monkeypatch.setattr(space_scoring._Scoring, "take_shape", never_scored)
     line = one_line_error(capsys, main(["--model", str(path), "--gpu", "h200", "--gpus", "4096", "--global-batch",
                                         "1048576", "--storage", str(tmp_path / "s.db"), "--no-progress"]))
     assert "more than the 5,000,000 one study plans" in line and "layouts" in line
-    assert time.monotonic() - start < 30
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"], "no study written"
 
 
@@ -266,7 +270,8 @@ def test_divisors_take_the_square_root_not_the_number():
     start = time.monotonic()
     assert space.divisors(2 ** 40) == [2 ** k for k in range(41)]
     assert space.divisors(12) == [1, 2, 3, 4, 6, 12]
-    assert time.monotonic() - start < 1
+    # ~0.1 s by the square root (2**20 steps), hours by the number (2**40): a bound far from both
+    assert time.monotonic() - start < 60
 
 
 # ---------------------------------------------------------------- usage: one line, every subcommand listed

@@ -155,12 +155,15 @@ def test_batch_of_endless_blank_lines_ends():
 
 # ---------------------------------------------------------------- a large space reports progress
 
-PROGRESS_BOUND_S = 20   # ~2 s on an idle machine, start-up included; CI machines are loaded
+# A guard against a hang only: the verdict must not depend on the machine's speed (how soon the line comes on an idle
+# machine, about 2 s, is benchmarks/scale.py's to print).
+PROGRESS_BOUND_S = 300
 
 
 @pytest.mark.slow
 def test_a_huge_space_shows_counts_and_rate_within_seconds(tmp_path):
-    """4,096 GPUs take minutes to score: the first counts line (how many scored, how fast) comes in seconds."""
+    """4,096 GPUs take minutes to score: a counts line (how many scored, how fast) comes while it scores, not only
+    at the end (tune shows it after PROGRESS_AFTER_S of scoring)."""
     import select
 
     start = time.monotonic()
@@ -179,6 +182,7 @@ def test_a_huge_space_shows_counts_and_rate_within_seconds(tmp_path):
     assert lines and "scoring the search space" in lines[0] and "4096 x H200" in lines[0], lines
     counts = [line for line in lines if "/s)" in line]
     assert counts and "scored layouts: " in counts[0] and "may fit" in counts[0], lines
+    assert not any(line.startswith("trial ") for line in lines), lines   # it came before scoring ended
 
 
 # tune with its progress counts shown from the first (the shipped tune waits PROGRESS_AFTER_S, 2 s, then one a while)

@@ -30,6 +30,10 @@ def one_line(capsys, code: int) -> str:
 
 # ---------------------------------------------------------------- storages that keep nothing
 
+def never_scored(*args, **kwargs):
+    raise AssertionError("the space was scored before the refusal")
+
+
 @pytest.mark.parametrize("storage", ["sqlite://", "sqlite:///:memory:", "sqlite+pysqlite:///:memory:",
                                      "sqlite+pysqlite://", "SQLite://", "sqlite:///file:m?mode=memory&uri=true",
                                      "sqlite:///s.db?mode=memory&uri=true", "sqlite:///:memory:?cache=shared"])
@@ -38,10 +42,11 @@ def test_a_storage_that_keeps_nothing_is_refused_before_any_work(tmp_path, capsy
     monkeypatch.chdir(tmp_path)
     argv = {"run": RUN, "show": ["show", "--study", "s"], "export": ["export", "--study", "s", "--out", "o"],
             "report": ["report", "--study", "s", "--out", "o"]}[command]
-    started = time.monotonic()
+    from tuner import study_commands
+
+    monkeypatch.setattr(study_commands, "score_space", never_scored)   # refused before the space is scored
     text = one_line(capsys, main([*argv, "--storage", storage]))
     assert "keeps nothing" in text or "options ('?...')" in text, text
-    assert time.monotonic() - started < 5          # refused before the space is scored
     assert not list(tmp_path.iterdir())            # no file, no cache folder, no output folder
 
 
@@ -131,14 +136,13 @@ def test_a_server_that_never_answers_ends_the_command_in_one_line(tmp_path, hand
     url = f"postgresql://attune:{SECRET}@127.0.0.1:{server.port}/studies"
     argv = (RUN if command == "run" else ["show", "--study", "s"]) + ["--storage", url]
     try:
-        done, took = _tune(argv, 30, SHORT_TIMEOUTS)
+        done, _ = _tune(argv, 120, SHORT_TIMEOUTS)   # 3 s timeouts: 120 s only guards a hang on a loaded machine
     finally:
         server.close()
     err = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(err) == 1 and err[0].startswith("tune: error: "), (done.returncode, err)
     assert "no answer from the server in 3 s" in err[0] and "Traceback" not in done.stderr
     assert SECRET not in done.stdout + done.stderr and "attune:***@" in err[0]
-    assert took < 30
 
 
 @pytest.mark.slow
