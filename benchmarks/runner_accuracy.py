@@ -57,7 +57,10 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v15_suite.json", R / "runner-grids-h200-v15-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v15b_suite.json", R / "runner-grids-h200-v15b-2026-12-03.jsonl"),
            (B / "runner_grids_h200_v16_suite.json", R / "runner-grids-h200-v16-a-2026-12-03.jsonl"),
-           (B / "runner_grids_h200_v16_suite.json", R / "runner-grids-h200-v16-b-2026-12-03.jsonl")]
+           (B / "runner_grids_h200_v16_suite.json", R / "runner-grids-h200-v16-b-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v17_suite.json", R / "runner-grids-h200-v17-a-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v17_suite.json", R / "runner-grids-h200-v17-b-2026-12-03.jsonl"),
+           (B / "runner_grids_h200_v17_suite.json", R / "runner-grids-h200-v17-c-2026-12-03.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -122,7 +125,10 @@ IN_SAMPLE_FILES = {"runner-grids-h200-2026-12-02.jsonl", "runner-grids-h200-v2-2
 # but the gaps of every stored run, v11-v15b among them, were looked at when its feature (the dispatched GiB) was
 # chosen: their device-peak figures are not a clean held-out test of it. The v16 grids (Mistral-Small-24B, a model
 # never run before; Qwen3-235B-A22B at 8k; Qwen3.6-35B-A3B with its real GDN at 2k) ran after it, predictions
-# committed before (runner-grids-h200-v16-predicted-before.txt): held out for tokens/s and memory.
+# committed before (runner-grids-h200-v16-predicted-before.txt): held out for tokens/s and memory. The v17 grids
+# (Qwen3-14B and CodeLlama-34B, never run; Qwen3.6-35B-A3B with its real GDN at 5 layers, seq 4096) ran with the
+# model unchanged since v16 but for dense Qwen3's config being read, predictions committed before
+# (runner-grids-h200-v17-predicted-before.txt): held out.
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
@@ -157,7 +163,8 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
     for run in load_runs(suite_path, results_path):
         t = run.trial
         model, p = trial_prediction(t, gpu, run.runtime)
-        grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({results_path.name.split('-2026')[0]})"
+        # a grid is a suite's layouts of one model run, over however many device calls measured them
+        grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({suite_path.stem.removesuffix('_suite')})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
                     "measured": run.measured, "predicted": p.tokens_per_s_per_gpu, "repeats": len(run.tokens),
                     "spread": run.spread, "then": (run.recorded or {}).get("tokens_per_s_per_gpu"),
