@@ -204,6 +204,18 @@ def test_mistral_config_counts_match_the_published_model():
     assert from_hf_config({**cfg, "sliding_window": 4096}, "v0.1").layer_types == (SLIDING_ATTENTION,) * 32
 
 
+def test_dense_qwen3_config_counts_match_the_published_model():
+    """Qwen3-14B's config.json (model_type qwen3: the MoE family's attention, q/k norms, no experts): 14,768,307,200
+    parameters; the same fields with experts read as Qwen3 MoE."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-14b/config.json").read_text())
+    spec = from_hf_config(cfg, "qwen3-14b")
+    assert spec.params.total == 14_768_307_200 and spec.qk_norm and not spec.is_moe
+    assert spec.mlp_types == (DENSE,) * 40 and spec.layer_types == (FULL_ATTENTION,) * 40
+    moe = from_hf_config({**cfg, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 1024}, "qwen3-moe-like")
+    assert moe.is_moe and moe.mlp_types == (MOE,) * 40
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"
