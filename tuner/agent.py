@@ -32,7 +32,7 @@ from typing import Callable
 
 from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, weighted_quantile
 from cost_model.nouns.layout import Layout
-from tuner.proposer import Candidate, History, Proposal, Proposer, family, family_label
+from tuner.proposer import Candidate, History, Proposal, Proposer, family
 
 SQRT2 = math.sqrt(2.0)
 
@@ -322,7 +322,8 @@ class AgentProposer(Proposer):
         borderline = "borderline: " if p.borderline else ""
         fam = "" if b.measured == 0 else (" (its family measured)" if family(c.layout) in b.families
                                           else " (an unmeasured family)")
-        return (f"{why}; {family_label(c.layout)} mt {c.layout.max_tokens_per_gpu} rc {c.layout.recompute_label}{fam}: expects {o.median:,.0f} "
+        # the whole layout: two candidates may differ only in their offload or Adam moments' dtype
+        return (f"{why}; {c.layout.long_label}{fam}: expects {o.median:,.0f} "
                 f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU (posterior median, 90%), P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
                 f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); weights {weights}; largest terms {top}")
 

@@ -50,10 +50,6 @@ def family(layout: Layout) -> tuple:
     return (layout.tp, layout.pp, layout.vpp, layout.cp, layout.ep, layout.etp, layout.dispatcher)
 
 
-def family_label(layout: Layout) -> str:
-    return f"{layout.label} {layout.dispatcher}"
-
-
 class Proposer(abc.ABC):
     name: str = ""
     weighs_fit_risk: bool = False   # True: it may propose borderline layouts (cost_model/memory_fit.py), weighed
