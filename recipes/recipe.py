@@ -84,7 +84,7 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
             "source": stack_note or f"{NOT_MEASURED}: no training image was inspected",
         },
         "workload": _workload_block(workload),
-        "layout": layout_block(layout, workload),
+        "layout": layout_block(layout, workload, model.is_moe),
         "result": {
             "tokens_per_s_per_gpu": round(prediction.tokens_per_s_per_gpu, 2),
             "usd_per_million_tokens": round(prediction.usd_per_million_tokens, 2),
@@ -132,9 +132,9 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     }
 
 
-def layout_block(layout: Layout, workload: Workload) -> dict:
+def layout_block(layout: Layout, workload: Workload, moe: bool = True) -> dict:
     """The recipe's `layout` group: its prose (label, summary, highlights), then the codec's layout fields."""
-    block = {"label": layout.label, "summary": layout_summary(layout, workload),
+    block = {"label": layout.label, "summary": layout_summary(layout, workload, moe),
              "highlights": layout_highlights(layout)}
     return {**block, **recipe_block(layout)}
 
@@ -142,8 +142,8 @@ def layout_block(layout: Layout, workload: Workload) -> dict:
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
-def layout_summary(layout: Layout, workload: Workload) -> str:
-    """One sentence, worded as the reference recipes' `layout.summary`."""
+def layout_summary(layout: Layout, workload: Workload, moe: bool = True) -> str:
+    """One sentence, worded as the reference recipes' `layout.summary` (a dense model's has no dispatcher)."""
     grid = [f"TP {layout.tp}", f"PP {layout.pp}"]
     if layout.vpp > 1:
         grid.append(f"VPP {layout.vpp}")
@@ -163,7 +163,7 @@ def layout_summary(layout: Layout, workload: Workload) -> str:
     dispatcher = "flex dispatcher (DeepEP)" if layout.dispatcher == "flex" else f"{layout.dispatcher} dispatcher"
     if layout.overlap_moe_expert_parallel_comm:
         dispatcher += " with EP all-to-all overlap"
-    parts = [", ".join(grid), rows, recompute, dispatcher]
+    parts = [", ".join(grid), rows, recompute] + ([dispatcher] if moe else [])
     optimizer = "precision-aware distributed optimizer" + (
         f" with {layout.exp_avg_dtype} Adam moments" if layout.exp_avg_dtype != "fp32" else "")
     if layout.offloaded:

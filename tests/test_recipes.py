@@ -275,6 +275,16 @@ def test_model_scripts_and_env():
     assert "export NVSHMEM_DISABLE_NCCL=1\n" in run
 
 
+def test_a_dense_models_summary_names_no_dispatcher():
+    """A dense model routes nothing: its recipe's summary says nothing of a token dispatcher; a MoE model's does."""
+    gpu, workload = load_gpu("h200"), Workload()
+    for name, has_dispatcher in (("llama3-70b", False), (MODEL, True)):
+        model = load_model(name)
+        layout = LAYOUTS["tp2"] if model.is_moe else Layout(world_size=8, tp=8, etp=8, **FULL)
+        summary = build_recipe(model, gpu, workload, layout, predict(model, gpu, workload, layout))["layout"]["summary"]
+        assert ("dispatcher" in summary) == has_dispatcher, summary
+
+
 def test_uneven_nodes_rejected():
     layout = Layout(world_size=9, tp=1, ep=1, **FULL)
     with pytest.raises(ValueError, match="does not split evenly"):
