@@ -267,6 +267,14 @@ def test_tune_predict_prices_the_megatron_runner_stack_from_its_measured_compone
     assert runner["breakdown"]["layers"] > 0 and image["breakdown"]["layers"] == 0
     assert runner["term_sources"]["layers"].startswith("measured:")
     assert runner["tokens_per_s_per_gpu"] != image["tokens_per_s_per_gpu"]
+    # its interval is the runner stack's own (the band a study of the runner prints), not the TE stack's hypotheses
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.model_spec import load_model
+    from tuner.intervals import runner_stack_sd
+
+    assert runner["interval"]["hypotheses"] == 1 and image["interval"]["hypotheses"] > 1
+    assert runner["interval"]["error_sd"] == runner_stack_sd(load_model("llama3-8b"), load_gpu("h200"))
+    assert runner["interval"]["error_sd"] < image["interval"]["error_sd"]
 
 
 def test_the_runner_stack_needs_megatrons_framework_in_one_line(capsys):

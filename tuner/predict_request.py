@@ -146,10 +146,25 @@ def answer(resolved: Case, profile: HardwareProfile | None = None) -> Prediction
                    precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
 
 
-def interval_for(resolved: Case, profile: HardwareProfile | None = None) -> HypothesesInterval:
-    """The layout's tokens/s/GPU across the cost model's hypotheses (cost_model.hypotheses), prior weights."""
+def interval_for(resolved: Case, profile: HardwareProfile | None = None,
+                 prediction: Prediction | None = None) -> HypothesesInterval:
+    """The layout's tokens/s/GPU across the cost model's hypotheses (cost_model.hypotheses), prior weights; for a
+    `prediction` priced from the megatron runner's measured components, the runner stack's own prediction widened
+    by its measured error (tuner.intervals.runner_stack_sd): the band a study of that runner prints."""
+    if prediction is not None and runner_priced(prediction):
+        from cost_model.hypotheses import interval_of
+        from tuner.intervals import runner_stack_sd
+
+        shipped = next(h for h in default_hypotheses() if h.shipped)
+        return interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)],
+                           runner_stack_sd(resolved.model, resolved.gpu, profile))
     return predict_interval(default_hypotheses(), resolved.model, resolved.gpu, resolved.workload, resolved.layout,
                             profile=profile, precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
+
+
+def runner_priced(prediction: Prediction) -> bool:
+    """Whether the megatron runner's measured components priced the step (its `layers` term)."""
+    return prediction.breakdown.get("layers", 0.0) > 0
 
 
 def result_dict(resolved: Case, prediction: Prediction, interval: HypothesesInterval | None = None) -> dict:

@@ -50,7 +50,7 @@ def cmd_predict(args) -> int:
     _say(notes)
     check_profile_gpu(hardware, case.gpu)
     prediction = answer(case, hardware)
-    interval = interval_for(case, hardware)
+    interval = interval_for(case, hardware, prediction)
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
@@ -152,7 +152,8 @@ def _answer_line(line: str, number: int, hardware) -> dict:
     """One request's answer, or an error object naming the line: a bad line never ends the batch."""
     try:
         case = resolve(parse_json(line, f"line {number}", CliError), notes := [])
-        out = {"line": number, **result_dict(case, answer(case, hardware), interval_for(case, hardware))}
+        p = answer(case, hardware)
+        out = {"line": number, **result_dict(case, p, interval_for(case, hardware, p))}
         return {**out, "notes": notes} if notes else out
     except AttuneError as e:
         text = e.one_line()
@@ -164,7 +165,10 @@ def _answer_line(line: str, number: int, hardware) -> dict:
 
 
 def interval_text(iv) -> str:
-    return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {len(iv.by_hypothesis)} hypotheses)" if iv is not None else ""
+    if iv is None:
+        return ""
+    basis = "the runner's measured error" if len(iv.by_hypothesis) == 1 else f"{len(iv.by_hypothesis)} hypotheses"
+    return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {basis})"
 
 
 def fit_text(p: Prediction, no: str = "DOES NOT FIT") -> str:
@@ -186,6 +190,10 @@ def interval_lines(iv) -> list[str]:
     """The interval, what drives its spread, and each hypothesis's figure."""
     if iv is None:
         return []
+    if len(iv.by_hypothesis) == 1:   # interval_for: the runner stack's own prediction and measured error
+        return ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the megatron runner's prediction "
+                    f"from its measured components, widened by its measured prediction error on runner runs (log sd "
+                    f"{iv.error_sd:.3f}; tuner.intervals.runner_stack_sd), the band a study of that runner prints"]
     lines = ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the hypotheses span "
                  f"{iv.spread_low:,.0f}-{iv.spread_high:,.0f} (weighted 5-95%, median {iv.median:,.0f}), widened by the "
                  f"model's residual error (log sd {iv.error_sd:.3f})",
