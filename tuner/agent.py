@@ -32,6 +32,7 @@ from typing import Callable
 
 from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, weighted_quantile
 from cost_model.nouns.layout import Layout
+from tuner.dominated import adds_work, base
 from tuner.proposer import Candidate, History, Proposal, Proposer, family
 
 SQRT2 = math.sqrt(2.0)
@@ -217,6 +218,7 @@ class AgentProposer(Proposer):
         self._rng = random.Random()   # only to spread proposals between concurrent tuners
         # the outlooks of the last posterior (`outlooks`): its state, candidate index -> Outlook, the bonus
         self._outlook_state, self._outlook_memo, self._disc = None, {}, 0.0
+        self._by_base = None   # (candidates then, base layout -> candidate indices): tuner.dominated
 
     # -- what the study knows
     def _measured(self, history: History) -> list[tuple[int, float]]:
@@ -246,6 +248,22 @@ class AgentProposer(Proposer):
             return 0.0
         return c.prediction.fit_probability
 
+    def _dominated(self, history: History) -> set[int]:
+        """Candidates that add recompute or offload to a layout measured to run that was predicted a plain fit
+        (tuner.dominated): they cannot run faster, so no trial goes to them."""
+        measured = [layout for layout, _ in getattr(history, "measured_layouts", [])
+                    if (c := self.by_key.get(layout.key())) is not None and c.prediction.fits]
+        if not measured:
+            return set()
+        if self._by_base is None or self._by_base[0] != len(self.table.candidates):
+            groups: dict[tuple, list[int]] = {}
+            for i, c in enumerate(self.table.candidates):
+                groups.setdefault(base(c.layout), []).append(i)
+            self._by_base = (len(self.table.candidates), groups)
+        groups = self._by_base[1]
+        return {i for m in measured for i in groups.get(base(m), ())
+                if adds_work(self.table.candidates[i].layout, m)}
+
     def belief(self, history: History) -> Belief:
         return belief(self.table, self._measured(history), self.sigma, self.level_sd, self.family_sd)
 
@@ -264,8 +282,9 @@ class AgentProposer(Proposer):
             self._outlook_state, self._outlook_memo = state, {}
             self._disc = self.discriminate if len(leaders) > 1 else 0.0
         memo, out = self._outlook_memo, []
+        dominated = self._dominated(history)
         for i, c in enumerate(self.table.candidates):
-            if c.layout.key() in history.tried:
+            if c.layout.key() in history.tried or i in dominated:
                 continue
             o = memo.get(i)
             if o is None:
@@ -277,7 +296,8 @@ class AgentProposer(Proposer):
         b, outs, best = self.outlooks(history)
         self.last = b
         if not outs:
-            self.stop_reason = "every distinct fitting layout has been tried"
+            self.stop_reason = ("every distinct fitting layout has been tried, or adds recompute or offload to one "
+                                "measured to fit (it cannot run faster)")
             return None
         if best > 0 and self.stop_margin is not None:
             live = [o for o in outs if o.p_fit >= 0.5]

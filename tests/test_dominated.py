@@ -1,0 +1,42 @@
+"""Layouts that add recompute or offload to one measured to run cannot run faster: the agent spends no trial on
+them (tuner/dominated.py)."""
+from __future__ import annotations
+
+from cost_model.nouns.layout import Layout
+from tuner.dominated import adds_work
+from tests.test_agent import agent_for, space  # noqa: F401 - the agent's fixture space
+from tuner.proposer import History
+
+BASE = Layout(8, tp=2, ep=4, max_tokens_per_gpu=8192)
+FULL = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+
+
+def test_recompute_or_offload_added_is_more_work_and_nothing_else_is():
+    assert adds_work(BASE.replace(**FULL), BASE)
+    assert adds_work(BASE.replace(optimizer_offload_fraction=0.5), BASE)
+    assert adds_work(BASE.replace(optimizer_offload_fraction=1.0, **FULL), BASE)
+    assert not adds_work(BASE, BASE)                                             # the same layout
+    assert not adds_work(BASE, BASE.replace(**FULL))                             # less work
+    assert not adds_work(BASE.replace(max_tokens_per_gpu=16384, **FULL), BASE)  # another micro-batch
+    assert not adds_work(BASE.replace(dispatcher="flex", **FULL), BASE)          # another dispatcher
+    # recompute added on top of an offloaded layout, offload kept: more work; another fraction: not comparable
+    off = BASE.replace(optimizer_offload_fraction=0.5)
+    assert adds_work(off.replace(**FULL), off) and not adds_work(off.replace(optimizer_offload_fraction=1.0, **FULL), off)
+
+
+def test_the_agent_tries_no_layout_that_only_adds_work_to_a_measured_plain_fit(space):  # noqa: F811
+    agent = agent_for(space, stop_margin=None)
+    cands = list(agent.by_key.values())
+    # the fastest plain fit without recompute that has recompute variants among the candidates
+    first = max((c for c in cands if c.prediction.fits and c.layout.recompute_granularity is None
+                 and any(adds_work(v.layout, c.layout) for v in cands)),
+                key=lambda c: c.prediction.tokens_per_s_per_gpu)
+    variants = [c for c in cands if adds_work(c.layout, first.layout)]
+    # weighed while nothing is measured (the first layout only tried, say failed for another reason)
+    _, before, _ = agent.outlooks(History(tried={first.layout.key()}))
+    assert {agent.table.candidates[o.index].layout.key() for o in before} & {c.layout.key() for c in variants}
+    history = History(tried={first.layout.key()})
+    history.measured_layouts.append((first.layout, first.prediction.tokens_per_s_per_gpu))
+    _, outs, _ = agent.outlooks(history)
+    left = {agent.table.candidates[o.index].layout.key() for o in outs}
+    assert not left & {c.layout.key() for c in variants} and left
