@@ -62,8 +62,7 @@ def judge(url: str, runs: list[dict]) -> dict:
     misattributed = []
     for t in done:
         layout = layout_from_stored(t.user_attrs["layout"])
-        named = f"{layout.label} {layout.dispatcher} mt {layout.max_tokens_per_gpu} rc {layout.recompute_label}"
-        if named not in t.user_attrs.get("rationale", ""):
+        if layout.long_label not in t.user_attrs.get("rationale", ""):   # the agent names the whole layout
             misattributed.append(t.number)
     crashed = [i for i, r in enumerate(runs) if r["rc"] != 0 or "Traceback" in r["stderr"]]
     return {"trials": len(trials), "complete": len(done), "distinct": len(keys),
