@@ -11,7 +11,8 @@ and prints, beside the figure issue 27 recorded before the work on it ("then", 2
   process's peak resident memory; a case that runs past --cap-s is stopped and printed as "> cap"; DeepSeek-V3 again
   with `--ray-address local` (its space is pruned, and a pruned space is scored in tune's process, not as Ray tasks:
   tuner.space_pruning);
-- layouts scored per second on the default space (tuner.study_commands.score_space, in this process).
+- layouts scored per second on the default space (tuner.study_commands.score_space): the median of three cold runs,
+  this process's and two fresh ones.
 
 Every figure is measured here, now; the machine's load changes them (say what else ran when quoting them).
 """
@@ -134,7 +135,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cap-s", type=float, default=180.0, help="stop a large case after this many seconds")
     ap.add_argument("--skip-large", action="store_true", help="only the default job, its resume and layouts/s")
+    ap.add_argument("--rate-only", action="store_true", help=argparse.SUPPRESS)   # one cold layouts/s, as JSON
     args = ap.parse_args(argv)
+    if args.rate_only:
+        total, rate, whole = layouts_per_s()
+        print(json.dumps({"layouts": total, "answered": rate, "whole": whole}))
+        return 0
     rows, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -161,9 +167,16 @@ def main(argv=None) -> int:
                                  "exit_s": r["exit_s"], "peak_rss_gib": r["peak_rss_gib"],
                                  "last_line": r["tail"][-1] if r["tail"] else ""}
     total, rate, whole = layouts_per_s()
-    rows.append(("layouts/s", f"{rate:,.0f} answered ({total:,} layouts of the default space, pruned as tune does; "
-                              f"{whole:,.0f}/s scoring every one)"))
-    figures.update(layouts_per_s=rate, layouts_per_s_whole=whole, default_space_layouts=total, cap_s=args.cap_s)
+    # the same, cold, in fresh processes: this machine's speed drifts by a fifth from one minute to the next
+    again = [json.loads(subprocess.run([sys.executable, __file__, "--rate-only"], capture_output=True, text=True,
+                                       env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout)
+             for _ in range(2)]
+    rates = sorted([rate] + [a["answered"] for a in again])
+    rows.append(("layouts/s", f"{rates[1]:,.0f} answered, median of 3 cold runs ({rates[0]:,.0f}-{rates[2]:,.0f}; "
+                              f"{total:,} layouts of the default space, pruned as tune does; {whole:,.0f}/s scoring "
+                              f"every one)"))
+    figures.update(layouts_per_s=rates[1], layouts_per_s_runs=rates, layouts_per_s_whole=whole,
+                   default_space_layouts=total, cap_s=args.cap_s)
     print(f"measured on this machine ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d %H:%M')}:")
     print(f"{'':34} {'now':46} {'then (issue 27)':22} target")
     for name, now in rows:
