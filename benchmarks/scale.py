@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     rates = sorted([rate] + [a["answered"] for a in again])
     rows.append(("layouts/s", f"{rates[1]:,.0f} answered, median of 3 cold runs ({rates[0]:,.0f}-{rates[2]:,.0f}; "
                               f"{total:,} layouts of the default space, pruned as tune does; {whole:,.0f}/s scoring "
-                              f"every one)"))
+                              f"every one right after, the cost model's memos warm)"))
     figures.update(layouts_per_s=rates[1], layouts_per_s_runs=rates, layouts_per_s_whole=whole,
                    default_space_layouts=total, cap_s=args.cap_s)
     print(f"measured on this machine ({os.cpu_count()} CPUs), {time.strftime('%Y-%m-%d %H:%M')}:")
