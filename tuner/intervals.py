@@ -28,14 +28,25 @@ def prediction_interval(config, runner, layout: Layout, prediction: Prediction) 
         iv = predict_interval(default_hypotheses(), config.model, config.gpu, config.workload, layout,
                               profile=config.profile)
         return Interval.of_hypotheses(iv, basis="hypotheses (cost_model/hypotheses.py) and residual")
-    shipped = next(h for h in default_hypotheses() if h.shipped)
-    c = default_constants()
-    measured_stack = prediction.breakdown.get("layers", 0.0) > 0   # priced from the runner's measured components
-    sd = runner_stack_sd(config.model, config.gpu, config.profile) if measured_stack else residual_sd(c, config.workload)
-    iv = interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], sd)
+    iv = own_prediction_interval(config.model, config.gpu, config.workload, prediction, config.profile)
     basis = ("the runner's own prediction from its measured components and their residual on runner runs"
-             if measured_stack else "the runner's own prediction and the model's residual (Megatron framework: one form)")
+             if runner_priced(prediction) else
+             "the runner's own prediction and the model's residual (Megatron framework: one form)")
     return Interval.of_hypotheses(iv, basis=basis)
+
+
+def runner_priced(prediction: Prediction) -> bool:
+    """Whether the megatron runner's measured components priced the step (its `layers` term)."""
+    return prediction.breakdown.get("layers", 0.0) > 0
+
+
+def own_prediction_interval(model, gpu, workload, prediction: Prediction, profile=None):
+    """A prediction alone (no spread of hypotheses) widened by its stack's error: the runner stack's measured one
+    where its components priced the step (`runner_stack_sd`), else the model's held-out residual."""
+    shipped = next(h for h in default_hypotheses() if h.shipped)
+    sd = (runner_stack_sd(model, gpu, profile) if runner_priced(prediction)
+          else residual_sd(default_constants(), workload))
+    return interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], sd)
 
 
 def prediction_sd(config, runner) -> float:

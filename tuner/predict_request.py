@@ -17,6 +17,7 @@ from cost_model.profile import HardwareProfile
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.case import Case
 from cost_model.nouns.layout_codec import layout_from_values, layout_values
+from tuner.intervals import own_prediction_interval, runner_priced
 from search_space.enumerate import MAX_GPUS
 from search_space.rules import check
 from cost_model.nouns.stack import STACK_FIXES, STACK_NAMES, Stack
@@ -152,19 +153,9 @@ def interval_for(resolved: Case, profile: HardwareProfile | None = None,
     `prediction` priced from the megatron runner's measured components, the runner stack's own prediction widened
     by its measured error (tuner.intervals.runner_stack_sd): the band a study of that runner prints."""
     if prediction is not None and runner_priced(prediction):
-        from cost_model.hypotheses import interval_of
-        from tuner.intervals import runner_stack_sd
-
-        shipped = next(h for h in default_hypotheses() if h.shipped)
-        return interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)],
-                           runner_stack_sd(resolved.model, resolved.gpu, profile))
+        return own_prediction_interval(resolved.model, resolved.gpu, resolved.workload, prediction, profile)
     return predict_interval(default_hypotheses(), resolved.model, resolved.gpu, resolved.workload, resolved.layout,
                             profile=profile, precision_aware_optimizer=resolved.stack.precision_aware_optimizer)
-
-
-def runner_priced(prediction: Prediction) -> bool:
-    """Whether the megatron runner's measured components priced the step (its `layers` term)."""
-    return prediction.breakdown.get("layers", 0.0) > 0
 
 
 def result_dict(resolved: Case, prediction: Prediction, interval: HypothesesInterval | None = None) -> dict:

@@ -15,6 +15,7 @@ from cost_model.nouns.model_spec import ModelSpec
 from cost_model.predict import Prediction
 from cost_model.nouns.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
+from tuner.intervals import runner_priced
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
 from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
                                    result_dict)
@@ -164,10 +165,10 @@ def _answer_line(line: str, number: int, hardware) -> dict:
         return _error(number, f"invalid request ({type(e).__name__})")
 
 
-def interval_text(iv) -> str:
+def interval_text(iv, p: Prediction) -> str:
     if iv is None:
         return ""
-    basis = "the runner's measured error" if len(iv.by_hypothesis) == 1 else f"{len(iv.by_hypothesis)} hypotheses"
+    basis = "the runner's measured error" if runner_priced(p) else f"{len(iv.by_hypothesis)} hypotheses"
     return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {basis})"
 
 
@@ -181,16 +182,16 @@ def fit_text(p: Prediction, no: str = "DOES NOT FIT") -> str:
 def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
     fits = fit_text(p)
     return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
-            f"{p.tokens_per_s_per_gpu:,.0f} {interval_text(interval)} tokens/s/GPU, step {p.step_time_s:.2f} s, "
+            f"{p.tokens_per_s_per_gpu:,.0f} {interval_text(interval, p)} tokens/s/GPU, step {p.step_time_s:.2f} s, "
             f"MFU {p.mfu:.1%}, "
             f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}; --explain for the breakdown)")
 
 
-def interval_lines(iv) -> list[str]:
+def interval_lines(iv, p: Prediction) -> list[str]:
     """The interval, what drives its spread, and each hypothesis's figure."""
     if iv is None:
         return []
-    if len(iv.by_hypothesis) == 1:   # interval_for: the runner stack's own prediction and measured error
+    if runner_priced(p):   # interval_for: the runner stack's own prediction and measured error
         return ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the megatron runner's prediction "
                     f"from its measured components, widened by its measured prediction error on runner runs (log sd "
                     f"{iv.error_sd:.3f}; tuner.intervals.runner_stack_sd), the band a study of that runner prints"]
@@ -208,7 +209,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
     lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
              f"every figure is predicted ({p.source})",
              f"fits: {'yes' if p.fits else fit_text(p, 'NO')}",
-             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f} {interval_text(interval)}   step {p.step_time_s:.2f} s   "
+             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f} {interval_text(interval, p)}   step {p.step_time_s:.2f} s   "
              f"MFU {p.mfu:.1%}   $/1M tokens {p.usd_per_million_tokens:.3f}",
              f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
              "",
@@ -224,7 +225,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
     lines += ["", *memory_lines(p)]
     lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "
                  f"{p.host_memory_capacity_gib:.0f}")
-    lines += interval_lines(interval)
+    lines += interval_lines(interval, p)
     return "\n".join(lines)
 
 
