@@ -6,18 +6,15 @@ without being near the memory limit (predicted a plain fit), a trial of it is sp
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from operator import attrgetter
 
 from cost_model.nouns.layout import Layout
 
 _RECOMPUTE = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
 _OFFLOAD = ("optimizer_offload_fraction", "overlap_d2h_h2d")
-# every other field of a layout: the base two layouts must share
-_BASE = attrgetter("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu", "rows_per_microbatch",
-                   "dispatcher", "exp_avg_dtype", "decoder_first_pipeline_num_layers",
-                   "decoder_last_pipeline_num_layers", "account_for_embedding_in_pipeline_split",
-                   "account_for_loss_in_pipeline_split", "pipeline_model_parallel_layout",
-                   "overlap_moe_expert_parallel_comm")
+# every other field of a layout (a field added later included): the base two layouts must share
+_BASE = attrgetter(*(f.name for f in fields(Layout) if f.name not in _RECOMPUTE + _OFFLOAD))
 
 
 def base(layout: Layout) -> tuple:
