@@ -132,7 +132,7 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     }
 
 
-def layout_block(layout: Layout, workload: Workload, moe: bool = True) -> dict:
+def layout_block(layout: Layout, workload: Workload, moe: bool) -> dict:
     """The recipe's `layout` group: its prose (label, summary, highlights), then the codec's layout fields."""
     block = {"label": layout.label, "summary": layout_summary(layout, workload, moe),
              "highlights": layout_highlights(layout)}
@@ -142,7 +142,7 @@ def layout_block(layout: Layout, workload: Workload, moe: bool = True) -> dict:
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
-def layout_summary(layout: Layout, workload: Workload, moe: bool = True) -> str:
+def layout_summary(layout: Layout, workload: Workload, moe: bool) -> str:
     """One sentence, worded as the reference recipes' `layout.summary` (a dense model's has no dispatcher)."""
     grid = [f"TP {layout.tp}", f"PP {layout.pp}"]
     if layout.vpp > 1:
