@@ -39,6 +39,19 @@ def stack():
     return Stack()
 
 
+def never_scored(*args, **kwargs):
+    raise AssertionError("the space was scored before the refusal")
+
+
+@pytest.fixture
+def no_scoring(monkeypatch):
+    """`tune` whose space scoring fails the test if called: what must be refused before scoring is checked without
+    timing it (a verdict that does not depend on the machine's speed)."""
+    from tuner import study_commands
+
+    monkeypatch.setattr(study_commands, "score_space", never_scored)
+
+
 @pytest.fixture(autouse=True)
 def _signal_handlers_restored():
     """Ray installs a SIGTERM handler when a test starts it; left in place, a later SIGTERM sent to a test's

@@ -20,6 +20,7 @@ from tuner import what_if
 from tuner.cli import COMMANDS, DELEGATED, main
 from tuner.options import MAX_LAYERS, OWN_PARSER_SUBCOMMANDS, SUBCOMMANDS
 from tuner.predict_request import MAX_USD_PER_GPU_HOUR
+from tests.conftest import never_scored
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ["--model", "qwen3-30b-a3b", "--gpu", "h200"]
@@ -204,14 +205,7 @@ def test_help_documents_the_bounds(capsys):
 
 # ---------------------------------------------------------------- bounded work
 
-def never_scored(*args, **kwargs):
-    raise AssertionError("the space was scored before the refusal")
-
-
-def test_a_huge_gpu_count_is_refused_at_once(capsys, monkeypatch):
-    from tuner import study_commands
-
-    monkeypatch.setattr(study_commands, "score_space", never_scored)
+def test_a_huge_gpu_count_is_refused_at_once(capsys, no_scoring):
     line = one_line_error(capsys, main([*TARGET, "--gpus", "9223372036854775808"]))
     assert "between 1 and 4,096" in line
 

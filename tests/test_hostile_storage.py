@@ -30,21 +30,15 @@ def one_line(capsys, code: int) -> str:
 
 # ---------------------------------------------------------------- storages that keep nothing
 
-def never_scored(*args, **kwargs):
-    raise AssertionError("the space was scored before the refusal")
-
-
 @pytest.mark.parametrize("storage", ["sqlite://", "sqlite:///:memory:", "sqlite+pysqlite:///:memory:",
                                      "sqlite+pysqlite://", "SQLite://", "sqlite:///file:m?mode=memory&uri=true",
                                      "sqlite:///s.db?mode=memory&uri=true", "sqlite:///:memory:?cache=shared"])
 @pytest.mark.parametrize("command", ["run", "show", "export", "report"])
-def test_a_storage_that_keeps_nothing_is_refused_before_any_work(tmp_path, capsys, monkeypatch, storage, command):
+def test_a_storage_that_keeps_nothing_is_refused_before_any_work(tmp_path, capsys, monkeypatch, no_scoring, storage,
+                                                                 command):
     monkeypatch.chdir(tmp_path)
     argv = {"run": RUN, "show": ["show", "--study", "s"], "export": ["export", "--study", "s", "--out", "o"],
             "report": ["report", "--study", "s", "--out", "o"]}[command]
-    from tuner import study_commands
-
-    monkeypatch.setattr(study_commands, "score_space", never_scored)   # refused before the space is scored
     text = one_line(capsys, main([*argv, "--storage", storage]))
     assert "keeps nothing" in text or "options ('?...')" in text, text
     assert not list(tmp_path.iterdir())            # no file, no cache folder, no output folder
