@@ -116,28 +116,25 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
     for (suite, model, layers, gpus, seq, gb), runs in groups.items():
         if len(runs) < min_layouts or not any(r.ok for r in runs):
             continue
-        cands, truth, hours, spreads, repeated, seen = [], {}, {}, [], set(), {}
+        cands, hours, spreads, repeated, figures = [], {}, [], set(), {}
         for run in runs:
             t = run.trial
             k = t.layout.key()
-            if k in seen:   # measured again in another call
-                if run.ok and k in truth:
-                    figures = seen[k] + [run.measured]
-                    seen[k] = figures
-                    truth[k] = sum(figures) / len(figures)
-                    spreads.append((max(figures) - min(figures)) / truth[k])
-                    repeated.add(k)
-                continue
-            seen[k] = [run.measured] if run.ok else []
-            model_run = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-            p = predict_run(Case(model_run, load_gpu("h200"), replace(t.workload, framework="megatron"), t.layout),
-                            run.runtime)
-            cands.append(Candidate(t.layout, p))
-            hours[k] = run.seconds[0] * gpus / 3600
-            if run.ok:
-                truth[k] = run.measured
+            if k not in figures:   # its first call: the candidate and its GPU-hours
+                model_run = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None,
+                                        t.replace_gdn)
+                p = predict_run(Case(model_run, load_gpu("h200"), replace(t.workload, framework="megatron"),
+                                     t.layout), run.runtime)
+                cands.append(Candidate(t.layout, p))
+                hours[k] = run.seconds[0] * gpus / 3600
+            figures.setdefault(k, []).extend([run.measured] if run.ok else [])
             if run.spread is not None:
                 spreads.append(run.spread)
+                repeated.add(k)
+        truth = {k: sum(f) / len(f) for k, f in figures.items() if f}
+        for k, f in figures.items():
+            if len(f) > 1:   # measured in more than one call
+                spreads.append((max(f) - min(f)) / truth[k])
                 repeated.add(k)
         name = f"{model} L{layers} x{gpus} seq {seq} gb {gb} ({suite.removesuffix('_suite.json')})"
         grids.append(Grid(name, cands, truth, hours, spreads, repeated, runner_stack_sd(model_run, load_gpu("h200"))))
