@@ -216,6 +216,14 @@ def test_dense_qwen3_config_counts_match_the_published_model():
     assert moe.is_moe and moe.mlp_types == (MOE,) * 40
 
 
+def test_qwen3_32b_config_counts_match_the_model_card():
+    """Qwen3-32B's config.json: the model card's 32.8B parameters, 31.2B of them outside the embeddings."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-32b/config.json").read_text())
+    spec = from_hf_config(cfg, "qwen3-32b")
+    embeddings = 2 * cfg["vocab_size"] * cfg["hidden_size"]
+    assert round(spec.params.total / 1e9, 1) == 32.8 and round((spec.params.total - embeddings) / 1e9, 1) == 31.2
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"

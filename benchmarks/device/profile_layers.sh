@@ -1,7 +1,7 @@
 # Device call: own-layer runner-component builds for the models in SPECS (one "model kind layers extra rows" per
 # line; extra is - for none, --real-vocab or --offload), appended to $OUT/builds.jsonl, then the grid SUITE (if set)
 # with the time left of BUDGET seconds. Needs .whl/a's megatron-core (and .whl/b for GDN models).
-# Usage: SPECS="$(cat specs.txt)" BUDGET=570 [SUITE=...] bash benchmarks/device/profile_layers.sh
+# Usage: SPECS="$(cat specs.txt)" BUDGET=570 [SUITE=... [ONLY=a,b]] bash benchmarks/device/profile_layers.sh
 set -u
 S0=$(date +%s)
 . benchmarks/device/session_env.sh
@@ -16,7 +16,7 @@ done <<< "$SPECS"
 if [ -n "${SUITE:-}" ]; then
   left=$(( ${BUDGET:-570} - ( $(date +%s) - S0 ) ))
   echo "grid with $left s left"
-  python -m experiments.megatron --suite "$SUITE" --out $OUT/grids.jsonl --budget-s $left > $OUT/grids.log 2>&1
+  python -m experiments.megatron --suite "$SUITE" --out $OUT/grids.jsonl --budget-s $left ${ONLY:+--only $ONLY} > $OUT/grids.log 2>&1
   grep -o '"trial":"[^"]*","gpus":1,"expect":"","elapsed_s":[0-9.]*,"status":"[a-z]*"' $OUT/grids.jsonl
 fi
 grep -h "fb " $OUT/profile.log | tail -5

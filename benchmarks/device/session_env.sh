@@ -5,3 +5,5 @@ for d in .whl/a .whl/b .whl/m; do
   [ -d "$d" ] && ls "$d"/*.whl >/dev/null 2>&1 && pip install -q --no-index --no-deps --target /tmp/site "$d"/*.whl 2>&1 | tail -1
 done
 true
+# The host's CPU: host-bound costs (kernel launches, CPU Adam) are the host's, not the GPU kind's.
+echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"
