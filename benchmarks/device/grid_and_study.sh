@@ -1,5 +1,5 @@
 # Device call: a runner grid (SUITE), its best layout repeated, then a `tune --backend megatron` study of the same
-# model and workload (STUDY_ARGS), all on one machine. Needs .whl/a (megatron-core at least) and .whl/c (optuna).
+# model and workload (STUDY_ARGS), all on one machine. Needs .whl/m (megatron-core) and .whl/c (optuna).
 # Usage: SUITE=... STUDY_ARGS="--model ... --layers N ..." GRID_S=300 STUDY_S=200 bash benchmarks/device/grid_and_study.sh
 set -u
 . benchmarks/device/session_env.sh

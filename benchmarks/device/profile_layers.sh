@@ -1,6 +1,6 @@
 # Device call: own-layer runner-component builds for the models in SPECS (one "model kind layers extra rows" per
 # line; extra is - for none, --real-vocab or --offload), appended to $OUT/builds.jsonl, then the grid SUITE (if set)
-# with the time left of BUDGET seconds. Needs .whl/a's megatron-core (and .whl/b for GDN models).
+# with the time left of BUDGET seconds. Needs .whl/m (megatron-core); GDN models also .whl/t, .whl/f and .whl/b (tilelang; fla and its FFI; z3), carried over back-to-back calls (64 MiB a call).
 # Usage: SPECS="$(cat specs.txt)" BUDGET=570 [SUITE=... [ONLY=a,b]] bash benchmarks/device/profile_layers.sh
 set -u
 S0=$(date +%s)
