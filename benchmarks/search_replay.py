@@ -81,6 +81,11 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v17-a-2026-12-03.jsonl", "runner_grids_h200_v17_suite.json"),
            ("runner-grids-h200-v17-b-2026-12-03.jsonl", "runner_grids_h200_v17_suite.json"),
            ("runner-grids-h200-v17-c-2026-12-03.jsonl", "runner_grids_h200_v17_suite.json"),
+           ("runner-grids-h200-v17-d-2026-12-04.jsonl", "runner_grids_h200_v17_suite.json"),
+           ("runner-grids-h200-v18-a-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
+           ("runner-grids-h200-v18-b-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
+           ("runner-grids-h200-v18-c-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
+           ("runner-grids-h200-v18-d-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
