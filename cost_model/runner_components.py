@@ -1,12 +1,13 @@
 """The megatron runner's step, from its components as `tune profile` measured them on the GPU.
 
 The profile (experiments.checks.runner_components) times the runner's own model, one process on one GPU:
-builds of 1 and 2 layers of each layer kind with a small vocabulary, one of 1 layer with the model's
+builds of 1 and 2 (or more) layers of each layer kind with a small vocabulary, one of 1 layer with the model's
 vocabulary, and one with the optimizer offloaded to the CPU, each at several tokens per micro-batch, with
-and without full recompute. Differences of those builds give:
+and without full recompute. Where a kind and depth was built more than once, the latest build counts.
+Differences of those builds give:
 
 - a layer's forward-backward seconds per micro-batch (gradient accumulation into the fp32 buffers
-  included), and with full recompute;
+  included), and with full recompute, from the 1-layer build and the deepest;
 - the micro-batch's ends: embedding, final norm, LM head, cross-entropy and the schedule's own time;
 - the per-step work: zeroing gradient buffers and the optimizer step, per parameter and per step;
 - the CPU optimizer step per parameter (offload), and CPU Adam per rank with several ranks per host.
