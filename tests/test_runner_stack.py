@@ -384,3 +384,53 @@ def test_the_runner_stack_refuses_micro_batches_that_do_not_split_the_global_bat
     vpp = Layout(8, pp=2, vpp=2, max_tokens_per_gpu=4096,
                  rows_per_microbatch=1)
     assert "multiple of PP 2" in microbatch_refusal(vpp, 12) and microbatch_refusal(vpp, 16) is None
+
+
+def test_a_layer_is_read_from_its_1_layer_and_deepest_builds_and_a_later_build_replaces_an_earlier():
+    """A 4-layer build beside the 1- and 2-layer ones gives the marginal layer over 3 extra layers, and a
+    re-timed build of a kind and depth (appended later: benchmarks/append_runner_builds.py) replaces the first."""
+    mb = 4
+    stale = {4096: 0.030, 8192: 0.030}            # an early build's marginal layer (host-bound at 2 micro-batches)
+    layer = {4096: 0.012, 8192: 0.020}
+    ends = {4096: 0.002, 8192: 0.003}
+    common = {"model": "tiny", "signature": "SIG", "hidden_size": 256}
+    build = lambda n, per_layer, params: {**common, "layers": n, "vocab": 1024, "params": params, "microbatches": mb,
+                                          "points": _points(per_layer, ends, None, n, mb, 0.001)}
+    section = {"microbatches": 2, "seq_len": 4096, "builds": [
+        build(1, stale, 1e6), build(2, stale, 2e6),                    # the first profile run
+        build(1, layer, 1e6), build(2, {4096: 0.5, 8192: 0.5}, 2e6),    # re-timed: the 2-layer build is not read
+        build(4, layer, 4e6)]}
+    curves = parse_runner_components(section).layer("SIG")
+    for t in (4096, 8192):
+        assert curves.none(t) == pytest.approx(layer[t])
+
+
+def test_appended_builds_keep_the_profile_readable_and_say_which_run(tmp_path):
+    """benchmarks/append_runner_builds.py: a build record appended to a copy of the shipped H200 profile is read
+    back (its layer now the latest of its kind and depth) and the section's source names the run."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from cost_model.profile import load_profile
+
+    root = Path(__file__).resolve().parents[1]
+    profile = tmp_path / "h200.yaml"
+    shutil.copy(root / "cost_model/data/profiles/h200.yaml", profile)
+    sig = next(iter(load_profile(profile).runner.layers))
+    per_layer = {4096: 0.007, 8192: 0.011}
+    records = [{"model": "tiny", "signature": sig, "kind": sig.split("|")[0].split("+"), "layers": n, "vocab": 1024,
+                "params": n * 1e6, "microbatches": 4,
+                "points": _points(per_layer, {4096: 0.002, 8192: 0.003}, None, n, 4, 0.001)} for n in (1, 3)]
+    builds = tmp_path / "builds.jsonl"
+    builds.write_text("".join(json.dumps(r) + "\n" for r in records))
+    done = subprocess.run([sys.executable, str(root / "benchmarks/append_runner_builds.py"), str(profile), str(builds),
+                           "runT", "a test run"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    curves = load_profile(profile).runner.layer(sig)
+    assert curves.model == "tiny" and curves.none(4096) == pytest.approx(0.007)
+    assert yaml.safe_load(profile.read_text())["runner_components"]["source"].endswith("runT: a test run")
