@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
         if not measured:
             continue
         rest = [b for b in builds if b["model"] != name]
-        comps = parse_runner_components({**section, "builds": rest})
+        comps = parse_runner_components({**section, "builds": rest}, shipped_profile("h200").hbm_copy_tb_s * 1e12)
         model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
         one = replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
         for tokens, seconds in measured.items():

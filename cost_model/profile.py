@@ -292,7 +292,8 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
             collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus,
             gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data,
             fp8_points=fp8_points,
-            runner=parse_runner_components(data["runner_components"]) if data.get("runner_components") else None)
+            runner=(parse_runner_components(data["runner_components"], float(mem["hbm_copy_tb_s"]) * 1e12)
+                    if data.get("runner_components") else None))
     except ProfileError:
         raise
     except DeviceMemoryError as e:

@@ -188,7 +188,17 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def _point_curve(points: dict) -> Curve | None:
+def _line_through(xs: list[float], ys: list[float], min_fixed: float) -> tuple[float, float]:
+    """(fixed, per-token) of the least-squares line, its fixed part at least `min_fixed` (a cost every
+    micro-batch pays whatever its tokens: the line's intercept is the least certain thing the points give)."""
+    fixed, slope = _line(xs, ys)
+    if fixed < min_fixed:
+        fixed = min_fixed
+        slope = sum(x * (y - fixed) for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return fixed, slope
+
+
+def _point_curve(points: dict, min_fixed: float = 0.0) -> Curve | None:
     """A component's seconds per micro-batch through its measured (tokens, seconds) points, kept at those tokens:
     max(host floor, fixed + per-token). At few tokens a layer is bound by the host launching its kernels (the
     marginal layer of the 1- and 2-layer builds costs as much at 4k tokens as at 8k on the MoE and GDN layers),
@@ -196,14 +206,16 @@ def _point_curve(points: dict) -> Curve | None:
     HOST_BOUND_POINT_GAIN) are the floor, the least-squares line runs through the rest. A difference of two
     builds carries both builds' noise, and a line keeps what the points agree on (Llama3-8B's 16k-token layer
     read 7% dearer per token than its 8k one); a line through host-bound points too overstates the fixed cost
-    (Qwen3.6's GDN layer at 8k tokens by 17%)."""
+    (Qwen3.6's GDN layer at 8k tokens by 17%). The line's fixed part is at least `min_fixed`: what the component
+    pays per micro-batch whatever its tokens (its parameters' gradient accumulation), which points dominated by
+    per-token work leave uncertain."""
     xs = sorted(points)
     if len(xs) < 3:
         return Curve(tuple(float(x) for x in xs), tuple(float(points[x]) for x in xs)) if xs else None
     ys = [float(points[x]) for x in xs]
     best = None
     for k in range(len(xs) - 2):
-        fixed, slope = _line(xs[k:], ys[k:])
+        fixed, slope = _line_through(xs[k:], ys[k:], min_fixed)
         if k == 0:
             fixed, slope = max(fixed, 0.0), max(slope, 0.0)
         floor = max(ys[:k], default=0.0)
@@ -215,9 +227,17 @@ def _point_curve(points: dict) -> Curve | None:
     return Curve(tuple(float(x) for x in xs), tuple(fit), floor, line)
 
 
-def parse_runner_components(section: dict) -> RunnerComponents:
+# Bytes a parameter's gradient accumulation moves per micro-batch: the bf16 gradient read, the fp32 main
+# gradient read and written (megatron's DDP without gradient-accumulation fusion).
+GRAD_ACCUMULATION_BYTES = 2 + 4 + 4
+
+
+def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None) -> RunnerComponents:
     """Derive the components from the measured builds (differences of 1- and 2-layer builds, see the module
-    docstring). Raises KeyError/TypeError/ValueError on a malformed section (the profile parser reports it)."""
+    docstring). With `hbm_bytes_per_s` (the profile's measured copy rate) a layer's and the ends' fixed cost per
+    micro-batch is at least their parameters' gradient accumulation at that rate. Raises KeyError/TypeError/
+    ValueError on a malformed section (the profile parser reports it)."""
+    accumulate = GRAD_ACCUMULATION_BYTES / hbm_bytes_per_s if hbm_bytes_per_s else 0.0
     mb = int(section["microbatches"])
     offloaded = [b for b in section["builds"] if b.get("offload")]
     builds = [b for b in section["builds"] if not b.get("offload")]
@@ -236,10 +256,12 @@ def parse_runner_components(section: dict) -> RunnerComponents:
         if n != 1 or not more:
             continue
         two, extra = small[(sig, max(more))], max(more) - 1
+        per_layer = (float(two["params"]) - float(one["params"])) / extra
         curves = []
         for full in (False, True):
             a, b2 = fwd_bwd(one, full), fwd_bwd(two, full)
-            curves.append(_point_curve({t: max(b2[t] - a[t], 0.0) / extra for t in a if t in b2}))
+            curves.append(_point_curve({t: max(b2[t] - a[t], 0.0) / extra for t in a if t in b2},
+                                       per_layer * accumulate))
         if curves[0] is not None:
             layers[sig] = LayerCurves(str(one["model"]), curves[0], curves[1])
             first_kind.setdefault(str(one["model"]), sig)
@@ -249,7 +271,8 @@ def parse_runner_components(section: dict) -> RunnerComponents:
             continue
         layer = layers[b["signature"]].none
         per_mb = {t: s - layer(t) for t, s in fwd_bwd(b, False).items()}
-        curve = _point_curve(per_mb)
+        tables = float(b["params"]) - float(small[(b["signature"], 1)]["params"])   # the model's vocabulary's rows
+        curve = _point_curve(per_mb, max(tables, 0.0) * accumulate)
         if curve is not None:
             ends[(int(b["hidden_size"]), int(b["vocab"]))] = (str(b["model"]), curve)
     # The per-step work against the build's parameter count: a least-squares line through every build.

@@ -22,7 +22,7 @@ from cost_model.nouns.layout import Layout
 from cost_model.memory import backup_bytes, offloaded_params, sharded_params
 from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
-from cost_model.runner_components import RunnerComponents, layer_signature, signature_model
+from cost_model.runner_components import GRAD_ACCUMULATION_BYTES, RunnerComponents, layer_signature, signature_model
 from cost_model.stages import RankLayers
 from cost_model.nouns.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
@@ -325,9 +325,6 @@ def _sync_and_overhead(ctx: StepContext) -> tuple[float, float]:
 SOFTMAX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
 
 
-# Megatron's unfused gradient accumulation per parameter and micro-batch: the bf16 grad read, the fp32 main grad
-# read and written (megatron-core 0.19.2 DDP hook, main_grad.add_(grad) without gradient_accumulation_fusion)
-GRAD_ACCUMULATION_BYTES = 2 + 4 + 4
 
 
 def shard_layer_params(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout) -> float:
@@ -420,7 +417,11 @@ def runner_ends(ctx: StepContext) -> float:
     near = nearest_ends(ends, *key)
     measured = ends[near][1](ctx.tokens)
     rest = max(measured - lm_head_seconds(ctx, *near), 0.0) * key[1] / near[1]
-    return (lm_head_seconds(ctx, *key) + rest) / ctx.layout.tp
+    # the vocabulary tables' gradient accumulation per micro-batch is this model's (the scaling by the vocabulary
+    # above leaves out the hidden size)
+    tables = 1 if model.tie_word_embeddings else 2
+    rest += tables * (key[0] - near[0]) * key[1] * GRAD_ACCUMULATION_BYTES / ctx.rates.hbm
+    return (lm_head_seconds(ctx, *key) + max(rest, 0.0)) / ctx.layout.tp
 
 
 def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> dict[str, float]:

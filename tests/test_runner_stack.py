@@ -344,6 +344,32 @@ def test_a_component_is_a_host_floor_then_a_line_and_scaled_work_keeps_the_floor
     assert line.floor == 0 and line(32768) == pytest.approx(0.032)
 
 
+def test_a_components_fixed_cost_per_micro_batch_is_at_least_its_gradient_accumulation():
+    from cost_model.runner_components import _point_curve
+    points = {8192: 0.0100, 16384: 0.0190, 32768: 0.0370}      # a line with a 1 ms fixed part
+    free = _point_curve(points)
+    assert free.line[0] == pytest.approx(0.001, abs=1e-4)
+    floored = _point_curve(points, min_fixed=0.003)             # its parameters' accumulation costs 3 ms per micro-batch
+    assert floored.line[0] == pytest.approx(0.003)
+    # the slope is refitted through the points with that fixed part: still close at the measured tokens
+    assert all(floored(t) == pytest.approx(s, rel=0.15) for t, s in points.items())
+    assert floored(2048) > free(2048)                          # fewer tokens keep the per-micro-batch cost
+    assert _point_curve(points, min_fixed=0.0005).line == free.line   # a floor under the fit changes nothing
+
+
+def test_parse_runner_components_floors_a_layers_fixed_cost_at_the_measured_copy_rate():
+    mb, layer, ends = 2, {4096: 0.004, 8192: 0.008, 16384: 0.016}, {4096: 0.002, 8192: 0.003, 16384: 0.005}
+    step = lambda params: 0.001 + 1e-9 * params
+    common = {"model": "tiny", "signature": "SIG", "hidden_size": 256}
+    section = {"microbatches": mb, "seq_len": 4096, "device": "H200", "date": "2026-12-04", "builds": [
+        {**common, "layers": 1, "vocab": 1024, "params": 1e8, "points": _points(layer, ends, None, 1, mb, step(1e8))},
+        {**common, "layers": 2, "vocab": 1024, "params": 2e8, "points": _points(layer, ends, None, 2, mb, step(2e8))}]}
+    hbm = 4e12
+    assert parse_runner_components(section).layer("SIG").none.line[0] == pytest.approx(0.0, abs=1e-6)
+    floored = parse_runner_components(section, hbm).layer("SIG").none
+    assert floored.line[0] == pytest.approx(1e8 * 10 / hbm)    # 1e8 parameters x 10 bytes at 4 TB/s = 0.25 ms
+
+
 def test_ends_of_an_unprofiled_hidden_size_swap_the_lm_head_gemms_and_keep_the_loss_path():
     from cost_model.predict import runner_components  # noqa: F401  (the profile holds llama3-8b's ends, hidden 4096)
     big = trial_model(load_model("llama3-70b"), 1)
