@@ -224,6 +224,14 @@ def test_qwen3_32b_config_counts_match_the_model_card():
     assert round(spec.params.total / 1e9, 1) == 32.8 and round((spec.params.total - embeddings) / 1e9, 1) == 31.2
 
 
+def test_qwen3_8b_config_counts_match_the_model_card():
+    """Qwen3-8B's config.json: the model card's 8.2B parameters, 6.95B of them outside the embeddings."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-8b/config.json").read_text())
+    spec = from_hf_config(cfg, "qwen3-8b")
+    embeddings = 2 * cfg["vocab_size"] * cfg["hidden_size"]
+    assert round(spec.params.total / 1e9, 1) == 8.2 and round((spec.params.total - embeddings) / 1e9, 2) == 6.95
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"
