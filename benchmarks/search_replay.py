@@ -86,6 +86,10 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v18-b-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
            ("runner-grids-h200-v18-c-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
            ("runner-grids-h200-v18-d-2026-12-04.jsonl", "runner_grids_h200_v18_suite.json"),
+           ("runner-grids-h200-v19-a-2026-12-04.jsonl", "runner_grids_h200_v19_suite.json"),
+           ("runner-grids-h200-v19-b-2026-12-04.jsonl", "runner_grids_h200_v19_suite.json"),
+           ("runner-grids-h200-v19-c-2026-12-04.jsonl", "runner_grids_h200_v19_suite.json"),
+           ("runner-grids-h200-v19-d-2026-12-04.jsonl", "runner_grids_h200_v19_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -248,9 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--proposers", default="agent,predicted,tpe,gp,random")
     ap.add_argument("--min-layouts", type=int, default=3, help="leave out grids with fewer layouts")
+    ap.add_argument("--suite", default="", help="only the grids of suites whose file name contains this (e.g. v19: "
+                    "the grids held out from every change so far)")
     args = ap.parse_args(argv)
     proposers = args.proposers.split(",")
-    grids = load_grids(args.min_layouts)
+    grids = [g for g in load_grids(args.min_layouts) if args.suite in g.name]
+    if not grids:
+        print(f"search_replay: no grid of a suite matching {args.suite!r}", file=sys.stderr)
+        return 2
     every: dict = {p: [] for p in proposers}
     bands: list = []
     for g in grids:
@@ -305,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
           "tokens/s, in sample for memory (unfused_glu_backward_tensors was fitted on it); the v7 grid (Mixtral-8x22B) "
           "held out for tokens/s, in sample for memory (unfused_moe_act_recompute_tensors); the v8 and v9 grids held "
           "out for tokens/s (predictions committed before they ran), in sample for memory since the 2026-12-03 "
-          "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11, v12, v13, v16 and v17 grids held out "
-          "(predictions committed before they ran; v16: Mistral-Small-24B, Qwen3-235B-A22B at 8k, Qwen3.6 at 2k; v17: "
-          "Qwen3-14B, CodeLlama-34B, Qwen3.6 at 5 layers)")
+          "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11-v18 grids ran with predictions "
+          "committed before them, then every grid up to v18 was looked at when a component's fixed cost per micro-batch "
+          "was floored at its gradient accumulation (2026-12-04): in sample since; the v19 grids (Qwen3-8B, "
+          "Mixtral-8x22B at seq 16k, Qwen3.6 at 5 layers seq 8k) ran after that, predictions committed before: held out "
+          "(--suite v19 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
