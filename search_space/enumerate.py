@@ -16,7 +16,7 @@ from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
-from search_space.rules import layout_violations, shape_violations, violations
+from search_space.rules import microbatch_violations, shape_violations, template_violations, violations
 from cost_model.nouns.stack import Stack
 
 
@@ -294,23 +294,36 @@ class ShapeRuns:
         first: dict = {}
         self.same_as = [first.setdefault(_template_key(t), i) for i, t in enumerate(self.templates)]
         self.broken = None   # the shape's own rules, asked of its first layout: the same for all of them
+        # per template, its first layout built and whether it passes the template's rules (rules.template_violations):
+        # its siblings are that layout with another micro-batch (Layout.with_microbatch), asked the batching rules
+        self.built: dict[int, tuple[Layout, bool]] = {}
 
     def layout(self, rows_index: int, template_index: int) -> Layout | None:
         """The layout, or None where it is not valid (a broken shape: `broken` is True after the first one)."""
         if self.broken:
             return None
-        rows, (rc, off, disp) = self.rows[rows_index], self.templates[template_index]
+        rows, workload = self.rows[rows_index], self.workload
+        built = self.built.get(template_index)
+        if built is not None:
+            first, passes = built
+            if not passes:
+                return None
+            layout = first.with_microbatch(self.max_tokens[rows_index], rows)
+            return None if microbatch_violations(layout, workload) else layout
+        rc, off, disp = self.templates[template_index]
         try:
             layout = Layout(self.world_size, **self.shape, max_tokens_per_gpu=self.max_tokens[rows_index],
                             rows_per_microbatch=rows, dispatcher=disp, **rc, **off)
         except InvalidLayout:
             return None
-        model, workload, stack = self.model, self.workload, self.stack
+        model, stack = self.model, self.stack
         if self.broken is None:
             self.broken = bool(shape_violations(layout, model, workload, stack))
             if self.broken:
                 return None
-        return None if layout_violations(layout, model, workload, stack) else layout
+        passes = not template_violations(layout, model, stack)
+        self.built[template_index] = (layout, passes)
+        return layout if passes and not microbatch_violations(layout, workload) else None
 
 
 def _template_key(template: tuple) -> tuple:

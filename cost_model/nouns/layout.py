@@ -115,6 +115,19 @@ class Layout:
             raise InvalidLayout(f"the flex dispatcher needs EP x ETP > 1, got EP {ep} x ETP {etp}")
         self._check_ep_overlap()
 
+    def with_microbatch(self, max_tokens_per_gpu: int, rows_per_microbatch: int) -> "Layout":
+        """This layout with another micro-batch: the other fields passed their checks when it was built and no check
+        or derived size reads the micro-batch but for being a positive integer, so they are not run again (a space
+        builds each parallel shape's layouts at every micro-batch size)."""
+        if not (max_tokens_per_gpu.__class__ is int and max_tokens_per_gpu >= 1
+                and rows_per_microbatch.__class__ is int and rows_per_microbatch >= 1):
+            return replace(self, max_tokens_per_gpu=max_tokens_per_gpu, rows_per_microbatch=rows_per_microbatch)
+        out = object.__new__(Layout)
+        d = out.__dict__
+        d.update(self.__dict__)   # the fields and the derived sizes worked out so far (none reads the micro-batch)
+        d["max_tokens_per_gpu"], d["rows_per_microbatch"] = max_tokens_per_gpu, rows_per_microbatch
+        return out
+
     def _check_ep_overlap(self):
         """TransformerConfig's checks of overlap_moe_expert_parallel_comm that need only the layout."""
         on = self.overlap_moe_expert_parallel_comm
