@@ -14,6 +14,7 @@ from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.memory import MEMORY_BLIND_FIELDS
 from cost_model.nouns.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
 from search_space.rules import microbatch_violations, shape_violations, template_violations, violations
@@ -293,6 +294,11 @@ class ShapeRuns:
         # a template given twice (the same fields) runs the same layouts: the first's index names both
         first: dict = {}
         self.same_as = [first.setdefault(_template_key(t), i) for i, t in enumerate(self.templates)]
+        # templates whose layouts hold the same memory (they differ only in fields memory does not read): one that
+        # does not fit at some micro-batch rules out the other's at that micro-batch and above, as its own siblings
+        first = {}
+        self.same_memory_as = [first.setdefault(_template_key(t, MEMORY_BLIND_FIELDS), i)
+                               for i, t in enumerate(self.templates)]
         self.broken = None   # the shape's own rules, asked of its first layout: the same for all of them
         # per template, its first layout built and whether it passes the template's rules (rules.template_violations):
         # its siblings are that layout with another micro-batch (Layout.with_microbatch), asked the batching rules
@@ -326,9 +332,9 @@ class ShapeRuns:
         return layout if passes and not microbatch_violations(layout, workload) else None
 
 
-def _template_key(template: tuple) -> tuple:
+def _template_key(template: tuple, leave_out: tuple = ()) -> tuple:
     rc, off, disp = template
-    return tuple(sorted(rc.items())), tuple(sorted(off.items())), disp
+    return tuple(sorted(rc.items())), tuple(sorted(i for i in off.items() if i[0] not in leave_out)), disp
 
 
 def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Workload, stack: Stack,

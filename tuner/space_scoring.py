@@ -38,6 +38,9 @@ class _Scoring:
         self.fitting: list[tuple[Layout, Prediction]] = []
         self.refused: list[str] = []
         self.least, self.count = None, 0
+        # the cost model's memory verdicts (read by the shipped prediction, or a runner declaring it prices as the
+        # cost model does): layouts of templates that share their memory share what memory rules out
+        self.same_memory = prunable(config, runner)
         # every layout looked at counts (a run of refused or ruled-out ones too), so a large space reports within
         # seconds whatever it holds (tuner.progress)
         self.looked = Counter(progress if isinstance(progress, Progress) else None, "scored layouts",
@@ -68,10 +71,13 @@ class _Scoring:
         are counted unbuilt, before the enumeration's rules, and the count returned (a pruned scoring's)."""
         placed, refusal, least, left_out = [], None, None, 0
         n_templates, max_tokens = len(runs.templates), runs.max_tokens
-        ruled_out: dict[int, int] = {}   # per run (its first template's index): the fewest tokens ruled out
+        # per run (its first template's index; templates of the same memory are one run where `same_memory`): the
+        # fewest tokens ruled out
+        ruled_out: dict[int, int] = {}
         looked = self.looked
+        runs_of = runs.same_memory_as if self.same_memory else runs.same_as
         for ti in range(n_templates):
-            run = runs.same_as[ti]
+            run = runs_of[ti]
             dispatcher = runs.templates[ti][2]
             for ri, tokens in enumerate(max_tokens):
                 if live is not None and (tokens, dispatcher) not in live:
