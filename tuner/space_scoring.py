@@ -208,8 +208,8 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
                                     f"{config.world_size:,} GPUs passed {MAX_SPACE_LAYOUTS:,} layouts before the rest "
                                     f"could be ruled out; use fewer GPUs (--gpus)")
             parts[i] = scoring.fitting[start:]
-            bars.offer(parts[i], bounds[i].shape_ceilings(every))
-        kept = {i: [(l, p) for l, p in part if bounds[i].matters(l, p, every, bars)] for i, part in parts.items()}
+            bars.offer(parts[i], bounds[i].shape_ceilings(every), bounds[i])
+        kept = {i: bounds[i].kept(part, every, bars) for i, part in parts.items()}
         scoring.fitting = [lp for i in sorted(kept) for lp in kept[i]]
     pruned.shapes = len(skipped)
     pruned.layouts += space_size([shapes[i] for i in skipped], config.model, config.world_size, config.workload,
