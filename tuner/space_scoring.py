@@ -20,7 +20,7 @@ from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
                                     space_plan, space_size)
 from search_space.runner_space import RunnerSpace
-from tuner.gc_pause import no_cyclic_gc
+from tuner.gc_pause import kept_work
 from tuner.options import CliError
 from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 from tuner import space_pruning
@@ -158,7 +158,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
         scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     else:
         scoring = _Scoring(config, runner, progress)
-        with no_cyclic_gc():
+        with kept_work():
             for shape in shapes:
                 scoring.take_shape(ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack,
                                              options))
@@ -188,7 +188,7 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
     scoring.looked.tail = lambda: (f", {len(scoring.fitting):,} may fit, {len(skipped):,} of {len(shapes):,} "
                                    f"shapes and {pruned.layouts:,} layouts of others left unscored; still enumerating")
     parts = {}
-    with no_cyclic_gc():
+    with kept_work():
         for at, i in enumerate(order):
             if ceilings[i] < bars.lowest():   # every later shape's too: the order is by this ceiling
                 skipped += order[at:]
