@@ -200,8 +200,7 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
     if hit is None:
         base = _BASE_MEMO.get(key)
         if base is None:
-            twin = ctx if (c is ctx.c and rates is ctx.rates) else replace(ctx, c=c, rates=rates)
-            base = _BASE_MEMO.put(key, held, _rank_microbatch_terms(twin, rank, ep_overlap))
+            base = _BASE_MEMO.put(key, held, _rank_microbatch_terms(ctx, rank, ep_overlap, c, rates))
         hit = _RANK_MEMO.put(key + (launch,), held, with_launch(*base[1], launch))
     return hit[1]
 
@@ -210,8 +209,10 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
 _BASE_MEMO = IdentityMemo(100_000)
 
 
-def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> tuple[dict[str, float], tuple]:
-    model, rates, layout, tokens, c = ctx.model, ctx.rates, ctx.layout, ctx.tokens, ctx.c
+def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float, c: Constants,
+                           rates: Rates) -> tuple[dict[str, float], tuple]:
+    """The terms without the launch term, under `c` and `rates` (the context's time twin) for the rest of `ctx`."""
+    model, layout, tokens = ctx.model, ctx.layout, ctx.tokens
     frozen_weights, vision = ctx.frozen_weights, ctx.vision
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)

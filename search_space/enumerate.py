@@ -289,16 +289,13 @@ class ShapeRuns:
         self.shape, self.model, self.world_size, self.workload, self.stack = shape, model, world_size, workload, stack
         self.rows = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
         self.max_tokens = tuple(max_tokens_per_gpu(rows, shape["cp"], workload.seq_len) for rows in self.rows)
-        self.templates = list(product(recompute_choices(model, options), offload_choices(options),
-                                      shape_dispatchers(shape, stack, options)))
+        parts = (recompute_choices(model, options), offload_choices(options), shape_dispatchers(shape, stack, options))
+        self.templates = list(product(*parts))
         # a template given twice (the same fields) runs the same layouts: the first's index names both
-        first: dict = {}
-        self.same_as = [first.setdefault(_template_key(t), i) for i, t in enumerate(self.templates)]
+        self.same_as = _first_of_each(product(*_part_keys(parts)))
         # templates whose layouts hold the same memory (they differ only in fields memory does not read): one that
         # does not fit at some micro-batch rules out the other's at that micro-batch and above, as its own siblings
-        first = {}
-        self.same_memory_as = [first.setdefault(_template_key(t, MEMORY_BLIND_FIELDS), i)
-                               for i, t in enumerate(self.templates)]
+        self.same_memory_as = _first_of_each(product(*_part_keys(parts, MEMORY_BLIND_FIELDS)))
         self.broken = None   # the shape's own rules, asked of its first layout: the same for all of them
         # per template, its first layout built and whether it passes the template's rules (rules.template_violations):
         # its siblings are that layout with another micro-batch (Layout.with_microbatch), asked the batching rules
@@ -332,9 +329,17 @@ class ShapeRuns:
         return layout if passes and not microbatch_violations(layout, workload) else None
 
 
-def _template_key(template: tuple, leave_out: tuple = ()) -> tuple:
-    rc, off, disp = template
-    return tuple(sorted(rc.items())), tuple(sorted(i for i in off.items() if i[0] not in leave_out)), disp
+def _part_keys(parts: tuple, leave_out: tuple = ()) -> tuple:
+    """The recompute, offload and dispatcher choices as keys (their fields, less `leave_out`), in their order."""
+    rcs, offs, disps = parts
+    return ([tuple(sorted(rc.items())) for rc in rcs],
+            [tuple(sorted(i for i in off.items() if i[0] not in leave_out)) for off in offs], disps)
+
+
+def _first_of_each(keys) -> list[int]:
+    """Per key, the index of the first equal key."""
+    first: dict = {}
+    return [first.setdefault(key, i) for i, key in enumerate(keys)]
 
 
 def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
