@@ -414,6 +414,16 @@ def _activation_table(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers,
 # memory) hold the same memory: the peak reads every other field of the layout, and the inputs in the key (objects
 # by identity, held by the memo). A vision workload's inputs are built per layout: not memoized.
 MEMORY_BLIND_FIELDS = ("overlap_d2h_h2d",)   # the layout's fields no part of its memory reads
+
+
+def lighter_optimizer(choice: dict) -> dict | None:
+    """An optimizer choice (the offload and moments' fields of a layout) whose layouts hold no more GPU memory than
+    this one's, all else alike, to the bit: bf16 Adam moments for fp32 ones on the GPU. Only the optimizer state
+    reads the moments' dtype (static_memory), every sum after it is monotonic, and the host memory does not read it:
+    a layout that does not fit with bf16 moments does not fit with fp32 ones. None: no such choice."""
+    if choice.get("exp_avg_dtype") != "fp32" or choice.get("optimizer_offload_fraction", 0.0) > 0:
+        return None
+    return {**choice, "exp_avg_dtype": "bf16"}
 _MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in MEMORY_BLIND_FIELDS)
 _memory_fields = attrgetter(*_MEMORY_FIELDS)
 _PEAK_MEMO = IdentityMemo(50_000)

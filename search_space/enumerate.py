@@ -14,7 +14,7 @@ from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import InvalidLayout, Layout
-from cost_model.memory import MEMORY_BLIND_FIELDS
+from cost_model.memory import MEMORY_BLIND_FIELDS, lighter_optimizer
 from cost_model.nouns.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
 from search_space.rules import microbatch_violations, shape_violations, template_violations, violations
@@ -296,6 +296,13 @@ class ShapeRuns:
         # templates whose layouts hold the same memory (they differ only in fields memory does not read): one that
         # does not fit at some micro-batch rules out the other's at that micro-batch and above, as its own siblings
         self.same_memory_as = _first_of_each(product(*_part_keys(parts, MEMORY_BLIND_FIELDS)))
+        # per template, one whose layouts hold no more memory at each micro-batch (cost_model.memory's
+        # lighter_optimizer), or None: where that one does not fit, this one does not
+        rcs, offs, disps = parts
+        lighter = [lighter_optimizer(off) for off in offs]
+        at = {(r, o, d): i for i, (r, o, d) in enumerate(product(range(len(rcs)), range(len(offs)), range(len(disps))))}
+        self.lighter_than = [None if lighter[o] is None or lighter[o] not in offs else at[r, offs.index(lighter[o]), d]
+                             for r, o, d in at]
         self.broken = None   # the shape's own rules, asked of its first layout: the same for all of them
         # per template, its first layout built and whether it passes the template's rules (rules.template_violations):
         # its siblings are that layout with another micro-batch (Layout.with_microbatch), asked the batching rules

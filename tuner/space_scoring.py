@@ -76,9 +76,12 @@ class _Scoring:
         ruled_out: dict[int, int] = {}
         looked = self.looked
         runs_of = runs.same_memory_as if self.same_memory else runs.same_as
-        for ti in range(n_templates):
+        lighter = runs.lighter_than if self.same_memory else [None] * n_templates
+        # a template whose layouts a lighter one's rule out is taken after it (the result does not read the order)
+        for ti in sorted(range(n_templates), key=lambda t: lighter[t] is not None):
             run = runs_of[ti]
             dispatcher = runs.templates[ti][2]
+            lighter_run = None if lighter[ti] is None else runs_of[lighter[ti]]
             for ri, tokens in enumerate(max_tokens):
                 if live is not None and (tokens, dispatcher) not in live:
                     left_out += 1   # counted as the enumeration would build it, before its rules (as Pruned says)
@@ -93,6 +96,11 @@ class _Scoring:
                         return 0
                     continue
                 looked.add()
+                if lighter_run is not None and ruled_out.get(lighter_run, math.inf) <= tokens:
+                    # a layout holding no more memory does not fit: nor does this one (counted, not priced)
+                    self.count += 1
+                    ruled_out[run] = min(ruled_out.get(run, math.inf), tokens)
+                    continue
                 place = ri * n_templates + ti
                 try:
                     mv = self.memory(layout)
