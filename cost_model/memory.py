@@ -13,6 +13,7 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
@@ -202,8 +203,21 @@ class OffloadSplit:
     #                             CPU Adam and copies: whole tensors, so up to a tensor more than the fraction)
 
 
+# A rank's layers are a few kinds repeated: each kind's tensors are listed once per model, kinds and shards.
+_TENSORS_MEMO = IdentityMemo(10_000)
+
+
 def _layer_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
-                   gdn_sharded: bool) -> list[tuple[float, bool]]:
+                   gdn_sharded: bool) -> tuple[tuple[float, bool], ...]:
+    """`_kind_tensors`, memoized (it reads the layout's TP, EP and ETP only)."""
+    key = (id(model), attn_kind, mlp_kind, layout.tp, layout.ep, layout.etp, gdn_sharded)
+    hit = _TENSORS_MEMO.get(key) or _TENSORS_MEMO.put(key, model, tuple(
+        _kind_tensors(model, attn_kind, mlp_kind, layout, gdn_sharded)))
+    return hit[1]
+
+
+def _kind_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
+                  gdn_sharded: bool) -> list[tuple[float, bool]]:
     """The 2-D tensors of one layer on one GPU as (elements, is_expert), in megatron's parameter order (attention's
     linear_proj before linear_qkv; the MoE router, the experts' stacked fc1 and fc2, then the shared expert); 1-D
     tensors (norms, biases, gates) are left to the norm group."""
@@ -332,9 +346,11 @@ def _shard_split(buffer_order: tuple, rest: float, fraction: float, shards: int)
     for n in items:
         bounds.append((acc, acc + n))
         acc += n
+    # the tensors a shard cuts are a contiguous run of them (starts and ends both ascend): found by bisection
+    starts, ends = [a for a, _ in bounds], [b for _, b in bounds]
     for r in range(min(shards, 4096)):
         lo, hi = r * size, (r + 1) * size
-        pieces = [min(b, hi) - max(a, lo) for a, b in bounds if b > lo and a < hi]
+        pieces = [min(b, hi) - max(a, lo) for a, b in bounds[bisect_right(ends, lo):bisect_left(starts, hi)]]
         kept = _kept_on_gpu(pieces, 0.0, fraction)
         most_kept, most_moved = max(most_kept, kept), max(most_moved, sum(pieces) - kept)
     return most_kept, most_moved
