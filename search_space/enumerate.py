@@ -322,8 +322,12 @@ class ShapeRuns:
             return None if microbatch_violations(layout, workload) else layout
         rc, off, disp = self.templates[template_index]
         try:
-            layout = Layout(self.world_size, **self.shape, max_tokens_per_gpu=self.max_tokens[rows_index],
-                            rows_per_microbatch=rows, dispatcher=disp, **rc, **off)
+            if self.built:   # the shape's first layout with this template's choices (only their checks run)
+                layout = next(iter(self.built.values()))[0].with_choices(self.max_tokens[rows_index], rows,
+                                                                        dispatcher=disp, **rc, **off)
+            else:
+                layout = Layout(self.world_size, **self.shape, max_tokens_per_gpu=self.max_tokens[rows_index],
+                                rows_per_microbatch=rows, dispatcher=disp, **rc, **off)
         except InvalidLayout:
             return None
         model, stack = self.model, self.stack
