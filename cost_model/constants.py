@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from importlib import resources
 
-import yaml
+from cost_model.nouns.user_file import shipped_yaml
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class Constants:
 
 @lru_cache(maxsize=1)
 def default_constants() -> Constants:
-    return Constants.from_mapping(yaml.safe_load(constants_text()))
+    return Constants.from_mapping(shipped_yaml(constants_text()))
 
 
 def constants_text() -> str:
@@ -80,5 +80,5 @@ def constants_text() -> str:
 
 
 def constants_sources() -> dict[str, str]:
-    data = yaml.safe_load(constants_text())
+    data = shipped_yaml(constants_text())
     return {k: v.get("source", "") for k, v in data["constants"].items() if isinstance(v, dict)}

@@ -13,11 +13,12 @@ counted per layer kind in `cost_model.activations`, the output layer and loss in
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
-from cost_model.activations import in_flight_microbatches, rank_activation_bytes
+from cost_model.activations import _activation_fields, in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
 from cost_model.device_memory import DeviceMemory, overheads
 from cost_model.nouns.hardware import GpuSpec
@@ -202,8 +203,21 @@ class OffloadSplit:
     #                             CPU Adam and copies: whole tensors, so up to a tensor more than the fraction)
 
 
+# A rank's layers are a few kinds repeated: each kind's tensors are listed once per model, kinds and shards.
+_TENSORS_MEMO = IdentityMemo(10_000)
+
+
 def _layer_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
-                   gdn_sharded: bool) -> list[tuple[float, bool]]:
+                   gdn_sharded: bool) -> tuple[tuple[float, bool], ...]:
+    """`_kind_tensors`, memoized (it reads the layout's TP, EP and ETP only)."""
+    key = (id(model), attn_kind, mlp_kind, layout.tp, layout.ep, layout.etp, gdn_sharded)
+    hit = _TENSORS_MEMO.get(key) or _TENSORS_MEMO.put(key, model, tuple(
+        _kind_tensors(model, attn_kind, mlp_kind, layout, gdn_sharded)))
+    return hit[1]
+
+
+def _kind_tensors(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout,
+                  gdn_sharded: bool) -> list[tuple[float, bool]]:
     """The 2-D tensors of one layer on one GPU as (elements, is_expert), in megatron's parameter order (attention's
     linear_proj before linear_qkv; the MoE router, the experts' stacked fc1 and fc2, then the shared expert); 1-D
     tensors (norms, biases, gates) are left to the norm group."""
@@ -332,9 +346,11 @@ def _shard_split(buffer_order: tuple, rest: float, fraction: float, shards: int)
     for n in items:
         bounds.append((acc, acc + n))
         acc += n
+    # the tensors a shard cuts are a contiguous run of them (starts and ends both ascend): found by bisection
+    starts, ends = [a for a, _ in bounds], [b for _, b in bounds]
     for r in range(min(shards, 4096)):
         lo, hi = r * size, (r + 1) * size
-        pieces = [min(b, hi) - max(a, lo) for a, b in bounds if b > lo and a < hi]
+        pieces = [min(b, hi) - max(a, lo) for a, b in bounds[bisect_right(ends, lo):bisect_left(starts, hi)]]
         kept = _kept_on_gpu(pieces, 0.0, fraction)
         most_kept, most_moved = max(most_kept, kept), max(most_moved, sum(pieces) - kept)
     return most_kept, most_moved
@@ -383,10 +399,48 @@ def _rank_static(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...]
     return hit[1]
 
 
+# The layouts of a parallel shape share their ranks' static memory per optimizer choice, and their activations per
+# micro-batch and recompute: each is one table over the pipeline ranks (one memo lookup per layout, not one per rank),
+# keyed as its per-rank terms are (_rank_static, activations.rank_activation_bytes).
+_STATIC_TABLE_MEMO = IdentityMemo(50_000)
+_ACTIVATION_TABLE_MEMO = IdentityMemo(100_000)
+
+
+def _static_table(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], inputs: MemoryInputs) -> tuple:
+    """Per pipeline rank, `_rank_static`."""
+    rt = inputs.runtime
+    key = (id(model), id(rt), id(ranks), _static_fields(layout), inputs.precision_aware, inputs.frozen_weights)
+    hit = _STATIC_TABLE_MEMO.get(key) or _STATIC_TABLE_MEMO.put(key, (model, rt, ranks), tuple(
+        _rank_static(model, layout, ranks, i, inputs) for i in range(len(ranks))))
+    return hit[1]
+
+
+def _activation_table(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers, ...], inputs: MemoryInputs,
+                      in_flight: float, c: Constants) -> tuple:
+    """Per pipeline rank, (saved, working) activation bytes (activations.rank_activation_bytes)."""
+    rt = inputs.runtime
+    key = (id(model), id(ranks), id(c), _activation_fields(layout), inputs.tokens, inputs.routed_rows_per_token,
+           rt.gdn_sharded, rt.fused_kernels, inputs.precision, in_flight)
+    hit = _ACTIVATION_TABLE_MEMO.get(key) or _ACTIVATION_TABLE_MEMO.put(key, (model, ranks, c), tuple(
+        rank_activation_bytes(i, r, model, layout, inputs, in_flight, c) for i, r in enumerate(ranks)))
+    return hit[1]
+
+
 # Layouts that differ only in whether the offloaded optimizer's copies overlap its step (overlap_d2h_h2d: time, not
 # memory) hold the same memory: the peak reads every other field of the layout, and the inputs in the key (objects
 # by identity, held by the memo). A vision workload's inputs are built per layout: not memoized.
-_MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name != "overlap_d2h_h2d")
+MEMORY_BLIND_FIELDS = ("overlap_d2h_h2d",)   # the layout's fields no part of its memory reads
+
+
+def lighter_optimizer(choice: dict) -> dict | None:
+    """An optimizer choice (the offload and moments' fields of a layout) whose layouts hold no more GPU memory than
+    this one's, all else alike, to the bit: bf16 Adam moments for fp32 ones on the GPU. Only the optimizer state
+    reads the moments' dtype (static_memory), every sum after it is monotonic, and the host memory does not read it:
+    a layout that does not fit with bf16 moments does not fit with fp32 ones. None: no such choice."""
+    if choice.get("exp_avg_dtype") != "fp32" or choice.get("optimizer_offload_fraction", 0.0) > 0:
+        return None
+    return {**choice, "exp_avg_dtype": "bf16"}
+_MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in MEMORY_BLIND_FIELDS)
 _memory_fields = attrgetter(*_MEMORY_FIELDS)
 _PEAK_MEMO = IdentityMemo(50_000)
 
@@ -412,9 +466,11 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
     outside = fixed.outside_pytorch
     head_loss = loss_path_bytes(model, layout, inputs.tokens, rt)   # the same on every rank that holds a head
     best, best_total = None, None
+    statics, activations = _static_table(model, layout, ranks, inputs), _activation_table(model, layout, ranks,
+                                                                                          inputs, in_flight, c)
     for i, r in enumerate(ranks):
-        weights, grads, optimizer, step_bytes = _rank_static(model, layout, ranks, i, inputs)
-        saved, working = rank_activation_bytes(i, r, model, layout, inputs, in_flight, c)
+        weights, grads, optimizer, step_bytes = statics[i]
+        saved, working = activations[i]
         # MTP layers (placed by a layout string) each hold one more LM head's logits until their backward.
         loss = head_loss * (int(r.has_head) + r.mtp_layers)
         # The loss path's tensors are gone before the last layer runs its backward: the two peaks do not add.

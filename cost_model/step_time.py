@@ -20,6 +20,7 @@ from cost_model.constants import Constants, constants_sources
 from cost_model.layer_time import LayerInputs, LayerTime, layer_time
 from cost_model.nouns.layout import Layout
 from cost_model.memory import backup_bytes, offloaded_params, sharded_params
+from cost_model.micro_batch_constants import time_twin, with_launch
 from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
 from cost_model.runner_components import GRAD_ACCUMULATION_BYTES, RunnerComponents, layer_signature, signature_model
@@ -126,9 +127,9 @@ def exposed_ep_comm(lt: LayerTime, share: float) -> float:
     return share * overlapped + (1 - share) * lt.ep_comm
 
 
-def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: float, launch_passes: float,
-               launch: float) -> None:
-    """Add `count` layers of one kind to the rank's terms, with their recompute and launch overhead."""
+def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: float) -> None:
+    """Add `count` layers of one kind to the rank's terms, with their recompute (the launch overhead apart:
+    micro_batch_constants.with_launch)."""
     # Full recompute reruns the forward (a third of the GEMM work, half the comm: the fwd collectives).
     recompute = full_fraction * (lt.gpu_pass + lt.comm / 2) + lt.selective
     t["compute_attention"] += count * lt.attention
@@ -140,10 +141,6 @@ def _add_layer(t: dict[str, float], lt: LayerTime, count: int, full_fraction: fl
     t["ep_comm"] += count * lt.ep_comm
     t["cp_comm"] += count * lt.cp_comm
     t["recompute"] += count * recompute
-    # The host launches each layer pass eagerly; when the GPU compute of a pass is shorter than the
-    # host's launch time, the difference is exposed. Communication does not hide it: the alltoall
-    # dispatcher's host sync on split sizes stops the host from running ahead of the collectives.
-    t["launch_overhead"] += count * launch_passes * max(0.0, launch - lt.gpu_pass)
 
 
 def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Constants, full_fraction: float,
@@ -177,44 +174,69 @@ _rank_fields = attrgetter(*_RANK_FIELDS)   # a tuple of them, read in C (a memo 
 _RANK_MEMO = IdentityMemo(100_000)
 
 
+def layer_launch_s(ctx: StepContext) -> float:
+    """The host's launch time per layer pass that a pass's GPU work must cover (0 under a whole-step CUDA graph)."""
+    c = ctx.c
+    # A whole-iteration CUDA graph replays every kernel, the experts' GEMMs included: the host launches nothing.
+    if ctx.cuda_graphs == "full":
+        return 0.0
+    return (c.layer_launch_overhead_s if ctx.framework == "slime" else c.megatron_layer_launch_overhead_s) * (
+        c.flex_overhead_factor if ctx.layout.dispatcher == "flex" else 1.0)
+
+
 def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float = 0.0) -> dict[str, float]:
     """Seconds per micro-batch on one GPU of this pipeline rank, by term (no pipeline/step terms).
     `ep_overlap`: the share of chunks whose expert all-to-alls overlap another's compute (`ep_overlap_share`).
-    Memoized on its inputs (objects by identity, held by the memo): the dict is shared, not to be changed."""
-    held = (ctx.model, ctx.rates, ctx.c, ctx.vision)
+    Memoized on its inputs (objects by identity, held by the memo): the dict is shared, not to be changed. The
+    terms but the launch's are shared by the constants that differ only in what prices the launch
+    (cost_model.micro_batch_constants)."""
+    c, rates = time_twin(ctx.c, ctx.rates)
+    launch = layer_launch_s(ctx)
+    held = (ctx.model, rates, c, ctx.vision)
     key = (tuple(map(id, held)), _rank_fields(ctx.layout), ctx.tokens, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
            rank, ep_overlap)
-    hit = _RANK_MEMO.get(key) or _RANK_MEMO.put(key, held, _rank_microbatch_terms(ctx, rank, ep_overlap))
+    hit = _RANK_MEMO.get(key + (launch,))
+    if hit is None:
+        base = _BASE_MEMO.get(key)
+        if base is None:
+            base = _BASE_MEMO.put(key, held, _rank_microbatch_terms(ctx, rank, ep_overlap, c, rates))
+        hit = _RANK_MEMO.put(key + (launch,), held, with_launch(*base[1], launch))
     return hit[1]
 
 
-def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> dict[str, float]:
-    model, rates, layout, tokens, c = ctx.model, ctx.rates, ctx.layout, ctx.tokens, ctx.c
+# a rank's terms without the launch term, and what prices it (micro_batch_constants.with_launch)
+_BASE_MEMO = IdentityMemo(100_000)
+
+
+def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float, c: Constants,
+                           rates: Rates) -> tuple[dict[str, float], tuple]:
+    """The terms without the launch term, under `c` and `rates` (the context's time twin) for the rest of `ctx`."""
+    model, layout, tokens = ctx.model, ctx.layout, ctx.tokens
     frozen_weights, vision = ctx.frozen_weights, ctx.vision
     h, tp = model.hidden_size, layout.tp
     mods = set(layout.selective_modules)
     t = dict.fromkeys(RANK_TERMS, 0.0)
     full_fraction = full_recompute_fraction(rank, layout)
-    launch = (c.layer_launch_overhead_s if ctx.framework == "slime" else c.megatron_layer_launch_overhead_s) * (
-        c.flex_overhead_factor if layout.dispatcher == "flex" else 1.0)
-    # A whole-iteration CUDA graph replays every kernel, the experts' GEMMs included: the host launches nothing.
     graphed = ctx.cuda_graphs == "full"
-    if graphed:
-        launch = 0.0
     expert_calls = ctx.expert_calls and not graphed
     layer = LayerInputs(model, layout, rates, c, tokens, ctx.seq_len, ctx.imbalance, mods, ctx.gdn_sharded,
                         frozen_weights)
+    launches = []
     for attn_kind, mlp_kind, count in rank.kinds:
         lt = layer_time(attn_kind, mlp_kind, layer)
         ep_comm = exposed_ep_comm(lt, ep_overlap)
         if ep_comm != lt.ep_comm:   # the memo's layer is shared: change a copy
             lt = copy(lt)
             lt.ep_comm = ep_comm
+        _add_layer(t, lt, count, full_fraction)
+        # The host launches each layer pass eagerly; when the GPU compute of a pass is shorter than the
+        # host's launch time, the difference is exposed. Communication does not hide it: the alltoall
+        # dispatcher's host sync on split sizes stops the host from running ahead of the collectives.
         # Recomputed kernels are launched again: a full pass for full recompute, a share for selective
         # (only the modules this layer has, and never more than the whole layer).
-        passes = 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind))
-        _add_layer(t, lt, count, full_fraction, passes, launch)
+        launches.append((count, 2 + max(full_fraction, selective_launch_share(mods, attn_kind, mlp_kind)),
+                         lt.gpu_pass))
         if expert_calls and mlp_kind == MOE:
             t["expert_calls"] += count * exposed_expert_calls(lt, model, layout, c, full_fraction, mods, ep_overlap)
     if vision is not None and rank.vision:
@@ -229,7 +251,7 @@ def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float
         passes = 2 if frozen_weights else 3
         t["compute_logits"] += heads * passes * 2 * h * v * tokens / tp / rates.gemm(tokens, v / tp, h)
         t["elementwise"] += heads * 3 * 6 * tokens * v / tp / rates.hbm  # fp32 softmax / cross-entropy passes
-    return t
+    return t, tuple(launches)
 
 
 # The layouts of a shape that differ only in what the pipeline does not see (offload, the optimizer's dtype) share
@@ -243,9 +265,11 @@ _PIPELINE_MEMO = IdentityMemo(50_000)
 def pipeline_terms(ctx: StepContext) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages (a new dict:
     the caller adds the step's terms to it)."""
-    held = (ctx.ranks, ctx.model, ctx.rates, ctx.c, ctx.vision)
+    c, rates = time_twin(ctx.c, ctx.rates)   # what else they read of the constants and rates is the twin's
+    held = (ctx.ranks, ctx.model, rates, c, ctx.vision)
     key = (tuple(map(id, held)), _pipeline_fields(ctx.layout), ctx.tokens, ctx.num_microbatches, ctx.seq_len,
-           ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls)
+           ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
+           layer_launch_s(ctx))
     hit = _PIPELINE_MEMO.get(key) or _PIPELINE_MEMO.put(key, held, _pipeline_terms(ctx))
     return dict(hit[1])
 
@@ -257,12 +281,14 @@ def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
-    terms["pp_bubble"] = (layout.pp - 1) / layout.vpp * per_rank_mb[slowest]
+    bubble = (layout.pp - 1) / layout.vpp * per_rank_mb[slowest]
     # Each virtual stage of each micro-batch is one more scheduled chunk (sends posted, waited on, switched to):
     # a cost per chunk, so interleaving trades a smaller bubble for more of it.
     chunks = num_microbatches * layout.vpp if layout.pp > 1 else 0
+    # in TERMS order (every rank term is there: dict.fromkeys(RANK_TERMS)), so the step's terms follow as they are
     terms["pp_p2p"] = pipeline_p2p_time(ctx.model, layout, ctx.rates, ctx.tokens, num_microbatches) + \
         chunks * ctx.c.pipeline_chunk_overhead_s
+    terms["pp_bubble"] = bubble
     return terms
 
 
@@ -295,12 +321,14 @@ def step_breakdown(ctx: StepContext) -> dict[str, float]:
     """Seconds of one optimizer step by term, in TERMS order."""
     if ctx.runner is not None:
         return runner_step_breakdown(ctx)
-    terms = pipeline_terms(ctx)
+    terms = pipeline_terms(ctx)   # every rank term, then the pipeline's, in TERMS order
     trained_dense, trained_expert = ctx.trained_params
-    terms["dp_comm"], terms["step_overhead"] = _sync_and_overhead(ctx)
+    dp_comm, step_overhead = _sync_and_overhead(ctx)
+    terms["dp_comm"] = dp_comm
     terms["optimizer"] = optimizer_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
     terms["offload"] = offload_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
-    return {k: terms.get(k, 0.0) for k in TERMS}
+    terms["step_overhead"] = step_overhead
+    return terms
 
 
 # The gradient sync and the step's fixed overhead are the same for every layout of a parallel shape: they read the

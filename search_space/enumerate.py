@@ -14,9 +14,10 @@ from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.memory import MEMORY_BLIND_FIELDS, lighter_optimizer
 from cost_model.nouns.pipeline_layout import balanced_layout
 from search_space.pipeline_splits import accounting_splits, divides, uneven_splits
-from search_space.rules import layout_violations, shape_violations, violations
+from search_space.rules import microbatch_violations, shape_violations, template_violations, violations
 from cost_model.nouns.stack import Stack
 
 
@@ -288,34 +289,68 @@ class ShapeRuns:
         self.shape, self.model, self.world_size, self.workload, self.stack = shape, model, world_size, workload, stack
         self.rows = rows_choices(options, workload, shape_dp(shape, world_size), shape["cp"])
         self.max_tokens = tuple(max_tokens_per_gpu(rows, shape["cp"], workload.seq_len) for rows in self.rows)
-        self.templates = list(product(recompute_choices(model, options), offload_choices(options),
-                                      shape_dispatchers(shape, stack, options)))
+        parts = (recompute_choices(model, options), offload_choices(options), shape_dispatchers(shape, stack, options))
+        self.templates = list(product(*parts))
         # a template given twice (the same fields) runs the same layouts: the first's index names both
-        first: dict = {}
-        self.same_as = [first.setdefault(_template_key(t), i) for i, t in enumerate(self.templates)]
+        self.same_as = _first_of_each(product(*_part_keys(parts)))
+        # templates whose layouts hold the same memory (they differ only in fields memory does not read): one that
+        # does not fit at some micro-batch rules out the other's at that micro-batch and above, as its own siblings
+        self.same_memory_as = _first_of_each(product(*_part_keys(parts, MEMORY_BLIND_FIELDS)))
+        # per template, one whose layouts hold no more memory at each micro-batch (cost_model.memory's
+        # lighter_optimizer), or None: where that one does not fit, this one does not
+        rcs, offs, disps = parts
+        lighter = [lighter_optimizer(off) for off in offs]
+        at = {(r, o, d): i for i, (r, o, d) in enumerate(product(range(len(rcs)), range(len(offs)), range(len(disps))))}
+        self.lighter_than = [None if lighter[o] is None or lighter[o] not in offs else at[r, offs.index(lighter[o]), d]
+                             for r, o, d in at]
         self.broken = None   # the shape's own rules, asked of its first layout: the same for all of them
+        # per template, its first layout built and whether it passes the template's rules (rules.template_violations):
+        # its siblings are that layout with another micro-batch (Layout.with_microbatch), asked the batching rules
+        self.built: dict[int, tuple[Layout, bool]] = {}
 
     def layout(self, rows_index: int, template_index: int) -> Layout | None:
         """The layout, or None where it is not valid (a broken shape: `broken` is True after the first one)."""
         if self.broken:
             return None
-        rows, (rc, off, disp) = self.rows[rows_index], self.templates[template_index]
+        rows, workload = self.rows[rows_index], self.workload
+        built = self.built.get(template_index)
+        if built is not None:
+            first, passes = built
+            if not passes:
+                return None
+            layout = first.with_microbatch(self.max_tokens[rows_index], rows)
+            return None if microbatch_violations(layout, workload) else layout
+        rc, off, disp = self.templates[template_index]
         try:
-            layout = Layout(self.world_size, **self.shape, max_tokens_per_gpu=self.max_tokens[rows_index],
-                            rows_per_microbatch=rows, dispatcher=disp, **rc, **off)
+            if self.built:   # the shape's first layout with this template's choices (only their checks run)
+                layout = next(iter(self.built.values()))[0].with_choices(self.max_tokens[rows_index], rows,
+                                                                        dispatcher=disp, **rc, **off)
+            else:
+                layout = Layout(self.world_size, **self.shape, max_tokens_per_gpu=self.max_tokens[rows_index],
+                                rows_per_microbatch=rows, dispatcher=disp, **rc, **off)
         except InvalidLayout:
             return None
-        model, workload, stack = self.model, self.workload, self.stack
+        model, stack = self.model, self.stack
         if self.broken is None:
             self.broken = bool(shape_violations(layout, model, workload, stack))
             if self.broken:
                 return None
-        return None if layout_violations(layout, model, workload, stack) else layout
+        passes = not template_violations(layout, model, stack)
+        self.built[template_index] = (layout, passes)
+        return layout if passes and not microbatch_violations(layout, workload) else None
 
 
-def _template_key(template: tuple) -> tuple:
-    rc, off, disp = template
-    return tuple(sorted(rc.items())), tuple(sorted(off.items())), disp
+def _part_keys(parts: tuple, leave_out: tuple = ()) -> tuple:
+    """The recompute, offload and dispatcher choices as keys (their fields, less `leave_out`), in their order."""
+    rcs, offs, disps = parts
+    return ([tuple(sorted(rc.items())) for rc in rcs],
+            [tuple(sorted(i for i in off.items() if i[0] not in leave_out)) for off in offs], disps)
+
+
+def _first_of_each(keys) -> list[int]:
+    """Per key, the index of the first equal key."""
+    first: dict = {}
+    return [first.setdefault(key, i) for i, key in enumerate(keys)]
 
 
 def shape_layouts(shape: dict, model: ModelSpec, world_size: int, workload: Workload, stack: Stack,

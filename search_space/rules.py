@@ -53,9 +53,21 @@ def shape_violations(layout: Layout, model: ModelSpec, workload: Workload, stack
 
 def layout_violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
     """The other rules (recompute, dispatcher and offload, batching), after `shape_violations` in `violations`."""
+    return template_violations(layout, model, stack) + microbatch_violations(layout, workload)
+
+
+def template_violations(layout: Layout, model: ModelSpec, stack: Stack) -> list[Violation]:
+    """The rules of recompute, dispatcher and offload: they read no micro-batch field, so the layouts of a shape
+    that differ only in their micro-batch (Layout.with_microbatch) share them."""
     out: list[Violation] = []
     _recompute_rules(out, layout, model)
     _feature_rules(out, layout, model, stack)
+    return out
+
+
+def microbatch_violations(layout: Layout, workload: Workload) -> list[Violation]:
+    """The batching rules (those that read the micro-batch), after `template_violations` in `layout_violations`."""
+    out: list[Violation] = []
     _batching_rules(out, layout, workload)
     return out
 

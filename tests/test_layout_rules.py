@@ -102,6 +102,27 @@ def test_enumeration_yields_only_valid_layouts_and_contains_the_reference(qwen36
     assert with_fix == {1, 2, 4, 8}
 
 
+def test_derived_layouts_are_what_the_constructor_builds(qwen36, workload, stack):
+    """The enumeration derives a shape's layouts from its first one (Layout.with_choices, with_microbatch: only the
+    checks of what changed run): each is the layout the constructor builds, its key and derived sizes too; what the
+    constructor refuses, they refuse."""
+    for layout in list(enumerate_layouts(qwen36, 8, workload, stack))[::7]:
+        built = Layout(**layout.__getstate__())
+        assert layout == built and layout.key() == built.key()
+        assert (layout.dp, layout.edp, layout.selective_modules, layout.offloaded) == \
+            (built.dp, built.edp, built.selective_modules, built.offloaded)
+    base = Layout(8, ep=4, pp=2, max_tokens_per_gpu=4096, **FULL1)
+    base.key()   # cached on the layout: a derived one has its own
+    assert base.with_microbatch(8192, 2).key() == Layout(8, ep=4, pp=2, max_tokens_per_gpu=8192,
+                                                         rows_per_microbatch=2, **FULL1).key()
+    assert base.with_choices(4096, 1, dispatcher="flex") == Layout(8, ep=4, pp=2, max_tokens_per_gpu=4096,
+                                                                   dispatcher="flex")
+    with pytest.raises(InvalidLayout, match="overlap_d2h_h2d needs optimizer CPU offload"):
+        base.with_choices(4096, 1, overlap_d2h_h2d=True)
+    with pytest.raises(InvalidLayout, match="must be a positive integer"):
+        base.with_microbatch(0, 1)
+
+
 @pytest.mark.slow
 def test_enumeration_across_models_and_sizes(workload, stack):
     from search_space.enumerate import SpaceOptions

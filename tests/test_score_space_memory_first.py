@@ -19,6 +19,22 @@ class FullPricing(PredictedRunner):
         return None
 
 
+class EachTemplateAlone(PredictedRunner):
+    """The same runner, not declared the cost model's own: scoring then rules out by memory only within a template's
+    own siblings (no sharing between templates of the same memory or a lighter optimizer choice), and prunes nothing."""
+
+    def scores_shipped_cost_model(self, profile=None) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("model,gpu,gpus", [("qwen3-30b-a3b", "h200", 2), ("llama3-8b", "h100", 4)])
+def test_templates_sharing_what_memory_rules_out_keep_what_each_template_alone_keeps(model, gpu, gpus):
+    config = StudyConfig(load_model(model), load_gpu(gpu), gpus, Workload(seq_len=8192, global_batch=64))
+    shared, alone = score_space(config, PredictedRunner()), score_space(config, EachTemplateAlone())
+    assert [l for l, _ in shared] == [l for l, _ in alone] and len(shared) > 0
+    assert [p.tokens_per_s_per_gpu for _, p in shared] == [p.tokens_per_s_per_gpu for _, p in alone]
+
+
 @pytest.mark.parametrize("model,gpu,gpus", [("qwen3-30b-a3b", "h200", 2), ("llama3-8b", "h100", 4)])
 def test_memory_first_scoring_keeps_exactly_what_full_pricing_keeps(model, gpu, gpus):
     config = StudyConfig(load_model(model), load_gpu(gpu), gpus, Workload(seq_len=8192, global_batch=64))
@@ -34,11 +50,11 @@ def test_memory_first_scoring_keeps_exactly_what_full_pricing_keeps(model, gpu, 
 def test_a_space_where_nothing_fits_names_the_same_nearest_layout():
     config = StudyConfig(load_model("qwen3-235b-a22b"), load_gpu("h100"), 2, Workload(seq_len=4096, global_batch=8))
     errors = []
-    for runner in (PredictedRunner(), FullPricing()):
+    for runner in (PredictedRunner(), FullPricing(), EachTemplateAlone()):
         with pytest.raises(CliError) as info:
             score_space(config, runner)
         errors.append(str(info.value))
-    assert errors[0] == errors[1] and "smallest predicted peak" in errors[0]
+    assert errors[0] == errors[1] == errors[2] and "smallest predicted peak" in errors[0]
 
 
 def _each_alone(config, runner):

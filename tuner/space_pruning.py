@@ -106,10 +106,12 @@ class Bars:
     def lowest(self) -> float:
         return min(self.bar(k) for k in range(len(self.judges)))
 
-    def offer(self, fitting: list, ceilings: list[float]) -> None:
+    def offer(self, fitting: list, ceilings: list[float], bounds: "ShapeBounds | None" = None) -> None:
         """A scored shape's layouts that may fit, with (layout, prediction): each plain fit to the shipped bar;
         to a hypothesis's, the fastest plain fit of each micro-batch size and dispatcher (where it is fastest
-        under any hypothesis), and only where the shape's ceiling under it can raise its bar (`ceilings`)."""
+        under any hypothesis), and only where the shape's ceiling under it can raise its bar (`ceilings`). A
+        layout whose rep's ceiling under a hypothesis is already below its bar (`bounds`, ShapeBounds.below) is not
+        priced: its figure could not enter the heap (the same bars as pricing it)."""
         fastest = {}
         for layout, p in fitting:
             if p.fits:
@@ -119,7 +121,9 @@ class Bars:
                     fastest[key] = (layout, p)
         for k, judge in enumerate(self.judges[1:], 1):
             if ceilings[k] > self.bar(k):
-                for layout, _ in fastest.values():
+                for key, (layout, _) in fastest.items():
+                    if bounds is not None and bounds.below(k, judge, key, self.bar(k)):
+                        continue
                     _push(self.heaps[k], self.predict_h(judge.hypothesis, layout), self.keep)
 
 
@@ -208,6 +212,17 @@ class ShapeBounds:
         exact = self._exact(k, judge)
         return exact is None or exact[r] >= bar
 
+    def below(self, k: int, judge: Judge, key: tuple, bar: float) -> bool:
+        """Whether every layout of rep `key` (micro-batch size, dispatcher) is below `bar` under judge `k`, by the
+        bounds worked out so far (nothing new is worked out: False where they do not settle it)."""
+        r = self.rep.get(key)
+        if self.opt is None or r is None or bar <= 0.0:
+            return False
+        if self._cheap(k, judge)[r] < bar:
+            return True
+        exact = self.exact.get(k)
+        return exact is not None and exact[r] < bar
+
     def shape_ceilings(self, judges: list[Judge]) -> list[float]:
         """Per judge, a bound above every layout of the shape (the cheap one)."""
         if self.opt is None:
@@ -218,17 +233,34 @@ class ShapeBounds:
         """The reps (micro-batch size, dispatcher) whose layouts may be among some judge's KEEP best (None: all)."""
         if self.opt is None:
             return None
+        levels = [bars.bar(k) for k in range(len(judges))]   # read once: the bars do not move while this runs
         out = {key for key, r in self.rep.items()
-               if any(self.above(k, j, r, bars.bar(k)) for k, j in enumerate(judges))}
+               if any(self.above(k, j, r, levels[k]) for k, j in enumerate(judges))}
         return None if self.fastest is None else out
 
     def matters(self, layout: Layout, prediction, judges: list[Judge], bars: Bars) -> bool:
         """Whether a scored layout may be among some judge's KEEP best: its own shipped figure, its rep's ceilings
         under the hypotheses."""
-        r = self.rep.get((layout.max_tokens_per_gpu, layout.dispatcher))
-        if self.opt is None or r is None or prediction.tokens_per_s_per_gpu >= bars.bar(0):
-            return True
-        return any(self.above(k, j, r, bars.bar(k)) for k, j in enumerate(judges) if k)
+        return bool(self.kept([(layout, prediction)], judges, bars))
+
+    def kept(self, fitting: list, judges: list[Judge], bars: Bars) -> list:
+        """The (layout, prediction) of `fitting` that `matters` keeps, each rep's ceilings asked once."""
+        if self.opt is None:
+            return list(fitting)
+        levels = [bars.bar(k) for k in range(len(judges))]
+        reaches: dict[int, bool] = {}   # per rep: its ceiling under some hypothesis reaches that one's bar
+        out = []
+        for layout, p in fitting:
+            r = self.rep.get((layout.max_tokens_per_gpu, layout.dispatcher))
+            if r is None or p.tokens_per_s_per_gpu >= levels[0]:
+                out.append((layout, p))
+                continue
+            hit = reaches.get(r)
+            if hit is None:
+                hit = reaches[r] = any(self.above(k, j, r, levels[k]) for k, j in enumerate(judges) if k)
+            if hit:
+                out.append((layout, p))
+        return out
 
 
 def shape_bounds(shapes: list[dict], config, options, judges: list[Judge]) -> tuple[list[ShapeBounds], list[float]]:

@@ -20,7 +20,7 @@ from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
                                     space_plan, space_size)
 from search_space.runner_space import RunnerSpace
-from tuner.gc_pause import no_cyclic_gc
+from tuner.gc_pause import kept_work
 from tuner.options import CliError
 from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 from tuner import space_pruning
@@ -38,6 +38,9 @@ class _Scoring:
         self.fitting: list[tuple[Layout, Prediction]] = []
         self.refused: list[str] = []
         self.least, self.count = None, 0
+        # the cost model's memory verdicts (read by the shipped prediction, or a runner declaring it prices as the
+        # cost model does): layouts of templates that share their memory share what memory rules out
+        self.same_memory = prunable(config, runner)
         # every layout looked at counts (a run of refused or ruled-out ones too), so a large space reports within
         # seconds whatever it holds (tuner.progress)
         self.looked = Counter(progress if isinstance(progress, Progress) else None, "scored layouts",
@@ -68,11 +71,17 @@ class _Scoring:
         are counted unbuilt, before the enumeration's rules, and the count returned (a pruned scoring's)."""
         placed, refusal, least, left_out = [], None, None, 0
         n_templates, max_tokens = len(runs.templates), runs.max_tokens
-        ruled_out: dict[int, int] = {}   # per run (its first template's index): the fewest tokens ruled out
+        # per run (its first template's index; templates of the same memory are one run where `same_memory`): the
+        # fewest tokens ruled out
+        ruled_out: dict[int, int] = {}
         looked = self.looked
-        for ti in range(n_templates):
-            run = runs.same_as[ti]
+        runs_of = runs.same_memory_as if self.same_memory else runs.same_as
+        lighter = runs.lighter_than if self.same_memory else [None] * n_templates
+        # a template whose layouts a lighter one's rule out is taken after it (the result does not read the order)
+        for ti in sorted(range(n_templates), key=lambda t: lighter[t] is not None):
+            run = runs_of[ti]
             dispatcher = runs.templates[ti][2]
+            lighter_run = None if lighter[ti] is None else runs_of[lighter[ti]]
             for ri, tokens in enumerate(max_tokens):
                 if live is not None and (tokens, dispatcher) not in live:
                     left_out += 1   # counted as the enumeration would build it, before its rules (as Pruned says)
@@ -87,6 +96,11 @@ class _Scoring:
                         return 0
                     continue
                 looked.add()
+                if lighter_run is not None and ruled_out.get(lighter_run, math.inf) <= tokens:
+                    # a layout holding no more memory does not fit: nor does this one (counted, not priced)
+                    self.count += 1
+                    ruled_out[run] = min(ruled_out.get(run, math.inf), tokens)
+                    continue
                 place = ri * n_templates + ti
                 try:
                     mv = self.memory(layout)
@@ -152,7 +166,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
         scoring = _on_ray(config, runner, options, shapes, ray_address, progress)
     else:
         scoring = _Scoring(config, runner, progress)
-        with no_cyclic_gc():
+        with kept_work():
             for shape in shapes:
                 scoring.take_shape(ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack,
                                              options))
@@ -182,7 +196,7 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
     scoring.looked.tail = lambda: (f", {len(scoring.fitting):,} may fit, {len(skipped):,} of {len(shapes):,} "
                                    f"shapes and {pruned.layouts:,} layouts of others left unscored; still enumerating")
     parts = {}
-    with no_cyclic_gc():
+    with kept_work():
         for at, i in enumerate(order):
             if ceilings[i] < bars.lowest():   # every later shape's too: the order is by this ceiling
                 skipped += order[at:]
@@ -202,8 +216,8 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
                                     f"{config.world_size:,} GPUs passed {MAX_SPACE_LAYOUTS:,} layouts before the rest "
                                     f"could be ruled out; use fewer GPUs (--gpus)")
             parts[i] = scoring.fitting[start:]
-            bars.offer(parts[i], bounds[i].shape_ceilings(every))
-        kept = {i: [(l, p) for l, p in part if bounds[i].matters(l, p, every, bars)] for i, part in parts.items()}
+            bars.offer(parts[i], bounds[i].shape_ceilings(every), bounds[i])
+        kept = {i: bounds[i].kept(part, every, bars) for i, part in parts.items()}
         scoring.fitting = [lp for i in sorted(kept) for lp in kept[i]]
     pruned.shapes = len(skipped)
     pruned.layouts += space_size([shapes[i] for i in skipped], config.model, config.world_size, config.workload,

@@ -20,7 +20,7 @@ from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
 from tuner.space_scoring import score_space
 from tuner.export import export_rows
-from tuner.gc_pause import no_cyclic_gc
+from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
@@ -178,7 +178,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     level_sd, family_sd, sigma = agent_prior(config, runner)
     prior = AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd)
     if progress is None:
-        with no_cyclic_gc():
+        with kept_work():
             return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, prior,
                                  stop_margin=stop_margin)
     counter, weighing = Counter(progress, "predictions under the hypotheses"), [True]
@@ -188,7 +188,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
             counter.add()
         return predict_h(h, layout)
 
-    with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."), no_cyclic_gc():
+    with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."), kept_work():
         agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, prior,
                               stop_margin=stop_margin)
     weighing.clear()

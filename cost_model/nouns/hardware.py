@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-import yaml
+from cost_model.nouns.user_file import shipped_yaml
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.names import shown_name
 
@@ -51,7 +51,7 @@ class GpuSpec:
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
     text = resources.files("cost_model").joinpath("catalog/gpus.yaml").read_text()
-    return yaml.safe_load(text)
+    return shipped_yaml(text)
 
 
 def gpu_names() -> list[str]:

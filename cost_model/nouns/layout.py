@@ -100,6 +100,10 @@ class Layout:
         if self.vpp > 1 and pp == 1:
             raise InvalidLayout(f"VPP {self.vpp} needs pipeline parallelism (PP > 1), got PP 1")
         self._check_uneven()
+        self._check_choices()
+
+    def _check_choices(self):
+        """The checks that read the recompute, offload, moments and dispatcher fields (after the shape's)."""
         self._check_recompute()
         if not 0.0 <= self.optimizer_offload_fraction <= 1.0:
             raise InvalidLayout(f"optimizer_offload_fraction must be in [0, 1], got {self.optimizer_offload_fraction}")
@@ -111,9 +115,40 @@ class Layout:
             raise InvalidLayout("bf16 Adam moments apply to the GPU-resident optimizer; CPU offload keeps fp32 moments")
         if self.dispatcher not in DISPATCHERS:
             raise InvalidLayout(f"dispatcher must be one of {', '.join(DISPATCHERS)}, got {shown(self.dispatcher)}")
+        ep, etp = self.ep, self.etp
         if self.dispatcher == "flex" and ep * etp == 1:
             raise InvalidLayout(f"the flex dispatcher needs EP x ETP > 1, got EP {ep} x ETP {etp}")
         self._check_ep_overlap()
+
+    def with_choices(self, max_tokens_per_gpu: int, rows_per_microbatch: int, **choices) -> "Layout":
+        """This layout's parallel shape with another micro-batch and other choices (CHOICE_FIELDS given, the rest at
+        their defaults): only the choices' checks are run, the shape's passed when this one was built (a space builds
+        each parallel shape under every recompute, offload and dispatcher choice)."""
+        if not choices.keys() <= _CHOICE_DEFAULTS.keys():
+            return replace(self, max_tokens_per_gpu=max_tokens_per_gpu, rows_per_microbatch=rows_per_microbatch,
+                           **{**_CHOICE_DEFAULTS, **choices})
+        out = self.with_microbatch(max_tokens_per_gpu, rows_per_microbatch)
+        d = out.__dict__
+        for name in _CHOICE_DERIVED:   # worked out again from the new choices when read
+            d.pop(name, None)
+        d.update(_CHOICE_DEFAULTS)
+        d.update(choices)
+        out._check_choices()
+        return out
+
+    def with_microbatch(self, max_tokens_per_gpu: int, rows_per_microbatch: int) -> "Layout":
+        """This layout with another micro-batch: the other fields passed their checks when it was built and no check
+        or derived size reads the micro-batch but for being a positive integer, so they are not run again (a space
+        builds each parallel shape's layouts at every micro-batch size)."""
+        if not (max_tokens_per_gpu.__class__ is int and max_tokens_per_gpu >= 1
+                and rows_per_microbatch.__class__ is int and rows_per_microbatch >= 1):
+            return replace(self, max_tokens_per_gpu=max_tokens_per_gpu, rows_per_microbatch=rows_per_microbatch)
+        out = object.__new__(Layout)
+        d = out.__dict__
+        d.update(self.__dict__)   # the fields and the derived sizes worked out so far (none reads the micro-batch)
+        d.pop("_key", None)       # but the key, which reads every field
+        d["max_tokens_per_gpu"], d["rows_per_microbatch"] = max_tokens_per_gpu, rows_per_microbatch
+        return out
 
     def _check_ep_overlap(self):
         """TransformerConfig's checks of overlap_moe_expert_parallel_comm that need only the layout."""
@@ -301,6 +336,13 @@ class Layout:
     def replace(self, **changes) -> "Layout":
         return replace(self, **changes)
 
+
+# What a layout chooses beside its parallel shape and micro-batch, with the defaults (Layout.with_choices), and the
+# derived values that read them.
+CHOICE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
+                 "optimizer_offload_fraction", "overlap_d2h_h2d", "dispatcher", "exp_avg_dtype")
+_CHOICE_DEFAULTS = {f.name: f.default for f in fields(Layout) if f.name in CHOICE_FIELDS}
+_CHOICE_DERIVED = ("selective_modules", "offloaded")
 
 # Layout.key's fields in order, whether each came later, and their values read at once (in C): a study asks the key
 # of every candidate
