@@ -596,6 +596,11 @@ def _fitted_sources(ctx: StepContext) -> dict[str, str]:
     }
 
 
+# How a measured layer's seconds per micro-batch are read from its points (runner_components._point_curve).
+_LAYER_CURVE = ("each a host floor, then a line through its measured points whose fixed cost per micro-batch is at least "
+                "the layer's gradient accumulation (modelled: 10 bytes per parameter at the profile's measured copy rate)")
+
+
 def _runner_sources(ctx: StepContext) -> dict[str, str]:
     """Each term of the runner's step (`runner_step_breakdown`): its measured components, what is modelled
     around them, and the fitted terms of layer kinds the profile did not measure."""
@@ -621,9 +626,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
             notes.append(f"{tokens:,.0f} tokens extrapolated from {curves.none.span}")
         measured.append(f"{name} ({curves.model}'s build{''.join(f'; {n}' for n in notes)})")
     fallback = f"modelled: fitted Megatron terms (no measurement of {', '.join(unmeasured)})" if unmeasured else ""
-    layers = (f"{comps.source}, layer kinds {', '.join(measured)}; each a host floor, then a line through its "
-              f"measured points whose fixed cost per micro-batch is at least the layer's gradient accumulation "
-              f"(modelled: 10 bytes per parameter at the profile's measured copy rate)") if measured else ""
+    layers = f"{comps.source}, layer kinds {', '.join(measured)}; {_LAYER_CURVE}" if measured else ""
     lines["layers"] = "; ".join(x for x in (layers, fallback) if x)
     for key in ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",
                 "launch_overhead", "expert_calls"):   # on this stack only the layer kinds not measured have these
