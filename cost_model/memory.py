@@ -430,6 +430,9 @@ def _activation_table(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers,
 # memory) hold the same memory: the peak reads every other field of the layout, and the inputs in the key (objects
 # by identity, held by the memo). A vision workload's inputs are built per layout: not memoized.
 MEMORY_BLIND_FIELDS = ("overlap_d2h_h2d",)   # the layout's fields no part of its memory reads
+_MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in MEMORY_BLIND_FIELDS)
+_memory_fields = attrgetter(*_MEMORY_FIELDS)
+_PEAK_MEMO = IdentityMemo(50_000)
 
 
 def lighter_optimizer(choice: dict) -> dict | None:
@@ -440,9 +443,6 @@ def lighter_optimizer(choice: dict) -> dict | None:
     if choice.get("exp_avg_dtype") != "fp32" or choice.get("optimizer_offload_fraction", 0.0) > 0:
         return None
     return {**choice, "exp_avg_dtype": "bf16"}
-_MEMORY_FIELDS = tuple(f.name for f in fields(Layout) if f.name not in MEMORY_BLIND_FIELDS)
-_memory_fields = attrgetter(*_MEMORY_FIELDS)
-_PEAK_MEMO = IdentityMemo(50_000)
 
 
 def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,

@@ -353,8 +353,6 @@ def _sync_and_overhead(ctx: StepContext) -> tuple[float, float]:
 SOFTMAX_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
 
 
-
-
 def shard_layer_params(model: ModelSpec, attn_kind: str, mlp_kind: str, layout: Layout) -> float:
     """Parameters of one layer of this kind held by one GPU (megatron-core shards the GDN projections too)."""
     p = model.layer_params(attn_kind, mlp_kind)
