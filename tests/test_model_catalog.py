@@ -232,6 +232,15 @@ def test_qwen3_8b_config_counts_match_the_model_card():
     assert round(spec.params.total / 1e9, 1) == 8.2 and round((spec.params.total - embeddings) / 1e9, 2) == 6.95
 
 
+def test_qwen3_4b_config_counts_match_the_model_card():
+    """Qwen3-4B's config.json (tied embeddings): the model card's 4.0B parameters, 3.6B of them outside the
+    embedding table."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-4b/config.json").read_text())
+    spec = from_hf_config(cfg, "qwen3-4b")
+    embeddings = cfg["vocab_size"] * cfg["hidden_size"]
+    assert round(spec.params.total / 1e9, 1) == 4.0 and round((spec.params.total - embeddings) / 1e9, 1) == 3.6
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"
