@@ -69,7 +69,11 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v19_suite.json", R / "runner-grids-h200-v19-a-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v19_suite.json", R / "runner-grids-h200-v19-b-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v19_suite.json", R / "runner-grids-h200-v19-c-2026-12-04.jsonl"),
-           (B / "runner_grids_h200_v19_suite.json", R / "runner-grids-h200-v19-d-2026-12-04.jsonl")]
+           (B / "runner_grids_h200_v19_suite.json", R / "runner-grids-h200-v19-d-2026-12-04.jsonl"),
+           (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-a-2026-12-04.jsonl"),
+           (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-b-2026-12-04.jsonl"),
+           (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-c-2026-12-04.jsonl"),
+           (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-d-2026-12-04.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -174,6 +178,9 @@ LOOKED_AT_FOR_THE_FLOOR = {"runner-grids-h200-v11-dense-2026-12-03.jsonl",
 IN_SAMPLE_FILES |= LOOKED_AT_FOR_THE_FLOOR
 # The v19 grids (Qwen3-8B, never run; Mixtral-8x22B at seq 16384; Qwen3.6-35B-A3B with its real GDN at 5 layers seq 8192)
 # ran after the floor, predictions committed before (runner-grids-h200-v19-predicted-before.txt): held out.
+# The v20 grids (Qwen3-4B, never run, all 36 layers; Qwen3-30B-A3B at 4 layers seq 2048; Qwen3.6-35B-A3B with its
+# real GDN at 3 layers seq 4096) ran on the same code, predictions committed before
+# (runner-grids-h200-v20-predicted-before.txt): held out.
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
