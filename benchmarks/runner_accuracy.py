@@ -181,6 +181,9 @@ IN_SAMPLE_FILES |= LOOKED_AT_FOR_THE_FLOOR
 # The v20 grids (Qwen3-4B, never run, all 36 layers; Qwen3-30B-A3B at 4 layers seq 2048; Qwen3.6-35B-A3B with its
 # real GDN at 3 layers seq 4096) ran on the same code, predictions committed before
 # (runner-grids-h200-v20-predicted-before.txt): held out.
+# Their device peaks were then looked at: the Qwen3-4B selective-recompute runs (3-5% under) led to counting the q/k
+# norms' saved inputs (cost_model.activations), so the held-out peak figures leave out v20 (and v19, seen with it).
+MEMORY_LOOKED_AT = {f"runner-grids-h200-v{v}-{k}-2026-12-04.jsonl" for v in (19, 20) for k in "abcd"}
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
@@ -224,7 +227,8 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "capacity": p.gpu_memory_gib,
                     "fits": p.fits, "verdict": p.fit_verdict,
                     "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": measures_layers(model, gpu),
-                    "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT})
+                    "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
+                    "memory_looked_at": results_path.name in MEMORY_LOOKED_AT})
     return out
 
 
@@ -253,16 +257,22 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
         summary["spearman"][g] = rho
         gape = statistics.median(abs(r["predicted"] / r["measured"] - 1) for r in rs)
         print(f"  {g:48} {len(rs):2} runs: Spearman {rho:.2f}, median APE {100 * gape:.1f}%")
-    peak_err = [r["peak"] / r["peak_predicted"] - 1 for r in ok]
-    summary["peak_max_abs_err"] = max(abs(e) for e in peak_err)
-    summary["peak_median_abs_err"] = statistics.median(abs(e) for e in peak_err)
-    oom = [r for r in table if r["failure"] == "cuda_oom"]
+    peak_runs = [r for r in ok if not (held_out and r["memory_looked_at"])]
+    peak_err = [r["peak"] / r["peak_predicted"] - 1 for r in peak_runs]
+    summary["peak_max_abs_err"] = max((abs(e) for e in peak_err), default=float("nan"))
+    summary["peak_median_abs_err"] = statistics.median(abs(e) for e in peak_err) if peak_err else float("nan")
+    summary["peak_runs"] = len(peak_runs)
+    oom = [r for r in table if r["failure"] == "cuda_oom" and not (held_out and r["memory_looked_at"])]
     false_fit = [r["trial"] for r in oom if r["fits"]]
-    false_refusal = [r["trial"] for r in measured if r["verdict"] == "does not fit"]
-    near = [r["trial"] for r in table if abs(r["needed"] / r["capacity"] - 1) <= 0.02]
+    false_refusal = [r["trial"] for r in measured if r["verdict"] == "does not fit"
+                     and not (held_out and r["memory_looked_at"])]
+    near = [r["trial"] for r in table if abs(r["needed"] / r["capacity"] - 1) <= 0.02
+            and not (held_out and r["memory_looked_at"])]
     summary.update(false_fits=false_fit, false_refusals=false_refusal, within_2pct_of_limit=near)
     print(f"device peak: within {100 * summary['peak_max_abs_err']:.1f}% (median "
-          f"{100 * summary['peak_median_abs_err']:.1f}%) over {len(ok)} runs; {len(oom)} ran out of memory, "
+          f"{100 * summary['peak_median_abs_err']:.1f}%) over {len(peak_runs)} runs"
+          f"{f' ({len(ok) - len(peak_runs)} left out: memory looked at, see MEMORY_LOOKED_AT)' if len(peak_runs) < len(ok) else ''}"
+          f"; {len(oom)} ran out of memory, "
           f"false fits: {false_fit or 'none'}; predicted not to fit but ran: {false_refusal or 'none'}; "
           f"predicted within 2% of the limit: {near or 'none'}")
     return summary

@@ -28,6 +28,9 @@ def softmax_attention_bytes(model: ModelSpec, layout: Layout, mods: set, tokens:
     kv = 2 * model.num_key_value_heads * model.head_dim
     gate = q if model.attn_output_gate else 0
     a = BF16 * (2 * h + 3 * q + gate + kv) / tp
+    if model.qk_norm:
+        # the query and key RMSNorms keep their inputs for the backward (recomputing core_attn starts after them)
+        a += BF16 * (q + kv / 2) / tp
     if "core_attn" in mods:
         a -= BF16 * q / tp
     if "layernorm" in mods:

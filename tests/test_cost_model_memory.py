@@ -319,3 +319,18 @@ def test_the_runner_probe_is_a_floor_for_the_runner_only(h200):
     # at another GPU count it is a floor only
     four = overheads(Layout(4, ep=4), MEGATRON_RUNNER, True, 100.0, h200, low, c)
     assert four.cuda_context == 5.0 and "megatron runner" not in four.sources["cuda_context"]
+
+
+def test_qk_norm_inputs_are_saved_whatever_core_attn_recompute_does():
+    """The q and k RMSNorms (Qwen3) keep their inputs for the backward: one bf16 query and one bf16 key per token,
+    sharded over TP, and recomputing core_attn (which starts after them) does not drop them."""
+    from cost_model.activations import softmax_attention_bytes
+    from cost_model.nouns.units import BF16
+    qwen3 = load_model("qwen3-30b-a3b")
+    assert qwen3.qk_norm
+    plain = dataclasses.replace(qwen3, qk_norm=False)
+    q = qwen3.num_attention_heads * qwen3.head_dim
+    k = qwen3.num_key_value_heads * qwen3.head_dim
+    for layout, mods in ((Layout(1), set()), (Layout(2), {"core_attn"}), (Layout(1), {"core_attn", "layernorm"})):
+        extra = softmax_attention_bytes(qwen3, layout, mods, 4096) - softmax_attention_bytes(plain, layout, mods, 4096)
+        assert extra == pytest.approx(BF16 * (q + k) / layout.tp * 4096)
