@@ -241,6 +241,15 @@ def test_qwen3_4b_config_counts_match_the_model_card():
     assert round(spec.params.total / 1e9, 1) == 4.0 and round((spec.params.total - embeddings) / 1e9, 1) == 3.6
 
 
+def test_qwen3_1_7b_config_counts_match_the_model_card():
+    """Qwen3-1.7B's config.json (tied embeddings): the model card's 1.7B parameters, 1.4B of them outside the
+    embedding table."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-1.7b/config.json").read_text())
+    spec = from_hf_config(cfg, "qwen3-1.7b")
+    embeddings = cfg["vocab_size"] * cfg["hidden_size"]
+    assert round(spec.params.total / 1e9, 1) == 1.7 and round((spec.params.total - embeddings) / 1e9, 1) == 1.4
+
+
 # --------------------------------------------------------------------------- config.json paths
 def test_config_json_path_equals_catalog(tmp_path):
     d = tmp_path / "Qwen3-30B-A3B"
