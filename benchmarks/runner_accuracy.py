@@ -73,7 +73,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-a-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-b-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-c-2026-12-04.jsonl"),
-           (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-d-2026-12-04.jsonl")]
+           (B / "runner_grids_h200_v20_suite.json", R / "runner-grids-h200-v20-d-2026-12-04.jsonl"),
+           (B / "runner_grids_h200_v21_suite.json", R / "runner-grids-h200-v21-2026-12-04.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -183,6 +184,8 @@ IN_SAMPLE_FILES |= LOOKED_AT_FOR_THE_FLOOR
 # (runner-grids-h200-v20-predicted-before.txt): held out.
 # Their device peaks were then looked at: the Qwen3-4B selective-recompute runs (3-5% under) led to counting the q/k
 # norms' saved inputs (cost_model.activations), so the held-out peak figures leave out v20 (and v19, seen with it).
+# The v21 grid (Qwen3-1.7B, never run, all 28 layers) ran after that change, predictions committed before
+# (runner-grids-h200-v21-predicted-before.txt): held out for tokens/s and memory.
 MEMORY_LOOKED_AT = {f"runner-grids-h200-v{v}-{k}-2026-12-04.jsonl" for v in (19, 20) for k in "abcd"}
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
