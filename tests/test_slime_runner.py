@@ -221,6 +221,40 @@ def test_job_request_is_what_submit_sends(tmp_path, qwen36, h200, workload):
     assert list(request["computed_on_cluster"]) == ["NCCL_NVLS_ENABLE"]
 
 
+def test_submit_waits_for_a_starting_head_nodes_job_agent_and_no_longer(tmp_path, qwen36, h200, workload, monkeypatch):
+    """Ray answers 500 'No available agent to submit job' until a fresh head node's job agent is up: the submission
+    is retried then (bounded by SUBMIT_AGENT_WAIT_S); any other error, or the agent still missing after it, is one
+    RunnerError line."""
+    import experiments.slime.runner as slime_runner
+    monkeypatch.setattr(slime_runner.time, "sleep", lambda s: None)
+
+    class Starting(_NoClient):
+        def __init__(self, fails, message="Request failed with status code 500: No available agent to submit job"):
+            self.fails, self.message, self.calls = fails, message, 0
+
+        def submit_job(self, **kw):
+            self.calls += 1
+            if self.calls <= self.fails:
+                raise RuntimeError(self.message)
+            return kw["submission_id"]
+
+    runner = _runner(tmp_path)
+    spec = TrialSpec(Case(qwen36, h200, workload, REFERENCE_LAYOUT))
+    cmd = runner.command(spec)
+    runner.client = Starting(fails=3)
+    assert runner.submit(spec, cmd).job_id.startswith("attune-tp1-pp1-ep8-dp8-")
+    assert runner.client.calls == 4
+    runner.client = Starting(fails=1, message="Request failed with status code 400: bad runtime_env")
+    with pytest.raises(RunnerError, match="^cannot submit to the Ray cluster at .*400: bad runtime_env$"):
+        runner.submit(spec, cmd)
+    assert runner.client.calls == 1
+    monkeypatch.setattr(slime_runner, "SUBMIT_AGENT_WAIT_S", 0.0)
+    runner.client = Starting(fails=10)
+    with pytest.raises(RunnerError, match="No available agent"):
+        runner.submit(spec, cmd)
+    assert runner.client.calls == 1
+
+
 def test_recorded_env_hides_credentials():
     from experiments.slime.runner import _redacted
     env = {"HF_TOKEN": "hf_x", "WANDB_API_KEY": "k", "NCCL_NVLS_ENABLE": "1"}

@@ -57,6 +57,9 @@ from recipes.slime_command import (ASYNC_ENTRY, MODEL_ARGS, SHELL_ENV_INPUTS, fl
                                    slime_env, slime_flag_lines, slime_model_script)
 from search_space.megatron_args import model_args
 
+# Seconds a submission waits for the head node's job agent (Ray answers 500 'No available agent' until it is up).
+SUBMIT_AGENT_WAIT_S = 60.0
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOOK_PATH = "peak_memory_hook.record_peak_memory"
 # Files shipped as the job's working directory: name there -> file here.
@@ -366,14 +369,21 @@ class SlimeRunner(TrialRunner):
         try:
             for name, path in SHIPPED_FILES.items():
                 shutil.copyfile(path, os.path.join(stage, name))
+            deadline = time.monotonic() + SUBMIT_AGENT_WAIT_S
+            while True:
+                try:
+                    job_id = self.client.submit_job(
+                        entrypoint=request["entrypoint"], submission_id=request["submission_id"],
+                        runtime_env={"working_dir": stage, "env_vars": cmd.env}, metadata=request["metadata"])
+                    break
+                except Exception as e:
+                    # a head node just started answers 500 until its job agent is up: wait for it, not longer
+                    if "No available agent" in str(e) and time.monotonic() < deadline:
+                        time.sleep(1.0)
+                        continue
+                    raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
             submitted_wall = time.time()
             submitted = time.monotonic()
-            try:
-                job_id = self.client.submit_job(
-                    entrypoint=request["entrypoint"], submission_id=request["submission_id"],
-                    runtime_env={"working_dir": stage, "env_vars": cmd.env}, metadata=request["metadata"])
-            except Exception as e:
-                raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return _Submitted(job_id=job_id, wall=submitted_wall, monotonic=submitted, queued_s=queued_s)
