@@ -187,6 +187,9 @@ IN_SAMPLE_FILES |= LOOKED_AT_FOR_THE_FLOOR
 # The v21 grid (Qwen3-1.7B, never run, all 28 layers) ran after that change, predictions committed before
 # (runner-grids-h200-v21-predicted-before.txt): held out for tokens/s and memory.
 MEMORY_LOOKED_AT = {f"runner-grids-h200-v{v}-{k}-2026-12-04.jsonl" for v in (19, 20) for k in "abcd"}
+# Their over-predicted scaled-layer runs (Qwen3-4B, Qwen3-1.7B) then led to runner_scaled_work_exponent (fitted on
+# v1-v18 only, benchmarks/scaled_layer_exponent.py): their tokens/s leave the held-out figures.
+SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd"} | {"runner-grids-h200-v21-2026-12-04.jsonl"}
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
@@ -231,14 +234,15 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "fits": p.fits, "verdict": p.fit_verdict,
                     "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": measures_layers(model, gpu),
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
-                    "memory_looked_at": results_path.name in MEMORY_LOOKED_AT})
+                    "memory_looked_at": results_path.name in MEMORY_LOOKED_AT,
+                    "scaled_looked_at": results_path.name in SCALED_LOOKED_AT and not measures_layers(model, gpu)})
     return out
 
 
 def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     """Tokens/s and memory figures of `table`; held out, the tokens/s figures leave out the runs looked at since."""
     measured = [r for r in table if r["status"] == "ok"]
-    ok = [r for r in measured if not (held_out and r["offload_looked_at"])]
+    ok = [r for r in measured if not (held_out and (r["offload_looked_at"] or r["scaled_looked_at"]))]
     apes = [abs(r["predicted"] / r["measured"] - 1) for r in ok]
     then_apes = [abs(r["then"] / r["measured"] - 1) for r in ok if r["then"]]
     summary = {"runs": len(table), "measured": len(ok), "median_ape": statistics.median(apes), "max_ape": max(apes),
@@ -246,9 +250,9 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
                "median_ape_recorded_then": statistics.median(then_apes) if then_apes else None}
     print(f"\n{label}: {len(table)} runs, {len(measured)} measured")
     left_out = len(measured) - len(ok)
-    print((f"tokens/s and peak ({left_out} offload runs left out: looked at, see OFFLOAD_LOOKED_AT: "
-           f"v11-v13 since the run6 offload builds and the offload split, v14 since the moved-tensor pricing): " if left_out else
-           "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
+    print((f"tokens/s and peak ({left_out} runs left out: looked at, see OFFLOAD_LOOKED_AT (v11-v13 since the run6 "
+           f"offload builds and the offload split, v14 since the moved-tensor pricing) and SCALED_LOOKED_AT (v20-v21's "
+           f"scaled-layer runs, since runner_scaled_work_exponent)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")
     grids = {}
@@ -260,7 +264,7 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
         summary["spearman"][g] = rho
         gape = statistics.median(abs(r["predicted"] / r["measured"] - 1) for r in rs)
         print(f"  {g:48} {len(rs):2} runs: Spearman {rho:.2f}, median APE {100 * gape:.1f}%")
-    peak_runs = [r for r in ok if not (held_out and r["memory_looked_at"])]
+    peak_runs = [r for r in measured if not (held_out and (r["offload_looked_at"] or r["memory_looked_at"]))]
     peak_err = [r["peak"] / r["peak_predicted"] - 1 for r in peak_runs]
     summary["peak_max_abs_err"] = max((abs(e) for e in peak_err), default=float("nan"))
     summary["peak_median_abs_err"] = statistics.median(abs(e) for e in peak_err) if peak_err else float("nan")
@@ -291,8 +295,10 @@ def interval_check(table: list[dict]) -> dict:
     for own, name, sd in ((True, "own layers", c.runner_prediction_error_sd),
                           (False, "scaled layers", c.runner_scaled_layer_error_sd)):
         ok = [r for r in table if r["status"] == "ok" and r["own_layers"] == own]
-        ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in ok if r["in_sample"] or r["offload_looked_at"])
-        held = [abs(math.log(r["predicted"] / r["measured"])) for r in ok if not (r["in_sample"] or r["offload_looked_at"])]
+        ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in ok if r["in_sample"] or r["offload_looked_at"]
+                     or r["scaled_looked_at"])
+        held = [abs(math.log(r["predicted"] / r["measured"])) for r in ok
+                if not (r["in_sample"] or r["offload_looked_at"] or r["scaled_looked_at"])]
         fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
         inside = sum(e <= Z90 * sd for e in held)
         print(f"interval ({name}): the runner stack's 90% band uses sd {sd:.3f} (the {len(ins)} in-sample runs give "

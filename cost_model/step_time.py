@@ -391,6 +391,10 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
         ratio = lt.gpu_work / whole.gpu_work
         if measured_model is ctx.model:
             notes.append(f"shard's GPU work {ratio:.2f}x the layer's (modelled ratio), host floor as measured")
+        else:
+            # another model's layer: its measured time scales as the modelled work ratio to a fitted power (a
+            # smaller layer's kernels run less efficiently than the GEMM table says; runner_scaled_work_exponent)
+            ratio **= ctx.c.runner_scaled_work_exponent
     base = curves.none(ctx.tokens, ratio)
     full_extra = (curves.full(ctx.tokens, ratio) - base) if curves.full is not None else None
     if ratio != 1.0:
