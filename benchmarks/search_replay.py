@@ -322,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
           "change (offload and dense SwiGLU backward: v5, v8, v9, v10 looked at); the v11-v18 grids ran with predictions "
           "committed before them, then every grid up to v18 was looked at when a component's fixed cost per micro-batch "
           "was floored at its gradient accumulation (2026-12-04): in sample since; the v19 grids (Qwen3-8B, "
-          "Mixtral-8x22B at seq 16k, Qwen3.6 at 5 layers seq 8k) ran after that, predictions committed before: held out "
-          "(--suite v19 replays them alone)")
+          "Mixtral-8x22B at seq 16k, Qwen3.6 at 5 layers seq 8k), v20 (Qwen3-30B-A3B seq 2k, whole Qwen3-4B, Qwen3.6 "
+          "at 3 layers) and v21 (whole Qwen3-1.7B) ran after that, predictions committed before: held out, but for "
+          "v19/v20's memory (the q/k-norm count) and v20/v21's scaled-layer tokens/s (runner_scaled_work_exponent), "
+          "looked at since (--suite v19, v20, v21 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
