@@ -412,7 +412,8 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
         full_extra = lt.gpu_pass
         notes.append("recompute modelled")
     full_extra = max(full_extra, 0.0)
-    recompute = full_fraction * full_extra
+    # the measured recompute is one GPU's; a recomputed forward also runs its collectives again (TP, EP, CP)
+    recompute = full_fraction * (full_extra + sum(comm.values()) / 2)
     if layout.recompute_granularity == "selective" and lt.gpu_pass > 0:
         # the modelled share of the forward that the selected modules rerun, of the measured recompute
         recompute += min(1.0, lt.selective / lt.gpu_pass) * full_extra

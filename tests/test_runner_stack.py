@@ -462,3 +462,18 @@ def test_appended_builds_keep_the_profile_readable_and_say_which_run(tmp_path):
     curves = load_profile(profile).runner.layer(sig)
     assert curves.model == "tiny" and curves.none(4096) == pytest.approx(0.007)
     assert yaml.safe_load(profile.read_text())["runner_components"]["source"].endswith("runT: a test run")
+
+
+def test_a_recomputed_forward_runs_its_collectives_again(monkeypatch):
+    """The measured full-recompute time is one GPU's; on EP/TP/CP ranks the recomputed forward also repeats its
+    collectives (half of the layer's: the forward ones). With the expert all-to-all priced at 1 s a layer, full
+    recompute adds half a second per layer and micro-batch."""
+    import cost_model.step_time as st
+    monkeypatch.setattr(st, "exposed_ep_comm", lambda lt, share: 1.0)
+    model = qwen3_moe(4)
+    layout = Layout(2, ep=2, max_tokens_per_gpu=12288, **FULL)
+    p = runner(model, layout)
+    assert p.breakdown["ep_comm"] == pytest.approx(4 * p.num_microbatches, rel=1e-6)
+    plain = runner(model, Layout(2, ep=2, max_tokens_per_gpu=12288))
+    assert p.breakdown["recompute"] >= 0.5 * p.breakdown["ep_comm"]
+    assert plain.breakdown["recompute"] == 0

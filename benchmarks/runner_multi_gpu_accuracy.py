@@ -1,0 +1,73 @@
+"""The megatron runner's stored 2-GPU runs re-predicted by today's cost model (tokens/s and device peak).
+
+    python benchmarks/runner_multi_gpu_accuracy.py
+
+Every 2-GPU runner run stored (2026-11-29 to 2026-12-01; only 1 GPU has been lent since): the first suites (TP2,
+EP2, TP2+EP2 at 4k tokens), the leaderboard comparison on 2 GPUs, the Gated DeltaNet suites and the memory boundary
+runs. All are in sample for memory (the runner's activation factors and outside-PyTorch figures were fitted on the
+boundary runs) and none was used to shape the runner components' tokens/s. Some ran on an earlier runner (the
+first suites before the torch-native GDN kernels settled), so a large error here is a question, not a verdict.
+Every figure is a measured run against a prediction.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.measured_runs import load_runs  # noqa: E402
+from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
+
+B, R = Path(__file__).resolve().parent, Path(__file__).resolve().parent / "results"
+PAIRS = (("megatron_h200_suite.json", "megatron-h200-suite.jsonl"),
+         ("megatron_h200_gdn_suite.json", "megatron-h200-gdn-suite.jsonl"),
+         ("x2_vs_leaderboard_suite.json", "x2-h200-vs-leaderboard-suite.jsonl"),
+         ("x2_vs_leaderboard_gdn_suite.json", "x2-h200-vs-leaderboard-gdn-suite.jsonl"),
+         ("gdn_h200_suite.json", "gdn-h200-2g-suite.jsonl"),
+         ("memory_boundary_h200_2g_suite.json", "memory-boundary-h200-2g.jsonl"),
+         ("memory_boundary_h200_v2_suite.json", "memory-boundary-h200-v2.jsonl"),
+         ("memory_boundary_h200_v3_suite.json", "memory-boundary-h200-v3.jsonl"),
+         ("memory_boundary_h200_v2_gdn_suite.json", "memory-boundary-h200-v2-gdn.jsonl"),
+         ("memory_boundary_h200_v3_gdn_suite.json", "memory-boundary-h200-v3-gdn.jsonl"))
+
+
+def main() -> int:
+    gpu = load_gpu("h200")
+    rows = []
+    print(f"{'results file':36} {'trial':40} {'layout':18} {'measured':>8} {'predicted':>9} {'err%':>6} "
+          f"{'peak':>6} {'pred':>6}")
+    for suite, results in PAIRS:
+        for run in load_runs(B / suite, R / results):
+            t = run.trial
+            if not run.ok or t.gpus < 2:
+                continue
+            model, p = trial_prediction(t, gpu, run.runtime)
+            err = p.tokens_per_s_per_gpu / run.measured - 1
+            gdn = "linear_attention" in model.layer_types
+            rows.append({"file": results, "trial": t.name, "err": err, "gdn": gdn,
+                         "peak_err": p.memory.device_peak / run.peak - 1 if run.peak else None})
+            print(f"{results[:36]:36} {t.name[:40]:40} {t.layout.label[:18]:18} {run.measured:8.0f} "
+                  f"{p.tokens_per_s_per_gpu:9.0f} {100 * err:6.1f} {run.peak:6.1f} {p.memory.device_peak:6.1f}")
+    summary = {}
+    for name, sel in (("all", rows), ("Gated DeltaNet models", [r for r in rows if r["gdn"]]),
+                      ("others", [r for r in rows if not r["gdn"]])):
+        if not sel:
+            continue
+        apes = [abs(r["err"]) for r in sel]
+        peaks = [abs(r["peak_err"]) for r in sel if r["peak_err"] is not None]
+        summary[name] = {"runs": len(sel), "median_ape": statistics.median(apes), "max_ape": max(apes),
+                         "over_predicted": sum(r["err"] > 0 for r in sel), "peak_max_abs_err": max(peaks)}
+        print(f"{name}: {len(sel)} runs, tokens/s median APE {100 * statistics.median(apes):.1f}%, max "
+              f"{100 * max(apes):.1f}% ({summary[name]['over_predicted']} over-predicted); device peak within "
+              f"{100 * max(peaks):.1f}%")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
