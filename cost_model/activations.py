@@ -236,9 +236,9 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
 
 # Scoring a space asks for one rank's activations under many layouts that differ elsewhere: the bytes depend on the
 # layout only through these fields (this module's readers), memoized with the model held by the memo.
-_ACTIVATION_FIELDS = ("tp", "cp", "etp", "pp", "vpp", "overlap_moe_expert_parallel_comm", "recompute_granularity",
+ACTIVATION_FIELDS = ("tp", "cp", "etp", "pp", "vpp", "overlap_moe_expert_parallel_comm", "recompute_granularity",
                       "recompute_method", "recompute_num_layers", "selective_modules")
-_activation_fields = attrgetter(*_ACTIVATION_FIELDS)   # a tuple of them, read in C (a memo key per call)
+activation_fields = attrgetter(*ACTIVATION_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _ACTIVATION_MEMO = IdentityMemo(100_000)
 
 
@@ -256,7 +256,7 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
                                   c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors,
                                   c.unfused_dense_glu_backward_tensors)
-    key = (id(model), rank, _activation_fields(layout), tokens, routed_rows_per_token,
+    key = (id(model), rank, activation_fields(layout), tokens, routed_rows_per_token,
            gdn_sharded, unfused)
     hit = _ACTIVATION_MEMO.get(key) or _ACTIVATION_MEMO.put(key, model, activation_bytes_per_microbatch(
         rank, model, layout, tokens, routed_rows_per_token, gdn_sharded, unfused))

@@ -72,8 +72,14 @@ class Constants:
 
 
 @lru_cache(maxsize=1)
+def _shipped_data() -> dict:
+    """constants.yaml parsed once (values and their sources)."""
+    return shipped_yaml(constants_text())
+
+
+@lru_cache(maxsize=1)
 def default_constants() -> Constants:
-    return Constants.from_mapping(shipped_yaml(constants_text()))
+    return Constants.from_mapping(_shipped_data())
 
 
 def constants_text() -> str:
@@ -81,5 +87,4 @@ def constants_text() -> str:
 
 
 def constants_sources() -> dict[str, str]:
-    data = shipped_yaml(constants_text())
-    return {k: v.get("source", "") for k, v in data["constants"].items() if isinstance(v, dict)}
+    return {k: v.get("source", "") for k, v in _shipped_data()["constants"].items() if isinstance(v, dict)}

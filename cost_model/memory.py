@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
-from cost_model.activations import _activation_fields, in_flight_microbatches, rank_activation_bytes
+from cost_model.activations import activation_fields, in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
 from cost_model.device_memory import DeviceMemory, overheads
 from cost_model.nouns.hardware import GpuSpec
@@ -419,7 +419,7 @@ def _activation_table(model: ModelSpec, layout: Layout, ranks: tuple[RankLayers,
                       in_flight: float, c: Constants) -> tuple:
     """Per pipeline rank, (saved, working) activation bytes (activations.rank_activation_bytes)."""
     rt = inputs.runtime
-    key = (id(model), id(ranks), id(c), _activation_fields(layout), inputs.tokens, inputs.routed_rows_per_token,
+    key = (id(model), id(ranks), id(c), activation_fields(layout), inputs.tokens, inputs.routed_rows_per_token,
            rt.gdn_sharded, rt.fused_kernels, inputs.precision, in_flight)
     hit = _ACTIVATION_TABLE_MEMO.get(key) or _ACTIVATION_TABLE_MEMO.put(key, (model, ranks, c), tuple(
         rank_activation_bytes(i, r, model, layout, inputs, in_flight, c) for i, r in enumerate(ranks)))
