@@ -302,7 +302,10 @@ def test_more_optimizer_offload_never_raises_gpu_memory(case, g, f1, f2, overlap
         resident = lambda m: m.allocated - m.optimizer_step  # noqa: E731
         assert le(resident(p_hi.memory), resident(p_lo.memory)), (label, p_lo.memory.as_dict(),
                                                                    p_hi.memory.as_dict())
-    assert le(p_hi.memory.optimizer, p_lo.memory.optimizer), label
+    # the breakdown is the most-loaded GPU's: with a pipeline, more offload can move the peak to another stage (whose
+    # weights differ; offload never changes a GPU's weights), and only one GPU's optimizer compares with itself
+    if p_hi.memory.weights == p_lo.memory.weights:
+        assert le(p_hi.memory.optimizer, p_lo.memory.optimizer), label
     assert le(p_lo.host_memory_gib_per_node, p_hi.host_memory_gib_per_node), label
 
 
