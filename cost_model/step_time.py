@@ -384,7 +384,8 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
         curves = near[1]
         measured_model = signature_model(ctx.model, near[0])
         notes.append(f"{curves.model}'s measured {attn_kind}+{mlp_kind} layer, its GPU work scaled to this "
-                     f"layer's (modelled ratio), its host floor the lowest measured of the kind")
+                     f"layer's (modelled ratio to the power {ctx.c.runner_scaled_work_exponent:g}, fitted: "
+                     f"runner_scaled_work_exponent), its host floor the lowest measured of the kind")
     ratio = 1.0
     if measured_model is not ctx.model or any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
         whole = layer_time(attn_kind, mlp_kind, replace(layer, model=measured_model, layout=Layout(1)))
