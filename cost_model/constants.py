@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from importlib import resources
 
-from cost_model.nouns.user_file import shipped_yaml
+from cost_model.nouns.user_file import parse_yaml
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Constants:
 @lru_cache(maxsize=1)
 def _shipped_data() -> dict:
     """constants.yaml parsed once (values and their sources)."""
-    return shipped_yaml(constants_text())
+    return parse_yaml(constants_text(), "cost_model/data/constants.yaml", ValueError, shipped=True)
 
 
 @lru_cache(maxsize=1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib import resources
 
-from cost_model.nouns.user_file import shipped_yaml
+from cost_model.nouns.user_file import parse_yaml
 
 from cost_model.constants import Constants, default_constants
 from cost_model.nouns.errors import AttuneError
@@ -261,4 +261,5 @@ def parse_hypotheses(data: dict, origin: str = "hypotheses file") -> tuple[Hypot
 @lru_cache(maxsize=1)
 def default_hypotheses() -> tuple[Hypothesis, ...]:
     text = resources.files("cost_model").joinpath("data/hypotheses.yaml").read_text()
-    return parse_hypotheses(shipped_yaml(text), "cost_model/data/hypotheses.yaml")
+    origin = "cost_model/data/hypotheses.yaml"
+    return parse_hypotheses(parse_yaml(text, origin, HypothesisError, shipped=True), origin)

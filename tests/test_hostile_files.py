@@ -368,3 +368,20 @@ def test_user_yaml_is_read_by_a_safe_loader_that_builds_no_python_object(tmp_pat
     assert issubclass(_unique_keys_loader(), yaml.SafeLoader)
     with pytest.raises(ValueError, match="malformed YAML"):
         parse_yaml("a: !!python/object/apply:os.system ['true']\n", "f.yaml", ValueError)
+
+
+def test_the_packages_own_yaml_is_read_with_the_same_checks(monkeypatch):
+    """constants.yaml, hypotheses.yaml and the GPU catalog go through the one checking reader: a key written twice in
+    them (an edit that would silently keep the second) is refused in one line naming the file and the key."""
+    import cost_model.constants as constants
+    from cost_model.nouns.user_file import parse_yaml
+
+    text = constants.constants_text()
+    twice = text.replace("constants:\n", "constants:\n  memory_error_sd: {value: 0.5}\n", 1)
+    monkeypatch.setattr(constants, "constants_text", lambda: twice)
+    constants._shipped_data.cache_clear()
+    with pytest.raises(ValueError, match=r"^cost_model/data/constants.yaml: .*duplicate key 'memory_error_sd'"):
+        constants._shipped_data()
+    monkeypatch.undo()
+    constants._shipped_data.cache_clear()
+    assert parse_yaml(text, "constants.yaml", ValueError, shipped=True)["constants"]["memory_error_sd"]["value"] > 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-from cost_model.nouns.user_file import shipped_yaml
+from cost_model.nouns.user_file import parse_yaml
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.names import shown_name
 
@@ -51,7 +51,7 @@ class GpuSpec:
 @lru_cache(maxsize=1)
 def _catalog() -> dict:
     text = resources.files("cost_model").joinpath("catalog/gpus.yaml").read_text()
-    return shipped_yaml(text)
+    return parse_yaml(text, "cost_model/catalog/gpus.yaml", HardwareError, shipped=True)
 
 
 def gpu_names() -> list[str]:

@@ -195,14 +195,6 @@ def _unique_keys_loader(libyaml: bool = False):
     return UniqueKeysLoader
 
 
-def shipped_yaml(text: str) -> Any:
-    """A file of the package, as yaml.safe_load reads it, with libyaml's parser where PyYAML has it (the same
-    constructors and resolver: the same data, ~10x faster; a tune reads these at every start)."""
-    import yaml
-
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
 def parse_yaml(text: str, name: str, error: type[Exception], shipped: bool = False) -> Any:
     """YAML (safe_load) with bounded nesting; failures as one-line `error`. `shipped`: a file of the package
     (read with libyaml's parser where PyYAML has it: the same data, faster)."""
