@@ -216,38 +216,20 @@ def test_dense_qwen3_config_counts_match_the_published_model():
     assert moe.is_moe and moe.mlp_types == (MOE,) * 40
 
 
-def test_qwen3_32b_config_counts_match_the_model_card():
-    """Qwen3-32B's config.json: the model card's 32.8B parameters, 31.2B of them outside the embeddings."""
-    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-32b/config.json").read_text())
-    spec = from_hf_config(cfg, "qwen3-32b")
-    embeddings = 2 * cfg["vocab_size"] * cfg["hidden_size"]
-    assert round(spec.params.total / 1e9, 1) == 32.8 and round((spec.params.total - embeddings) / 1e9, 1) == 31.2
+# (config.json under benchmarks/models, the model card's parameters and those outside the embedding tables, in
+# billions to its own rounding)
+MODEL_CARDS = (("qwen3-32b", 32.8, 31.2), ("qwen3-8b", 8.2, 6.95), ("qwen3-4b", 4.0, 3.6), ("qwen3-1.7b", 1.7, 1.4))
 
 
-def test_qwen3_8b_config_counts_match_the_model_card():
-    """Qwen3-8B's config.json: the model card's 8.2B parameters, 6.95B of them outside the embeddings."""
-    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-8b/config.json").read_text())
-    spec = from_hf_config(cfg, "qwen3-8b")
-    embeddings = 2 * cfg["vocab_size"] * cfg["hidden_size"]
-    assert round(spec.params.total / 1e9, 1) == 8.2 and round((spec.params.total - embeddings) / 1e9, 2) == 6.95
-
-
-def test_qwen3_4b_config_counts_match_the_model_card():
-    """Qwen3-4B's config.json (tied embeddings): the model card's 4.0B parameters, 3.6B of them outside the
-    embedding table."""
-    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-4b/config.json").read_text())
-    spec = from_hf_config(cfg, "qwen3-4b")
-    embeddings = cfg["vocab_size"] * cfg["hidden_size"]
-    assert round(spec.params.total / 1e9, 1) == 4.0 and round((spec.params.total - embeddings) / 1e9, 1) == 3.6
-
-
-def test_qwen3_1_7b_config_counts_match_the_model_card():
-    """Qwen3-1.7B's config.json (tied embeddings): the model card's 1.7B parameters, 1.4B of them outside the
-    embedding table."""
-    cfg = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/models/qwen3-1.7b/config.json").read_text())
-    spec = from_hf_config(cfg, "qwen3-1.7b")
-    embeddings = cfg["vocab_size"] * cfg["hidden_size"]
-    assert round(spec.params.total / 1e9, 1) == 1.7 and round((spec.params.total - embeddings) / 1e9, 1) == 1.4
+@pytest.mark.parametrize("name,total,outside", MODEL_CARDS)
+def test_qwen3_config_counts_match_the_model_card(name, total, outside):
+    """A Qwen3 config.json counts the model card's parameters, with one embedding table where it ties them."""
+    cfg = json.loads((Path(__file__).resolve().parents[1] / f"benchmarks/models/{name}/config.json").read_text())
+    spec = from_hf_config(cfg, name)
+    embeddings = (1 if cfg["tie_word_embeddings"] else 2) * cfg["vocab_size"] * cfg["hidden_size"]
+    digits = len(str(outside).split(".")[1])
+    assert round(spec.params.total / 1e9, 1) == total
+    assert round((spec.params.total - embeddings) / 1e9, digits) == outside
 
 
 # --------------------------------------------------------------------------- config.json paths
