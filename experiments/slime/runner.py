@@ -371,6 +371,8 @@ class SlimeRunner(TrialRunner):
                 shutil.copyfile(path, os.path.join(stage, name))
             deadline = time.monotonic() + SUBMIT_AGENT_WAIT_S
             while True:
+                submitted_wall = time.time()   # the attempt that is accepted starts the job's clock, as before
+                submitted = time.monotonic()
                 try:
                     job_id = self.client.submit_job(
                         entrypoint=request["entrypoint"], submission_id=request["submission_id"],
@@ -379,11 +381,9 @@ class SlimeRunner(TrialRunner):
                 except Exception as e:
                     # a head node just started answers 500 until its job agent is up: wait for it, not longer
                     if "No available agent" in str(e) and time.monotonic() < deadline:
-                        time.sleep(1.0)
+                        time.sleep(self._limits.poll_interval_s)
                         continue
                     raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
-            submitted_wall = time.time()
-            submitted = time.monotonic()
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return _Submitted(job_id=job_id, wall=submitted_wall, monotonic=submitted, queued_s=queued_s)
