@@ -224,6 +224,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
     for run in load_runs(suite_path, results_path):
         t = run.trial
         model, p = trial_prediction(t, gpu, run.runtime)
+        own = measures_layers(model, gpu)
         # a grid is a suite's layouts of one model run, over however many device calls measured them
         grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({suite_path.stem.removesuffix('_suite')})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
@@ -232,10 +233,10 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "peak": run.peak, "peak_predicted": p.memory.device_peak, "needed": p.peak_memory_gib,
                     "capacity": p.gpu_memory_gib,
                     "fits": p.fits, "verdict": p.fit_verdict,
-                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": measures_layers(model, gpu),
+                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own,
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
                     "memory_looked_at": results_path.name in MEMORY_LOOKED_AT,
-                    "scaled_looked_at": results_path.name in SCALED_LOOKED_AT and not measures_layers(model, gpu)})
+                    "scaled_looked_at": results_path.name in SCALED_LOOKED_AT and not own})
     return out
 
 
@@ -250,7 +251,7 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
                "median_ape_recorded_then": statistics.median(then_apes) if then_apes else None}
     print(f"\n{label}: {len(table)} runs, {len(measured)} measured")
     left_out = len(measured) - len(ok)
-    print((f"tokens/s and peak ({left_out} runs left out: looked at, see OFFLOAD_LOOKED_AT (v11-v13 since the run6 "
+    print((f"tokens/s ({left_out} runs left out: looked at, see OFFLOAD_LOOKED_AT (v11-v13 since the run6 "
            f"offload builds and the offload split, v14 since the moved-tensor pricing) and SCALED_LOOKED_AT (v20-v21's "
            f"scaled-layer runs, since runner_scaled_work_exponent)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
@@ -278,7 +279,7 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     summary.update(false_fits=false_fit, false_refusals=false_refusal, within_2pct_of_limit=near)
     print(f"device peak: within {100 * summary['peak_max_abs_err']:.1f}% (median "
           f"{100 * summary['peak_median_abs_err']:.1f}%) over {len(peak_runs)} runs"
-          f"{f' ({len(ok) - len(peak_runs)} left out: memory looked at, see MEMORY_LOOKED_AT)' if len(peak_runs) < len(ok) else ''}"
+          f"{f' ({len(measured) - len(peak_runs)} left out: looked at, see OFFLOAD_LOOKED_AT and MEMORY_LOOKED_AT)' if len(peak_runs) < len(measured) else ''}"
           f"; {len(oom)} ran out of memory, "
           f"false fits: {false_fit or 'none'}; predicted not to fit but ran: {false_refusal or 'none'}; "
           f"predicted within 2% of the limit: {near or 'none'}")
