@@ -95,6 +95,10 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v20-c-2026-12-04.jsonl", "runner_grids_h200_v20_suite.json"),
            ("runner-grids-h200-v20-d-2026-12-04.jsonl", "runner_grids_h200_v20_suite.json"),
            ("runner-grids-h200-v21-2026-12-04.jsonl", "runner_grids_h200_v21_suite.json"),
+           ("runner-grids-h200-v22-a-2026-12-04.jsonl", "runner_grids_h200_v22_suite.json"),
+           ("runner-grids-h200-v22-b-2026-12-04.jsonl", "runner_grids_h200_v22_suite.json"),
+           ("runner-grids-h200-v22-c-2026-12-04.jsonl", "runner_grids_h200_v22_suite.json"),
+           ("runner-grids-h200-v22-d-2026-12-04.jsonl", "runner_grids_h200_v22_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
