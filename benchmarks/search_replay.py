@@ -329,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
           "Mixtral-8x22B at seq 16k, Qwen3.6 at 5 layers seq 8k), v20 (Qwen3-30B-A3B seq 2k, whole Qwen3-4B, Qwen3.6 "
           "at 3 layers) and v21 (whole Qwen3-1.7B) ran after that, predictions committed before: held out, but for "
           "v19/v20's memory (the q/k-norm count) and v20/v21's scaled-layer tokens/s (runner_scaled_work_exponent), "
-          "looked at since (--suite v19, v20, v21 replays them alone)")
+          "looked at since; v22 (Codestral-22B, whole Qwen3-0.6B, Qwen3.6 at 5 layers seq 2k, Qwen3-Next at 3 layers "
+          "seq 2k) ran after those, predictions committed before: held out, but for Qwen3-0.6B's tokens/s (the dense "
+          "host floor), looked at since (--suite v19, v20, v21, v22 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0

@@ -10,7 +10,10 @@ Differences of those builds give:
   included), and with full recompute, from the 1-layer build and the deepest;
 - the micro-batch's ends: embedding, final norm, LM head, cross-entropy and the schedule's own time;
 - the per-step work: zeroing gradient buffers and the optimizer step, per parameter and per step;
-- the CPU optimizer step per parameter (offload), and CPU Adam per rank with several ranks per host.
+- the CPU optimizer step per parameter (offload), and CPU Adam per rank with several ranks per host;
+- a layer kind's host floor: builds marked `host_floor`, the kind at a shape too small for its GPU work to
+  show (hidden 256), whose layer and ends take what the host takes to issue their kernels. They price no
+  layer's GPU work (they are nobody's nearest layer) and stay out of the per-step line.
 
 Each component is a host floor and a least-squares line through its measured points (`_point_curve`), looked
 up at any token count. Pure
@@ -21,7 +24,7 @@ from __future__ import annotations
 import ast
 import math
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 # ModelSpec fields that do not change what one decoder layer computes.
 _NOT_LAYER = {"name", "display_name", "model_type", "num_hidden_layers", "vocab_size", "tie_word_embeddings",
@@ -107,6 +110,18 @@ class LayerCurves:
 
 
 @dataclass(frozen=True)
+class HostFloor:
+    """The host's seconds per micro-batch to issue one layer of a kind (without and with full recompute) and a
+    micro-batch's ends, from the kind's host-floor builds: the median over their models and token counts."""
+
+    layer_s: float
+    layer_full_s: float
+    ends_s: float
+    models: tuple[str, ...]
+    points: int
+
+
+@dataclass(frozen=True)
 class RunnerComponents:
     """The runner's components measured on one GPU type (a profile's `runner_components` section)."""
 
@@ -118,6 +133,7 @@ class RunnerComponents:
     seq_len: int
     source: str
     offload_s_per_param: float | None = None   # the optimizer step's extra seconds per parameter on the CPU (1 rank)
+    host_floors: dict = field(default_factory=dict)   # "attn+mlp" -> HostFloor
 
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
@@ -240,7 +256,8 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
     accumulate = GRAD_ACCUMULATION_BYTES / hbm_bytes_per_s if hbm_bytes_per_s else 0.0
     mb = int(section["microbatches"])
     offloaded = [b for b in section["builds"] if b.get("offload")]
-    builds = [b for b in section["builds"] if not b.get("offload")]
+    floor_builds = [b for b in section["builds"] if b.get("host_floor") and not b.get("offload")]
+    builds = [b for b in section["builds"] if not b.get("offload") and not b.get("host_floor")]
 
     def fwd_bwd(b, full: bool) -> dict:
         n = int(b.get("microbatches", mb))
@@ -282,7 +299,7 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
         if steps:
             xs.append(float(b["params"]))
             ys.append(statistics.median(steps))
-    intercept, slope = _line(xs, ys)
+    intercept, slope = _line(xs, ys) if len(set(xs)) > 1 else (0.0, 0.0)
     intercept = max(intercept, 0.0)
     # The offloaded optimizer: its step's extra seconds per parameter over the GPU step's line (one rank on the
     # host: CPU Adam and the copies both ways as megatron's HybridDeviceOptimizer runs them).
@@ -293,4 +310,38 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
     cpu = tuple((int(p["ranks"]), float(p["params_per_s_per_rank"])) for p in section.get("cpu_adam_ranks") or ())
     source = (f"measured: runner components on {section.get('device', '?')} ({section.get('date', '?')}, "
               f"megatron-core {section.get('megatron_core', '?')}, torch {section.get('torch', '?')})")
-    return RunnerComponents(layers, ends, slope, intercept, cpu, int(section["seq_len"]), source, offload)
+    return RunnerComponents(layers, ends, slope, intercept, cpu, int(section["seq_len"]), source, offload,
+                            _host_floors(floor_builds, mb))
+
+
+def _host_floors(builds: list[dict], mb: int) -> dict:
+    """Per layer kind, the host's time for one layer and for a micro-batch's ends, from the host-floor builds:
+    per model the deepest build less the 1-layer one over the extra layers (a layer) and the 1-layer build less
+    that (the ends), per token count; the median over the kind's models and token counts (a host's timings
+    jitter by tens of percent from point to point; the GPU work these shapes do is a few percent of them)."""
+    by_model: dict = {}
+    for b in builds:
+        by_model.setdefault((tuple(b["kind"]), str(b["model"])), {})[int(b["layers"])] = b
+    per_kind: dict = {}
+    for (kind, model), depths in by_model.items():
+        if 1 not in depths or len(depths) < 2:
+            continue
+        deep = max(depths)
+        one, many = depths[1], depths[deep]
+
+        def per_mb(b, full: bool) -> dict:
+            n = int(b.get("microbatches", mb))
+            return {p["tokens"]: p["fwd_bwd_s"] / n for p in b["points"] if bool(p.get("full_recompute")) == full}
+
+        acc = per_kind.setdefault("+".join(kind), ([], [], [], []))
+        for full, out in ((False, acc[0]), (True, acc[1])):
+            a, b2 = per_mb(one, full), per_mb(many, full)
+            for t in a:
+                if t in b2:
+                    out.append(max(b2[t] - a[t], 0.0) / (deep - 1))
+                    if not full:
+                        acc[2].append(max(a[t] - out[-1], 0.0))
+        acc[3].append(model)
+    return {k: HostFloor(statistics.median(v[0]), statistics.median(v[1]) if v[1] else statistics.median(v[0]),
+                         statistics.median(v[2]), tuple(v[3]), len(v[0]))
+            for k, v in per_kind.items() if v[0]}

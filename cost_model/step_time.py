@@ -462,6 +462,7 @@ def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> 
     t = dict.fromkeys(RANK_TERMS, 0.0)
     full_fraction = full_recompute_fraction(rank, ctx.layout)
     fallback = []
+    host = ends_host = 0.0
     for attn_kind, mlp_kind, count in rank.kinds:
         terms, _ = runner_layer_terms(ctx, attn_kind, mlp_kind, full_fraction, ep_overlap)
         if terms is None:
@@ -469,13 +470,34 @@ def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> 
             continue
         for k, v in terms.items():
             t[k] += count * v
+        host += count * layer_host_s(ctx, attn_kind, mlp_kind, full_fraction)
+        floor = ctx.runner.host_floors.get(f"{attn_kind}+{mlp_kind}")
+        ends_host = max(ends_host, floor.ends_s if floor else 0.0)
     if fallback:
         part = replace(rank, kinds=tuple(fallback), has_head=False, mtp_layers=0, vision=0)
         for k, v in rank_microbatch_terms(ctx, part, ep_overlap).items():
             t[k] += v
     if rank.has_head:
         t["microbatch_ends"] += runner_ends(ctx)
+    if host > 0:
+        # The host issues a micro-batch's kernels ahead of the GPU; where issuing them takes longer than the
+        # GPU's work (a small layer at few tokens), the micro-batch takes the host's time.
+        host += ends_host if rank.has_head else 0.0
+        t["launch_overhead"] += max(0.0, host - sum(t.values()))
     return t
+
+
+def layer_host_s(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fraction: float) -> float:
+    """The host's seconds per micro-batch to issue one layer of this kind on the runner's stack, as the kind's
+    host-floor builds measured it (0 where the profile has none): full recompute issues the measured recomputed
+    forward again, selective recompute the modelled share of the layer's kernels its modules rerun."""
+    floor = ctx.runner.host_floors.get(f"{attn_kind}+{mlp_kind}")
+    if floor is None:
+        return 0.0
+    extra = full_fraction * max(floor.layer_full_s - floor.layer_s, 0.0)
+    if ctx.layout.recompute_granularity == "selective":
+        extra += selective_launch_share(set(ctx.layout.selective_modules), attn_kind, mlp_kind) * floor.layer_s
+    return floor.layer_s + extra
 
 
 def runner_step_breakdown(ctx: StepContext) -> dict[str, float]:
@@ -605,6 +627,20 @@ _LAYER_CURVE = ("each a host floor, then a line through its measured points whos
                 "the layer's gradient accumulation (modelled: 10 bytes per parameter at the profile's measured copy rate)")
 
 
+def _host_floor_source(comps: RunnerComponents, kinds, fitted: str, fitted_used: bool) -> str:
+    """Where the runner's exposed host time comes from: the host-floor builds of the layer kinds, and `fitted`
+    (the fitted launch term's line) where kinds the profile did not measure use it; `fitted` alone without floors."""
+    floors = [f"{k} {1e3 * f.layer_s:.2f} ms a layer ({1e3 * f.layer_full_s:.2f} with full recompute), "
+              f"{1e3 * f.ends_s:.2f} ms the ends ({', '.join(f.models)}'s builds, median of {f.points} points)"
+              for k, f in comps.host_floors.items() if any(f"{a}+{m}" == k for a, m in kinds)]
+    if not floors:
+        return fitted
+    device = comps.source.split(" on ", 1)[-1].split(" (")[0]
+    return (f"measured: the host's time to issue a micro-batch's kernels, per layer kind ({'; '.join(floors)}: "
+            f"the profile's host-floor builds on the {device}), where it exceeds the micro-batch's GPU work; "
+            f"selective recompute adds its modules' modelled share" + (f"; {fitted}" if fitted_used else ""))
+
+
 def _runner_sources(ctx: StepContext) -> dict[str, str]:
     """Each term of the runner's step (`runner_step_breakdown`): its measured components, what is modelled
     around them, and the fitted terms of layer kinds the profile did not measure."""
@@ -635,6 +671,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     for key in ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",
                 "launch_overhead", "expert_calls"):   # on this stack only the layer kinds not measured have these
         lines[key] += f"; for the layer kinds the runner profile did not measure ({', '.join(unmeasured) or 'none'})"
+    lines["launch_overhead"] = _host_floor_source(comps, kinds, lines["launch_overhead"], bool(unmeasured))
     recompute = []
     if measured and layout.recompute_granularity == "full":
         recompute.append(f"measured: the full-recompute builds' extra seconds per layer, for the recomputed layers "

@@ -477,3 +477,56 @@ def test_a_recomputed_forward_runs_its_collectives_again(monkeypatch):
     plain = runner(model, Layout(2, ep=2, max_tokens_per_gpu=12288))
     assert p.breakdown["recompute"] >= 0.5 * p.breakdown["ep_comm"]
     assert plain.breakdown["recompute"] == 0
+
+
+def test_host_floor_builds_give_the_kinds_host_time_and_price_no_layer():
+    mb = 4
+    common = {"signature": "full_attention+dense|hidden_size=256", "kind": ["full_attention", "dense"],
+              "hidden_size": 256, "vocab": 1024, "host_floor": True, "microbatches": mb}
+    floor, full, ends = 0.0035, 0.0058, 0.0030    # seconds per micro-batch: whatever the tokens (host-bound)
+
+    def points(layers):
+        return [{"tokens": t, "full_recompute": f, "zero_grad_s": 1e-4, "optimizer_s": 2e-3,
+                 "fwd_bwd_s": mb * (layers * (full if f else floor) + ends)} for t in (4096, 8192) for f in (False, True)]
+
+    builds = [{**common, "model": m, "layers": n, "params": n * 1e6, "points": points(n)}
+              for m in ("tiny-a", "tiny-b") for n in (1, 4)]
+    comps = parse_runner_components({"microbatches": 2, "seq_len": 4096, "builds": builds})
+    got = comps.host_floors["full_attention+dense"]
+    assert got.layer_s == pytest.approx(floor) and got.layer_full_s == pytest.approx(full)
+    assert got.ends_s == pytest.approx(ends) and got.models == ("tiny-a", "tiny-b") and got.points == 4
+    assert comps.layers == {} and comps.ends == {}        # nobody's nearest layer, no model's ends
+
+
+def test_a_small_dense_layer_at_few_tokens_takes_the_hosts_time():
+    """Qwen3-0.6B at 4k tokens: its layers' GPU work is shorter than the host's time to issue them (the shipped
+    dense host floor), so the micro-batch takes the host's time; at 32k tokens, and for Llama3-8B at 4k, the
+    GPU's work is longer and nothing is added."""
+    comps = shipped_profile("h200").runner
+    floor = comps.host_floors["full_attention+dense"]
+    small = load_model("benchmarks/models/qwen3-0.6b/config.json")
+    work = Workload(framework="megatron", seq_len=4096, global_batch=64)
+    few = runner(small, Layout(1, max_tokens_per_gpu=4096), work)
+    micro = few.step_time_s - few.breakdown["optimizer"]
+    assert micro / 64 == pytest.approx(small.num_hidden_layers * floor.layer_s + floor.ends_s, rel=1e-6)
+    assert few.breakdown["launch_overhead"] > 0
+    assert few.term_sources["launch_overhead"].startswith("measured: the host's time to issue")
+    many = runner(small, Layout(1, max_tokens_per_gpu=32768, rows_per_microbatch=8), work)
+    assert many.breakdown["launch_overhead"] == 0
+    big = runner(trial_model(load_model("llama3-8b"), 8), Layout(1, max_tokens_per_gpu=4096))
+    assert big.breakdown["launch_overhead"] == 0
+    # full recompute issues the forward again: a higher floor
+    again = runner(small, Layout(1, max_tokens_per_gpu=4096, **FULL), work)
+    assert again.step_time_s > few.step_time_s
+
+
+def test_host_floor_shape_keeps_the_layers_kernels_and_shrinks_its_work():
+    from experiments.checks.runner_components import HOST_FLOOR_DIMS, host_floor_model
+
+    model = load_model("benchmarks/models/qwen3-0.6b/config.json")
+    tiny = host_floor_model(model)
+    assert {k: getattr(tiny, k) for k in HOST_FLOOR_DIMS} == HOST_FLOOR_DIMS
+    assert tiny.qk_norm == model.qk_norm and tiny.layer_types == model.layer_types
+    assert tiny.name == "qwen3-0.6b-host-floor"
+    shipped = load_model("benchmarks/models/host-floor-qwen3/config.json")   # what the shipped floor measured
+    assert layer_signature(tiny, "full_attention", "dense") == layer_signature(shipped, "full_attention", "dense")

@@ -10,7 +10,9 @@ the model, with 1 and 2 layers of that kind and a small vocabulary, and times at
   into the fp32 buffers by megatron's hooks included), with and without full recompute;
 - the per-step work: zeroing the gradient buffers and the optimizer step (grad norm, clip, Adam, the copy
   back to bf16);
-- once with the model's real vocabulary, for the embedding, LM head and cross-entropy of a micro-batch.
+- once with the model's real vocabulary, for the embedding, LM head and cross-entropy of a micro-batch;
+- for a dense layer kind, 1 and 4 layers of it at the host-floor shape (hidden 256: too small for its GPU work to
+  show), the host's time to issue its kernels.
 
 The cost model takes differences: one layer = (2 layers - 1 layer), the micro-batch's ends = (1 layer - one
 layer), the optimizer per parameter = the slope between the builds' parameter counts. Nothing is fitted to
@@ -59,6 +61,19 @@ def kind_model(model, kind: tuple[str, str], layers: int, vocab: int | None):
     if vocab is not None:
         changes["vocab_size"] = vocab
     return replace(model, **changes)
+
+
+# A dense layer too small for its GPU work to show at the profile's token counts: its time is the host's issuing
+# its kernels (the same kernels as the model's own layer: its norms, gates and attention core are kept).
+HOST_FLOOR_DIMS = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                       intermediate_size=512)
+HOST_FLOOR_KINDS = {("full_attention", "dense")}
+HOST_FLOOR_ROWS = (1, 2, 4)
+
+
+def host_floor_model(model):
+    """`model` at the host-floor shape (HOST_FLOOR_DIMS), named as such."""
+    return replace(model, **HOST_FLOOR_DIMS, name=f"{model.name}-host-floor")
 
 
 class Bench:
@@ -241,6 +256,8 @@ def one_build(args) -> int:
 
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
     model = load_model(args.model[0])
+    if args.host_floor:
+        model = host_floor_model(model)
     kind = tuple(args.kind.split("+"))
     bench = Bench(args.seq_len, args.microbatches, args.repeats, log)
     if LINEAR_ATTENTION in model.layer_types:
@@ -250,7 +267,8 @@ def one_build(args) -> int:
     entry = measure_build(bench, model, kind, args.layers, None if args.real_vocab else SMALL_VOCAB, rows,
                           recompute=not (args.real_vocab or args.offload), offload=args.offload)
     entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
-                 microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now())
+                 microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
+                 **({"host_floor": True} if args.host_floor else {}))
     with open(args.out, "a") as f:
         f.write(json.dumps(entry) + "\n")
     bench.dist.destroy_process_group()
@@ -275,7 +293,8 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
         out.append({"model": b["model"], "signature": b["signature"], "kind": b["kind"], "layers": b["layers"],
                     "vocab": b["vocab"], "hidden_size": int(signature_dims(b["signature"])["hidden_size"]), "params": b["params"],
                     "microbatches": b.get("microbatches", meta.get("microbatches", MICROBATCHES)),
-                    **({"offload": 1.0} if b.get("offload") else {}), "points": points})
+                    **({"offload": 1.0} if b.get("offload") else {}),
+                    **({"host_floor": True} if b.get("host_floor") else {}), "points": points})
     return {"provenance": "measured", **meta, "builds": out}
 
 
@@ -301,12 +320,14 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
             rows = ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
             first = layer_kinds(model)[0]
             plan = ([(k, n, "") for k in layer_kinds(model) for n in (1, 2)] + [(first, 1, "--real-vocab")]
-                    + [(first, 2, "--offload")])
+                    + [(first, 2, "--offload")]
+                    + [(k, n, "--host-floor") for k in layer_kinds(model) if k in HOST_FLOOR_KINDS for n in (1, 4)])
             for kind, layers, extra in plan:
                 argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind",
                         "+".join(kind), "--layers", str(layers), "--out", str(out), "--seq-len", str(seq_len),
                         "--repeats", str(repeats), "--microbatches", str(microbatches),
-                        "--rows", "1" if extra == "--offload" else ",".join(map(str, rows))] + ([extra] if extra else [])
+                        "--rows", {"--offload": "1", "--host-floor": ",".join(map(str, HOST_FLOOR_ROWS))}.get(
+                            extra, ",".join(map(str, rows)))] + ([extra] if extra else [])
                 log(f"{name}: {'+'.join(kind)} x{layers} {extra}")
                 try:
                     subprocess.run(argv, env=env, timeout=timeout_s, check=False, stdout=subprocess.DEVNULL,
@@ -338,6 +359,9 @@ def main(argv=None) -> int:
     p.add_argument("--real-vocab", action="store_true", help="with --kind: the model's own vocabulary")
     p.add_argument("--offload", action="store_true", help="with --kind: the whole optimizer offloaded to the CPU")
     p.add_argument("--microbatches", type=int, default=MICROBATCHES, help="micro-batches per timed step")
+    p.add_argument("--host-floor", action="store_true",
+                   help="with --kind: the model at the host-floor shape (a dense layer too small for its GPU work "
+                        "to show), the build marked as the kind's host floor")
     args = p.parse_args(argv)
     if args.kind:
         return one_build(args)
