@@ -530,3 +530,27 @@ def test_host_floor_shape_keeps_the_layers_kernels_and_shrinks_its_work():
     assert tiny.name == "qwen3-0.6b-host-floor"
     shipped = load_model("benchmarks/models/host-floor-qwen3/config.json")   # what the shipped floor measured
     assert layer_signature(tiny, "full_attention", "dense") == layer_signature(shipped, "full_attention", "dense")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", ["qwen3.6-35b-a3b", "qwen3-30b-a3b", "qwen3-next-80b-a3b",
+                                  "benchmarks/models/mixtral-8x7b/config.json", "llama3-8b"])
+def test_host_floor_shape_is_a_model_megatron_builds(name):
+    """Every layer kind's host-floor shape is one megatron-core's TransformerConfig accepts, with the kernels'
+    counts of the model's own layer (experts, top-k, linear-attention heads) and a few percent of its work."""
+    pytest.importorskip("megatron.core")
+    from experiments.checks.runner_components import host_floor_model, kind_model, layer_kinds
+    from experiments.megatron.config import build_transformer_config
+
+    model = load_model(name)
+    tiny = host_floor_model(model)
+    assert (tiny.num_experts, tiny.num_experts_per_tok) == (model.num_experts, model.num_experts_per_tok)
+    assert (tiny.linear_num_value_heads, tiny.linear_key_head_dim) == (model.linear_num_value_heads,
+                                                                       model.linear_key_head_dim)
+    for kind in layer_kinds(model):
+        build = kind_model(tiny, kind, 1, 1024)
+        cfg = build_transformer_config(build, Layout(1, max_tokens_per_gpu=4096), MEGATRON,
+                                       use_cpu_initialization=True)
+        assert cfg.hidden_size == 256 and cfg.num_layers == 1
+        full = kind_model(model, kind, 1, 1024)
+        assert build.layer_params(*kind).total < 0.05 * full.layer_params(*kind).total

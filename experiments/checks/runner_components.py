@@ -63,17 +63,29 @@ def kind_model(model, kind: tuple[str, str], layers: int, vocab: int | None):
     return replace(model, **changes)
 
 
-# A dense layer too small for its GPU work to show at the profile's token counts: its time is the host's issuing
-# its kernels (the same kernels as the model's own layer: its norms, gates and attention core are kept).
-HOST_FLOOR_DIMS = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
-                       intermediate_size=512)
+# A layer too small for its GPU work to show at the profile's token counts: its time is the host's issuing its
+# kernels. Only widths shrink: the kernels stay the model's (its norms, gates and attention core; a MoE layer's
+# experts and top-k, which set its dispatch and grouped GEMMs; a Gated DeltaNet layer's heads, whose TileLang
+# kernels compile per shape).
+HOST_FLOOR_DIMS = dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, intermediate_size=512)
+HOST_FLOOR_DENSE_HEAD_DIM = 128
+HOST_FLOOR_EXPERT_DIM = 64
+# The kinds `tune profile` measures a host floor for (the rest: `--kind K --host-floor` on its own).
 HOST_FLOOR_KINDS = {("full_attention", "dense")}
 HOST_FLOOR_ROWS = (1, 2, 4)
 
 
 def host_floor_model(model):
-    """`model` at the host-floor shape (HOST_FLOOR_DIMS), named as such."""
-    return replace(model, **HOST_FLOOR_DIMS, name=f"{model.name}-host-floor")
+    """`model` at the host-floor shape (HOST_FLOOR_DIMS; a dense model's head dimension 128, a MoE model's expert
+    widths HOST_FLOOR_EXPERT_DIM), named as such."""
+    dims = dict(HOST_FLOOR_DIMS)
+    if not model.is_moe:
+        dims["head_dim"] = HOST_FLOOR_DENSE_HEAD_DIM
+    else:
+        dims["moe_intermediate_size"] = HOST_FLOOR_EXPERT_DIM
+        if model.shared_expert_intermediate_size:
+            dims["shared_expert_intermediate_size"] = HOST_FLOOR_EXPERT_DIM * max(model.num_shared_experts, 1)
+    return replace(model, **dims, name=f"{model.name}-host-floor")
 
 
 class Bench:
