@@ -246,7 +246,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own,
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
                     "memory_looked_at": results_path.name in MEMORY_LOOKED_AT,
-                    "scaled_looked_at": (results_path.name in SCALED_LOOKED_AT and not own)
+                    "tokens_looked_at": (results_path.name in SCALED_LOOKED_AT and not own)
                     or any(results_path.name == f and t.name.startswith(p) for f, p in HOST_FLOOR_LOOKED_AT)})
     return out
 
@@ -254,7 +254,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
 def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     """Tokens/s and memory figures of `table`; held out, the tokens/s figures leave out the runs looked at since."""
     measured = [r for r in table if r["status"] == "ok"]
-    ok = [r for r in measured if not (held_out and (r["offload_looked_at"] or r["scaled_looked_at"]))]
+    ok = [r for r in measured if not (held_out and (r["offload_looked_at"] or r["tokens_looked_at"]))]
     apes = [abs(r["predicted"] / r["measured"] - 1) for r in ok]
     then_apes = [abs(r["then"] / r["measured"] - 1) for r in ok if r["then"]]
     summary = {"runs": len(table), "measured": len(ok), "median_ape": statistics.median(apes), "max_ape": max(apes),
@@ -309,9 +309,9 @@ def interval_check(table: list[dict]) -> dict:
                           (False, "scaled layers", c.runner_scaled_layer_error_sd)):
         ok = [r for r in table if r["status"] == "ok" and r["own_layers"] == own]
         ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in ok if r["in_sample"] or r["offload_looked_at"]
-                     or r["scaled_looked_at"])
+                     or r["tokens_looked_at"])
         held = [abs(math.log(r["predicted"] / r["measured"])) for r in ok
-                if not (r["in_sample"] or r["offload_looked_at"] or r["scaled_looked_at"])]
+                if not (r["in_sample"] or r["offload_looked_at"] or r["tokens_looked_at"])]
         fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
         inside = sum(e <= Z90 * sd for e in held)
         print(f"interval ({name}): the runner stack's 90% band uses sd {sd:.3f} (the {len(ins)} in-sample runs give "

@@ -138,6 +138,10 @@ class RunnerComponents:
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
 
+    def host_floor(self, attn_kind: str, mlp_kind: str) -> HostFloor | None:
+        """The host floor measured for this layer kind, if the profile has one."""
+        return self.host_floors.get(f"{attn_kind}+{mlp_kind}")
+
     def measures_layers_of(self, model) -> bool:
         """Whether every layer kind of `model` has its own measurement (else some layer is timed as another
         model's, its GPU work scaled: a prediction with a larger error, runner_scaled_layer_error_sd)."""
@@ -259,10 +263,6 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
     floor_builds = [b for b in section["builds"] if b.get("host_floor") and not b.get("offload")]
     builds = [b for b in section["builds"] if not b.get("offload") and not b.get("host_floor")]
 
-    def fwd_bwd(b, full: bool) -> dict:
-        n = int(b.get("microbatches", mb))
-        return {p["tokens"]: p["fwd_bwd_s"] / n for p in b["points"] if bool(p.get("full_recompute")) == full}
-
     small = {}
     for b in builds:
         if int(b["vocab"]) < 4096:
@@ -276,7 +276,7 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
         per_layer = (float(two["params"]) - float(one["params"])) / extra
         curves = []
         for full in (False, True):
-            a, b2 = fwd_bwd(one, full), fwd_bwd(two, full)
+            a, b2 = _per_microbatch(one, full, mb), _per_microbatch(two, full, mb)
             curves.append(_point_curve({t: max(b2[t] - a[t], 0.0) / extra for t in a if t in b2},
                                        per_layer * accumulate))
         if curves[0] is not None:
@@ -287,7 +287,7 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
         if int(b["vocab"]) < 4096 or int(b["layers"]) != 1 or b["signature"] not in layers:
             continue
         layer = layers[b["signature"]].none
-        per_mb = {t: s - layer(t) for t, s in fwd_bwd(b, False).items()}
+        per_mb = {t: s - layer(t) for t, s in _per_microbatch(b, False, mb).items()}
         tables = float(b["params"]) - float(small[(b["signature"], 1)]["params"])   # the model's vocabulary's rows
         curve = _point_curve(per_mb, max(tables, 0.0) * accumulate)
         if curve is not None:
@@ -314,6 +314,13 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
                             _host_floors(floor_builds, mb))
 
 
+def _per_microbatch(build: dict, full: bool, mb: int) -> dict:
+    """A build's forward-backward seconds per micro-batch by tokens, with or without full recompute (`mb`: the
+    section's micro-batches per timed step, where the build does not give its own)."""
+    n = int(build.get("microbatches", mb))
+    return {p["tokens"]: p["fwd_bwd_s"] / n for p in build["points"] if bool(p.get("full_recompute")) == full}
+
+
 def _host_floors(builds: list[dict], mb: int) -> dict:
     """Per layer kind, the host's time for one layer and for a micro-batch's ends, from the host-floor builds:
     per model the deepest build less the 1-layer one over the extra layers (a layer) and the 1-layer build less
@@ -328,14 +335,9 @@ def _host_floors(builds: list[dict], mb: int) -> dict:
             continue
         deep = max(depths)
         one, many = depths[1], depths[deep]
-
-        def per_mb(b, full: bool) -> dict:
-            n = int(b.get("microbatches", mb))
-            return {p["tokens"]: p["fwd_bwd_s"] / n for p in b["points"] if bool(p.get("full_recompute")) == full}
-
         acc = per_kind.setdefault("+".join(kind), ([], [], [], []))
         for full, out in ((False, acc[0]), (True, acc[1])):
-            a, b2 = per_mb(one, full), per_mb(many, full)
+            a, b2 = _per_microbatch(one, full, mb), _per_microbatch(many, full, mb)
             for t in a:
                 if t in b2:
                     out.append(max(b2[t] - a[t], 0.0) / (deep - 1))

@@ -23,7 +23,8 @@ from cost_model.memory import backup_bytes, offloaded_params, sharded_params
 from cost_model.micro_batch_constants import time_twin, with_launch
 from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
-from cost_model.runner_components import GRAD_ACCUMULATION_BYTES, RunnerComponents, layer_signature, signature_model
+from cost_model.runner_components import (GRAD_ACCUMULATION_BYTES, HostFloor, RunnerComponents, layer_signature,
+                                         signature_model)
 from cost_model.stages import RankLayers
 from cost_model.nouns.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
@@ -470,9 +471,10 @@ def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> 
             continue
         for k, v in terms.items():
             t[k] += count * v
-        host += count * layer_host_s(ctx, attn_kind, mlp_kind, full_fraction)
-        floor = ctx.runner.host_floors.get(f"{attn_kind}+{mlp_kind}")
-        ends_host = max(ends_host, floor.ends_s if floor else 0.0)
+        floor = ctx.runner.host_floor(attn_kind, mlp_kind)
+        if floor is not None:
+            host += count * layer_host_s(ctx, floor, attn_kind, mlp_kind, full_fraction)
+            ends_host = max(ends_host, floor.ends_s)
     if fallback:
         part = replace(rank, kinds=tuple(fallback), has_head=False, mtp_layers=0, vision=0)
         for k, v in rank_microbatch_terms(ctx, part, ep_overlap).items():
@@ -487,13 +489,10 @@ def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> 
     return t
 
 
-def layer_host_s(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fraction: float) -> float:
+def layer_host_s(ctx: StepContext, floor: HostFloor, attn_kind: str, mlp_kind: str, full_fraction: float) -> float:
     """The host's seconds per micro-batch to issue one layer of this kind on the runner's stack, as the kind's
-    host-floor builds measured it (0 where the profile has none): full recompute issues the measured recomputed
-    forward again, selective recompute the modelled share of the layer's kernels its modules rerun."""
-    floor = ctx.runner.host_floors.get(f"{attn_kind}+{mlp_kind}")
-    if floor is None:
-        return 0.0
+    host-floor builds measured it (`floor`): full recompute issues the measured recomputed forward again, selective
+    recompute the modelled share of the layer's kernels its modules rerun."""
     extra = full_fraction * max(floor.layer_full_s - floor.layer_s, 0.0)
     if ctx.layout.recompute_granularity == "selective":
         extra += selective_launch_share(set(ctx.layout.selective_modules), attn_kind, mlp_kind) * floor.layer_s
@@ -630,9 +629,9 @@ _LAYER_CURVE = ("each a host floor, then a line through its measured points whos
 def _host_floor_source(comps: RunnerComponents, kinds, fitted: str, fitted_used: bool) -> str:
     """Where the runner's exposed host time comes from: the host-floor builds of the layer kinds, and `fitted`
     (the fitted launch term's line) where kinds the profile did not measure use it; `fitted` alone without floors."""
-    floors = [f"{k} {1e3 * f.layer_s:.2f} ms a layer ({1e3 * f.layer_full_s:.2f} with full recompute), "
+    floors = [f"{a}+{m} {1e3 * f.layer_s:.2f} ms a layer ({1e3 * f.layer_full_s:.2f} with full recompute), "
               f"{1e3 * f.ends_s:.2f} ms the ends ({', '.join(f.models)}'s builds, median of {f.points} points)"
-              for k, f in comps.host_floors.items() if any(f"{a}+{m}" == k for a, m in kinds)]
+              for a, m in kinds if (f := comps.host_floor(a, m)) is not None]
     if not floors:
         return fitted
     device = comps.source.split(" on ", 1)[-1].split(" (")[0]
