@@ -14,6 +14,7 @@ while read -r model kind layers extra rows; do
   echo "build $model $kind x$layers $extra: rc $? at $(( $(date +%s) - S0 )) s"
 done <<< "$SPECS"
 if [ -n "${SUITE:-}" ]; then
+  [ -d .whl/c ] && pip install -q --no-index --no-deps --target /tmp/site .whl/c/*.whl 2>&1 | grep -v WARNING | tail -1
   left=$(( ${BUDGET:-570} - ( $(date +%s) - S0 ) ))
   echo "grid with $left s left"
   python -m experiments.megatron --suite "$SUITE" --out $OUT/grids.jsonl --budget-s $left ${ONLY:+--only $ONLY} > $OUT/grids.log 2>&1
