@@ -629,8 +629,11 @@ _LAYER_CURVE = ("each a host floor, then a line through its measured points whos
 def _host_floor_source(comps: RunnerComponents, kinds, fitted: str, fitted_used: bool) -> str:
     """Where the runner's exposed host time comes from: the host-floor builds of the layer kinds, and `fitted`
     (the fitted launch term's line) where kinds the profile did not measure use it; `fitted` alone without floors."""
+    # a kind whose 1-layer build is not above its marginal layer (host jitter) gives no ends of its own: the
+    # micro-batch's ends are the largest any of its kinds measured
     floors = [f"{a}+{m} {1e3 * f.layer_s:.2f} ms a layer ({1e3 * f.layer_full_s:.2f} with full recompute), "
-              f"{1e3 * f.ends_s:.2f} ms the ends ({', '.join(f.models)}'s builds, median of {f.points} points)"
+              + (f"{1e3 * f.ends_s:.2f} ms the ends" if f.ends_s > 0 else "no ends of its own")
+              + f" ({', '.join(f.models)}'s builds, median of {f.points} points)"
               for a, m in kinds if (f := comps.host_floor(a, m)) is not None]
     if not floors:
         return fitted
