@@ -235,7 +235,13 @@ def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev
         how = "measured at this GPU count" if exact else "floor from the nearest measured GPU count"
         src["cuda_context"] += (f"; CUDA context with NCCL set to {runner:.2f} GiB, what the megatron runner held "
                                 f"outside PyTorch ({how}), {runner_src}")
-        context = runner - nccl
+        if runner >= nccl:
+            context = runner - nccl
+        else:
+            # the modelled communicators alone exceed the measured whole: split the whole in the modelled proportion
+            share = runner / (context + nccl)
+            context, nccl = context * share, nccl * share
+            src["nccl"] += f"; scaled by {share:.2f} to fit the measured whole outside PyTorch"
     return Overheads(allocator_reserve=allocated_gib * reserve, cuda_context=context, nccl=nccl, deepep=deepep,
                      usable=usable, communicators=len(created), sources=src,
                      reserve_fraction=reserve)

@@ -315,7 +315,14 @@ def test_the_runner_probe_is_a_floor_for_the_runner_only(h200):
     assert lazy.outside_pytorch < 8.9 and "megatron runner" not in lazy.sources["cuda_context"]
     # measured at this GPU count, the runner's figure replaces the parts, also when it is below them
     low = parse_device_memory({"context_gib": 5.0, "runner_outside": [{"gpus": 1, "outside_gib": 1.0}]})
-    assert overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, low, c).outside_pytorch == pytest.approx(1.0)
+    below = overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, low, c)
+    assert below.outside_pytorch == pytest.approx(1.0)
+    # a whole below the modelled communicators is split in the modelled proportion: no part is negative
+    assert below.cuda_context >= 0 and below.nccl >= 0
+    tiny = parse_device_memory({"context_gib": 0.5, "runner_outside": [{"gpus": 1, "outside_gib": 0.01}]})
+    split = overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, tiny, c)
+    assert split.cuda_context > 0 and split.nccl > 0 and split.outside_pytorch == pytest.approx(0.01)
+    assert "scaled by" in split.sources["nccl"]
     # at another GPU count it is a floor only
     four = overheads(Layout(4, ep=4), MEGATRON_RUNNER, True, 100.0, h200, low, c)
     assert four.cuda_context == 5.0 and "megatron runner" not in four.sources["cuda_context"]
