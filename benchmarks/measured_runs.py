@@ -4,7 +4,8 @@ A suite's results file may hold a trial more than once (a repeat, in another dev
 the mean of its measurements and the spread between them is its repeat noise. A line the runner ran with a smaller
 global batch than the suite's (its time budget was short) is a run of its own (`as_run`). A line that says "ok" but
 timed no step after its warm-up (stored before the runner refused such lines: its figure is a compiling first
-step) is a failed run here, failure "too_few_steps".
+step) is a failed run here, failure "too_few_steps". A line the suite's time budget stopped before its timing
+window is left out, like a skipped one: nothing of the layout was measured.
 
 A line's figure is its steady state: the tokens of its timed window over the window's steps from the runner's
 own warm-up (2 steps) on. The stored grids timed steps 1-3 of 4, and step 1 was still settling on the largest
@@ -99,6 +100,17 @@ def as_run(trial: SuiteTrial, line: dict) -> SuiteTrial:
     return replace(trial, name=f"{trial.name}[gb {rows}]", workload=replace(trial.workload, global_batch=rows))
 
 
+def _cut_by_budget(line: dict, trial) -> bool:
+    """A line the suite's time budget stopped before its timing window: the harness ran out of time, the layout
+    neither ran nor failed (unlike the trial's own time limit, which a user's first trial can hit too: a kernel
+    compile). Lines written before the suite recorded `suite_budget_s`: stopped well inside the trial's limit."""
+    if line.get("failure_class") != "too_few_steps" or "(time budget)" not in str(line.get("detail", "")):
+        return False
+    if "suite_budget_s" in line:
+        return True
+    return float(line.get("elapsed_s") or trial.timeout_s) < 0.9 * trial.timeout_s
+
+
 def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
     """The suite's trials that have result lines, in the order they first ran."""
     trials = {t.name: t for t in parse_suite(str(suite))[0]}
@@ -106,7 +118,8 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
     for text in results.read_text().splitlines():
         line = json.loads(text)
         t = trials.get(line.get("trial"))
-        if t is None or line.get("status") == "skipped" or line.get("failure_class") == "invalid_config":
+        if (t is None or line.get("status") == "skipped" or line.get("failure_class") == "invalid_config"
+                or _cut_by_budget(line, t)):
             continue
         t = as_run(t, line)
         run = runs.setdefault(t.name, MeasuredRun(t, results.name))

@@ -103,6 +103,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v23-b-2026-12-04.jsonl", "runner_grids_h200_v23_suite.json"),
            ("runner-grids-h200-v23-c-2026-12-04.jsonl", "runner_grids_h200_v23_suite.json"),
            ("runner-grids-h200-v23-d-2026-12-04.jsonl", "runner_grids_h200_v23_suite.json"),
+           ("runner-grids-h200-v24-a-2026-12-04.jsonl", "runner_grids_h200_v24_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -336,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
           "looked at since; v22 (Codestral-22B, whole Qwen3-0.6B, Qwen3.6 at 5 layers seq 2k, Qwen3-Next at 3 layers "
           "seq 2k) ran after those, predictions committed before: held out, but for Qwen3-0.6B's tokens/s (the dense "
           "host floor), looked at since; v23 (whole SmolLM2-360M and TinyLlama-1.1B, Qwen3.6 at 3 layers seq 2k) ran "
-          "after those, predictions committed before: held out (--suite v19, v20, v21, v22, v23 replays them alone)")
+          "after those, predictions committed before: held out; v24 (Qwen3-30B-A3B at 4 layers seq 1k, 6 of its 9 layouts) ran "
+          "after the MoE host floors, predictions committed before: held out (--suite v19 ... v24 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0

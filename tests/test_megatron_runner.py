@@ -965,3 +965,36 @@ def test_a_line_run_with_fewer_rows_is_its_own_run():
     small = as_run(trial, {"details": {"global_batch_rows": rows // 2}})
     assert small.name == f"{trial.name}[gb {rows // 2}]" and small.workload.global_batch == rows // 2
     assert small.layout == trial.layout and small.workload.seq_len == trial.workload.seq_len
+
+
+def test_a_line_the_suite_budget_cut_is_not_a_run_but_a_trial_timeout_fails(tmp_path, monkeypatch):
+    """A trial the suite's time budget stopped before its timing window measured nothing of its layout: left out,
+    like a skipped line. One that ran out of its own limit (a first kernel compile) is a failed run. The suite
+    marks the first kind (`suite_budget_s`); older lines are told apart by stopping well inside the trial's limit."""
+    import json
+
+    from benchmarks.measured_runs import load_runs
+
+    trial = suite.parse_suite(SUITE)[0][0]
+    cut = {"trial": trial.name, "status": "failed", "failure_class": "too_few_steps", "elapsed_s": 12.0,
+           "detail": "stopped after 1 of 5 steps (time budget), before the timing window 2-4"}
+    own = dict(cut, elapsed_s=trial.timeout_s)
+    marked = dict(own, suite_budget_s=30.0)
+    for lines, runs in (([cut], 0), ([marked], 0), ([own], 1)):
+        path = tmp_path / "r.jsonl"
+        path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+        got = load_runs(Path(SUITE), path)
+        assert len(got) == runs
+        assert all(r.failure == "too_few_steps" and not r.ok for r in got)
+
+    # the suite records what it left a trial of its budget
+    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **limits):
+        return {"status": "ok", "wall_s": 1.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    name = "2g-tp1-ep2-mt4096"
+    short = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), budget_s=suite.MIN_TRIAL_S + 1,
+                            only=[name], emit=lambda _: None)
+    full = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), only=[name], emit=lambda _: None)
+    assert short[0]["suite_budget_s"] <= suite.MIN_TRIAL_S + 1 and "suite_budget_s" not in full[0]

@@ -179,8 +179,11 @@ def _run_trial(t: SuiteTrial, setup: SuiteSetup, timeout: float, *, log_dir: str
                      window=t.window or (min(2, t.steps - 1), t.steps - 1))
     t1 = time.time()
     result = runner.run(spec)
-    return {"trial": t.name, "gpus": t.gpus, "expect": t.expect, "elapsed_s": round(time.time() - t1, 1),
+    line = {"trial": t.name, "gpus": t.gpus, "expect": t.expect, "elapsed_s": round(time.time() - t1, 1),
             **result.to_dict()}
+    if timeout < t.timeout_s:   # what was left of the suite's budget, not the trial's own limit
+        line["suite_budget_s"] = round(timeout, 1)
+    return line
 
 
 def _emit(line: dict, out_path: str | None, emit) -> None:
