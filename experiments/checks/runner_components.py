@@ -11,8 +11,9 @@ the model, with 1 and 2 layers of that kind and a small vocabulary, and times at
 - the per-step work: zeroing the gradient buffers and the optimizer step (grad norm, clip, Adam, the copy
   back to bf16);
 - once with the model's real vocabulary, for the embedding, LM head and cross-entropy of a micro-batch;
-- for a dense layer kind, 1 and 4 layers of it at the host-floor shape (hidden 256: too small for its GPU work to
-  show), the host's time to issue its kernels.
+- for a dense, MoE or Gated DeltaNet MoE layer kind, 1 and 4 layers of it at the host-floor shape (hidden 256,
+  expert width 64: too small for its GPU work to show; experts, top-k and heads kept), the host's time to issue
+  its kernels (about 30 s a build: a minute a kind).
 
 The cost model takes differences: one layer = (2 layers - 1 layer), the micro-batch's ends = (1 layer - one
 layer), the optimizer per parameter = the slope between the builds' parameter counts. Nothing is fitted to
