@@ -4,6 +4,7 @@ import json
 import math
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -554,3 +555,27 @@ def test_host_floor_shape_is_a_model_megatron_builds(name):
         assert cfg.hidden_size == 256 and cfg.num_layers == 1
         full = kind_model(model, kind, 1, 1024)
         assert build.layer_params(*kind).total < 0.05 * full.layer_params(*kind).total
+
+
+def test_profile_plans_a_host_floor_for_every_layer_kind_the_runner_prices():
+    """`tune profile --model M` builds each layer kind at 1 and 2 layers, the first with the real vocabulary and
+    offloaded, and a host floor (1 and 4 layers) of every kind the shipped profile measures one for: dense, MoE and
+    Gated DeltaNet MoE."""
+    from experiments.checks.runner_components import build_plan
+
+    qwen36 = build_plan(load_model("qwen3.6-35b-a3b"))
+    floors = [(k, n) for k, n, extra in qwen36 if extra == "--host-floor"]
+    assert floors == [(("linear_attention", "moe"), 1), (("linear_attention", "moe"), 4),
+                      (("full_attention", "moe"), 1), (("full_attention", "moe"), 4)]
+    assert len(qwen36) == 2 * 2 + 2 + 4
+    dense = build_plan(load_model("llama3-8b"))
+    assert [(n, e) for _, n, e in dense] == [(1, ""), (2, ""), (1, "--real-vocab"), (2, "--offload"),
+                                             (1, "--host-floor"), (4, "--host-floor")]
+
+
+def test_every_kind_profile_plans_a_floor_for_has_one_shipped():
+    from cost_model.profile import load_profile
+    from experiments.checks.runner_components import HOST_FLOOR_KINDS
+
+    shipped = load_profile(Path(__file__).resolve().parents[1] / "cost_model/data/profiles/h200.yaml").runner
+    assert {"+".join(k) for k in HOST_FLOOR_KINDS} == set(shipped.host_floors)

@@ -311,6 +311,13 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
     return {"provenance": "measured", **meta, "builds": out}
 
 
+def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
+    """The builds `tune profile` runs for `model`, in order: (layer kind, layers, extra flag)."""
+    kinds = layer_kinds(model)
+    return ([(k, n, "") for k in kinds for n in (1, 2)] + [(kinds[0], 1, "--real-vocab"), (kinds[0], 2, "--offload")]
+            + [(k, n, "--host-floor") for k in kinds if k in HOST_FLOOR_KINDS for n in (1, 4)])
+
+
 def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
                    timeout_s: float = 300.0, microbatches: int = MICROBATCHES, cpu_adam: bool = True) -> dict:
     """Every build of every model, each in a process of its own (megatron keeps references to a built model
@@ -331,11 +338,7 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
         for name in models:
             model = load_model(name)
             rows = ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
-            first = layer_kinds(model)[0]
-            plan = ([(k, n, "") for k in layer_kinds(model) for n in (1, 2)] + [(first, 1, "--real-vocab")]
-                    + [(first, 2, "--offload")]
-                    + [(k, n, "--host-floor") for k in layer_kinds(model) if k in HOST_FLOOR_KINDS for n in (1, 4)])
-            for kind, layers, extra in plan:
+            for kind, layers, extra in build_plan(model):
                 argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind",
                         "+".join(kind), "--layers", str(layers), "--out", str(out), "--seq-len", str(seq_len),
                         "--repeats", str(repeats), "--microbatches", str(microbatches),
