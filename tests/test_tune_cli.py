@@ -268,6 +268,10 @@ def test_trial_backends_answer_bad_setups_in_one_line(tmp_path):
                           "no CUDA GPU found")
     assert_one_line_error(run_tune("trial", "--backend", "slime", *base, "--layout", "ep=1", cwd=tmp_path),
                           "--ray-address and --slime-dir")
+    # a model the runner cannot build is refused for what it is, before any GPU is looked for or a study made
+    assert_one_line_error(run_tune("--backend", "megatron", "--model", "moonlight-16b-a3b", "--gpu", "h200",
+                                   "--storage", str(tmp_path / "s.db"), cwd=tmp_path), "MLA models are not supported")
+    assert not (tmp_path / "s.db").exists()
 
 
 @pytest.mark.slow

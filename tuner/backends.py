@@ -35,6 +35,15 @@ def _megatron_runner(args):
     from experiments.megatron.runner import MegatronRunner, visible_gpus
     from experiments.runner import RunnerError
 
+    if getattr(args, "model", None):
+        # a model the runner cannot build fails here, before any GPU is looked for
+        from cost_model.nouns.model_spec import load_model
+        from experiments.megatron.config import unsupported
+
+        reason = unsupported(load_model(args.model), getattr(args, "precision", "bf16"))
+        if reason:
+            raise RunnerError(f"--backend megatron: {reason} (--backend slime runs it on a cluster's training image, "
+                              f"--backend predict prices it)")
     missing = [name for name, module in (("torch", "torch"), ("megatron-core", "megatron.core"))
                if _find_spec(module) is None]
     if missing:

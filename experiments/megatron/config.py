@@ -35,19 +35,27 @@ def build_transformer_config(model: ModelSpec, layout: Layout, workload: Workloa
     return TransformerConfig(**transformer_config_kwargs(model, layout, workload, **options))
 
 
+def unsupported(model: ModelSpec, precision: str = "bf16") -> str | None:
+    """Why the megatron runner cannot train `model` at `precision`; None where it can."""
+    if model.count(MLA):
+        return f"{model.display_name}: MLA models are not supported by the megatron runner"
+    if model.model_type == "gpt_oss":
+        return "GPT-OSS (clamped SwiGLU, sinks, sliding window) is not wired into the megatron runner"
+    if model.count(SLIDING_ATTENTION):
+        return f"{model.display_name}: sliding-window attention is not wired into the megatron runner"
+    if precision != "bf16":
+        return f"precision {precision} needs Transformer Engine; the runner trains bf16"
+    return None
+
+
 def _check_supported(model: ModelSpec, workload: Workload, layout: Layout | None = None) -> None:
     if layout is not None and layout.overlap_moe_expert_parallel_comm:
         # the combined 1F1B schedule needs the model's schedule plan, which the runner's loop does not build
         raise NotImplementedError("EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not wired into the "
                                   "megatron runner")
-    if model.count(MLA):
-        raise NotImplementedError(f"{model.display_name}: MLA models are not supported by the megatron runner")
-    if model.model_type == "gpt_oss":
-        raise NotImplementedError("GPT-OSS (clamped SwiGLU, sinks, sliding window) is not wired into the megatron runner")
-    if model.count(SLIDING_ATTENTION):
-        raise NotImplementedError(f"{model.display_name}: sliding-window attention is not wired into the megatron runner")
-    if workload.precision != "bf16":
-        raise NotImplementedError(f"precision {workload.precision} needs Transformer Engine; the runner trains bf16")
+    reason = unsupported(model, workload.precision)
+    if reason:
+        raise NotImplementedError(reason)
 
 
 def _architecture_kwargs(model: ModelSpec) -> dict:
