@@ -311,6 +311,10 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
     return {"provenance": "measured", **meta, "builds": out}
 
 
+# A build's wall time on the H200 hosts measured (process start, imports, model build, its points): about 30 s.
+BUILD_S = 30
+
+
 def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
     """The builds `tune profile` runs for `model`, in order: (layer kind, layers, extra flag)."""
     kinds = layer_kinds(model)
@@ -338,7 +342,10 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
         for name in models:
             model = load_model(name)
             rows = ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
-            for kind, layers, extra in build_plan(model):
+            plan = build_plan(model)
+            log(f"{name}: {len(plan)} builds, one process each (about {BUILD_S * len(plan) / 60:.1f} min on an H200 "
+                f"host; a first Gated DeltaNet build compiles its kernels, minutes more)")
+            for kind, layers, extra in plan:
                 argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind",
                         "+".join(kind), "--layers", str(layers), "--out", str(out), "--seq-len", str(seq_len),
                         "--repeats", str(repeats), "--microbatches", str(microbatches),
