@@ -5,8 +5,10 @@
 Every 2-GPU runner run stored (2026-11-29 to 2026-12-01; only 1 GPU has been lent since): the first suites (TP2,
 EP2, TP2+EP2 at 4k tokens), the leaderboard comparison on 2 GPUs, the Gated DeltaNet suites and the memory boundary
 runs. All are in sample for memory (the runner's activation factors and outside-PyTorch figures were fitted on the
-boundary runs) and none was used to shape the runner components' tokens/s. Some ran on an earlier runner (the
-first suites before the torch-native GDN kernels settled), so a large error here is a question, not a verdict.
+boundary runs) and none was fitted for the runner components' tokens/s; the Gated DeltaNet TP2/EP2 runs were
+looked at when the MoE kinds' host floors were measured (the profile's run9, nothing fitted to them). Some ran on
+an earlier runner (the first suites before the torch-native GDN kernels settled), so a large error here is a
+question, not a verdict.
 Every figure is a measured run against a prediction.
 """
 from __future__ import annotations

@@ -383,8 +383,8 @@ def main(argv=None) -> int:
     p.add_argument("--offload", action="store_true", help="with --kind: the whole optimizer offloaded to the CPU")
     p.add_argument("--microbatches", type=int, default=MICROBATCHES, help="micro-batches per timed step")
     p.add_argument("--host-floor", action="store_true",
-                   help="with --kind: the model at the host-floor shape (a dense layer too small for its GPU work "
-                        "to show), the build marked as the kind's host floor")
+                   help="with --kind: the model at the host-floor shape (the kind's layer, dense or MoE, too small "
+                        "for its GPU work to show), the build marked as the kind's host floor")
     args = p.parse_args(argv)
     if args.kind:
         return one_build(args)
