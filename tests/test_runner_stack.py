@@ -579,3 +579,38 @@ def test_every_kind_profile_plans_a_floor_for_has_one_shipped():
 
     shipped = load_profile(Path(__file__).resolve().parents[1] / "cost_model/data/profiles/h200.yaml").runner
     assert {"+".join(k) for k in HOST_FLOOR_KINDS} == set(shipped.host_floors)
+
+
+def test_profile_runs_its_builds_in_one_process_until_one_keeps_gpu_memory(tmp_path, monkeypatch):
+    """run_plan starts one process for the whole plan; a process that exits EXIT_LEAKED after a build leaves the
+    rest to a fresh one, and a build no process finishes (a crash) is skipped and said so, not retried forever."""
+    import json as _json
+    import subprocess
+
+    from experiments.checks import runner_components as rc
+
+    behaviour = iter([(2, rc.EXIT_LEAKED), (0, 1), (10, 0)])   # (builds it finishes, exit code) per process
+    started = []
+
+    class FakeProcess:
+        def __init__(self, argv, **_kw):
+            plan = _json.loads(argv[argv.index("--plan") + 1])
+            out = Path(argv[argv.index("--out") + 1])
+            started.append([tuple(b) for b in plan])
+            n, self.returncode = next(behaviour)
+            with open(out, "a") as f:
+                for b in plan[:n]:
+                    f.write(_json.dumps({"kind": b[0], "layers": b[1]}) + "\n")
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProcess)
+    plan = [(("full_attention", "moe"), 1, ""), (("full_attention", "moe"), 2, ""),
+            (("full_attention", "moe"), 1, "--real-vocab"), (("full_attention", "moe"), 2, "--offload")]
+    out, logged = tmp_path / "builds.jsonl", []
+    rc.run_plan("m", plan, out, [], {}, 60.0, logged.append)
+    assert [len(p) for p in started] == [4, 2, 1]          # whole plan, the rest after the leak, the rest after the crash
+    assert [_json.loads(line)["layers"] for line in out.read_text().splitlines()] == [1, 2, 2]
+    assert any("kept GPU memory" in s for s in logged)
+    assert any("x1 --real-vocab not measured: its process ended (1)" in s for s in logged)

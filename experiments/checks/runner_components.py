@@ -2,7 +2,8 @@
 
 `tune profile --model M` (or `python -m experiments.checks.runner_components --model M --out FILE`) builds
 the runner's GPTModel (experiments.megatron.train_loop: megatron-core, torch-native kernels, megatron's DDP
-with fp32 gradient buffers, its distributed optimizer) on GPU 0, one process per build, for each layer kind of
+with fp32 gradient buffers, its distributed optimizer) on GPU 0, in one process while each build gives its GPU
+memory back (a fresh process after one that does not), for each layer kind of
 the model, with 1 and 2 layers of that kind and a small vocabulary, and times at 1, 2, 4, 8, 16 rows of
 `seq_len` tokens per micro-batch (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape):
 
@@ -13,7 +14,7 @@ the model, with 1 and 2 layers of that kind and a small vocabulary, and times at
 - once with the model's real vocabulary, for the embedding, LM head and cross-entropy of a micro-batch;
 - for a dense, MoE or Gated DeltaNet MoE layer kind, 1 and 4 layers of it at the host-floor shape (hidden 256,
   expert width 64: too small for its GPU work to show; experts, top-k and heads kept), the host's time to issue
-  its kernels (about 30 s a build: a minute a kind).
+  its kernels.
 
 The cost model takes differences: one layer = (2 layers - 1 layer), the micro-batch's ends = (1 layer - one
 layer), the optimizer per parameter = the slope between the builds' parameter counts. Nothing is fitted to
@@ -261,31 +262,108 @@ def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, 
     return out
 
 
-def one_build(args) -> int:
-    """One build in this process, appended as a JSON line to --out (megatron keeps references to a built
-    model in its globals, so a profile of large layers runs each build in a process of its own)."""
+# A build that leaves GPU memory allocated after it is released (megatron can keep references to a built model
+# in its globals) ends its process, and the builds after it run in a fresh one: a leak never shrinks what a later
+# build may allocate, and a clean run pays one process start (about 25 s: imports, NCCL) instead of one a build.
+LEAK_GIB = 1.0
+EXIT_LEAKED = 75
+
+
+def build_rows(model, extra: str) -> tuple[int, ...]:
+    """The rows per micro-batch a planned build times: one offloaded point, the host floor's rows, else ROWS
+    (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape)."""
+    from cost_model.nouns.model_spec import LINEAR_ATTENTION
+
+    if extra == "--offload":
+        return (1,)
+    if extra == "--host-floor":
+        return HOST_FLOOR_ROWS
+    return ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
+
+
+def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> int:
+    """The builds of `plan` in this process, each appended as a JSON line to --out when it ends (measured or
+    failed); returns EXIT_LEAKED after a build that kept more than LEAK_GIB of GPU memory, before the next."""
     from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
     from cost_model.runner_components import layer_signature
 
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
-    model = load_model(args.model[0])
-    if args.host_floor:
-        model = host_floor_model(model)
-    kind = tuple(args.kind.split("+"))
+    base = load_model(args.model[0])
     bench = Bench(args.seq_len, args.microbatches, args.repeats, log)
-    if LINEAR_ATTENTION in model.layer_types:
+    if LINEAR_ATTENTION in base.layer_types:
         from experiments.megatron import gdn
         bench.fla = gdn.configure_fla(0)
-    rows = tuple(int(r) for r in args.rows.split(","))
-    entry = measure_build(bench, model, kind, args.layers, None if args.real_vocab else SMALL_VOCAB, rows,
-                          recompute=not (args.real_vocab or args.offload), offload=args.offload)
-    entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
-                 microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
-                 **({"host_floor": True} if args.host_floor else {}))
-    with open(args.out, "a") as f:
-        f.write(json.dumps(entry) + "\n")
+    baseline = bench.torch.cuda.memory_allocated()
+    for i, (kind, layers, extra) in enumerate(plan):
+        model = host_floor_model(base) if extra == "--host-floor" else base
+        started = time.perf_counter()
+        entry = measure_build(bench, model, kind, layers, None if extra == "--real-vocab" else SMALL_VOCAB,
+                              rows_for(extra), recompute=extra not in ("--real-vocab", "--offload"),
+                              offload=extra == "--offload")
+        held = (bench.torch.cuda.memory_allocated() - baseline) / 2 ** 30
+        entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
+                     microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
+                     wall_s=round(time.perf_counter() - started, 1), held_after_gib=round(held, 2),
+                     **({"host_floor": True} if extra == "--host-floor" else {}))
+        with open(args.out, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        if held > LEAK_GIB and i + 1 < len(plan):
+            log(f"  {held:.1f} GiB still allocated after this build: the next builds run in a fresh process")
+            bench.dist.destroy_process_group()
+            return EXIT_LEAKED
     bench.dist.destroy_process_group()
     return 0
+
+
+def one_build(args) -> int:
+    """`--kind K`: one build in this process at --rows, appended as a JSON line to --out."""
+    extra = next((f for f, on in (("--real-vocab", args.real_vocab), ("--offload", args.offload),
+                                  ("--host-floor", args.host_floor)) if on), "")
+    rows = tuple(int(r) for r in args.rows.split(","))
+    return run_builds(args, [(tuple(args.kind.split("+")), args.layers, extra)], lambda _extra: rows)
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def run_plan(name: str, plan, out: Path, argv_tail: list[str], env: dict, timeout_s: float, log) -> None:
+    """`plan`'s builds in as few processes as their memory allows (run_builds): a process that ends (leak, crash)
+    or measures nothing for `timeout_s` leaves the rest to a fresh one; a build no process finished is skipped."""
+    import subprocess
+    import tempfile
+
+    done = 0
+    while done < len(plan):
+        rest = plan[done:]
+        before = _lines(out)
+        argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--out", str(out),
+                "--plan", json.dumps([["+".join(k), n, e] for k, n, e in rest])] + argv_tail
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            seen, last, timed_out = before, time.perf_counter(), False
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if (n := _lines(out)) != seen:
+                    seen, last = n, time.perf_counter()
+                elif time.perf_counter() - last > timeout_s:
+                    proc.kill()
+                    proc.wait()
+                    timed_out = True
+            err.seek(0)
+            tail = [line for line in err.read().splitlines() if line.strip()][-1:]
+        finished = _lines(out) - before
+        for kind, layers, extra in rest[:finished]:
+            log(f"{name}: {'+'.join(kind)} x{layers} {extra}".rstrip())
+        if finished < len(rest) and proc.returncode != EXIT_LEAKED:
+            kind, layers, extra = rest[finished]
+            why = f"timed out after {timeout_s:.0f} s" if timed_out else f"its process ended ({proc.returncode})"
+            log(f"{name}: {'+'.join(kind)} x{layers} {extra} not measured: {why}"
+                + (f": {tail[0][:200]}" if tail else ""))
+            finished += 1
+        elif finished < len(rest):
+            log(f"{name}: a build kept GPU memory; the {len(rest) - finished} after it run in a fresh process")
+        done += finished
 
 
 # Fields of a measured point the cost model reads (cost_model.runner_components).
@@ -311,8 +389,8 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
     return {"provenance": "measured", **meta, "builds": out}
 
 
-# A build's wall time on the H200 hosts measured (process start, imports, model build, its points): about 30 s.
-BUILD_S = 30
+# On the H200 hosts measured: a process's start (imports, NCCL) and a build's model build and points.
+PROCESS_S, BUILD_S = 25, 8
 
 
 def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
@@ -324,14 +402,13 @@ def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
 
 def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
                    timeout_s: float = 300.0, microbatches: int = MICROBATCHES, cpu_adam: bool = True) -> dict:
-    """Every build of every model, each in a process of its own (megatron keeps references to a built model
-    in its globals), then CPU Adam; the runner_components section."""
-    import subprocess
+    """Every build of every model (run_plan: one process while builds give their GPU memory back), then CPU
+    Adam; the runner_components section."""
     import tempfile
 
     import torch
 
-    from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
+    from cost_model.nouns.model_spec import load_model
 
     started = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
@@ -340,23 +417,12 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "builds.jsonl"
         for name in models:
-            model = load_model(name)
-            rows = ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
-            plan = build_plan(model)
-            log(f"{name}: {len(plan)} builds, one process each (about {BUILD_S * len(plan) / 60:.1f} min on an H200 "
-                f"host; a first Gated DeltaNet build compiles its kernels, minutes more)")
-            for kind, layers, extra in plan:
-                argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind",
-                        "+".join(kind), "--layers", str(layers), "--out", str(out), "--seq-len", str(seq_len),
-                        "--repeats", str(repeats), "--microbatches", str(microbatches),
-                        "--rows", {"--offload": "1", "--host-floor": ",".join(map(str, HOST_FLOOR_ROWS))}.get(
-                            extra, ",".join(map(str, rows)))] + ([extra] if extra else [])
-                log(f"{name}: {'+'.join(kind)} x{layers} {extra}")
-                try:
-                    subprocess.run(argv, env=env, timeout=timeout_s, check=False, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-                except subprocess.TimeoutExpired:
-                    log(f"  timed out after {timeout_s:.0f} s")
+            plan = build_plan(load_model(name))
+            log(f"{name}: {len(plan)} builds in one process while GPU memory comes back after each (about "
+                f"{(PROCESS_S + BUILD_S * len(plan)) / 60:.1f} min on an H200 host; a first Gated DeltaNet build "
+                f"compiles its kernels, minutes more)")
+            run_plan(name, plan, out, ["--seq-len", str(seq_len), "--repeats", str(repeats),
+                                       "--microbatches", str(microbatches)], env, timeout_s, log)
         builds = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     import megatron.core
     meta = {"how": __doc__.split("\n\n")[1].replace("\n", " "), "device": torch.cuda.get_device_name(0),
@@ -379,6 +445,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=REPEATS)
     p.add_argument("--kind", help="one build only, in this process: ATTN+MLP (e.g. full_attention+moe)")
     p.add_argument("--layers", type=int, default=1, help="with --kind: layers of that kind")
+    p.add_argument("--plan", help="builds in this process: JSON [[ATTN+MLP, layers, extra flag], ...] (what "
+                                  "`tune profile` runs; a build that keeps GPU memory ends the process)")
     p.add_argument("--real-vocab", action="store_true", help="with --kind: the model's own vocabulary")
     p.add_argument("--offload", action="store_true", help="with --kind: the whole optimizer offloaded to the CPU")
     p.add_argument("--microbatches", type=int, default=MICROBATCHES, help="micro-batches per timed step")
@@ -388,6 +456,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.kind:
         return one_build(args)
+    if args.plan:
+        from cost_model.nouns.model_spec import load_model
+        model = load_model(args.model[0])
+        plan = [(tuple(k.split("+")), int(n), e) for k, n, e in json.loads(args.plan)]
+        return run_builds(args, plan, lambda extra: build_rows(model, extra))
     import yaml
 
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
