@@ -581,9 +581,10 @@ def test_every_kind_profile_plans_a_floor_for_has_one_shipped():
     assert {"+".join(k) for k in HOST_FLOOR_KINDS} == set(shipped.host_floors)
 
 
-def test_profile_runs_its_builds_in_one_process_until_one_keeps_gpu_memory(tmp_path, monkeypatch):
-    """run_plan starts one process for the whole plan; a process that exits EXIT_LEAKED after a build leaves the
-    rest to a fresh one, and a build no process finishes (a crash) is skipped and said so, not retried forever."""
+def test_profile_runs_its_builds_in_one_process_while_the_gpu_has_room(tmp_path, monkeypatch):
+    """run_plan starts one process for the whole plan; a process that exits EXIT_LEAKED (the GPU memory megatron
+    holds of earlier builds) leaves the rest to a fresh one, and a build a process crashed on is skipped and said
+    so, not retried forever."""
     import json as _json
     import subprocess
 
@@ -612,5 +613,55 @@ def test_profile_runs_its_builds_in_one_process_until_one_keeps_gpu_memory(tmp_p
     rc.run_plan("m", plan, out, [], {}, 60.0, logged.append)
     assert [len(p) for p in started] == [4, 2, 1]          # whole plan, the rest after the leak, the rest after the crash
     assert [_json.loads(line)["layers"] for line in out.read_text().splitlines()] == [1, 2, 2]
-    assert any("kept GPU memory" in s for s in logged)
+    assert any("the 2 builds left run in a fresh process" in s for s in logged)
     assert any("x1 --real-vocab not measured: its process ended (1)" in s for s in logged)
+
+
+def test_a_profile_process_hands_over_when_held_memory_fills_half_the_gpu_or_costs_a_point(tmp_path, monkeypatch):
+    """run_builds (the child of run_plan) with megatron's held memory simulated on a 200-GiB device: builds share
+    the process until more than HELD_FRACTION of it is held; a build that runs out of memory beside held memory is
+    not recorded (the parent measures it again in a fresh process); one that runs out of memory alone is."""
+    import argparse
+    import json as _json
+    from types import SimpleNamespace
+
+    from experiments.checks import runner_components as rc
+
+    gib = 2 ** 30
+    state = {"allocated": 0}
+
+    class FakeBench:
+        device = "fake"
+
+        def __init__(self, *a, **k):
+            cuda = SimpleNamespace(memory_allocated=lambda: state["allocated"],
+                                   get_device_properties=lambda i: SimpleNamespace(total_memory=200 * gib))
+            self.torch = SimpleNamespace(cuda=cuda)
+            self.dist = SimpleNamespace(destroy_process_group=lambda: None)
+
+    def fake_measure(bench, model, kind, layers, vocab, rows, recompute, offload=False):
+        need = {1: 30, 2: 40, 3: 150, 4: 250}[layers] * gib
+        oom = state["allocated"] + need > 200 * gib
+        if not oom:
+            state["allocated"] += need          # megatron keeps it
+        return {"kind": list(kind), "layers": layers, "points": [{"error": "out of memory"} if oom else {}]}
+
+    monkeypatch.setattr(rc, "Bench", FakeBench)
+    monkeypatch.setattr(rc, "measure_build", fake_measure)
+    out = tmp_path / "b.jsonl"
+    args = argparse.Namespace(model=["qwen3-30b-a3b"], seq_len=4096, microbatches=4, repeats=3, out=str(out))
+    kind = ("full_attention", "moe")
+    recorded = lambda: [_json.loads(x)["layers"] for x in out.read_text().splitlines()]  # noqa: E731
+    rows = lambda extra: (1,)  # noqa: E731
+    # 70 GiB held after two builds; the third (150) does not fit beside them: not recorded, handed over
+    assert rc.run_builds(args, [(kind, 1, ""), (kind, 2, ""), (kind, 3, "")], rows) == rc.EXIT_LEAKED
+    assert recorded() == [1, 2]
+    # a fresh process measures it; 150 GiB held is past half the device, so the next build gets a fresh one
+    state["allocated"] = 0
+    assert rc.run_builds(args, [(kind, 3, ""), (kind, 1, "")], rows) == rc.EXIT_LEAKED
+    assert recorded() == [1, 2, 3]
+    # running out of memory with nothing held is a measurement: recorded
+    state["allocated"] = 0
+    assert rc.run_builds(args, [(kind, 4, "")], rows) == 0
+    assert recorded() == [1, 2, 3, 4]
+    assert _json.loads(out.read_text().splitlines()[-1])["points"] == [{"error": "out of memory"}]

@@ -2,8 +2,8 @@
 
 `tune profile --model M` (or `python -m experiments.checks.runner_components --model M --out FILE`) builds
 the runner's GPTModel (experiments.megatron.train_loop: megatron-core, torch-native kernels, megatron's DDP
-with fp32 gradient buffers, its distributed optimizer) on GPU 0, in one process while each build gives its GPU
-memory back (a fresh process after one that does not), for each layer kind of
+with fp32 gradient buffers, its distributed optimizer) on GPU 0, in one process while the GPU has room for the
+memory megatron keeps of earlier builds (then a fresh one: HELD_FRACTION), for each layer kind of
 the model, with 1 and 2 layers of that kind and a small vocabulary, and times at 1, 2, 4, 8, 16 rows of
 `seq_len` tokens per micro-batch (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape):
 
@@ -262,10 +262,12 @@ def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, 
     return out
 
 
-# A build that leaves GPU memory allocated after it is released (megatron can keep references to a built model
-# in its globals) ends its process, and the builds after it run in a fresh one: a leak never shrinks what a later
-# build may allocate, and a clean run pays one process start (about 25 s: imports, NCCL) instead of one a build.
-LEAK_GIB = 1.0
+# megatron keeps references to a built model in its globals: a build's GPU memory stays allocated after it is
+# released (measured in one process on 2026-12-02: each build's parameters, gradients and optimizer state stay).
+# Held memory does not change a point's timing, so the builds share a process (one start, about 30 s: imports,
+# NCCL) until more than HELD_FRACTION of the device is held; a build that runs out of memory while earlier builds
+# hold some is measured again in a fresh process, so what is held never costs a point.
+HELD_FRACTION = 0.5
 EXIT_LEAKED = 75
 
 
@@ -283,7 +285,8 @@ def build_rows(model, extra: str) -> tuple[int, ...]:
 
 def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> int:
     """The builds of `plan` in this process, each appended as a JSON line to --out when it ends (measured or
-    failed); returns EXIT_LEAKED after a build that kept more than LEAK_GIB of GPU memory, before the next."""
+    failed); returns EXIT_LEAKED, leaving the rest to a fresh process, once the memory earlier builds hold passes
+    HELD_FRACTION of the device, or before recording a build that ran out of memory beside it."""
     from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
     from cost_model.runner_components import layer_signature
 
@@ -293,22 +296,31 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
     if LINEAR_ATTENTION in base.layer_types:
         from experiments.megatron import gdn
         bench.fla = gdn.configure_fla(0)
-    baseline = bench.torch.cuda.memory_allocated()
+    cuda = bench.torch.cuda
+    baseline, total = cuda.memory_allocated(), cuda.get_device_properties(0).total_memory
     for i, (kind, layers, extra) in enumerate(plan):
         model = host_floor_model(base) if extra == "--host-floor" else base
-        started = time.perf_counter()
+        started, held_before = time.perf_counter(), cuda.memory_allocated() - baseline
         entry = measure_build(bench, model, kind, layers, None if extra == "--real-vocab" else SMALL_VOCAB,
                               rows_for(extra), recompute=extra not in ("--real-vocab", "--offload"),
                               offload=extra == "--offload")
-        held = (bench.torch.cuda.memory_allocated() - baseline) / 2 ** 30
+        out_of_memory = "out of memory" in entry.get("error", "") or any(
+            p.get("error") == "out of memory" for p in entry["points"])
+        if out_of_memory and held_before > 0.02 * total:
+            log(f"  out of memory with {held_before / 2 ** 30:.1f} GiB held from earlier builds: measured again "
+                "in a fresh process")
+            bench.dist.destroy_process_group()
+            return EXIT_LEAKED
+        held = cuda.memory_allocated() - baseline
+        # peak_allocated_gib of a point counts what earlier builds hold (held_before_gib)
         entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
                      microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
-                     wall_s=round(time.perf_counter() - started, 1), held_after_gib=round(held, 2),
+                     wall_s=round(time.perf_counter() - started, 1), held_before_gib=round(held_before / 2 ** 30, 2),
                      **({"host_floor": True} if extra == "--host-floor" else {}))
         with open(args.out, "a") as f:
             f.write(json.dumps(entry) + "\n")
-        if held > LEAK_GIB and i + 1 < len(plan):
-            log(f"  {held:.1f} GiB still allocated after this build: the next builds run in a fresh process")
+        if held > HELD_FRACTION * total and i + 1 < len(plan):
+            log(f"  {held / 2 ** 30:.1f} GiB held after this build: the next builds run in a fresh process")
             bench.dist.destroy_process_group()
             return EXIT_LEAKED
     bench.dist.destroy_process_group()
@@ -328,8 +340,9 @@ def _lines(path: Path) -> int:
 
 
 def run_plan(name: str, plan, out: Path, argv_tail: list[str], env: dict, timeout_s: float, log) -> None:
-    """`plan`'s builds in as few processes as their memory allows (run_builds): a process that ends (leak, crash)
-    or measures nothing for `timeout_s` leaves the rest to a fresh one; a build no process finished is skipped."""
+    """`plan`'s builds in as few processes as their memory allows (run_builds): a process that ends (memory held,
+    crash) or measures nothing for `timeout_s` leaves the rest to a fresh one; a build a process ended on for
+    another reason than memory held (a crash, a timeout) is skipped and said so."""
     import subprocess
     import tempfile
 
@@ -362,7 +375,8 @@ def run_plan(name: str, plan, out: Path, argv_tail: list[str], env: dict, timeou
                 + (f": {tail[0][:200]}" if tail else ""))
             finished += 1
         elif finished < len(rest):
-            log(f"{name}: a build kept GPU memory; the {len(rest) - finished} after it run in a fresh process")
+            log(f"{name}: the {len(rest) - finished} builds left run in a fresh process (GPU memory held by the "
+                f"builds before)")
         done += finished
 
 
@@ -390,7 +404,7 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
 
 
 # On the H200 hosts measured: a process's start (imports, NCCL) and a build's model build and points.
-PROCESS_S, BUILD_S = 25, 8
+PROCESS_S, BUILD_S = 30, 8
 
 
 def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
@@ -402,8 +416,8 @@ def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
 
 def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
                    timeout_s: float = 300.0, microbatches: int = MICROBATCHES, cpu_adam: bool = True) -> dict:
-    """Every build of every model (run_plan: one process while builds give their GPU memory back), then CPU
-    Adam; the runner_components section."""
+    """Every build of every model (run_plan: one process while the GPU has room), then CPU Adam; the
+    runner_components section."""
     import tempfile
 
     import torch
@@ -418,7 +432,7 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
         out = Path(tmp) / "builds.jsonl"
         for name in models:
             plan = build_plan(load_model(name))
-            log(f"{name}: {len(plan)} builds in one process while GPU memory comes back after each (about "
+            log(f"{name}: {len(plan)} builds, in one process while the GPU has room (about "
                 f"{(PROCESS_S + BUILD_S * len(plan)) / 60:.1f} min on an H200 host; a first Gated DeltaNet build "
                 f"compiles its kernels, minutes more)")
             run_plan(name, plan, out, ["--seq-len", str(seq_len), "--repeats", str(repeats),
@@ -446,7 +460,7 @@ def main(argv=None) -> int:
     p.add_argument("--kind", help="one build only, in this process: ATTN+MLP (e.g. full_attention+moe)")
     p.add_argument("--layers", type=int, default=1, help="with --kind: layers of that kind")
     p.add_argument("--plan", help="builds in this process: JSON [[ATTN+MLP, layers, extra flag], ...] (what "
-                                  "`tune profile` runs; a build that keeps GPU memory ends the process)")
+                                  "`tune profile` runs; exits 75 when the rest need a fresh process)")
     p.add_argument("--real-vocab", action="store_true", help="with --kind: the model's own vocabulary")
     p.add_argument("--offload", action="store_true", help="with --kind: the whole optimizer offloaded to the CPU")
     p.add_argument("--microbatches", type=int, default=MICROBATCHES, help="micro-batches per timed step")
