@@ -207,6 +207,9 @@ SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd
 # host-floor builds, run8): that grid's tokens/s are looked at since.
 # The MoE kinds' host floors (run9) were then measured for the Qwen3.6 runs at 4k tokens per micro-batch, over-predicted
 # in every grid (v22's among them): those of v22 are looked at since.
+# The v23 grids (whole SmolLM2-360M and TinyLlama-1.1B, Qwen3.6 at 3 layers seq 2k) and v24 (whole Phi-3-mini,
+# Phi-3.5-MoE at 3 layers, Qwen3-30B-A3B and Qwen3.6 at 4 layers seq 1k) ran after the MoE host floors, predictions
+# committed before (runner-grids-h200-v23/v24-predicted-before.txt): held out.
 HOST_FLOOR_LOOKED_AT = ({(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q06-") for k in "abcd"}
                         | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q36s2k-L5-r2") for k in "abcd"})
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
