@@ -217,6 +217,13 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
                                     f"could be ruled out; use fewer GPUs (--gpus)")
             parts[i] = scoring.fitting[start:]
             bars.offer(parts[i], bounds[i].shape_ceilings(every), bounds[i])
+        if not scoring.count:
+            # nothing scored: every shape's memory floor is over the card. Scored all the same, so the error
+            # names the layout nearest to fitting (not "no valid layout")
+            for i in no_fit:
+                scoring.take_shape(ShapeRuns(shapes[i], config.model, config.world_size, config.workload,
+                                             config.stack, options))
+            no_fit = []
         kept = {i: bounds[i].kept(part, every, bars) for i, part in parts.items()}
         scoring.fitting = [lp for i in sorted(kept) for lp in kept[i]]
     pruned.shapes = len(skipped)
