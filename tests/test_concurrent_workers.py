@@ -113,7 +113,7 @@ def test_a_worker_killed_on_another_host_is_recovered_by_the_next(tmp_path, shor
 @pytest.mark.parametrize("delay", [0.0, 0.3, 1.0, 2.5, "trial"])
 def test_sigterm_at_any_moment_leaves_no_running_trial(tmp_path, delay):
     url = f"sqlite:///{tmp_path}/study.db"
-    env = {**os.environ, "ATTUNE_TEST_TRIAL_S": "300"}
+    env = {**os.environ, "ATTUNE_TEST_TRIAL_S": "300", "PYTHONFAULTHANDLER": "1"}
     p = subprocess.Popen(SLOW + ARGS + ["--trials", "3", "--storage", url], env=env, cwd=tmp_path,
                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     if delay == "trial":
@@ -121,7 +121,11 @@ def test_sigterm_at_any_moment_leaves_no_running_trial(tmp_path, delay):
     else:
         time.sleep(delay)
     p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=60)
+    try:
+        p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)     # faulthandler prints where every thread was
+        pytest.fail("still running 60 s after SIGTERM:\n" + p.communicate()[1][-8000:])
     if not Path(f"{tmp_path}/study.db").exists():
         return   # stopped before the storage was made: nothing to leave behind
     # the next run (a quick predicted one) finds nothing RUNNING afterwards

@@ -199,4 +199,6 @@ def heartbeat(study: optuna.Study, trial: optuna.Trial):
         yield
     finally:
         stop.set()
-        thread.join()
+        # bounded: a beat stuck in the storage (a lock an interrupted main thread left) must not hold up the
+        # interrupt; the thread is a daemon
+        thread.join(timeout=interval + 10)
