@@ -49,7 +49,7 @@ def key(b: dict) -> tuple:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--model", default="qwen3-30b-a3b")
     p.add_argument("--out", required=True, help="JSONL of both arms' build records (arm, repeat added)")
     p.add_argument("--repeats", type=int, default=1)
