@@ -640,6 +640,9 @@ def test_a_profile_process_hands_over_when_held_memory_fills_half_the_gpu_or_cos
             self.dist = SimpleNamespace(destroy_process_group=lambda: None)
 
     def fake_measure(bench, model, kind, layers, vocab, rows, recompute, offload=False):
+        if layers == 5:
+            return {"kind": list(kind), "layers": 5, "error": "build: AcceleratorError: CUDA error: an illegal "
+                                                              "memory access was encountered", "points": []}
         need = {1: 30, 2: 40, 3: 150, 4: 250}[layers] * gib
         oom = state["allocated"] + need > 200 * gib
         if not oom:
@@ -665,3 +668,45 @@ def test_a_profile_process_hands_over_when_held_memory_fills_half_the_gpu_or_cos
     assert rc.run_builds(args, [(kind, 4, "")], rows) == 0
     assert recorded() == [1, 2, 3, 4]
     assert _json.loads(out.read_text().splitlines()[-1])["points"] == [{"error": "out of memory"}]
+    # another failure may have broken the process's CUDA context: recorded, then the rest go to a fresh process
+    assert rc.run_builds(args, [(kind, 5, ""), (kind, 1, "")], rows) == rc.EXIT_LEAKED
+    assert recorded() == [1, 2, 3, 4, 5]
+
+
+def test_profile_processes_that_record_nothing_or_half_a_line_are_not_retried_forever(tmp_path, monkeypatch):
+    """A process that asks for a fresh one having recorded nothing is a crash (its build skipped, not retried);
+    a line a killed process left half written is not a build, and the next record still reads whole."""
+    import json as _json
+    import subprocess
+
+    from experiments.checks import runner_components as rc
+
+    out = tmp_path / "builds.jsonl"
+    behaviour = iter(["half", (0, rc.EXIT_LEAKED), (9, 0)])
+    started = []
+
+    class FakeProcess:
+        def __init__(self, argv, **_kw):
+            plan = _json.loads(argv[argv.index("--plan") + 1])
+            started.append(len(plan))
+            step = next(behaviour)
+            if step == "half":                       # killed while writing its first record
+                out.write_text('{"kind": "full_attention+moe", "lay')
+                self.returncode = -9
+                return
+            n, self.returncode = step
+            for b in plan[:n]:
+                rc._append(out, {"kind": b[0], "layers": b[1]})
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProcess)
+    kind = ("full_attention", "moe")
+    plan = [(kind, 1, ""), (kind, 2, ""), (kind, 3, ""), (kind, 4, "--offload")]
+    logged = []
+    rc.run_plan("m", plan, out, [], {}, 60.0, logged.append)
+    assert started == [4, 3, 2]
+    assert [b["layers"] for b in rc.read_builds(out)] == [3, 4]
+    assert any("x1 not measured: its process ended (-9)" in s for s in logged)
+    assert any("x2 not measured: its process ended (75)" in s for s in logged)

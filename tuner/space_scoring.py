@@ -223,6 +223,8 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
             for i in no_fit:
                 scoring.take_shape(ShapeRuns(shapes[i], config.model, config.world_size, config.workload,
                                              config.stack, options))
+                if scoring.looked.count > MAX_SPACE_LAYOUTS:
+                    break
             no_fit = []
         kept = {i: bounds[i].kept(part, every, bars) for i, part in parts.items()}
         scoring.fitting = [lp for i in sorted(kept) for lp in kept[i]]

@@ -33,8 +33,11 @@ def own_processes(name: str, plan, out: Path, env: dict, timeout_s: float) -> fl
         argv = [sys.executable, "-m", "experiments.checks.runner_components", "--model", name, "--kind", "+".join(kind),
                 "--layers", str(layers), "--out", str(out), "--microbatches", str(rc.MICROBATCHES),
                 "--rows", ",".join(map(str, rc.build_rows(model, extra)))] + ([extra] if extra else [])
-        subprocess.run(argv, env=env, timeout=timeout_s, check=False, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        try:
+            subprocess.run(argv, env=env, timeout=timeout_s, check=False, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            print(f"  {'+'.join(kind)} x{layers} {extra}: timed out after {timeout_s:.0f} s (own process)")
     return time.perf_counter() - started
 
 
@@ -68,7 +71,7 @@ def main() -> int:
             tmp.unlink(missing_ok=True)
             run = shared_process if arm == "shared" else own_processes
             walls[arm].append(run(args.model, plan, tmp, env, args.timeout_s))
-            lines = [json.loads(x) for x in tmp.read_text().splitlines()] if tmp.exists() else []
+            lines = rc.read_builds(tmp)
             records[arm] += lines
             with open(out, "a") as f:
                 for b in lines:

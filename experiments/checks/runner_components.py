@@ -272,13 +272,13 @@ EXIT_LEAKED = 75
 
 
 def build_rows(model, extra: str) -> tuple[int, ...]:
-    """The rows per micro-batch a planned build times: one offloaded point, the host floor's rows, else ROWS
-    (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape)."""
+    """The rows per micro-batch a planned build times (`extra`: its flags, space-separated): one offloaded point,
+    the host floor's rows, else ROWS (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape)."""
     from cost_model.nouns.model_spec import LINEAR_ATTENTION
 
-    if extra == "--offload":
+    if "--offload" in extra.split():
         return (1,)
-    if extra == "--host-floor":
+    if "--host-floor" in extra.split():
         return HOST_FLOOR_ROWS
     return ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
 
@@ -299,13 +299,14 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
     cuda = bench.torch.cuda
     baseline, total = cuda.memory_allocated(), cuda.get_device_properties(0).total_memory
     for i, (kind, layers, extra) in enumerate(plan):
-        model = host_floor_model(base) if extra == "--host-floor" else base
+        flags = set(extra.split())
+        model = host_floor_model(base) if "--host-floor" in flags else base
         started, held_before = time.perf_counter(), cuda.memory_allocated() - baseline
-        entry = measure_build(bench, model, kind, layers, None if extra == "--real-vocab" else SMALL_VOCAB,
-                              rows_for(extra), recompute=extra not in ("--real-vocab", "--offload"),
-                              offload=extra == "--offload")
-        out_of_memory = "out of memory" in entry.get("error", "") or any(
-            p.get("error") == "out of memory" for p in entry["points"])
+        entry = measure_build(bench, model, kind, layers, None if "--real-vocab" in flags else SMALL_VOCAB,
+                              rows_for(extra), recompute=not flags & {"--real-vocab", "--offload"},
+                              offload="--offload" in flags)
+        errors = [entry.get("error", "")] + [p.get("error", "") for p in entry["points"]]
+        out_of_memory = any("out of memory" in e for e in errors)
         if out_of_memory and held_before > 0.02 * total:
             log(f"  out of memory with {held_before / 2 ** 30:.1f} GiB held from earlier builds: measured again "
                 "in a fresh process")
@@ -316,9 +317,14 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
         entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
                      microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
                      wall_s=round(time.perf_counter() - started, 1), held_before_gib=round(held_before / 2 ** 30, 2),
-                     **({"host_floor": True} if extra == "--host-floor" else {}))
-        with open(args.out, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+                     **({"host_floor": True} if "--host-floor" in flags else {}))
+        _append(Path(args.out), entry)
+        if any(e and "out of memory" not in e for e in errors) and i + 1 < len(plan):
+            # another failure (an illegal memory access, a device-side assert) may have broken this process's
+            # CUDA context: the next builds run in a fresh process
+            log("  failed: the next builds run in a fresh process")
+            bench.dist.destroy_process_group()
+            return EXIT_LEAKED
         if held > HELD_FRACTION * total and i + 1 < len(plan):
             log(f"  {held / 2 ** 30:.1f} GiB held after this build: the next builds run in a fresh process")
             bench.dist.destroy_process_group()
@@ -329,20 +335,46 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
 
 def one_build(args) -> int:
     """`--kind K`: one build in this process at --rows, appended as a JSON line to --out."""
-    extra = next((f for f, on in (("--real-vocab", args.real_vocab), ("--offload", args.offload),
-                                  ("--host-floor", args.host_floor)) if on), "")
+    extra = " ".join(f for f, on in (("--real-vocab", args.real_vocab), ("--offload", args.offload),
+                                     ("--host-floor", args.host_floor)) if on)
     rows = tuple(int(r) for r in args.rows.split(","))
     return run_builds(args, [(tuple(args.kind.split("+")), args.layers, extra)], lambda _extra: rows)
 
 
+def _append(path: Path, entry: dict) -> None:
+    """One JSON line; after a line a killed process left unfinished, on a line of its own."""
+    with open(path, "a+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell():
+            f.seek(f.tell() - 1)
+            if f.read(1) != "\n":
+                f.write("\n")
+        f.write(json.dumps(entry) + "\n")
+
+
 def _lines(path: Path) -> int:
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    """Build records written whole (a line a killed process left unfinished is not one)."""
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines(keepends=True) if line.endswith("\n") and _parses(line))
+
+
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def read_builds(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if _parses(line)] if path.exists() else []
 
 
 def run_plan(name: str, plan, out: Path, argv_tail: list[str], env: dict, timeout_s: float, log) -> None:
     """`plan`'s builds in as few processes as their memory allows (run_builds): a process that ends (memory held,
-    crash) or measures nothing for `timeout_s` leaves the rest to a fresh one; a build a process ended on for
-    another reason than memory held (a crash, a timeout) is skipped and said so."""
+    a failed build, a crash) or measures nothing for `timeout_s` leaves the rest to a fresh one; a build a process
+    ended on without recording it (a crash, a timeout) is skipped and said so."""
     import subprocess
     import tempfile
 
@@ -355,24 +387,29 @@ def run_plan(name: str, plan, out: Path, argv_tail: list[str], env: dict, timeou
         with tempfile.TemporaryFile("w+") as err:
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
             seen, last, timed_out = before, time.perf_counter(), False
-            while proc.poll() is None:
-                time.sleep(0.5)
-                if (n := _lines(out)) != seen:
-                    seen, last = n, time.perf_counter()
-                elif time.perf_counter() - last > timeout_s:
+            try:
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    if (n := _lines(out)) != seen:
+                        seen, last = n, time.perf_counter()
+                    elif time.perf_counter() - last > timeout_s:
+                        proc.kill()
+                        proc.wait()
+                        timed_out = True
+            finally:   # an interrupted profile leaves no build running on the GPU
+                if proc.poll() is None:
                     proc.kill()
                     proc.wait()
-                    timed_out = True
             err.seek(0)
             tail = [line for line in err.read().splitlines() if line.strip()][-1:]
         finished = _lines(out) - before
-        for kind, layers, extra in rest[:finished]:
-            log(f"{name}: {'+'.join(kind)} x{layers} {extra}".rstrip())
-        if finished < len(rest) and proc.returncode != EXIT_LEAKED:
-            kind, layers, extra = rest[finished]
+        label = lambda b: " ".join([f"{name}: {'+'.join(b[0])} x{b[1]}", b[2]]).rstrip()  # noqa: E731
+        for b in rest[:finished]:
+            log(label(b))
+        # a fresh process is asked for after a build it recorded: one that asks having recorded none is a crash
+        if finished < len(rest) and (proc.returncode != EXIT_LEAKED or finished == 0):
             why = f"timed out after {timeout_s:.0f} s" if timed_out else f"its process ended ({proc.returncode})"
-            log(f"{name}: {'+'.join(kind)} x{layers} {extra} not measured: {why}"
-                + (f": {tail[0][:200]}" if tail else ""))
+            log(f"{label(rest[finished])} not measured: {why}" + (f": {tail[0][:200]}" if tail else ""))
             finished += 1
         elif finished < len(rest):
             log(f"{name}: the {len(rest) - finished} builds left run in a fresh process (GPU memory held by the "
@@ -437,7 +474,7 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
                 f"compiles its kernels, minutes more)")
             run_plan(name, plan, out, ["--seq-len", str(seq_len), "--repeats", str(repeats),
                                        "--microbatches", str(microbatches)], env, timeout_s, log)
-        builds = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        builds = read_builds(out)
     import megatron.core
     meta = {"how": __doc__.split("\n\n")[1].replace("\n", " "), "device": torch.cuda.get_device_name(0),
             "torch": str(torch.__version__), "megatron_core": str(getattr(megatron.core, "__version__", "?")),
