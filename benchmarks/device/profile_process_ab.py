@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -58,9 +57,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=300.0)
     args = p.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
-           "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
-           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = rc.build_env()
     plan = rc.build_plan(load_model(args.model))
     out = Path(args.out)
     records, walls = {"shared": [], "own": []}, {"shared": [], "own": []}

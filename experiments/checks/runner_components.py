@@ -276,9 +276,10 @@ def build_rows(model, extra: str) -> tuple[int, ...]:
     the host floor's rows, else ROWS (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape)."""
     from cost_model.nouns.model_spec import LINEAR_ATTENTION
 
-    if "--offload" in extra.split():
+    flags = extra.split()
+    if "--offload" in flags:
         return (1,)
-    if "--host-floor" in extra.split():
+    if "--host-floor" in flags:
         return HOST_FLOOR_ROWS
     return ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
 
@@ -298,39 +299,38 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
         bench.fla = gdn.configure_fla(0)
     cuda = bench.torch.cuda
     baseline, total = cuda.memory_allocated(), cuda.get_device_properties(0).total_memory
-    for i, (kind, layers, extra) in enumerate(plan):
-        flags = set(extra.split())
-        model = host_floor_model(base) if "--host-floor" in flags else base
-        started, held_before = time.perf_counter(), cuda.memory_allocated() - baseline
-        entry = measure_build(bench, model, kind, layers, None if "--real-vocab" in flags else SMALL_VOCAB,
-                              rows_for(extra), recompute=not flags & {"--real-vocab", "--offload"},
-                              offload="--offload" in flags)
-        errors = [entry.get("error", "")] + [p.get("error", "") for p in entry["points"]]
-        out_of_memory = any("out of memory" in e for e in errors)
-        if out_of_memory and held_before > 0.02 * total:
-            log(f"  out of memory with {held_before / 2 ** 30:.1f} GiB held from earlier builds: measured again "
-                "in a fresh process")
-            bench.dist.destroy_process_group()
-            return EXIT_LEAKED
-        held = cuda.memory_allocated() - baseline
-        # peak_allocated_gib of a point counts what earlier builds hold (held_before_gib)
-        entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
-                     microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
-                     wall_s=round(time.perf_counter() - started, 1), held_before_gib=round(held_before / 2 ** 30, 2),
-                     **({"host_floor": True} if "--host-floor" in flags else {}))
-        _append(Path(args.out), entry)
-        if any(e and "out of memory" not in e for e in errors) and i + 1 < len(plan):
-            # another failure (an illegal memory access, a device-side assert) may have broken this process's
-            # CUDA context: the next builds run in a fresh process
-            log("  failed: the next builds run in a fresh process")
-            bench.dist.destroy_process_group()
-            return EXIT_LEAKED
-        if held > HELD_FRACTION * total and i + 1 < len(plan):
-            log(f"  {held / 2 ** 30:.1f} GiB held after this build: the next builds run in a fresh process")
-            bench.dist.destroy_process_group()
-            return EXIT_LEAKED
-    bench.dist.destroy_process_group()
-    return 0
+    try:
+        for i, (kind, layers, extra) in enumerate(plan):
+            flags = set(extra.split())
+            model = host_floor_model(base) if "--host-floor" in flags else base
+            started, held_before = time.perf_counter(), cuda.memory_allocated() - baseline
+            entry = measure_build(bench, model, kind, layers, None if "--real-vocab" in flags else SMALL_VOCAB,
+                                  rows_for(extra), recompute=not flags & {"--real-vocab", "--offload"},
+                                  offload="--offload" in flags)
+            errors = [entry.get("error", "")] + [p.get("error", "") for p in entry["points"]]
+            out_of_memory = any("out of memory" in e for e in errors)
+            if out_of_memory and held_before > 0.02 * total:
+                log(f"  out of memory with {held_before / 2 ** 30:.1f} GiB held from earlier builds: measured again "
+                    "in a fresh process")
+                return EXIT_LEAKED
+            held = cuda.memory_allocated() - baseline
+            # peak_allocated_gib of a point counts what earlier builds hold (held_before_gib)
+            entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
+                         microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
+                         wall_s=round(time.perf_counter() - started, 1),
+                         held_before_gib=round(held_before / 2 ** 30, 2),
+                         **({"host_floor": True} if "--host-floor" in flags else {}))
+            _append(Path(args.out), entry)
+            # another failure (an illegal memory access, a device-side assert) may have broken this process's CUDA
+            # context; memory held past HELD_FRACTION leaves too little for the next build
+            why = ("failed" if any(e and "out of memory" not in e for e in errors) else
+                   f"{held / 2 ** 30:.1f} GiB held after this build" if held > HELD_FRACTION * total else None)
+            if why and i + 1 < len(plan):
+                log(f"  {why}: the next builds run in a fresh process")
+                return EXIT_LEAKED
+        return 0
+    finally:
+        bench.dist.destroy_process_group()
 
 
 def one_build(args) -> int:
@@ -412,8 +412,7 @@ def run_plan(name: str, plan, out: Path, argv_tail: list[str], env: dict, timeou
             log(f"{label(rest[finished])} not measured: {why}" + (f": {tail[0][:200]}" if tail else ""))
             finished += 1
         elif finished < len(rest):
-            log(f"{name}: the {len(rest) - finished} builds left run in a fresh process (GPU memory held by the "
-                f"builds before)")
+            log(f"{name}: the {len(rest) - finished} builds left run in a fresh process")
         done += finished
 
 
@@ -451,6 +450,13 @@ def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
             + [(k, n, "--host-floor") for k in kinds if k in HOST_FLOOR_KINDS for n in (1, 4)])
 
 
+def build_env() -> dict:
+    """The environment of a build's process: the runner's (one NCCL setting, no torch.compile, expandable segments)."""
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
 def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
                    timeout_s: float = 300.0, microbatches: int = MICROBATCHES, cpu_adam: bool = True) -> dict:
     """Every build of every model (run_plan: one process while the GPU has room), then CPU Adam; the
@@ -462,9 +468,7 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
     from cost_model.nouns.model_spec import load_model
 
     started = time.perf_counter()
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
-           "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
-           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = build_env()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "builds.jsonl"
         for name in models:
