@@ -168,8 +168,7 @@ def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | 
         scoring = _Scoring(config, runner, progress)
         with kept_work():
             for shape in shapes:
-                scoring.take_shape(ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack,
-                                             options))
+                scoring.take_shape(_runs(config, shape, options))
     if isinstance(progress, Progress):
         progress.done()   # erased on a terminal: an error below is the only line left
     return ScoredSpace(scoring.result(), pruned)
@@ -209,8 +208,7 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
                 no_fit.append(i)
                 continue
             start = len(scoring.fitting)
-            pruned.layouts += scoring.take_shape(ShapeRuns(shapes[i], config.model, config.world_size,
-                                                           config.workload, config.stack, options), live)
+            pruned.layouts += scoring.take_shape(_runs(config, shapes[i], options), live)
             if scoring.looked.count > MAX_SPACE_LAYOUTS:
                 raise SpaceTooLarge(f"scoring the search space of {config.model.display_name} on "
                                     f"{config.world_size:,} GPUs passed {MAX_SPACE_LAYOUTS:,} layouts before the rest "
@@ -221,8 +219,7 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
             # nothing scored: every shape's memory floor is over the card. Scored all the same, so the error
             # names the layout nearest to fitting (not "no valid layout")
             for i in no_fit:
-                scoring.take_shape(ShapeRuns(shapes[i], config.model, config.world_size, config.workload,
-                                             config.stack, options))
+                scoring.take_shape(_runs(config, shapes[i], options))
                 if scoring.looked.count > MAX_SPACE_LAYOUTS:
                     break
             no_fit = []
@@ -238,13 +235,18 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
     return scoring, pruned
 
 
+def _runs(config, shape: dict, options) -> ShapeRuns:
+    """The layouts of one parallel shape of the space, run by run."""
+    return ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack, options)
+
+
 def score_shapes(config, runner: TrialRunner | None, options, shapes: list[tuple[int, dict]]) -> list[tuple]:
     """One task of a fanned-out scoring: per shape (its place, as given), what `score_space` keeps of it: the
     candidates, the first refusal, the layout nearest to fitting and its peak, the layouts counted and looked at."""
     out = []
     for place, shape in shapes:
         scoring = _Scoring(config, runner, None)
-        scoring.take_shape(ShapeRuns(shape, config.model, config.world_size, config.workload, config.stack, options))
+        scoring.take_shape(_runs(config, shape, options))
         out.append((place, scoring.fitting, scoring.refused, scoring.least, scoring.count, scoring.looked.count))
     return out
 
