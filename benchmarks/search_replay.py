@@ -338,8 +338,9 @@ def main(argv: list[str] | None = None) -> int:
           "looked at since; v22 (Codestral-22B, whole Qwen3-0.6B, Qwen3.6 at 5 layers seq 2k, Qwen3-Next at 3 layers "
           "seq 2k) ran after those, predictions committed before: held out, but for Qwen3-0.6B's tokens/s (the dense "
           "host floor), looked at since; v23 (whole SmolLM2-360M and TinyLlama-1.1B, Qwen3.6 at 3 layers seq 2k) ran "
-          "after those, predictions committed before: held out; v24 (whole Phi-3-mini, Phi-3.5-MoE at 3 layers, Qwen3-30B-A3B and Qwen3.6 at 4 layers seq 1k) ran "
-          "after the MoE host floors, predictions committed before: held out (--suite v19 ... v24 replays them alone)")
+          "after those, predictions committed before: held out; v24 (whole Phi-3-mini, Phi-3.5-MoE at 3 layers, "
+          "Qwen3-30B-A3B and Qwen3.6 at 4 layers seq 1k) ran after the MoE host floors, predictions committed before: "
+          "held out (--suite v19 ... v24 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
