@@ -88,12 +88,17 @@ def main() -> int:
         ratios += rs
         label = f"{'+'.join(b['kind'])} x{b['layers']}" + (" host floor" if b.get("host_floor") else "") + \
                 (" real vocab" if b["vocab"] > rc.SMALL_VOCAB else "") + (" offload" if b.get("offload") else "")
-        print(f"  {label:40s} held before {b.get('held_before_gib', 0):6.1f} GiB; fwd-bwd shared/own: "
+        print(f"  {label:40s} held before {b.get('held_before_gib', 0):6.1f} GiB, after {b.get('held_after_gib', 0):6.1f} "
+              f"(hollowed {b.get('hollowed_gib', 0):.1f}); fwd-bwd shared/own: "
               + (f"median {statistics.median(rs):.3f}, {min(rs):.3f}-{max(rs):.3f} over {len(rs)} points" if rs
                  else "no matching points"))
     if ratios:
         print(f"all points: shared/own median {statistics.median(ratios):.3f}, {min(ratios):.3f}-{max(ratios):.3f} "
               f"({len(ratios)} points; measured, 1 GPU)")
+    for b in records["shared"]:
+        for h in b.get("held_by", []):
+            print(f"  held after {'+'.join(b['kind'])} x{b['layers']}: {h['gib']} GiB {h['dtype']}{h['shape']} "
+                  f"by {' <- '.join(h['held_by'])}")
     return 0
 
 

@@ -35,6 +35,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from experiments.checks.device_tensors import held_tensors, hollow_out
+
 ROWS = (1, 2, 4, 8, 16)
 SEQ_LEN = 4096
 MICROBATCHES = 4  # enough that the first micro-batch and the flush are a small share, as in a real step
@@ -223,6 +225,10 @@ def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, row
         if out_of_memory:
             break
     entry["optimizer_kind"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
+    try:   # whatever megatron still refers to, the build's device memory goes back (device_tensors)
+        entry["hollowed_gib"] = round(hollow_out(chunks, optimizer, config) / 2 ** 30, 2)
+    except Exception as e:  # noqa: BLE001 - the build is measured; what is held is then handled by HELD_FRACTION
+        entry["hollow_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     del config, chunks, optimizer
     bench.release()
     return entry
@@ -262,13 +268,16 @@ def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, 
     return out
 
 
-# megatron keeps references to a built model in its globals: a build's GPU memory stays allocated after it is
-# released (measured in one process on 2026-12-02: each build's parameters, gradients and optimizer state stay).
-# Held memory does not change a point's timing, so the builds share a process (one start, about 30 s: imports,
-# NCCL) until more than HELD_FRACTION of the device is held; a build that runs out of memory while earlier builds
-# hold some is measured again in a fresh process, so what is held never costs a point.
+# megatron keeps references to a built model in its globals: a build's GPU memory stayed allocated after it was
+# released (measured in one process on 2026-12-02 and 2026-12-04: each build's parameters, gradients and optimizer
+# state). A released build is hollowed out (device_tensors.hollow_out: its tensors' storage goes whoever holds the
+# objects), and what still stays is logged with its holder. Held memory does not change a point's timing, so the
+# builds share a process (one start, about 30 s: imports, NCCL) until more than HELD_FRACTION of the device is
+# held; a build that runs out of memory while earlier builds hold some is measured again in a fresh process, so
+# what is held never costs a point.
 HELD_FRACTION = 0.5
 EXIT_LEAKED = 75
+HELD_REPORT_BYTES = 2 ** 30
 
 
 def build_rows(model, extra: str) -> tuple[int, ...]:
@@ -314,11 +323,16 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
                     "in a fresh process")
                 return EXIT_LEAKED
             held = cuda.memory_allocated() - baseline
+            if held - held_before > HELD_REPORT_BYTES:   # name the holder, to be fixed where it is
+                entry["held_by"] = held_tensors(top=3)
+                log(f"  {(held - held_before) / 2 ** 30:.1f} GiB stayed allocated after this build; largest: "
+                    + "; ".join(f"{h['gib']} GiB {h['dtype']}{h['shape']} held by {' <- '.join(h['held_by'])}"
+                                for h in entry["held_by"]))
             # peak_allocated_gib of a point counts what earlier builds hold (held_before_gib)
             entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
                          microbatches=args.microbatches, repeats=args.repeats, device=bench.device, date=_now(),
                          wall_s=round(time.perf_counter() - started, 1),
-                         held_before_gib=round(held_before / 2 ** 30, 2),
+                         held_before_gib=round(held_before / 2 ** 30, 2), held_after_gib=round(held / 2 ** 30, 2),
                          **({"host_floor": True} if "--host-floor" in flags else {}))
             _append(Path(args.out), entry)
             # another failure (an illegal memory access, a device-side assert) may have broken this process's CUDA

@@ -1,0 +1,114 @@
+"""Give back a released build's device memory that stray references still hold, and say who holds what is left.
+
+megatron keeps references to a built model after the profile drops its own (where is not known: a dense
+GPTModel without DDP or optimizer is collected on CPU), so each build's parameters, gradient buffers and
+optimizer state stayed allocated on the GPU (measured on 2026-12-04). Whoever holds the Python objects, their
+storage can be let go: `hollow_out` swaps every device tensor reachable from the build's own objects (modules,
+DDP buffers, optimizer state and shards) for an empty one, so the memory returns even while the objects live on.
+`held_tensors` lists the largest device tensors still alive after that, with the types of what refers to them:
+the profile logs it when memory stays held, to find the holder.
+"""
+from __future__ import annotations
+
+import gc
+import types
+from collections import deque
+
+# not followed: scalars, classes, and modules (their globals are the process's shared state, which the next
+# build needs); functions and bound methods are skipped where they are met (they lead to globals too)
+_SKIP_TYPES = (type, types.ModuleType, str, bytes, int, float, bool, complex, type(None))
+MAX_OBJECTS = 200_000
+
+
+def _children(obj):
+    """What `obj` holds: a container's items, a module's parameters, buffers and submodules, an object's
+    attributes (its own, not its class's)."""
+    if isinstance(obj, dict):
+        yield from obj.keys()
+        yield from obj.values()
+    elif isinstance(obj, (list, tuple, set, frozenset, deque)):
+        yield from obj
+    else:
+        fields = getattr(obj, "__dict__", None)
+        if isinstance(fields, dict):
+            yield from fields.values()
+        for slot in getattr(type(obj), "__slots__", ()):
+            if isinstance(slot, str) and hasattr(obj, slot):
+                yield getattr(obj, slot)
+
+
+def reachable_tensors(*roots, device_type: str = "cuda", max_objects: int = MAX_OBJECTS) -> list:
+    """Every tensor of `device_type` reachable from `roots` through containers and object attributes (tensors
+    themselves are not entered, but a tensor's .grad and .main_grad are), each once."""
+    import torch
+
+    seen, found = set(), {}
+    queue = deque(roots)
+    while queue and len(seen) < max_objects:
+        obj = queue.popleft()
+        if isinstance(obj, _SKIP_TYPES) or callable(obj) and not isinstance(obj, torch.nn.Module):
+            continue
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type == device_type:
+                found[id(obj)] = obj
+            for name in ("grad", "main_grad"):
+                extra = getattr(obj, name, None)
+                if isinstance(extra, torch.Tensor):
+                    queue.append(extra)
+            continue
+        queue.extend(_children(obj))
+    return list(found.values())
+
+
+def hollow_out(*roots, device_type: str = "cuda") -> int:
+    """Swap each `device_type` tensor reachable from `roots` for an empty one of its dtype and device (the Python
+    objects stay; their storage goes when nothing else refers to it). Returns the bytes the swapped tensors
+    viewed (views of one buffer counted each)."""
+    import torch
+
+    freed = 0
+    with torch.no_grad():
+        for t in reachable_tensors(*roots, device_type=device_type):
+            freed += t.numel() * t.element_size()
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+            if isinstance(t, torch.nn.Parameter) or t.is_leaf:
+                t.grad = None
+    return freed
+
+
+def _where(holder, held) -> str:
+    """`holder`'s type and, where it has one, the key or attribute under which it holds `held`."""
+    kind = type(holder)
+    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+    items = holder.items() if isinstance(holder, dict) else getattr(holder, "__dict__", {}).items()
+    key = next((k for k, v in items if v is held), None)
+    return name if key is None else f"{name}[{key!r}]"
+
+
+def held_tensors(device_type: str = "cuda", top: int = 5, depth: int = 3) -> list[dict]:
+    """The `top` largest live `device_type` tensors the collector tracks, each with the chain of what refers to it
+    (`depth` steps: the first referrer of each step that is not a frame or this search's own, its type and the key
+    or attribute it holds it under)."""
+    import torch
+
+    gc.collect()
+    live = [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.device.type == device_type]
+    live.sort(key=lambda t: t.untyped_storage().nbytes(), reverse=True)
+    chosen, out = live[:top], []
+    del live
+    for i in range(len(chosen)):
+        chain, node, refs = [], chosen[i], []
+        for _ in range(depth):
+            mine = {id(chosen), id(chain), id(out), id(refs)}
+            refs = [r for r in gc.get_referrers(node) if id(r) not in mine and type(r).__name__ != "frame"]
+            if not refs:
+                break
+            chain.append(_where(refs[0], node))
+            node = refs[0]
+        t = chosen[i]
+        out.append({"gib": round(t.untyped_storage().nbytes() / 2 ** 30, 3), "shape": list(t.shape),
+                    "dtype": str(t.dtype).removeprefix("torch."), "held_by": chain})
+    return out
