@@ -250,7 +250,8 @@ def _early_device_memory(t0: float, world: int) -> dict:
     megatron runner's own processes (experiments.checks.runner_memory)."""
     _progress(t0, "device_memory: capacity, CUDA context, workspaces, allocator reserve ...")
     out = {"early": measure_device_memory()}
-    _progress(t0, f"device_memory: the megatron runner's processes on 1 and {world} GPU(s) ...")
+    gpus = "1 GPU" if world == 1 else f"1 and {world} GPUs"
+    _progress(t0, f"device_memory: the megatron runner's processes on {gpus} ...")
     try:
         out["probe"] = measure_runner_outside(world)
     except Exception as e:  # noqa: BLE001 - the probe is one part; the others stand without it
