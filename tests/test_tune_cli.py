@@ -58,6 +58,21 @@ def test_tune_ranks_exports_and_resumes(tmp_path, monkeypatch, capsys):
         assert t.user_attrs["prediction"]["breakdown"]
 
 
+def test_show_without_study_takes_the_storages_only_study_and_names_them_when_several(tmp_path, monkeypatch,
+                                                                                       capsys):
+    monkeypatch.chdir(tmp_path)
+    small = ["--model", "llama3-8b", "--gpu", "h200", "--no-progress", "--trials", "1", "--top", "0"]
+    assert main(small + ["--gpus", "2"]) == 0
+    capsys.readouterr()
+    assert main(["show"]) == 0
+    assert "1 trials (1 complete" in capsys.readouterr().out
+    assert main(small + ["--gpus", "1"]) == 0
+    capsys.readouterr()
+    assert main(["show"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 studies" in err and "llama3-8b-h200-x1" in err and "llama3-8b-h200-x2" in err
+
+
 @pytest.mark.slow
 def test_show_and_export(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

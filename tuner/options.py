@@ -162,10 +162,11 @@ def add_workload(p: argparse.ArgumentParser):
 
 def add_storage(p: argparse.ArgumentParser, named_by_target: bool = False):
     """--study and --storage; `named_by_target`: the parser has --model/--gpu/--gpus, which name the study when
-    --study is left out (the study commands, which have not, need it)."""
+    --study is left out (the study commands, which have not, take the storage's only study without it)."""
     p.add_argument("--study", default=None, type=study_name,
                    help="study name (default: <model>-<gpu>-x<gpus>)" if named_by_target else
-                        "study name (required: tune names a study <model>-<gpu>-x<gpus> unless --study is given)")
+                        "study name (tune names a study <model>-<gpu>-x<gpus>; optional when the storage holds "
+                        "one study)")
     p.add_argument("--storage", default=None,
                    help="Optuna storage URL or SQLite path (default: sqlite:///studies/attune.sqlite3)")
 

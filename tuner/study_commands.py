@@ -284,9 +284,17 @@ def _with_layers(runner, n: int):
 # ---------------------------------------------------------------- show / export
 
 def open_existing(args):
+    """The study --study names; without --study, the storage's only study (a storage of several names them)."""
+    storage = open_storage(storage_url(args.storage), must_exist=True, writable=False)
     if not args.study:
-        raise CliError("--study NAME is required")
-    study = load_study(open_storage(storage_url(args.storage), must_exist=True, writable=False), args.study)
+        import optuna
+
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        if len(names) != 1:
+            raise CliError(f"--study NAME is required: this storage holds {len(names)} studies"
+                           + (f" ({', '.join(names)})" if names else ""))
+        args.study = names[0]
+    study = load_study(storage, args.study)
     if not study.user_attrs.get("config") and study.trials:
         raise CliError(f"study '{args.study}' was not created by tune (no configuration recorded)")
     return study
