@@ -30,6 +30,7 @@ class Row:
     predicted_low: float | None = None      # the prediction's 90% interval (cost_model.hypotheses)
     predicted_high: float | None = None
     fit: str = "-"                          # the prediction's fit verdict: "fits", "borderline (61%)", ...
+    breakdown: dict | None = None           # the prediction's seconds per term of the step
 
 
 def ranked_rows(study: optuna.Study) -> list[Row]:
@@ -47,7 +48,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             kind=printable(r.result_kind), source=printable(result.source or ""),
             predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
             predicted_low=number(interval.low), predicted_high=number(interval.high),
-            fit=fit_of(r.prediction),
+            fit=fit_of(r.prediction), breakdown=r.prediction.breakdown if r.prediction else None,
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
@@ -164,3 +165,26 @@ def _short(value):
 
 def _fmt(value, pattern: str) -> str:
     return "-" if value is None else pattern.format(value)
+
+
+# Terms of a step that do not grow with the tokens it trains: a larger global batch spreads them over more tokens.
+PER_STEP_TERMS = ("step_overhead", "optimizer", "offload", "dp_comm", "pp_bubble")
+PER_STEP_NOTE_SHARE = 0.3
+
+
+def per_step_note(breakdown: dict | None, global_batch: int, seq_len: int, world_size: int) -> str | None:
+    """A note when the best layout's predicted step is mostly per-step costs (its `breakdown`, seconds per term):
+    the global batch gives each GPU few tokens a step, and a larger one would amortize them."""
+    if not breakdown:
+        return None
+    values = {k: v for k, v in breakdown.items() if isinstance(v, (int, float))}
+    step = sum(values.values())
+    fixed = {k: values.get(k, 0.0) for k in PER_STEP_TERMS}
+    if step <= 0 or sum(fixed.values()) / step < PER_STEP_NOTE_SHARE:
+        return None
+    top = ", ".join(f"{k} {v / step:.0%}" for k, v in sorted(fixed.items(), key=lambda kv: -kv[1]) if v / step >= 0.02)
+    return (f"the best layout's predicted step is {sum(fixed.values()) / step:.0%} per-step costs ({top}): "
+            f"--global-batch {global_batch} x --seq-len {seq_len} gives each of the {world_size} GPUs "
+            f"{global_batch * seq_len / world_size:,.0f} tokens a step; a larger global batch spreads them over more "
+            f"tokens (tokens/s here is for the batch given)")
+

@@ -24,7 +24,7 @@ from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
-from tuner.report import counts_line, format_table, ranked_rows, trials_csv, trials_json
+from tuner.report import counts_line, format_table, per_step_note, ranked_rows, trials_csv, trials_json
 from tuner.model_identity import check_model_identity
 from tuner.sqlite_file import check_storage
 from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
@@ -136,6 +136,10 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     out = sys.stderr if as_json else sys.stdout   # with --json, stdout holds the JSON object alone
     print(counts_line(study), file=out)
     print(format_table(rows, limit=10), file=out)
+    note = rows and per_step_note(rows[0].breakdown, config.workload.global_batch, config.workload.seq_len,
+                                  config.world_size)
+    if note:
+        print(f"note: {note}", file=out)
     verify_top = args.verify_top if args.verify_top is not None else (0 if args.backend == "predict" else 3)
     if verify_top > 0 and args.backend != "predict":
         failed = history_of(study, backend=runner.name).failed
