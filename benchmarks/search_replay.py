@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     every: dict = {p: [] for p in proposers}
     bands: list = []
+    behind = []   # (grid, agent's regret after 2, P(fits) of the grid's best) where the agent is behind
     for g in grids:
         per = {}
         for p in proposers:
@@ -296,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"twice; best {'confirmed by a repeat' if best_key in g.repeated else 'measured once'}"
                  if g.spreads else "no repeats")
         print(f"{g.name}: {len(g.cands)} layouts ({failed} failed), best {g.best:,.0f} tokens/s/GPU measured; {noise}")
+        if {"agent", "predicted"} <= per.keys() and per["agent"][0].regret[1] > per["predicted"][0].regret[1]:
+            fit = next(c.prediction.fit_probability for c in g.cands if c.layout.key() == best_key)
+            behind.append((g.name, per["agent"][0].regret[1], fit))
         for p, outs in per.items():
             t = [o.trials for o in outs]
             reg = [statistics.mean(o.regret[k] for o in outs) for k in range(K)]
@@ -313,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                       "median_gpu_hours": round(statistics.median(o.hours for o in outs), 4)}
         print(f"  {p:9} trials to 3%: median {statistics.median(t):g}, p90 {pct(t, 0.9):g}; mean regret after 1..5: "
               + " ".join(f"{100 * r:.1f}%" for r in reg))
+    for name, regret, fit in behind:
+        why = (f"its best layout was predicted borderline (P(fits) {fit:.0%}): the agent tried layouts sure to fit "
+               f"first, the predicted order ignores the risk and that layout happened to fit" if fit < 0.9 else
+               "the agent explored")
+        print(f"  agent behind the predicted order after 2 trials: {name}, regret {100 * regret:.1f}%; {why}")
     held = [(n, lo, hi, y) for n, lo, hi, y in bands if y is not None]
     inside = sum(lo <= y <= hi for _, lo, hi, y in held)
     first = [hi / lo for n, lo, hi, _ in bands if n == 1]

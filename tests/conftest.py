@@ -9,8 +9,8 @@ from cost_model.nouns.stack import Stack
 # Test files that import torch at module level: every test in them is marked torch. A run that deselects torch
 # tests (`make test-fast`) does not collect them (importing torch alone takes seconds, and it may be missing); any
 # other run collects them and, without torch, fails loudly on the import rather than skipping the group.
-NEEDS_TORCH_TO_IMPORT = ("test_adam_component.py", "test_layout_equivalence.py", "test_megatron_gdn.py",
-                         "test_megatron_runner.py")
+NEEDS_TORCH_TO_IMPORT = ("test_adam_component.py", "test_device_tensors.py", "test_layout_equivalence.py",
+                         "test_megatron_gdn.py", "test_megatron_runner.py")
 
 
 def pytest_ignore_collect(collection_path, config):

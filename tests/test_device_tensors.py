@@ -1,8 +1,11 @@
 """experiments.checks.device_tensors: a released build's storage is given back whoever still holds its objects
 (run here on CPU tensors, device_type="cpu"; the profile runs it on the GPU)."""
+import pytest
 import torch
 
 from experiments.checks.device_tensors import held_tensors, hollow_out, reachable_tensors
+
+pytestmark = pytest.mark.torch
 
 
 class _Buffer:

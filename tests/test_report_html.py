@@ -118,6 +118,8 @@ def test_without_agent_attrs_the_weights_figure_is_a_note(tmp_path):
 def test_bad_input_ends_in_one_line(tmp_path, capsys, case):
     storage = tmp_path / "s.db"
     name = make_study(storage, "s", agent_attrs=False)
+    if case == "no study flag":   # a storage of one study is reported without --study; of two, it must be named
+        make_study(storage, "s2", agent_attrs=False)
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     argv = {"missing study": ["--study", "nope", "--out", str(tmp_path / "o")],
