@@ -60,3 +60,23 @@ def test_held_tensors_names_what_refers_to_the_largest():
     mine = [r for r in report if r["shape"] == [1 << 20] and r["dtype"] == "float32"]
     assert mine and mine[0]["gib"] > 0
     assert mine[0]["held_by"][0].endswith("Keeper['big']")
+
+
+def test_drop_graphs_removes_only_references_to_tensors_with_a_graph():
+    from experiments.checks.device_tensors import drop_graphs
+
+    class Dispatcher:
+        pass
+
+    w = torch.nn.Parameter(torch.ones(3))
+    d = Dispatcher()
+    d.probs = w * 2            # a graph: dropped
+    d.routing = torch.ones(3)  # no graph: kept
+    d.cache = {"last": w + 1, "plain": torch.zeros(1)}
+    d.history = [w.sum(), 1]
+    model = torch.nn.Linear(2, 2)
+    model.dispatcher = d
+    dropped = drop_graphs(model)
+    assert sorted(dropped) == ["Dispatcher.probs", "dict.last", "list.0"]
+    assert d.probs is None and d.cache["last"] is None and d.history == [None, 1]
+    assert d.routing is not None and d.cache["plain"] is not None and model.weight is not None

@@ -540,6 +540,50 @@ def test_forward_step_and_masked_loss_through_megatron_ddp_on_cpu():
     assert train_loop.step_loss([]) is None
 
 
+def test_a_released_moe_build_is_collected_once_its_dispatchers_graph_references_are_dropped():
+    """The profile's builds share a process: a released MoE build (megatron DDP, a forward run) must go. megatron's
+    dispatcher keeps the routing probabilities with their graph, a cycle the collector cannot see through autograd's
+    nodes; experiments.checks.device_tensors.drop_graphs removes it, and the build is collected (CPU)."""
+    import gc
+    import weakref
+
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
+    from experiments.checks.device_tensors import drop_graphs
+
+    tiny = _tiny_qwen36()
+    kw = config.transformer_config_kwargs(tiny, Layout(1), Workload(seq_len=32, global_batch=4),
+                                          use_cpu_initialization=True)
+    kw["moe_token_dispatcher_type"] = "allgather"
+    with _cpu_megatron():
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        def build_and_step():
+            cfg = TransformerConfig(**kw)
+            spec, _ = tnb.block_spec(tiny, cfg, "torch-native")
+            model = Float16Module(cfg, GPTModel(cfg, spec, vocab_size=model_run.padded_vocab(256, 1),
+                                                max_sequence_length=32, position_embedding_type="none"))
+            ddp = DistributedDataParallel(config=cfg, ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, use_distributed_optimizer=True), module=model)
+            ids = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(5))
+            batch = {"tokens": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": torch.ones(2, 32),
+                     "position_ids": torch.arange(32).expand(2, 32)}
+            out, lf = train_loop.forward_step(iter([batch]), ddp)
+            total, count, _ = lf(out)
+            (total / count).backward()
+            return cfg, ddp
+
+        cfg, ddp = build_and_step()
+        alive = weakref.ref(ddp)
+        dropped = drop_graphs(ddp, cfg)
+        assert dropped and all(d.endswith("probs") for d in dropped)
+        del cfg, ddp
+        gc.collect()
+        assert alive() is None
+
+
 # ------------------------------------------------------------------------------ failures
 def test_failure_classification():
     assert failures.classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")) == "cuda_oom"

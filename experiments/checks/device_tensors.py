@@ -1,12 +1,14 @@
 """Give back a released build's device memory that stray references still hold, and say who holds what is left.
 
-megatron keeps references to a built model after the profile drops its own (where is not known: a dense
-GPTModel without DDP or optimizer is collected on CPU), so each build's parameters, gradient buffers and
-optimizer state stayed allocated on the GPU (measured on 2026-12-04). Whoever holds the Python objects, their
-storage can be let go: `hollow_out` swaps every device tensor reachable from the build's own objects (modules,
-DDP buffers, optimizer state and shards) for an empty one, so the memory returns even while the objects live on.
-`held_tensors` lists the largest device tensors still alive after that, with the types of what refers to them:
-the profile logs it when memory stays held, to find the holder.
+megatron's MoE token dispatchers keep the last forward's routing probabilities (`probs`, `local_probs`,
+`token_probs`: tensors with their autograd graph) as attributes. That graph reaches the parameters' gradient
+accumulators, whose hooks (megatron's DDP) hold the DDP wrapper, which holds the dispatcher: a cycle through
+autograd's C++ nodes that Python's collector cannot see, so a released MoE build stayed allocated on the GPU with
+its parameters, gradients and optimizer state (found on CPU with megatron-core 0.19.2's DDP: a dense build is
+collected, a MoE build is not until `local_probs` is dropped). `drop_graphs` removes such references from the build's
+objects, so the cycle goes; `hollow_out` swaps every device tensor reachable from them for an empty one, so their
+storage returns even if something else still holds the objects. `held_tensors` lists the largest device tensors
+still alive after that, with what refers to them: the profile logs it when memory stays held.
 """
 from __future__ import annotations
 
@@ -61,6 +63,42 @@ def reachable_tensors(*roots, device_type: str = "cuda", max_objects: int = MAX_
             continue
         queue.extend(_children(obj))
     return list(found.values())
+
+
+def drop_graphs(*roots, max_objects: int = MAX_OBJECTS) -> list[str]:
+    """Remove every reference to a tensor that carries an autograd graph (grad_fn set) from the attributes, dicts
+    and lists reachable from `roots`; the names of what held them (type.attribute)."""
+    import torch
+
+    seen, dropped = set(), []
+    queue = deque(roots)
+    while queue and len(seen) < max_objects:
+        obj = queue.popleft()
+        if isinstance(obj, _SKIP_TYPES) or callable(obj) and not isinstance(obj, torch.nn.Module):
+            continue
+        if id(obj) in seen or isinstance(obj, torch.Tensor):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            slots = list(obj.items())
+        elif isinstance(obj, list):
+            slots = list(enumerate(obj))
+        else:
+            fields = getattr(obj, "__dict__", None)
+            slots = list(fields.items()) if isinstance(fields, dict) else []
+            if not slots:
+                queue.extend(_children(obj))
+                continue
+        for key, value in slots:
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                if isinstance(obj, (dict, list)):
+                    obj[key] = None
+                else:
+                    obj.__dict__[key] = None
+                dropped.append(f"{type(obj).__name__}.{key}")
+            else:
+                queue.append(value)
+    return dropped
 
 
 def hollow_out(*roots, device_type: str = "cuda") -> int:

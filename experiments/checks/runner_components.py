@@ -35,7 +35,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from experiments.checks.device_tensors import held_tensors, hollow_out
+from experiments.checks.device_tensors import drop_graphs, held_tensors, hollow_out
 
 ROWS = (1, 2, 4, 8, 16)
 SEQ_LEN = 4096
@@ -225,7 +225,10 @@ def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, row
         if out_of_memory:
             break
     entry["optimizer_kind"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
-    try:   # whatever megatron still refers to, the build's device memory goes back (device_tensors)
+    try:   # the dispatchers' graph references go (the cycle that kept every MoE build), then any storage left
+        dropped = drop_graphs(chunks, optimizer, config)
+        if dropped:
+            entry["graphs_dropped"] = sorted(set(dropped))
         entry["hollowed_gib"] = round(hollow_out(chunks, optimizer, config) / 2 ** 30, 2)
     except Exception as e:  # noqa: BLE001 - the build is measured; what is held is then handled by HELD_FRACTION
         entry["hollow_error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -268,11 +271,11 @@ def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, 
     return out
 
 
-# megatron keeps references to a built model in its globals: a build's GPU memory stayed allocated after it was
-# released (measured in one process on 2026-12-02 and 2026-12-04: each build's parameters, gradients and optimizer
-# state). A released build is hollowed out (device_tensors.hollow_out: its tensors' storage goes whoever holds the
-# objects), and what still stays is logged with its holder. Held memory does not change a point's timing, so the
-# builds share a process (one start, about 30 s: imports, NCCL) until more than HELD_FRACTION of the device is
+# A released MoE build stayed allocated (measured in one process on 2026-12-02 and 2026-12-04): megatron's token
+# dispatcher keeps the last forward's routing probabilities with their graph, a cycle through autograd's C++ nodes
+# that the collector cannot see (device_tensors). A released build's graph references are dropped and its tensors
+# hollowed out, and what still stays is logged with its holder. Held memory does not change a point's timing, so
+# the builds share a process (one start, about 30 s: imports, NCCL) until more than HELD_FRACTION of the device is
 # held; a build that runs out of memory while earlier builds hold some is measured again in a fresh process, so
 # what is held never costs a point.
 HELD_FRACTION = 0.5
