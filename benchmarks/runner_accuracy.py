@@ -210,6 +210,10 @@ SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd
 # The v23 grids (whole SmolLM2-360M and TinyLlama-1.1B, Qwen3.6 at 3 layers seq 2k) and v24 (whole Phi-3-mini,
 # Phi-3.5-MoE at 3 layers, Qwen3-30B-A3B and Qwen3.6 at 4 layers seq 1k) ran after the MoE host floors, predictions
 # committed before (runner-grids-h200-v23/v24-predicted-before.txt): held out.
+# The v19-v24 runs near the host/GPU crossing (13 at 0.75-1.1 host/GPU time, measured a median 7% slower than
+# predicted) then led to runner_host_overlap_exponent (a smooth maximum of host and GPU time, fitted on v1-v18 only:
+# benchmarks/host_overlap_exponent.py). It moves them by at most 3 points and they stay in the held-out figures:
+# held out from every fit, but seen before that term was added. v25 ran after it.
 HOST_FLOOR_LOOKED_AT = ({(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q06-") for k in "abcd"}
                         | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q36s2k-L5-r2") for k in "abcd"})
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",

@@ -57,6 +57,7 @@ class Constants:
     runner_prediction_error_sd: float
     runner_scaled_layer_error_sd: float
     runner_scaled_work_exponent: float
+    runner_host_overlap_exponent: float
     prediction_error_sd_lora_vlm: float
     memory_error_sd: float
     host_base_gib_per_gpu: float

@@ -483,10 +483,23 @@ def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> 
         t["microbatch_ends"] += runner_ends(ctx)
     if host > 0:
         # The host issues a micro-batch's kernels ahead of the GPU; where issuing them takes longer than the
-        # GPU's work (a small layer at few tokens), the micro-batch takes the host's time.
+        # GPU's work (a small layer at few tokens), the micro-batch takes the host's time. Near that point the
+        # two do not overlap fully (the dispatcher's host sync each MoE layer, uneven kernels): a smooth maximum.
         host += ends_host if rank.has_head else 0.0
-        t["launch_overhead"] += max(0.0, host - sum(t.values()))
+        gpu = sum(t.values())
+        t["launch_overhead"] += host_and_gpu_s(host, gpu, ctx.c.runner_host_overlap_exponent) - gpu
     return t
+
+
+def host_and_gpu_s(host: float, gpu: float, exponent: float) -> float:
+    """A micro-batch's seconds when the host takes `host` to issue its kernels and the GPU `gpu` to run them:
+    (host^p + gpu^p)^(1/p), the larger of the two where they differ much, up to 2^(1/p) x either where they are
+    equal (p: runner_host_overlap_exponent, fitted)."""
+    big, small = max(host, gpu), min(host, gpu)
+    share = (small / big) ** exponent if big > 0 else 0.0
+    if share < 1e-4:   # the smooth part is under 1e-5 of the larger: the larger alone (no term of noise)
+        return big
+    return big * (1.0 + share) ** (1.0 / exponent)
 
 
 def layer_host_s(ctx: StepContext, floor: HostFloor, attn_kind: str, mlp_kind: str, full_fraction: float) -> float:
@@ -626,7 +639,7 @@ _LAYER_CURVE = ("each a host floor, then a line through its measured points whos
                 "the layer's gradient accumulation (modelled: 10 bytes per parameter at the profile's measured copy rate)")
 
 
-def _host_floor_source(comps: RunnerComponents, kinds, fitted: str, fitted_used: bool) -> str:
+def _host_floor_source(comps: RunnerComponents, c: Constants, kinds, fitted: str, fitted_used: bool) -> str:
     """Where the runner's exposed host time comes from: the host-floor builds of the layer kinds, and `fitted`
     (the fitted launch term's line) where kinds the profile did not measure use it; `fitted` alone without floors."""
     # a kind whose 1-layer build is not above its marginal layer (host jitter) gives no ends of its own: the
@@ -639,8 +652,10 @@ def _host_floor_source(comps: RunnerComponents, kinds, fitted: str, fitted_used:
         return fitted
     device = comps.source.split(" on ", 1)[-1].split(" (")[0]
     return (f"measured: the host's time to issue a micro-batch's kernels, per layer kind ({'; '.join(floors)}: "
-            f"the profile's host-floor builds on the {device}), where it exceeds the micro-batch's GPU work; "
-            f"selective recompute adds its modules' modelled share" + (f"; {fitted}" if fitted_used else ""))
+            f"the profile's host-floor builds on the {device}), beyond the micro-batch's GPU work as (host^p + "
+            f"GPU^p)^(1/p) - GPU ({_constant(c, 'runner_host_overlap_exponent')[1]}: the two overlap imperfectly "
+            f"where they are close); selective recompute adds its modules' modelled share"
+            + (f"; {fitted}" if fitted_used else ""))
 
 
 def _runner_sources(ctx: StepContext) -> dict[str, str]:
@@ -673,7 +688,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     for key in ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",
                 "launch_overhead", "expert_calls"):   # on this stack only the layer kinds not measured have these
         lines[key] += f"; for the layer kinds the runner profile did not measure ({', '.join(unmeasured) or 'none'})"
-    lines["launch_overhead"] = _host_floor_source(comps, kinds, lines["launch_overhead"], bool(unmeasured))
+    lines["launch_overhead"] = _host_floor_source(comps, ctx.c, kinds, lines["launch_overhead"], bool(unmeasured))
     recompute = []
     if measured and layout.recompute_granularity == "full":
         recompute.append(f"measured: the full-recompute builds' extra seconds per layer, for the recomputed layers "
