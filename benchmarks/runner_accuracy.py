@@ -29,7 +29,8 @@ from experiments.megatron.model_run import predict_run, trial_model
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measured_runs import load_runs  # noqa: E402
-from tuner.intervals import measures_layers  # noqa: E402
+from cost_model.step_time import runner_host_to_gpu  # noqa: E402
+from tuner.intervals import CROSSING_RATIO, measures_layers, runner_stack_sd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 B, R = ROOT / "benchmarks", ROOT / "benchmarks/results"
@@ -251,6 +252,8 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
         t = run.trial
         model, p = trial_prediction(t, gpu, run.runtime)
         own = measures_layers(model, gpu)
+        crossing = p.context is not None and p.context.runner is not None and \
+            runner_host_to_gpu(p.context) >= CROSSING_RATIO
         # a grid is a suite's layouts of one model run, over however many device calls measured them
         grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({suite_path.stem.removesuffix('_suite')})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
@@ -259,7 +262,8 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "peak": run.peak, "peak_predicted": p.memory.device_peak, "needed": p.peak_memory_gib,
                     "capacity": p.gpu_memory_gib,
                     "fits": p.fits, "verdict": p.fit_verdict,
-                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own,
+                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own, "crossing": crossing,
+                    "band_sd": runner_stack_sd(model, gpu, None, p) if p.breakdown.get("layers", 0) > 0 else None,
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
                     "memory_looked_at": results_path.name in MEMORY_LOOKED_AT,
                     "tokens_looked_at": (results_path.name in SCALED_LOOKED_AT and not own)
@@ -316,25 +320,33 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
 
 def interval_check(table: list[dict]) -> dict:
     """The runner stack's 90% bands (cost_model constants runner_prediction_error_sd, for a model whose layer kinds
-    the profile measured, and runner_scaled_layer_error_sd, for one whose layer is timed as another model's): the
-    sd the in-sample runs of each class give (90th percentile of their absolute log error over 1.645) beside the
-    shipped one, and how many held-out measurements the shipped band holds."""
+    the profile measured, runner_scaled_layer_error_sd, for one whose layer is timed as another model's, and
+    runner_host_crossing_error_sd, for a prediction whose host time is CROSSING_RATIO or more of its GPU time: its
+    extra variance added to either): the sd the in-sample runs of each class give (90th percentile of their absolute
+    log error over 1.645) beside the shipped one, and how many held-out measurements the band each run gets
+    (tuner.intervals.runner_stack_sd) holds."""
     c = default_constants()
     out = {}
-    for own, name, sd in ((True, "own layers", c.runner_prediction_error_sd),
-                          (False, "scaled layers", c.runner_scaled_layer_error_sd)):
-        ok = [r for r in table if r["status"] == "ok" and r["own_layers"] == own]
-        ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in ok if r["in_sample"] or r["offload_looked_at"]
-                     or r["tokens_looked_at"])
-        held = [abs(math.log(r["predicted"] / r["measured"])) for r in ok
-                if not (r["in_sample"] or r["offload_looked_at"] or r["tokens_looked_at"])]
+    ok = [r for r in table if r["status"] == "ok" and r["band_sd"] is not None]
+    looked = [r for r in ok if r["in_sample"] or r["offload_looked_at"] or r["tokens_looked_at"]]
+    held = [r for r in ok if r not in looked]
+    for name, shipped, sel in (
+            ("own layers, GPU-bound", c.runner_prediction_error_sd, lambda r: r["own_layers"] and not r["crossing"]),
+            ("scaled layers, GPU-bound", c.runner_scaled_layer_error_sd,
+             lambda r: not r["own_layers"] and not r["crossing"]),
+            (f"host/GPU {CROSSING_RATIO} or more, own layers", c.runner_host_crossing_error_sd,
+             lambda r: r["own_layers"] and r["crossing"]),
+            (f"host/GPU {CROSSING_RATIO} or more, scaled layers", None,
+             lambda r: not r["own_layers"] and r["crossing"])):
+        ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in looked if sel(r))
+        mine = [r for r in held if sel(r)]
+        inside = sum(abs(math.log(r["predicted"] / r["measured"])) <= Z90 * r["band_sd"] for r in mine)
         fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
-        inside = sum(e <= Z90 * sd for e in held)
-        print(f"interval ({name}): the runner stack's 90% band uses sd {sd:.3f} (the {len(ins)} in-sample runs give "
-              f"{fitted if fitted is None else round(fitted, 3)}), width x{math.exp(2 * Z90 * sd):.2f} before any "
-              f"trial; it holds {inside} of {len(held)} held-out measurements")
-        out[name] = {"sd": sd, "sd_from_in_sample": fitted, "width": math.exp(2 * Z90 * sd), "held_out_inside": inside,
-                     "held_out": len(held)}
+        widths = sorted(math.exp(2 * Z90 * r["band_sd"]) for r in mine) or [float("nan")]
+        print(f"interval ({name}): shipped sd {'-' if shipped is None else f'{shipped:.3f}'} (the {len(ins)} "
+              f"in-sample runs give {fitted if fitted is None else round(fitted, 3)}); the band each held-out run "
+              f"gets, width x{widths[len(widths) // 2]:.2f} before any trial, holds {inside} of {len(mine)}")
+        out[name] = {"sd": shipped, "sd_from_in_sample": fitted, "held_out_inside": inside, "held_out": len(mine)}
     return out
 
 

@@ -460,6 +460,18 @@ def runner_ends(ctx: StepContext) -> float:
 def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> dict[str, float]:
     """Seconds per micro-batch of one pipeline rank on the runner's stack. Layer kinds the profile did not
     measure fall back to the fitted Megatron terms (`rank_microbatch_terms`), counted as they are."""
+    t, host = _runner_rank_work(ctx, rank, ep_overlap)
+    if host > 0:
+        # The host issues a micro-batch's kernels ahead of the GPU; where issuing them takes longer than the
+        # GPU's work (a small layer at few tokens), the micro-batch takes the host's time. Near that point the
+        # two do not overlap fully (the dispatcher's host sync each MoE layer, uneven kernels): a smooth maximum.
+        gpu = sum(t.values())
+        t["launch_overhead"] += host_and_gpu_s(host, gpu, ctx.c.runner_host_overlap_exponent) - gpu
+    return t
+
+
+def _runner_rank_work(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> tuple[dict[str, float], float]:
+    """(the rank's GPU terms per micro-batch, the host's measured seconds to issue them: 0 without a host floor)."""
     t = dict.fromkeys(RANK_TERMS, 0.0)
     full_fraction = full_recompute_fraction(rank, ctx.layout)
     fallback = []
@@ -481,14 +493,23 @@ def runner_rank_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float) -> 
             t[k] += v
     if rank.has_head:
         t["microbatch_ends"] += runner_ends(ctx)
-    if host > 0:
-        # The host issues a micro-batch's kernels ahead of the GPU; where issuing them takes longer than the
-        # GPU's work (a small layer at few tokens), the micro-batch takes the host's time. Near that point the
-        # two do not overlap fully (the dispatcher's host sync each MoE layer, uneven kernels): a smooth maximum.
-        host += ends_host if rank.has_head else 0.0
+    if host > 0 and rank.has_head:
+        host += ends_host
+    return t, host
+
+
+def runner_host_to_gpu(ctx: StepContext) -> float:
+    """The host's time to issue the slowest rank's micro-batch over the GPU's time to run it, on the runner's
+    stack (0 without a measured host floor): near 1 and above, the step is as uncertain as the host's speed."""
+    overlap = ep_overlap_share(ctx.layout, ctx.num_microbatches)
+    worst = (0.0, 0.0)
+    for rank in ctx.ranks:
+        t, host = _runner_rank_work(ctx, rank, overlap)
         gpu = sum(t.values())
-        t["launch_overhead"] += host_and_gpu_s(host, gpu, ctx.c.runner_host_overlap_exponent) - gpu
-    return t
+        if max(gpu, host) > max(worst):
+            worst = (gpu, host)
+    gpu, host = worst
+    return host / gpu if gpu > 0 else 0.0
 
 
 def host_and_gpu_s(host: float, gpu: float, exponent: float) -> float:

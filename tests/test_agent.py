@@ -184,3 +184,24 @@ def test_the_predicted_backend_headlines_the_hypotheses_median_not_the_shipped_o
     shipped = predict(model, gpu, wl, layout).tokens_per_s_per_gpu
     assert result.tokens_per_s_per_gpu == pytest.approx(iv.median, rel=1e-9)
     assert result.tokens_per_s_per_gpu < shipped and "median of its 15 hypotheses" in result.source
+
+
+def test_a_candidate_with_its_own_extra_sd_gets_a_wider_band_and_weighs_less_as_evidence(space):
+    """Table.extra_var: a candidate's prediction error beyond the prior's (a runner prediction near its host/GPU
+    crossing): its band is wider, and its measurement moves the level less than a plain one's."""
+    cands, tps = space
+    shaky = {cands[0].layout.key()}
+    plain = agent_for(space)
+    extra = agent_for(space, extra_sd=lambda c: 0.2 if c.layout.key() in shaky else 0.0)
+    i = extra.table.index[cands[0].layout.key()]
+    assert extra.table.extra_var[i] == pytest.approx(0.04) and sum(extra.table.extra_var) == pytest.approx(0.04)
+    b0, b1 = plain.belief(History()), extra.belief(History())
+    from tuner.agent import outlook
+    o0, o1 = outlook(plain.table, b0, i, 0.0, 1.0, 0.0), outlook(extra.table, b1, i, 0.0, 1.0, 0.0)
+    assert o1.high / o1.low > o0.high / o0.low
+    h = History()
+    h.tried.add(cands[0].layout.key())
+    h.measured_layouts.append((cands[0].layout, 2.0 * tps(default_hypotheses()[0], cands[0].layout)))
+    moved_plain = max(abs(m) for m in plain.belief(h).level_mean)
+    moved_extra = max(abs(m) for m in extra.belief(h).level_mean)
+    assert 0 < moved_extra < moved_plain

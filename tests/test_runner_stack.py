@@ -724,3 +724,23 @@ def test_profile_processes_that_record_nothing_or_half_a_line_are_not_retried_fo
     assert [b["layers"] for b in rc.read_builds(out)] == [3, 4]
     assert any("x1 not measured: its process ended (-9)" in s for s in logged)
     assert any("x2 not measured: its process ended (75)" in s for s in logged)
+
+
+def test_a_runner_prediction_near_its_host_gpu_crossing_gets_the_wider_band():
+    """Qwen3.6 at 4 layers, seq 1k: at 4k tokens a micro-batch's host time is about 0.9 of its GPU time (the band
+    carries runner_host_crossing_error_sd), at 16k a third (the plain runner band)."""
+    from cost_model.constants import default_constants
+    from cost_model.step_time import runner_host_to_gpu
+    from tuner.intervals import CROSSING_RATIO, crossing_extra_sd, own_prediction_interval, runner_stack_sd
+
+    model, work = trial_model(load_model("qwen3.6-35b-a3b"), 4), Workload(framework="megatron", seq_len=1024,
+                                                                          global_batch=48)
+    near = runner(model, Layout(1, max_tokens_per_gpu=4096, rows_per_microbatch=4), work)
+    far = runner(model, Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=16), work)
+    assert runner_host_to_gpu(near.context) >= CROSSING_RATIO > runner_host_to_gpu(far.context) > 0
+    c = default_constants()
+    assert crossing_extra_sd(far) == 0.0
+    assert runner_stack_sd(model, H200, None, near) == pytest.approx(c.runner_host_crossing_error_sd)
+    assert runner_stack_sd(model, H200, None, far) == c.runner_prediction_error_sd
+    wide, narrow = (own_prediction_interval(model, H200, work, p) for p in (near, far))
+    assert wide.high / wide.low > narrow.high / narrow.low

@@ -67,12 +67,16 @@ class Table:
     values: list[list[float]]                      # values[h][i]
     predict_h: Callable[[Hypothesis, Layout], float]
     index: dict = field(default_factory=dict)      # layout key -> i
+    extra_sd: Callable[[Candidate], float] | None = None   # a candidate's own extra log sd (tuner.intervals)
+    extra_var: list = field(default_factory=list)  # extra_var[i]: its square, per candidate
 
     @classmethod
     def build(cls, candidates: list[Candidate], hypotheses: tuple[Hypothesis, ...],
-              predict_h: Callable[[Hypothesis, Layout], float]) -> "Table":
+              predict_h: Callable[[Hypothesis, Layout], float],
+              extra_sd: Callable[[Candidate], float] | None = None) -> "Table":
         """The best candidate (shipped prediction times its chance to fit) of each coarse group, predicted
-        under every hypothesis."""
+        under every hypothesis; `extra_sd`: the log sd a candidate's prediction adds to the prior's (a runner
+        prediction near its host/GPU crossing)."""
         def score(c: Candidate) -> float:
             return c.prediction.fit_probability * c.prediction.tokens_per_s_per_gpu
 
@@ -81,7 +85,7 @@ class Table:
             g = coarse_group(c.layout)
             if g not in best or score(c) > score(best[g]):
                 best[g] = c
-        t = cls(hypotheses, [], [[] for _ in hypotheses], predict_h)
+        t = cls(hypotheses, [], [[] for _ in hypotheses], predict_h, extra_sd=extra_sd)
         for c in sorted(best.values(), key=lambda c: -c.prediction.tokens_per_s_per_gpu):
             t._append(c)
         return t
@@ -90,6 +94,7 @@ class Table:
         i = len(self.candidates)
         self.candidates.append(c)
         self.index[c.layout.key()] = i
+        self.extra_var.append(self.extra_sd(c) ** 2 if self.extra_sd is not None else 0.0)
         same = {}
         for k, h in enumerate(self.hypotheses):
             # hypotheses that differ only in the flex factor agree on layouts that do not use flex
@@ -119,18 +124,21 @@ class Belief:
 def belief(table: Table, measured: list[tuple[int, float]], sigma: float, level_sd: float,
            family_sd: float = 0.0) -> Belief:
     """The posterior over hypotheses, levels and family effects from measured (candidate index, tokens/s)."""
-    n = len(measured)
-    s2, t2 = sigma ** 2 + family_sd ** 2, level_sd ** 2
+    t2 = level_sd ** 2
+    # each measurement's noise: the layout sd, the family's, and its prediction's own extra (Table.extra_var)
+    s2 = [sigma ** 2 + family_sd ** 2 + (table.extra_var[i] if table.extra_var else 0.0) for i, _ in measured]
+    inv = sum(1 / v for v in s2)
     logw, means, vars_ = [], [], []
     for k, h in enumerate(table.hypotheses):
         r = [math.log(y) - math.log(max(table.values[k][i], 1e-9)) for i, y in measured]
-        prec = n / s2 + 1 / t2
-        mean = (sum(r) / s2) / prec
+        prec = inv + 1 / t2
+        weighted = sum(x / v for x, v in zip(r, s2))
+        mean = weighted / prec
         means.append(mean)
         vars_.append(1 / prec)
-        # marginal likelihood of r ~ N(0, s2 I + t2 11^T), in closed form
-        quad = sum(x * x for x in r) / s2 - (sum(r) / s2) ** 2 / prec
-        logdet = n * math.log(s2) + math.log(1 + n * t2 / s2)
+        # marginal likelihood of r ~ N(0, diag(s2) + t2 11^T), in closed form
+        quad = sum(x * x / v for x, v in zip(r, s2)) - weighted ** 2 / prec
+        logdet = sum(math.log(v) for v in s2) + math.log(1 + t2 * inv)
         logw.append(math.log(max(h.prior, 1e-300)) - 0.5 * (quad + logdet))
     top = max(logw)
     w = [math.exp(x - top) for x in logw]
@@ -142,12 +150,13 @@ def belief(table: Table, measured: list[tuple[int, float]], sigma: float, level_
             by_family.setdefault(family(table.candidates[i].layout), []).append((i, y))
         for fam, pts in by_family.items():
             per_h = []
+            own = [sigma ** 2 + (table.extra_var[i] if table.extra_var else 0.0) for i, _ in pts]
             for k in range(len(table.hypotheses)):
                 e = [math.log(y) - math.log(max(table.values[k][i], 1e-9)) - means[k] for i, y in pts]
-                prec = len(e) / sigma ** 2 + 1 / family_sd ** 2
-                per_h.append(((sum(e) / sigma ** 2) / prec, 1 / prec))
+                prec = sum(1 / v for v in own) + 1 / family_sd ** 2
+                per_h.append((sum(x / v for x, v in zip(e, own)) / prec, 1 / prec))
             families[fam] = per_h
-    return Belief(tuple(x / total for x in w), tuple(means), tuple(vars_), sigma, n, family_sd, families)
+    return Belief(tuple(x / total for x in w), tuple(means), tuple(vars_), sigma, len(measured), family_sd, families)
 
 
 @dataclass(frozen=True)
@@ -169,7 +178,8 @@ def outlook(table: Table, b: Belief, i: int, best: float, p_fit: float, discrimi
     fam = b.families.get(family(table.candidates[i].layout))
     effect = fam or [(0.0, b.family_sd ** 2)] * len(b.weights)
     mus = [math.log(max(table.values[k][i], 1e-9)) + b.level_mean[k] + effect[k][0] for k in range(len(b.weights))]
-    var = [b.sigma ** 2 + b.level_var[k] + effect[k][1] for k in range(len(b.weights))]
+    own = b.sigma ** 2 + (table.extra_var[i] if table.extra_var else 0.0)
+    var = [own + b.level_var[k] + effect[k][1] for k in range(len(b.weights))]
     mean = sum(w * math.exp(m + v / 2) for w, m, v in zip(b.weights, mus, var))
     ei = sum(w * lognormal_ei(m, v, best) for w, m, v in zip(b.weights, mus, var))
     centre = sum(w * m for w, m in zip(b.weights, mus))
@@ -201,15 +211,16 @@ class AgentProposer(Proposer):
 
     def __init__(self, candidates: list[Candidate], layout_params, hypotheses: tuple[Hypothesis, ...] = (),
                  predict_h: Callable[[Hypothesis, Layout], float] | None = None, prior: AgentPrior = AgentPrior(),
-                 stop_margin: float | None = 0.03):
+                 stop_margin: float | None = 0.03, extra_sd: Callable[[Candidate], float] | None = None):
         """`hypotheses`/`predict_h` default to one hypothesis: the candidates' own predictions; `stop_margin`
-        None: never stop before the trials asked for."""
+        None: never stop before the trials asked for; `extra_sd`: a candidate's own extra log sd over the prior's
+        per-layout sd (tuner.intervals.crossing_extra_sd for the runner stack)."""
         self.layout_params = layout_params
         self.by_key = {c.layout.key(): c for c in candidates}
         if predict_h is None:
             hypotheses = tuple(h for h in default_hypotheses() if h.shipped)
             predict_h = lambda h, layout: self.by_key[layout.key()].prediction.tokens_per_s_per_gpu  # noqa: E731
-        self.table = Table.build(candidates, hypotheses, predict_h)
+        self.table = Table.build(candidates, hypotheses, predict_h, extra_sd)
         self.sigma, self.level_sd, self.family_sd = prior.sigma, prior.level_sd, prior.family_sd
         self.discriminate, self.stop_margin = prior.discriminate, stop_margin
         self.total_candidates = len(candidates)

@@ -8,12 +8,15 @@ runner the runner stack's residual around its own prediction.
 """
 from __future__ import annotations
 
+import math
+
 from cost_model.constants import default_constants
 from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, interval_of, predict_interval,
                                    residual_sd, step_constants, tokens_per_s_under)
 from cost_model.nouns.layout import Layout
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
+from cost_model.step_time import runner_host_to_gpu
 from tuner.interval import QUANTILES_90, Interval, number
 
 
@@ -44,7 +47,7 @@ def own_prediction_interval(model, gpu, workload, prediction: Prediction, profil
     """A prediction alone (no spread of hypotheses) widened by its stack's error: the runner stack's measured one
     where its components priced the step (`runner_stack_sd`), else the model's held-out residual."""
     shipped = next(h for h in default_hypotheses() if h.shipped)
-    sd = (runner_stack_sd(model, gpu, profile) if runner_priced(prediction)
+    sd = (runner_stack_sd(model, gpu, profile, prediction) if runner_priced(prediction)
           else residual_sd(default_constants(), workload))
     return interval_of([(shipped, 1.0, prediction.tokens_per_s_per_gpu)], sd)
 
@@ -64,11 +67,29 @@ def measures_layers(model, gpu, profile=None) -> bool:
     return profile is not None and profile.runner is not None and profile.runner.measures_layers_of(model)
 
 
-def runner_stack_sd(model, gpu, profile=None) -> float:
+def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
     """The runner stack's prediction sd for `model`: its residual where the profile measured every layer kind of
-    the model, the larger one where a layer is timed as another model's (cost_model constants)."""
+    the model, the larger one where a layer is timed as another model's (cost_model constants); for a
+    `prediction` near or past its host/GPU crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
     c = default_constants()
-    return c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else c.runner_scaled_layer_error_sd
+    base = c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else c.runner_scaled_layer_error_sd
+    return math.hypot(base, crossing_extra_sd(prediction)) if prediction is not None else base
+
+
+# From this host/GPU time ratio of a micro-batch (cost_model.step_time.runner_host_to_gpu) a runner prediction is
+# as uncertain as the host's speed: the runs there err 2x as widely (runner_host_crossing_error_sd).
+CROSSING_RATIO = 0.75
+
+
+def crossing_extra_sd(prediction: Prediction) -> float:
+    """The log sd a runner-priced prediction adds where its host time is CROSSING_RATIO or more of its GPU time
+    (0 elsewhere, or without the prediction's inputs): runner_host_crossing_error_sd over runner_prediction_error_sd,
+    in quadrature."""
+    ctx = prediction.context
+    if ctx is None or ctx.runner is None or runner_host_to_gpu(ctx) < CROSSING_RATIO:
+        return 0.0
+    c = default_constants()
+    return math.sqrt(max(c.runner_host_crossing_error_sd ** 2 - c.runner_prediction_error_sd ** 2, 0.0))
 
 
 def agent_prior(config, runner) -> tuple[float, float, float]:
@@ -76,6 +97,20 @@ def agent_prior(config, runner) -> tuple[float, float, float]:
     three, so the band it prints before any trial is the prediction's own (on the runner grids the level sd per
     grid is 0.018 and the residual within a grid 0.026: about even between level and layouts)."""
     return prior_parts(prediction_sd(config, runner))
+
+
+def candidate_extra_sd(config, runner):
+    """(candidate -> its extra log sd) for the agent: the host/GPU crossing's (`crossing_extra_sd`) on a runner that
+    prices its own run from measured components; None where the hypotheses price the step."""
+    if uses_hypotheses(runner):
+        return None
+
+    def extra(candidate) -> float:
+        p = candidate.prediction
+        if p.context is None:   # a prediction read back from the study's cache keeps no inputs: priced again
+            p = runner.predict(config.case(candidate.layout), config.profile)
+        return crossing_extra_sd(p)
+    return extra
 
 
 def prior_parts(sd: float) -> tuple[float, float, float]:

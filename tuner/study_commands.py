@@ -174,7 +174,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
         except ImportError as e:
             raise CliError(str(e)) from None
     from tuner.agent import AgentPrior, AgentProposer
-    from tuner.intervals import agent_prior, hypothesis_predictor
+    from tuner.intervals import agent_prior, candidate_extra_sd, hypothesis_predictor
 
     hypotheses, predict_h = hypothesis_predictor(config, runner)
     if cache is not None:
@@ -184,7 +184,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
     if progress is None:
         with kept_work():
             return AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, predict_h, prior,
-                                 stop_margin=stop_margin)
+                                 stop_margin=stop_margin, extra_sd=candidate_extra_sd(config, runner))
     counter, weighing = Counter(progress, "predictions under the hypotheses"), [True]
 
     def counted(h, layout):   # counts only while the agent builds its table: a trial's lookups say nothing
@@ -194,7 +194,7 @@ def make_proposer(kind: str, candidates, config, runner, stop_margin: float | No
 
     with progress.step(f"weighing {len(candidates):,} layouts under {len(hypotheses)} hypotheses ..."), kept_work():
         agent = AgentProposer(proposer_candidates(candidates), to_optuna_params, hypotheses, counted, prior,
-                              stop_margin=stop_margin)
+                              stop_margin=stop_margin, extra_sd=candidate_extra_sd(config, runner))
     weighing.clear()
     return agent
 
