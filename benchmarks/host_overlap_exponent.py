@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.constant_fit import ConstantFit  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from benchmarks.runner_accuracy import DEFAULT, IN_SAMPLE_FILES  # noqa: E402
 from cost_model.constants import default_constants  # noqa: E402
@@ -59,15 +59,6 @@ def log_error(r: dict, gpu, exponent: float, cache: dict) -> float:
     return cache[key]
 
 
-def fit(runs: list[dict], gpu, cache: dict) -> float:
-    return min(GRID, key=lambda p: sum(log_error(r, gpu, p, cache) ** 2 for r in runs))
-
-
-def apes(errs: list[float]) -> tuple[float, float]:
-    a = [abs(math.exp(e) - 1) for e in errs]
-    return (statistics.median(a), max(a)) if a else (float("nan"), float("nan"))
-
-
 def label(p: float) -> str:
     return "the maximum" if p == MAXIMUM else f"p {p:g}"
 
@@ -80,35 +71,9 @@ def main() -> int:
     ins = [r for r in near if r["in_sample"]]
     held = [r for r in near if not r["in_sample"]]
     print(f"{len(runs)} 1-GPU runs, {len(near)} near the host/GPU crossing (moved by the exponent): {len(ins)} in "
-          f"sample over {len({r['model'] for r in ins})} models, {len(held)} held out")
-    best = fit(ins, gpu, cache)
-    print(f"fitted on every in-sample run: {label(best)}")
-    lomo_max, lomo_fit = [], []
-    for m in sorted({r["model"] for r in ins}):
-        mine = [r for r in ins if r["model"] == m]
-        p = fit([r for r in ins if r["model"] != m], gpu, cache)
-        em, ep = [log_error(r, gpu, MAXIMUM, cache) for r in mine], [log_error(r, gpu, p, cache) for r in mine]
-        lomo_max += em
-        lomo_fit += ep
-        print(f"  {m:48} {len(mine):3} runs  fitted without it {label(p)}: median APE {100 * apes(ep)[0]:4.1f}% "
-              f"(the maximum: {100 * apes(em)[0]:4.1f}%)")
-    print(f"leave-one-model-out over {len(lomo_fit)} runs: median APE {100 * apes(lomo_fit)[0]:.1f}%, max "
-          f"{100 * apes(lomo_fit)[1]:.1f}% (the maximum: median {100 * apes(lomo_max)[0]:.1f}%, max "
-          f"{100 * apes(lomo_max)[1]:.1f}%)")
-    out = {"exponent": best, "near_in_sample_runs": len(ins), "lomo_median_ape": apes(lomo_fit)[0],
-           "lomo_max_ape": apes(lomo_fit)[1], "lomo_median_ape_maximum": apes(lomo_max)[0],
-           "lomo_max_ape_maximum": apes(lomo_max)[1]}
-    if held:
-        em, eb = [log_error(r, gpu, MAXIMUM, cache) for r in held], [log_error(r, gpu, best, cache) for r in held]
-        for r, a, b in sorted(zip(held, em, eb), key=lambda x: x[0]["trial"]):
-            print(f"  held out {r['trial']:28} {r['file'][:44]:44} error {100 * (math.exp(b) - 1):+6.1f}% "
-                  f"(the maximum: {100 * (math.exp(a) - 1):+6.1f}%)")
-        print(f"held out ({len(held)} runs near the crossing, {label(best)} from the in-sample fit; seen before this "
-              f"fit): median APE {100 * apes(eb)[0]:.1f}%, max {100 * apes(eb)[1]:.1f}% (the maximum: median "
-              f"{100 * apes(em)[0]:.1f}%, max {100 * apes(em)[1]:.1f}%)")
-        out.update(near_held_out_runs=len(held), held_out_median_ape=apes(eb)[0], held_out_max_ape=apes(eb)[1],
-                   held_out_median_ape_maximum=apes(em)[0], held_out_max_ape_maximum=apes(em)[1])
-    print(json.dumps(out))
+          f"sample over {len({r['model'] for r in ins})} models, {len(held)} held out (seen before this fit)")
+    fit = ConstantFit(tuple(GRID), lambda r, p: log_error(r, gpu, p, cache), MAXIMUM, label)
+    print(json.dumps(fit.report(ins, held, held_lines=lambda r: f"{r['trial']} ({r['file'][:40]})")))
     return 0
 
 

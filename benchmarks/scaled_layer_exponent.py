@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.constant_fit import ConstantFit  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from benchmarks.runner_accuracy import DEFAULT, IN_SAMPLE_FILES  # noqa: E402
 from cost_model.constants import default_constants  # noqa: E402
@@ -62,52 +62,16 @@ def log_errors(runs: list[dict], gpu, exponent: float, cache: dict) -> list[floa
     return errs
 
 
-def fit(runs: list[dict], gpu, cache: dict) -> float:
-    return min(GRID, key=lambda a: sum(e * e for e in log_errors(runs, gpu, a, cache)))
-
-
-def apes(errs: list[float]) -> tuple[float, float]:
-    a = [abs(math.exp(e) - 1) for e in errs]
-    return statistics.median(a), max(a)
-
-
 def main() -> int:
     gpu = load_gpu("h200")
     runs = scaled_runs(gpu)
     ins = [r for r in runs if r["in_sample"]]
     held = [r for r in runs if not r["in_sample"]]
     cache: dict = {}
-    best = fit(ins, gpu, cache)
     print(f"{len(ins)} in-sample runs of {len({r['model'] for r in ins})} models with scaled layers; "
           f"{len(held)} held-out runs of {len({r['model'] for r in held})}")
-    print(f"fitted on every in-sample run: exponent {best}")
-    lomo_now, lomo_fit = [], []
-    for m in sorted({r["model"] for r in ins}):
-        mine = [r for r in ins if r["model"] == m]
-        a = fit([r for r in ins if r["model"] != m], gpu, cache)
-        e1, ea = log_errors(mine, gpu, 1.0, cache), log_errors(mine, gpu, a, cache)
-        lomo_now += e1
-        lomo_fit += ea
-        print(f"  {m:48} {len(mine):3} runs  fitted without it {a:.2f}: median APE {100 * apes(ea)[0]:4.1f}% "
-              f"(exponent 1: {100 * apes(e1)[0]:4.1f}%)")
-    print(f"leave-one-model-out over {len(lomo_fit)} runs: median APE {100 * apes(lomo_fit)[0]:.1f}%, max "
-          f"{100 * apes(lomo_fit)[1]:.1f}% (exponent 1: median {100 * apes(lomo_now)[0]:.1f}%, max "
-          f"{100 * apes(lomo_now)[1]:.1f}%)")
-    out = {"exponent": best, "in_sample_runs": len(ins), "lomo_median_ape": apes(lomo_fit)[0],
-           "lomo_max_ape": apes(lomo_fit)[1], "lomo_median_ape_exponent_1": apes(lomo_now)[0],
-           "lomo_max_ape_exponent_1": apes(lomo_now)[1]}
-    if held:
-        for m in sorted({r["model"] for r in held}):
-            mine = [r for r in held if r["model"] == m]
-            e1, eb = log_errors(mine, gpu, 1.0, cache), log_errors(mine, gpu, best, cache)
-            print(f"  held out {m:39} {len(mine):3} runs: median APE {100 * apes(eb)[0]:4.1f}%, max "
-                  f"{100 * apes(eb)[1]:4.1f}% (exponent 1: {100 * apes(e1)[0]:4.1f}%, {100 * apes(e1)[1]:4.1f}%)")
-        e1, eb = log_errors(held, gpu, 1.0, cache), log_errors(held, gpu, best, cache)
-        print(f"held out ({len(held)} runs, exponent {best} from the in-sample fit): median APE {100 * apes(eb)[0]:.1f}%, "
-              f"max {100 * apes(eb)[1]:.1f}% (exponent 1: median {100 * apes(e1)[0]:.1f}%, max {100 * apes(e1)[1]:.1f}%)")
-        out.update(held_out_runs=len(held), held_out_median_ape=apes(eb)[0], held_out_max_ape=apes(eb)[1],
-                   held_out_median_ape_exponent_1=apes(e1)[0], held_out_max_ape_exponent_1=apes(e1)[1])
-    print(json.dumps(out))
+    fit = ConstantFit(tuple(GRID), lambda r, a: log_errors([r], gpu, a, cache)[0], 1.0, lambda a: f"exponent {a:g}")
+    print(json.dumps(fit.report(ins, held)))
     return 0
 
 
