@@ -8,7 +8,9 @@ runs. All are in sample for memory (the runner's activation factors and outside-
 boundary runs) and none was fitted for the runner components' tokens/s; the Gated DeltaNet TP2/EP2 runs were
 looked at when the MoE kinds' host floors were measured (the profile's run9, nothing fitted to them). Some ran on
 an earlier runner (the first suites before the torch-native GDN kernels settled), so a large error here is a
-question, not a verdict.
+question, not a verdict. The PP2 runs (Qwen3.6 at 12 layers, two sessions) are in sample for the runner's pipeline
+bubble since 2026-12-04: under-predicted 10-14% with (PP - 1) x the slowest stage, they led to the 1F1B fill and
+drain of the other stages (cost_model.step_time.pipeline_bubble_s); nothing fitted.
 Every figure is a measured run against a prediction.
 """
 from __future__ import annotations

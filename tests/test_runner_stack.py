@@ -744,3 +744,19 @@ def test_a_runner_prediction_near_its_host_gpu_crossing_gets_the_wider_band():
     assert runner_stack_sd(model, H200, None, far) == c.runner_prediction_error_sd
     wide, narrow = (own_prediction_interval(model, H200, work, p) for p in (near, far))
     assert wide.high / wide.low > narrow.high / narrow.low
+
+
+def test_the_runners_pipeline_fill_and_drain_is_the_other_stages_micro_batches():
+    """1F1B: each stage but the slowest runs one micro-batch nothing overlaps (over VPP when interleaved); equal
+    stages give the familiar (PP - 1) / VPP of one."""
+    from cost_model.step_time import pipeline_bubble_s, runner_rank_terms
+
+    assert pipeline_bubble_s([1.0, 1.0, 1.0, 1.0], 1) == pytest.approx(3.0)
+    assert pipeline_bubble_s([1.0, 1.0, 1.0, 1.0], 2) == pytest.approx(1.5)
+    assert pipeline_bubble_s([0.5, 2.0], 1) == pytest.approx(0.5)
+    # Qwen3.6 on 2 GPUs, PP2: the last stage carries the 248k-vocabulary head, the bubble is the first stage's
+    model = trial_model(load_model("qwen3.6-35b-a3b"), 12)
+    p = predict(model, H200, Workload(framework="megatron", seq_len=4096, global_batch=4),
+                Layout(2, pp=2, max_tokens_per_gpu=8192, rows_per_microbatch=2), precision_aware_optimizer=False)
+    per = [sum(runner_rank_terms(p.context, r, 0.0).values()) for r in p.context.ranks]
+    assert per[1] > per[0] and p.breakdown["pp_bubble"] == pytest.approx(per[0])
