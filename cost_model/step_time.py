@@ -749,27 +749,36 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     lines["optimizer"] = (f"measured: per-step work (zero grads, grad norm, clip, Adam) "
                           f"{comps.optimizer_s_per_step * 1e3:.2f} ms + {comps.optimizer_s_per_param * 1e12:.1f} ms "
                           f"per 1e9 parameters of the optimizer shard (line through the builds; {where})")
-    ranks = ctx.ranks_per_host
-    points = sorted(comps.cpu_adam)
-    at = next((n for n, _ in points if n >= ranks), None)
-    pcie = f"PCIe copies at the host-device bandwidth of the {ctx.rates.source}"
-    if comps.offload_s_per_param is not None:
-        lines["offload"] = (f"measured: the offloaded optimizer step {comps.offload_s_per_param * 1e12:.0f} ms per 1e9 "
-                            f"parameters on the CPU with 1 rank per host (megatron's HybridDeviceOptimizer: copies and "
-                            f"CPU Adam; {where})" + ("" if ranks == 1 else
-                            f", slowed by the CPU Adam rate measured with {ranks} ranks per host (modelled)"))
-    elif at is not None:
-        lines["offload"] = (f"measured: CPU Adam {comps.cpu_adam_rate(ranks) / 1e6:,.0f} M params/s per rank with "
-                            f"{at} ranks per host{'' if at == ranks else f' (for {ranks})'} ({where}); {pcie}")
-    elif points:
-        lines["offload"] = (f"modelled: CPU Adam measured with {points[-1][0]} ranks per host, shared by {ranks} "
-                            f"({comps.cpu_adam_rate(ranks) / 1e6:,.0f} M params/s per rank); {pcie}")
+    offload = _runner_offload_source(ctx, where)
+    if offload:
+        lines["offload"] = offload
     lines["pp_p2p"] = f"modelled: {_bus(ctx, 'activation and gradient sends between stages', layout.world_size)}"
     dp_what = "gradient reduce-scatter and parameter all-gather"
     lines["dp_comm"] = (f"modelled: {_bus(ctx, dp_what, layout.world_size // layout.pp)}, all exposed (the runner "
                         f"does not overlap it)")
     lines["step_overhead"] = "modelled: none on the runner (its per-step work is in optimizer)"
     return lines
+
+
+def _runner_offload_source(ctx: StepContext, where: str) -> str | None:
+    """Where the runner's offloaded optimizer step comes from: the profile's offload build, else its CPU Adam rate
+    for this many ranks per host (measured or shared out); None without either."""
+    comps, ranks = ctx.runner, ctx.ranks_per_host
+    points = sorted(comps.cpu_adam)
+    at = next((n for n, _ in points if n >= ranks), None)
+    pcie = f"PCIe copies at the host-device bandwidth of the {ctx.rates.source}"
+    if comps.offload_s_per_param is not None:
+        return (f"measured: the offloaded optimizer step {comps.offload_s_per_param * 1e12:.0f} ms per 1e9 "
+                f"parameters on the CPU with 1 rank per host (megatron's HybridDeviceOptimizer: copies and "
+                f"CPU Adam; {where})" + ("" if ranks == 1 else
+                f", slowed by the CPU Adam rate measured with {ranks} ranks per host (modelled)"))
+    if at is not None:
+        return (f"measured: CPU Adam {comps.cpu_adam_rate(ranks) / 1e6:,.0f} M params/s per rank with "
+                f"{at} ranks per host{'' if at == ranks else f' (for {ranks})'} ({where}); {pcie}")
+    if points:
+        return (f"modelled: CPU Adam measured with {points[-1][0]} ranks per host, shared by {ranks} "
+                f"({comps.cpu_adam_rate(ranks) / 1e6:,.0f} M params/s per rank); {pcie}")
+    return None
 
 
 def term_sources(ctx: StepContext, breakdown: dict[str, float] | None = None) -> dict[str, str]:
