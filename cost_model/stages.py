@@ -40,7 +40,7 @@ class RankLayers:
 def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None, last: int | None = None,
                 embedding: bool = False, loss: bool = False, pipeline_layout: str | None = None) -> tuple[RankLayers, ...]:
     params = model.params
-    ranks = []
+    ranks, same = [], {}   # equal ranks are one object: pricing a layout then prices each distinct rank once
     mtp = _mtp_per_rank(model, pp, pipeline_layout)
     for r, indices in enumerate(model.stage_layers(pp, vpp, first, last, embedding, loss, pipeline_layout)):
         counts: dict[tuple[str, str], int] = {}
@@ -53,7 +53,7 @@ def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None, l
             for name in sums:
                 sums[name] += getattr(lp, name)
         first, last = r == 0, r == pp - 1
-        ranks.append(RankLayers(
+        rank = RankLayers(
             kinds=tuple((a, m, c) for (a, m), c in sorted(counts.items())),
             num_layers=len(indices),
             has_embedding=first,
@@ -63,7 +63,8 @@ def rank_layers(model: ModelSpec, pp: int, vpp: int, first: int | None = None, l
             lm_head=((params.lm_head or (params.embedding if pp > 1 else 0)) + params.final_norm) if last else 0,
             mtp_layers=mtp[r],
             **sums,
-        ))
+        )
+        ranks.append(same.setdefault(rank, rank))
     return tuple(ranks)
 
 

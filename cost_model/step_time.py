@@ -278,7 +278,7 @@ def pipeline_terms(ctx: StepContext) -> dict[str, float]:
 def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
     layout, num_microbatches = ctx.layout, ctx.num_microbatches
     overlap = ep_overlap_share(layout, num_microbatches)
-    per_rank_terms = [rank_microbatch_terms(ctx, r, overlap) for r in ctx.ranks]
+    per_rank_terms = _per_distinct_rank(ctx.ranks, lambda r: rank_microbatch_terms(ctx, r, overlap))
     per_rank_mb = [sum(t.values()) for t in per_rank_terms]
     slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
     terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
@@ -293,6 +293,18 @@ def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
         chunks * ctx.c.pipeline_chunk_overhead_s
     terms["pp_bubble"] = bubble
     return terms
+
+
+def _per_distinct_rank(ranks, price) -> list:
+    """price(rank) for each rank, computed once per distinct rank object (stages.rank_layers makes equal ranks one)."""
+    done: dict = {}
+    out = []
+    for r in ranks:
+        v = done.get(id(r))
+        if v is None:
+            v = done[id(r)] = price(r)
+        out.append(v)
+    return out
 
 
 def pipeline_bubble_s(per_mb: list[float], vpp: int) -> float:
