@@ -26,7 +26,8 @@ from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
 from cost_model.nouns.runtime import Runtime, default_runtime
 from cost_model.stages import layout_rank_layers
-from cost_model.step_time import StepContext, step_breakdown, term_sources
+from cost_model.step_time import StepContext, step_breakdown
+from cost_model.term_sources import term_sources
 from cost_model.vision import VisionWork
 from cost_model.nouns.workload import Workload, WorkloadError
 
@@ -66,7 +67,7 @@ class Prediction:
     @cached_property
     def term_sources(self) -> dict:
         """Where each non-zero term of `breakdown` comes from, one line each: "measured: ...", "modelled: ..."
-        or "fitted: ..." (cost_model.step_time.term_sources); empty without a context."""
+        or "fitted: ..." (cost_model.term_sources.term_sources); empty without a context."""
         return term_sources(self.context, self.breakdown) if self.context is not None else {}
 
     @property

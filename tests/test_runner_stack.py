@@ -14,7 +14,8 @@ from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import Curve, layer_signature, parse_runner_components
-from cost_model.step_time import TERMS, term_sources
+from cost_model.step_time import TERMS
+from cost_model.term_sources import term_sources
 from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import trial_model
 from experiments.megatron.backend_support import unsupported
