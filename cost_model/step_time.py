@@ -559,7 +559,7 @@ def runner_step_breakdown(ctx: StepContext) -> dict[str, float]:
     optimizer at the measured CPU Adam rate of a rank sharing its host."""
     layout, comps = ctx.layout, ctx.runner
     overlap = ep_overlap_share(layout, ctx.num_microbatches)
-    per_rank = [runner_rank_terms(ctx, r, overlap) for r in ctx.ranks]
+    per_rank = _per_distinct_rank(ctx.ranks, lambda r: runner_rank_terms(ctx, r, overlap))
     per_mb = [sum(t.values()) for t in per_rank]
     slowest = max(range(layout.pp), key=per_mb.__getitem__)
     terms = {k: v * ctx.num_microbatches for k, v in per_rank[slowest].items()}

@@ -686,6 +686,12 @@ def test_a_profile_process_hands_over_when_held_memory_fills_half_the_gpu_or_cos
     # another failure may have broken the process's CUDA context: recorded, then the rest go to a fresh process
     assert rc.run_builds(args, [(kind, 5, ""), (kind, 1, "")], rows) == rc.EXIT_LEAKED
     assert recorded() == [1, 2, 3, 4, 5]
+    # memory that stays is named by what holds it; a diagnosis that fails costs no build
+    state["allocated"] = 0
+    monkeypatch.setattr(rc, "held_tensors", lambda top: 1 / 0)
+    assert rc.run_builds(args, [(kind, 1, "")], rows) == 0
+    last = _json.loads(out.read_text().splitlines()[-1])
+    assert last["held_after_gib"] == 30 and last["held_by"][0]["error"].startswith("ZeroDivisionError")
 
 
 def test_profile_processes_that_record_nothing_or_half_a_line_are_not_retried_forever(tmp_path, monkeypatch):

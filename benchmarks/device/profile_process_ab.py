@@ -97,8 +97,8 @@ def main() -> int:
               f"({len(ratios)} points; measured, 1 GPU)")
     for b in records["shared"]:
         for h in b.get("held_by", []):
-            print(f"  held after {'+'.join(b['kind'])} x{b['layers']}: {h['gib']} GiB {h['dtype']}{h['shape']} "
-                  f"by {' <- '.join(h['held_by'])}")
+            print(f"  held after {'+'.join(b['kind'])} x{b['layers']}: " + (h.get("error") or
+                  f"{h['gib']} GiB {h['dtype']}{h['shape']} by {' <- '.join(h['held_by'])}"))
     return 0
 
 

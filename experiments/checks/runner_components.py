@@ -327,9 +327,13 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
                 return EXIT_LEAKED
             held = cuda.memory_allocated() - baseline
             if held - held_before > HELD_REPORT_BYTES:   # name the holder, to be fixed where it is
-                entry["held_by"] = held_tensors(top=3)
+                try:   # a diagnosis: it never costs the profile a build
+                    entry["held_by"] = held_tensors(top=3)
+                except Exception as e:  # noqa: BLE001
+                    entry["held_by"] = [{"error": f"{type(e).__name__}: {str(e)[:200]}"}]
                 log(f"  {(held - held_before) / 2 ** 30:.1f} GiB stayed allocated after this build; largest: "
-                    + "; ".join(f"{h['gib']} GiB {h['dtype']}{h['shape']} held by {' <- '.join(h['held_by'])}"
+                    + "; ".join(h.get("error") or
+                                f"{h['gib']} GiB {h['dtype']}{h['shape']} held by {' <- '.join(h['held_by'])}"
                                 for h in entry["held_by"]))
             # peak_allocated_gib of a point counts what earlier builds hold (held_before_gib)
             entry.update(model=model.name, signature=layer_signature(model, *kind), seq_len=args.seq_len,
