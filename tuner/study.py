@@ -182,11 +182,16 @@ def storage_errors(url: str):
             from None
 
 
+def study_names(storage: optuna.storages.BaseStorage) -> list[str]:
+    """The names of the studies the storage holds."""
+    return [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+
+
 def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        known = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        known = study_names(storage)
         raise StudyError(f"no study named '{name}' in this storage; studies there: {', '.join(known) or 'none'}") \
             from None
 

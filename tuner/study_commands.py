@@ -27,8 +27,9 @@ from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, per_step_note, ranked_rows, trials_csv, trials_json
 from tuner.model_identity import check_model_identity
 from tuner.sqlite_file import check_storage
-from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study, open_storage,
-                         recover_interrupted, run_study, runner_space, storage_errors, storage_url)
+from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study,
+                         open_storage, recover_interrupted, run_study, runner_space, storage_errors, storage_url,
+                         study_names)
 
 def cmd_run(args) -> int:
     if args.trials < 1:
@@ -291,9 +292,7 @@ def open_existing(args):
     """The study --study names; without --study, the storage's only study (a storage of several names them)."""
     storage = open_storage(storage_url(args.storage), must_exist=True, writable=False)
     if not args.study:
-        import optuna
-
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        names = study_names(storage)
         if len(names) != 1:
             raise CliError(f"--study NAME is required: this storage holds {len(names)} studies"
                            + (f" ({', '.join(names)})" if names else ""))
