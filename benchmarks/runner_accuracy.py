@@ -29,8 +29,7 @@ from experiments.megatron.model_run import predict_run, trial_model
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measured_runs import load_runs  # noqa: E402
-from cost_model.step_time import runner_host_to_gpu  # noqa: E402
-from tuner.intervals import CROSSING_RATIO, measures_layers, runner_stack_sd  # noqa: E402
+from tuner.intervals import CROSSING_RATIO, at_crossing, measures_layers, runner_stack_sd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 B, R = ROOT / "benchmarks", ROOT / "benchmarks/results"
@@ -252,8 +251,6 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
         t = run.trial
         model, p = trial_prediction(t, gpu, run.runtime)
         own = measures_layers(model, gpu)
-        crossing = p.context is not None and p.context.runner is not None and \
-            runner_host_to_gpu(p.context) >= CROSSING_RATIO
         # a grid is a suite's layouts of one model run, over however many device calls measured them
         grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({suite_path.stem.removesuffix('_suite')})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
@@ -262,7 +259,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "peak": run.peak, "peak_predicted": p.memory.device_peak, "needed": p.peak_memory_gib,
                     "capacity": p.gpu_memory_gib,
                     "fits": p.fits, "verdict": p.fit_verdict,
-                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own, "crossing": crossing,
+                    "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own, "crossing": at_crossing(p),
                     "band_sd": runner_stack_sd(model, gpu, None, p) if p.breakdown.get("layers", 0) > 0 else None,
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
                     "memory_looked_at": results_path.name in MEMORY_LOOKED_AT,

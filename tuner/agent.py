@@ -126,7 +126,7 @@ def belief(table: Table, measured: list[tuple[int, float]], sigma: float, level_
     """The posterior over hypotheses, levels and family effects from measured (candidate index, tokens/s)."""
     t2 = level_sd ** 2
     # each measurement's noise: the layout sd, the family's, and its prediction's own extra (Table.extra_var)
-    s2 = [sigma ** 2 + family_sd ** 2 + (table.extra_var[i] if table.extra_var else 0.0) for i, _ in measured]
+    s2 = [sigma ** 2 + family_sd ** 2 + table.extra_var[i] for i, _ in measured]
     inv = sum(1 / v for v in s2)
     logw, means, vars_ = [], [], []
     for k, h in enumerate(table.hypotheses):
@@ -150,7 +150,7 @@ def belief(table: Table, measured: list[tuple[int, float]], sigma: float, level_
             by_family.setdefault(family(table.candidates[i].layout), []).append((i, y))
         for fam, pts in by_family.items():
             per_h = []
-            own = [sigma ** 2 + (table.extra_var[i] if table.extra_var else 0.0) for i, _ in pts]
+            own = [sigma ** 2 + table.extra_var[i] for i, _ in pts]
             for k in range(len(table.hypotheses)):
                 e = [math.log(y) - math.log(max(table.values[k][i], 1e-9)) - means[k] for i, y in pts]
                 prec = sum(1 / v for v in own) + 1 / family_sd ** 2
@@ -178,7 +178,7 @@ def outlook(table: Table, b: Belief, i: int, best: float, p_fit: float, discrimi
     fam = b.families.get(family(table.candidates[i].layout))
     effect = fam or [(0.0, b.family_sd ** 2)] * len(b.weights)
     mus = [math.log(max(table.values[k][i], 1e-9)) + b.level_mean[k] + effect[k][0] for k in range(len(b.weights))]
-    own = b.sigma ** 2 + (table.extra_var[i] if table.extra_var else 0.0)
+    own = b.sigma ** 2 + table.extra_var[i]
     var = [own + b.level_var[k] + effect[k][1] for k in range(len(b.weights))]
     mean = sum(w * math.exp(m + v / 2) for w, m, v in zip(b.weights, mus, var))
     ei = sum(w * lognormal_ei(m, v, best) for w, m, v in zip(b.weights, mus, var))

@@ -81,12 +81,17 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
 CROSSING_RATIO = 0.75
 
 
-def crossing_extra_sd(prediction: Prediction) -> float:
-    """The log sd a runner-priced prediction adds where its host time is CROSSING_RATIO or more of its GPU time
-    (0 elsewhere, or without the prediction's inputs): runner_host_crossing_error_sd over runner_prediction_error_sd,
-    in quadrature."""
+def at_crossing(prediction: Prediction) -> bool:
+    """Whether a runner-priced prediction's host time is CROSSING_RATIO or more of its GPU time (False without the
+    prediction's inputs or off the runner's stack)."""
     ctx = prediction.context
-    if ctx is None or ctx.runner is None or runner_host_to_gpu(ctx) < CROSSING_RATIO:
+    return ctx is not None and ctx.runner is not None and runner_host_to_gpu(ctx) >= CROSSING_RATIO
+
+
+def crossing_extra_sd(prediction: Prediction) -> float:
+    """The log sd a runner-priced prediction adds `at_crossing` (0 elsewhere): runner_host_crossing_error_sd over
+    runner_prediction_error_sd, in quadrature."""
+    if not at_crossing(prediction):
         return 0.0
     c = default_constants()
     return math.sqrt(max(c.runner_host_crossing_error_sd ** 2 - c.runner_prediction_error_sd ** 2, 0.0))

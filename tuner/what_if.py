@@ -16,7 +16,7 @@ from cost_model.predict import Prediction
 from cost_model.nouns.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
 from cost_model.step_time import runner_host_to_gpu
-from tuner.intervals import CROSSING_RATIO, crossing_extra_sd, runner_priced
+from tuner.intervals import CROSSING_RATIO, at_crossing, runner_priced
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
 from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
                                    result_dict)
@@ -195,7 +195,7 @@ def interval_lines(iv, p: Prediction) -> list[str]:
     if runner_priced(p):   # interval_for: the runner stack's own prediction and measured error
         host = (f", the error of runs whose host time to issue a micro-batch is {CROSSING_RATIO} or more of its GPU "
                 f"time (this one's {runner_host_to_gpu(p.context):.2f}: the host's speed counts)"
-                if crossing_extra_sd(p) > 0 else "")
+                if at_crossing(p) else "")
         return ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the megatron runner's prediction "
                     f"from its measured components, widened by its measured prediction error on runner runs (log sd "
                     f"{iv.error_sd:.3f}{host}; tuner.intervals.runner_stack_sd), the band a study of that runner "
