@@ -39,30 +39,33 @@ def _children(obj):
                 yield getattr(obj, slot)
 
 
-def reachable_tensors(*roots, device_type: str = "cuda", max_objects: int = MAX_OBJECTS) -> list:
-    """Every tensor of `device_type` reachable from `roots` through containers and object attributes (tensors
-    themselves are not entered, but a tensor's .grad and .main_grad are), each once."""
+def _reachable(*roots, max_objects: int = MAX_OBJECTS):
+    """Every object reachable from `roots` through containers and object attributes, each once, breadth first (a
+    tensor's .grad and .main_grad followed, nothing else inside a tensor). An object's children are read after the
+    caller has seen it, so what the caller removes from it is not walked."""
     import torch
 
-    seen, found = set(), {}
+    seen = set()
     queue = deque(roots)
     while queue and len(seen) < max_objects:
         obj = queue.popleft()
-        if isinstance(obj, _SKIP_TYPES) or callable(obj) and not isinstance(obj, torch.nn.Module):
-            continue
-        if id(obj) in seen:
+        if isinstance(obj, _SKIP_TYPES) or callable(obj) and not isinstance(obj, torch.nn.Module) or id(obj) in seen:
             continue
         seen.add(id(obj))
+        yield obj
         if isinstance(obj, torch.Tensor):
-            if obj.device.type == device_type:
-                found[id(obj)] = obj
-            for name in ("grad", "main_grad"):
-                extra = getattr(obj, name, None)
-                if isinstance(extra, torch.Tensor):
-                    queue.append(extra)
-            continue
-        queue.extend(_children(obj))
-    return list(found.values())
+            queue.extend(x for x in (getattr(obj, "grad", None), getattr(obj, "main_grad", None))
+                         if isinstance(x, torch.Tensor))
+        else:
+            queue.extend(_children(obj))
+
+
+def reachable_tensors(*roots, device_type: str = "cuda", max_objects: int = MAX_OBJECTS) -> list:
+    """Every tensor of `device_type` reachable from `roots` (`_reachable`), each once."""
+    import torch
+
+    return [o for o in _reachable(*roots, max_objects=max_objects)
+            if isinstance(o, torch.Tensor) and o.device.type == device_type]
 
 
 def drop_graphs(*roots, max_objects: int = MAX_OBJECTS) -> list[str]:
@@ -70,34 +73,17 @@ def drop_graphs(*roots, max_objects: int = MAX_OBJECTS) -> list[str]:
     and lists reachable from `roots`; the names of what held them (type.attribute)."""
     import torch
 
-    seen, dropped = set(), []
-    queue = deque(roots)
-    while queue and len(seen) < max_objects:
-        obj = queue.popleft()
-        if isinstance(obj, _SKIP_TYPES) or callable(obj) and not isinstance(obj, torch.nn.Module):
+    dropped = []
+    for obj in _reachable(*roots, max_objects=max_objects):
+        if isinstance(obj, torch.Tensor):
             continue
-        if id(obj) in seen or isinstance(obj, torch.Tensor):
+        holder = obj if isinstance(obj, (dict, list)) else getattr(obj, "__dict__", None)
+        if not isinstance(holder, (dict, list)):
             continue
-        seen.add(id(obj))
-        if isinstance(obj, dict):
-            slots = list(obj.items())
-        elif isinstance(obj, list):
-            slots = list(enumerate(obj))
-        else:
-            fields = getattr(obj, "__dict__", None)
-            slots = list(fields.items()) if isinstance(fields, dict) else []
-            if not slots:
-                queue.extend(_children(obj))
-                continue
-        for key, value in slots:
+        for key, value in list(holder.items() if isinstance(holder, dict) else enumerate(holder)):
             if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-                if isinstance(obj, (dict, list)):
-                    obj[key] = None
-                else:
-                    obj.__dict__[key] = None
+                holder[key] = None
                 dropped.append(f"{type(obj).__name__}.{key}")
-            else:
-                queue.append(value)
     return dropped
 
 
@@ -112,7 +98,7 @@ def hollow_out(*roots, device_type: str = "cuda") -> int:
         for t in reachable_tensors(*roots, device_type=device_type):
             freed += t.numel() * t.element_size()
             t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-            if isinstance(t, torch.nn.Parameter) or t.is_leaf:
+            if t.is_leaf:   # a parameter among them
                 t.grad = None
     return freed
 
