@@ -51,6 +51,9 @@ _MODEL_SCRIPTS = {
     "qwen3-next-80b-a3b": "scripts/models/qwen3-next-80B-A3B.sh",
     "deepseek-v3": "scripts/models/deepseek-v3.sh",
     "moonlight-16b-a3b": "scripts/models/moonlight.sh",
+    "qwen3.5-27b": "scripts/models/qwen3.5-27B.sh",
+    "glm4.5": "scripts/models/glm4.5-355B-A32B.sh",
+    "glm4.5-air": "scripts/models/glm4.5-106B-A12B.sh",
 }
 
 # Fixed groups of the reference command, each printed on one line.

@@ -22,11 +22,17 @@ def architecture_digest(model: ModelSpec) -> str | None:
     return full_digest(model)
 
 
+# Architecture fields added after studies and recipes first recorded digests, with their default: left out of the
+# digest at that default, so what was recorded before them keeps its digest.
+_LATER_FIELDS = {"attention_output_bias": True}
+
+
 def full_digest(model: ModelSpec) -> str:
     """The digest of every architecture field (a catalog model's too: a recipe records it for either kind)."""
     import hashlib
 
-    fields = {k: v for k, v in asdict(model).items() if k != "sources"}
+    fields = {k: v for k, v in asdict(model).items()
+              if k != "sources" and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

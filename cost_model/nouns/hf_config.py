@@ -18,15 +18,21 @@ from cost_model.nouns.model_spec import (DENSE, FULL_ATTENTION, LINEAR_ATTENTION
 _FAMILIES = {
     "qwen3_5_moe": "qwen3_5",
     "qwen3_5_moe_text": "qwen3_5",
+    "qwen3_5": "qwen3_5",         # dense Qwen3.5 (0.8B-27B): the same hybrid layers with a dense MLP
+    "qwen3_5_text": "qwen3_5",
     "qwen3_next": "qwen3_5",      # same hybrid GDN + gated attention + shared-expert MoE layout
     "qwen3_moe": "qwen3_moe",
     "qwen3": "qwen3_moe",         # dense Qwen3 (0.6B-32B): the MoE family's attention with no experts
     "deepseek_v3": "deepseek",
+    "deepseek_v2": "deepseek",    # DeepSeek-V2 / V2-Lite: V3's MLA and MoE layout, softmax routing without a bias
     "kimi_k2": "deepseek",        # Kimi-K2 ships DeepSeek-V3's architecture under its own type
     "gpt_oss": "gpt_oss",
+    "glm4_moe": "glm4_moe",       # GLM-4.5 / 4.6 (slime's own models)
     "llama": "llama",
     "mistral": "mistral",
     "mixtral": "mixtral",
+    "qwen2": "qwen2",             # Qwen2 / Qwen2.5 dense
+    "qwen2_moe": "qwen2",         # Qwen1.5-MoE / Qwen2-57B-A14B: Qwen2's attention, gated shared expert
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
@@ -208,7 +214,8 @@ def _deepseek(r: _Reader, n: int) -> dict[str, Any]:
         kw.update(
             num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
             moe_intermediate_size=moe, shared_expert_intermediate_size=n_shared * moe,
-            num_shared_experts=n_shared, router_bias=True,  # e_score_correction_bias
+            # V3's e_score_correction_bias; V2 routes by softmax alone
+            num_shared_experts=n_shared, router_bias=r.cfg.get("model_type") != "deepseek_v2",
         )
     return kw
 
@@ -261,8 +268,54 @@ def _mistral(r: _Reader, n: int) -> dict[str, Any]:
     )
 
 
+def _qwen2(r: _Reader, n: int) -> dict[str, Any]:
+    """Qwen2 / Qwen2.5: Llama's layers with biases on q, k and v (always: the config has no field for them, and
+    o_proj has none); a sliding window from layer max_window_layers on where use_sliding_window is set (no
+    release sets it). qwen2_moe adds routed experts and a gated shared expert (Qwen's MoE layer rule)."""
+    window = r.int("sliding_window", 0, minimum=0) if r.bool("use_sliding_window", False) else 0
+    first_windowed = r.int("max_window_layers", n, minimum=0) if window else n
+    num_experts = r.int("num_experts", 0, minimum=0) if r.cfg.get("model_type") == "qwen2_moe" else 0
+    kw: dict[str, Any] = dict(
+        layer_types=tuple(SLIDING_ATTENTION if i >= first_windowed else FULL_ATTENTION for i in range(n)),
+        mlp_types=_qwen_mlp_types(r, n, num_experts), sliding_window=window,
+        intermediate_size=r.int("intermediate_size", 0, minimum=0),
+        attention_bias=True, attention_output_bias=False,
+    )
+    if num_experts:
+        shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+        kw.update(
+            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+            moe_intermediate_size=r.int("moe_intermediate_size"),
+            shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+            num_shared_experts=1 if shared else 0,
+        )
+    return kw
+
+
+def _glm4_moe(r: _Reader, n: int) -> dict[str, Any]:
+    """GLM-4.5 / 4.6: GQA softmax attention (biases on q, k and v where attention_bias, none on o_proj; q/k norms
+    where use_qk_norm), the first k layers dense, then MoE with shared experts and a score-correction bias."""
+    num_experts = r.int("n_routed_experts", 0, minimum=0)
+    first_dense = r.int("first_k_dense_replace", 0, minimum=0)
+    kw: dict[str, Any] = dict(
+        layer_types=(FULL_ATTENTION,) * n,
+        mlp_types=tuple(MOE if num_experts and i >= first_dense else DENSE for i in range(n)),
+        intermediate_size=r.int("intermediate_size", 0, minimum=0),
+        qk_norm=r.bool("use_qk_norm", False), attention_output_bias=False,
+        num_nextn_predict_layers=r.int("num_nextn_predict_layers", 0, minimum=0),
+    )
+    if num_experts:
+        moe, n_shared = r.int("moe_intermediate_size"), r.int("n_shared_experts", 0, minimum=0)
+        kw.update(
+            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"), moe_intermediate_size=moe,
+            shared_expert_intermediate_size=n_shared * moe, num_shared_experts=n_shared, router_bias=True,
+        )
+    return kw
+
+
 _FAMILY_FIELDS = {"qwen3_5": _qwen3_5, "qwen3_moe": _qwen3_moe, "deepseek": _deepseek, "gpt_oss": _gpt_oss,
-                  "llama": _llama, "mistral": _mistral, "mixtral": _mixtral}
+                  "llama": _llama, "mistral": _mistral, "mixtral": _mixtral, "qwen2": _qwen2,
+                  "glm4_moe": _glm4_moe}
 
 
 # ---------------------------------------------------------------------- a VLM's vision encoder

@@ -162,6 +162,8 @@ class ModelSpec:
     num_shared_experts: int = 0                # DeepSeek n_shared_experts (1 for Qwen's single shared expert)
     partial_rotary_factor: float = 1.0         # fraction of head_dim that is rotated (RoPE)
     vision: VisionSpec | None = None           # a VLM's vision encoder (HF vision_config); None: text only
+    attention_output_bias: bool = True         # with attention_bias, o_proj's bias too (GPT-OSS); Qwen2 and GLM
+                                               # bias q, k and v only (Megatron's --add-qkv-bias)
 
     @property
     def is_moe(self) -> bool:
@@ -282,7 +284,7 @@ class ModelSpec:
             replicated += self.kv_lora_rank                               # kv_a_layernorm
             sharded += self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)  # kv_b_proj
             sharded += n * self.v_head_dim * h                            # o_proj
-            if self.attention_bias:
+            if self.attention_bias and self.attention_output_bias:
                 replicated += h                                           # o_proj bias
             return sharded, 0, replicated
         if layer_type in (FULL_ATTENTION, SLIDING_ATTENTION):
@@ -293,7 +295,7 @@ class ModelSpec:
             replicated = 0
             if self.attention_bias:
                 sharded += q_out + kv_out
-                replicated += h                                           # o_proj bias
+                replicated += h if self.attention_output_bias else 0      # o_proj bias
             if self.attention_sinks:
                 sharded += self.num_attention_heads
             if self.qk_norm:
