@@ -182,3 +182,15 @@ def test_the_runner_configures_dense_qwen35_with_gdn_and_no_experts():
     assert kw["attention_output_gate"] and kw["ffn_hidden_size"] == 96
     assert config.unsupported(load_model("qwen3.5-27b")) is None
     assert "MLA" in config.unsupported(from_hf_config(DEEPSEEK_V2_LITE, "deepseek-v2-lite"))
+
+
+def test_digests_recorded_before_the_bias_field_still_match():
+    """Studies and recipes record an architecture digest; the field added for q/k/v-only biases leaves the digest of
+    every model without it as it was (values computed by the code before the field existed)."""
+    from tuner.model_identity import full_digest
+
+    assert full_digest(load_model("benchmarks/models/llama2-7b/config.json")) == "c64d79fc45ae90d2"
+    assert full_digest(load_model("qwen3.6-35b-a3b")) == "513b4ad0d602359a"
+    assert full_digest(load_model("gpt-oss-20b")) == "76978d68e9b2ee4a"
+    assert full_digest(from_hf_config(QWEN25_7B, "q")) != full_digest(
+        dataclasses.replace(from_hf_config(QWEN25_7B, "q"), attention_output_bias=True))
