@@ -26,15 +26,25 @@ import math
 import statistics
 from dataclasses import dataclass, field, fields, replace
 
+from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS
+
 # ModelSpec fields that do not change what one decoder layer computes.
 _NOT_LAYER = {"name", "display_name", "model_type", "num_hidden_layers", "vocab_size", "tie_word_embeddings",
               "layer_types", "mlp_types", "hf_repo", "sources", "num_nextn_predict_layers", "vision"}
 
 
+def _written(name: str, value) -> bool:
+    """Whether a signature names this field: where it is set (not zero, False, None or empty), and a later field
+    where it is not at its default."""
+    if name in LATER_FIELD_DEFAULTS:
+        return value != LATER_FIELD_DEFAULTS[name]
+    return value not in (0, False, None, "")
+
+
 def layer_signature(model, attn_kind: str, mlp_kind: str) -> str:
     """What one layer of this kind computes, as text: two models whose layers match share measurements."""
     dims = ",".join(f"{f.name}={getattr(model, f.name)}" for f in fields(model)
-                    if f.name not in _NOT_LAYER and getattr(model, f.name) not in (0, False, None, ""))
+                    if f.name not in _NOT_LAYER and _written(f.name, getattr(model, f.name)))
     return f"{attn_kind}+{mlp_kind}|{dims}"
 
 
@@ -62,6 +72,8 @@ def signature_model(model, signature: str):
         cur = getattr(model, f.name)
         if f.name in dims:
             changes[f.name] = type(cur)(dims[f.name]) if isinstance(cur, (int, float)) and not isinstance(cur, bool) else dims[f.name]
+        elif f.name in LATER_FIELD_DEFAULTS:
+            changes[f.name] = LATER_FIELD_DEFAULTS[f.name]    # a signature leaves it out at its default
         elif cur not in (0, False, None, ""):
             changes[f.name] = type(cur)() if not isinstance(cur, bool) else False
     return replace(model, **changes)

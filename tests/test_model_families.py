@@ -197,3 +197,20 @@ def test_digests_recorded_before_the_bias_field_still_match():
     assert full_digest(load_model("gpt-oss-20b")) == "76978d68e9b2ee4a"
     assert full_digest(from_hf_config(QWEN25_7B, "q")) != full_digest(
         dataclasses.replace(from_hf_config(QWEN25_7B, "q"), attention_output_bias=True))
+
+
+def test_the_shipped_profile_still_measures_the_layers_it_ran():
+    """Profile layer signatures recorded before the bias field still name the models they were measured on (a field
+    at its default is left out of a signature), and a signature gives back the model's layer fields."""
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.runner_components import layer_signature, signature_model
+    from experiments.megatron.model_run import trial_model
+    from tuner.intervals import measures_layers
+
+    h200 = load_gpu("h200")
+    for name in ("qwen3.6-35b-a3b", "qwen3-30b-a3b", "llama3-8b"):
+        assert measures_layers(trial_model(load_model(name), 4), h200), name
+    assert not measures_layers(load_model("glm4.5-air"), h200)   # never profiled: its layers are scaled
+    qwen2 = from_hf_config(QWEN25_7B, "q")
+    signature = layer_signature(qwen2, FULL_ATTENTION, DENSE)
+    assert "attention_output_bias=False" in signature and signature_model(qwen2, signature) == qwen2

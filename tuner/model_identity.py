@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 
 from cost_model.nouns.errors import AttuneError
-from cost_model.nouns.model_spec import ModelSpec
+from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS, ModelSpec
 
 # Where a recipe records its model's architecture digest (recipes/recipe.py writes it under result.active_params,
 # an extension of the format like workload.routing; the leaderboard's recipes have none).
@@ -22,17 +22,12 @@ def architecture_digest(model: ModelSpec) -> str | None:
     return full_digest(model)
 
 
-# Architecture fields added after studies and recipes first recorded digests, with their default: left out of the
-# digest at that default, so what was recorded before them keeps its digest.
-_LATER_FIELDS = {"attention_output_bias": True}
-
-
 def full_digest(model: ModelSpec) -> str:
     """The digest of every architecture field (a catalog model's too: a recipe records it for either kind)."""
     import hashlib
 
     fields = {k: v for k, v in asdict(model).items()
-              if k != "sources" and not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+              if k != "sources" and not (k in LATER_FIELD_DEFAULTS and v == LATER_FIELD_DEFAULTS[k])}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

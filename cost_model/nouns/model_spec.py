@@ -113,6 +113,12 @@ class ParamCounts:
         return self.total - self.routed_experts
 
 
+# Fields added after architecture digests (tuner.model_identity) and profile layer signatures
+# (cost_model.runner_components) were first recorded: written into either only where they differ from this
+# default, so what was recorded before them still matches.
+LATER_FIELD_DEFAULTS = {"attention_output_bias": True}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, in Hugging Face config names where one exists."""
