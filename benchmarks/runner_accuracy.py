@@ -258,7 +258,7 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "spread": run.spread, "then": (run.recorded or {}).get("tokens_per_s_per_gpu"),
                     "peak": run.peak, "peak_predicted": p.memory.device_peak, "needed": p.peak_memory_gib,
                     "capacity": p.gpu_memory_gib,
-                    "fits": p.fits, "verdict": p.fit_verdict,
+                    "fits": p.fits, "verdict": p.fit_verdict, "p_fit": p.fit_probability,
                     "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own, "crossing": at_crossing(p),
                     "band_sd": runner_stack_sd(model, gpu, None, p) if p.breakdown.get("layers", 0) > 0 else None,
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
@@ -306,12 +306,19 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     near = [r["trial"] for r in table if abs(r["needed"] / r["capacity"] - 1) <= 0.02
             and not (held_out and r["memory_looked_at"])]
     summary.update(false_fits=false_fit, false_refusals=false_refusal, within_2pct_of_limit=near)
+    # Is P(fits) a probability? Of the borderline runs that ran or ran out of memory, as many ran as it expects.
+    border = [r for r in measured + oom if r["verdict"] == "borderline" and not (held_out and r["memory_looked_at"])]
+    summary["borderline"] = {"runs": len(border), "expected_to_run": round(sum(r["p_fit"] for r in border), 1),
+                             "ran": sum(r["status"] == "ok" for r in border)}
     print(f"device peak: within {100 * summary['peak_max_abs_err']:.1f}% (median "
           f"{100 * summary['peak_median_abs_err']:.1f}%) over {len(peak_runs)} runs"
           f"{f' ({len(measured) - len(peak_runs)} left out: looked at, see OFFLOAD_LOOKED_AT and MEMORY_LOOKED_AT)' if len(peak_runs) < len(measured) else ''}"
           f"; {len(oom)} ran out of memory, "
           f"false fits: {false_fit or 'none'}; predicted not to fit but ran: {false_refusal or 'none'}; "
           f"predicted within 2% of the limit: {near or 'none'}")
+    b = summary["borderline"]
+    print(f"borderline (P(fits) 5-95%): {b['runs']} runs, {b['expected_to_run']} expected to run under the memory "
+          f"model's error, {b['ran']} ran")
     return summary
 
 
