@@ -318,6 +318,13 @@ def main(argv: list[str] | None = None) -> int:
                       "median_gpu_hours": round(statistics.median(o.hours for o in outs), 4)}
         print(f"  {p:9} trials to 3%: median {statistics.median(t):g}, p90 {pct(t, 0.9):g}; mean regret after 1..5: "
               + " ".join(f"{100 * r:.1f}%" for r in reg))
+    if {"agent", "predicted"} <= every.keys():
+        # "lower than the predicted order's" can only hold where the predicted order leaves some regret
+        floor = [o.regret[1] for o in every["predicted"]]
+        if not any(floor):
+            ties = sum(o.regret[1] == 0 for o in every["agent"])
+            print(f"  after 2 trials the predicted order has found every grid's best ({len(floor)} of {len(floor)}): "
+                  f"no proposer's regret can be lower there; the agent has too on {ties} of {len(every['agent'])}")
     for name, regret, fit in behind:
         why = (f"its best layout was predicted borderline (P(fits) {fit:.0%}): the agent tried layouts sure to fit "
                f"first, the predicted order ignores the risk and that layout happened to fit" if fit < 0.9 else
