@@ -7,11 +7,17 @@ runner_layer_terms: the nearest measured layer of the same kind, its GPU work sc
 difference of that model's 2- and 1-layer builds at each token count, no recompute. All figures measured on
 the H200 (the builds); nothing is simulated.
 
+A second pass takes out every measured layer of the held-out model's kind (attention and MLP kind), as for a
+model whose kind the profile never ran (Qwen3.5's dense Gated DeltaNet layers today): the step then prices that
+layer with the fitted Megatron terms (the "modelled" fallback), and its rms log error is the spread a prediction
+resting on it carries (runner_modelled_layer_error_sd).
+
 Usage: python benchmarks/layer_transfer.py [BUILDS.jsonl ...]
 """
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -23,7 +29,7 @@ from cost_model.constants import default_constants
 from cost_model.nouns.hardware import load_gpu
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.model_spec import load_model
-from cost_model.predict import _step_context
+from cost_model.predict import _step_context, predict
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import parse_runner_components
 from cost_model.nouns.runtime import MEGATRON_RUNNER
@@ -62,6 +68,45 @@ def predicted_layer(model, components, tokens: float) -> tuple[float, str]:
     return terms["layers"], source
 
 
+def modelled_layer(model, components, tokens: float) -> float:
+    """One layer's seconds per micro-batch as the step prices it from `components` (a measured layer of its kind or,
+    without one, the fitted terms): the 2-layer step's layer-work terms less the 1-layer step's."""
+    def work(layers: int) -> float:
+        m = replace(model, num_hidden_layers=layers, layer_types=model.layer_types[:1] * layers,
+                    mlp_types=model.mlp_types[:1] * layers)
+        rows = max(1, int(tokens // 4096))
+        p = predict(m, load_gpu("h200"), Workload(seq_len=4096, global_batch=rows, framework="megatron"),
+                    Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows),
+                    profile=replace(shipped_profile("h200"), runner=components), runtime=MEGATRON_RUNNER)
+        return sum(v for k, v in p.breakdown.items() if k not in ("optimizer", "step_overhead", "dp_comm", "offload"))
+    return work(2) - work(1)
+
+
+def kind_out(builds: list[dict], section: dict, models: list[str]) -> dict:
+    """Each model's layer priced with no measured layer of its kind left in the profile (the modelled fallback)."""
+    print(f"\nno measured layer of the held-out model's kind (the fitted-terms fallback):")
+    logs, per_model = [], {}
+    for name in models:
+        measured = measured_layer(builds, name, int(section["microbatches"]))
+        if not measured:
+            continue
+        kind = next(b["signature"].split("|")[0] for b in builds if b["model"] == name)
+        rest = [b for b in builds if not b["signature"].startswith(kind + "|")]
+        comps = parse_runner_components({**section, "builds": rest}, shipped_profile("h200").hbm_copy_tb_s * 1e12)
+        model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
+        one = replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
+        errs = [modelled_layer(one, comps, t) / s - 1 for t, s in measured.items()]
+        logs += [math.log(1 + e) for e in errs]
+        per_model[name] = errs
+        print(f"{name:18} {kind:22} " + " ".join(f"{t:>6}:{100 * e:+4.0f}%" for t, e in zip(measured, errs)))
+    rms = math.sqrt(statistics.mean(x * x for x in logs))
+    apes = [abs(e) for v in per_model.values() for e in v]
+    print(f"all: {len(apes)} points, median APE {100 * statistics.median(apes):.1f}%, max {100 * max(apes):.1f}%, "
+          f"rms log error {rms:.3f} (bias included: the mean log error is {statistics.mean(logs):+.3f})")
+    return {"points": len(apes), "median_ape": statistics.median(apes), "max_ape": max(apes), "rms_log_error": rms,
+            "mean_log_error": statistics.mean(logs)}
+
+
 def main(argv: list[str]) -> int:
     section = yaml.safe_load((ROOT / "cost_model/data/profiles/h200.yaml").read_text())["runner_components"]
     records = [json.loads(line) for f in argv for line in Path(f).read_text().splitlines()
@@ -93,6 +138,7 @@ def main(argv: list[str]) -> int:
     summary = {"points": len(errors), "median_ape": statistics.median(errors), "max_ape": max(errors),
                "per_model_median_ape": {k: statistics.median(v) for k, v in per_model.items()}}
     print(f"all: {len(errors)} points, median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%")
+    summary["kind_out"] = kind_out(builds, section, [m for m in models if m in per_model])
     print(json.dumps(summary))
     return 0
 

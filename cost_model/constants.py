@@ -56,6 +56,7 @@ class Constants:
     prediction_error_sd: float
     runner_prediction_error_sd: float
     runner_scaled_layer_error_sd: float
+    runner_modelled_layer_error_sd: float
     runner_host_crossing_error_sd: float
     runner_scaled_work_exponent: float
     runner_host_overlap_exponent: float

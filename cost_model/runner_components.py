@@ -160,6 +160,11 @@ class RunnerComponents:
         kinds = set(zip(model.layer_types, model.mlp_types))
         return all(self.layer(layer_signature(model, a, m)) is not None for a, m in kinds)
 
+    def kinds_without_layers(self, model) -> list[str]:
+        """The layer kinds of `model` no measured layer of the profile has (priced by the fitted terms instead)."""
+        kinds = dict.fromkeys(zip(model.layer_types, model.mlp_types))
+        return [f"{a}+{m}" for a, m in kinds if not any(s.startswith(f"{a}+{m}|") for s in self.layers)]
+
     def same_kind(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:
         """The measured layer of this kind nearest `model`'s (for a model the profile did not run): nearest in
         the log of every size that sets a layer's kernels (`NEAR_DIMS`), so Mixtral-8x7B's layer is priced

@@ -149,7 +149,9 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
         if not curves.none.tokens[0] <= tokens <= curves.none.tokens[-1]:
             notes.append(f"{tokens:,.0f} tokens extrapolated from {curves.none.span}")
         measured.append(f"{name} ({curves.model}'s build{''.join(f'; {n}' for n in notes)})")
-    fallback = f"modelled: fitted Megatron terms (no measurement of {', '.join(unmeasured)})" if unmeasured else ""
+    fallback = (f"modelled: fitted Megatron terms (no measurement of {', '.join(unmeasured)}: a kind left out of the "
+                f"profile is priced so with rms log error {ctx.c.runner_modelled_layer_error_sd:g}, "
+                f"runner_modelled_layer_error_sd; `tune profile --model` on a GPU measures it)") if unmeasured else ""
     layers = f"{comps.source}, layer kinds {', '.join(measured)}; {_LAYER_CURVE}" if measured else ""
     lines["layers"] = "; ".join(x for x in (layers, fallback) if x)
     for key in ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",

@@ -767,3 +767,27 @@ def test_the_runners_pipeline_fill_and_drain_is_the_other_stages_micro_batches()
                 Layout(2, pp=2, max_tokens_per_gpu=8192, rows_per_microbatch=2), precision_aware_optimizer=False)
     per = [sum(runner_rank_terms(p.context, r, 0.0).values()) for r in p.context.ranks]
     assert per[1] > per[0] and p.breakdown["pp_bubble"] == pytest.approx(per[0])
+
+
+def test_a_layer_kind_no_profile_measured_widens_the_band_by_the_share_it_prices():
+    """Dense Qwen3.5's Gated DeltaNet + dense MLP layers have no measured layer of their kind: the fitted terms price
+    them, and the band carries runner_modelled_layer_error_sd times the share of the step they price; a model whose
+    kinds all have a measured layer (GLM-4.5-Air's, timed as other models') carries none of it; --explain says why."""
+    from cost_model.constants import default_constants
+    from tuner.intervals import modelled_extra_sd, runner_stack_sd
+
+    c = default_constants()
+    layout = Layout(1, max_tokens_per_gpu=16384)
+    dense35 = trial_model(load_model("qwen3.5-27b"), 4)
+    p = runner(dense35, layout)
+    assert shipped_profile("h200").runner.kinds_without_layers(dense35) == ["linear_attention+dense"]
+    extra = modelled_extra_sd(dense35, H200, None, p)
+    share = sum(p.breakdown[k] for k in ("compute_attention", "compute_linear_attention", "compute_mlp",
+                                         "compute_experts", "elementwise", "launch_overhead", "expert_calls"))
+    assert extra == pytest.approx(c.runner_modelled_layer_error_sd * share / p.step_time_s) and 0 < extra < 0.46
+    assert runner_stack_sd(dense35, H200, None, p) == pytest.approx(math.hypot(c.runner_scaled_layer_error_sd, extra))
+    assert runner_stack_sd(dense35, H200) == pytest.approx(math.hypot(c.runner_scaled_layer_error_sd,
+                                                                      0.75 * c.runner_modelled_layer_error_sd))
+    air = trial_model(load_model("glm4.5-air"), 3)
+    assert modelled_extra_sd(air, H200, None, runner(air, layout)) == 0.0
+    assert "runner_modelled_layer_error_sd" in term_sources(p.context)["layers"]

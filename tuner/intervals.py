@@ -69,11 +69,34 @@ def measures_layers(model, gpu, profile=None) -> bool:
 
 def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
     """The runner stack's prediction sd for `model`: its residual where the profile measured every layer kind of
-    the model, the larger one where a layer is timed as another model's (cost_model constants); for a
-    `prediction` near or past its host/GPU crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
+    the model, the larger one where a layer is timed as another model's (cost_model constants); with the fitted
+    terms' error where a layer kind has no measured layer at all (`modelled_extra_sd`); for a `prediction` near
+    or past its host/GPU crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
     c = default_constants()
     base = c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else c.runner_scaled_layer_error_sd
-    return math.hypot(base, crossing_extra_sd(prediction)) if prediction is not None else base
+    if prediction is None:
+        return math.hypot(base, modelled_extra_sd(model, gpu, profile))
+    return math.hypot(base, crossing_extra_sd(prediction), modelled_extra_sd(model, gpu, profile, prediction))
+
+
+# The terms a runner-priced step has only for the layer kinds its profile never measured (the fitted terms).
+FALLBACK_TERMS = ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",
+                  "launch_overhead", "expert_calls")
+
+
+def modelled_extra_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
+    """The log sd the fitted terms add where a layer kind of `model` has no measured layer in the runner profile:
+    runner_modelled_layer_error_sd times the share of the `prediction`'s step they price (without a prediction, the
+    share of the model's layers they price); 0 where every kind has a measured layer."""
+    profile = profile or shipped_profile(gpu.name)
+    missing = profile.runner.kinds_without_layers(model) if profile is not None and profile.runner else []
+    if not missing:
+        return 0.0
+    kinds = [f"{a}+{m}" for a, m in zip(model.layer_types, model.mlp_types)]
+    share = sum(k in missing for k in kinds) / len(kinds)
+    if prediction is not None and prediction.step_time_s > 0:
+        share = min(1.0, sum(prediction.breakdown.get(k, 0.0) for k in FALLBACK_TERMS) / prediction.step_time_s)
+    return share * default_constants().runner_modelled_layer_error_sd
 
 
 # From this host/GPU time ratio of a micro-batch (cost_model.step_time.runner_host_to_gpu) a runner prediction is
