@@ -43,6 +43,17 @@ CONFIGS = {"mixtral-8x7b": "benchmarks/models/mixtral-8x7b/config.json",
            "mixtral-8x22b": "benchmarks/models/mixtral-8x22b/config.json"}
 
 
+def components_without(section: dict, rest: list[dict]):
+    """The profile's runner components from the builds left (`rest`)."""
+    return parse_runner_components({**section, "builds": rest}, shipped_profile("h200").hbm_copy_tb_s * 1e12)
+
+
+def one_layer(name: str):
+    """One layer of a built model (its first)."""
+    model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
+    return replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
+
+
 def measured_layer(builds: list[dict], model: str, section_microbatches: int) -> dict:
     """{tokens: seconds per micro-batch} of one layer: the 2-layer build minus the 1-layer one (no recompute)."""
     by_layers = {}
@@ -84,17 +95,15 @@ def modelled_layer(model, components, tokens: float) -> float:
 
 def kind_out(builds: list[dict], section: dict, models: list[str]) -> dict:
     """Each model's layer priced with no measured layer of its kind left in the profile (the modelled fallback)."""
-    print(f"\nno measured layer of the held-out model's kind (the fitted-terms fallback):")
+    print("\nno measured layer of the held-out model's kind (the fitted-terms fallback):")
     logs, per_model = [], {}
     for name in models:
         measured = measured_layer(builds, name, int(section["microbatches"]))
         if not measured:
             continue
         kind = next(b["signature"].split("|")[0] for b in builds if b["model"] == name)
-        rest = [b for b in builds if not b["signature"].startswith(kind + "|")]
-        comps = parse_runner_components({**section, "builds": rest}, shipped_profile("h200").hbm_copy_tb_s * 1e12)
-        model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
-        one = replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
+        comps = components_without(section, [b for b in builds if not b["signature"].startswith(kind + "|")])
+        one = one_layer(name)
         errs = [modelled_layer(one, comps, t) / s - 1 for t, s in measured.items()]
         logs += [math.log(1 + e) for e in errs]
         per_model[name] = errs
@@ -122,10 +131,8 @@ def main(argv: list[str]) -> int:
         measured = measured_layer(builds, name, int(section["microbatches"]))
         if not measured:
             continue
-        rest = [b for b in builds if b["model"] != name]
-        comps = parse_runner_components({**section, "builds": rest}, shipped_profile("h200").hbm_copy_tb_s * 1e12)
-        model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
-        one = replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
+        comps = components_without(section, [b for b in builds if b["model"] != name])
+        one = one_layer(name)
         for tokens, seconds in measured.items():
             pred, source = predicted_layer(one, comps, tokens)
             err = pred / seconds - 1

@@ -145,6 +145,15 @@ def _qwen_mlp_types(r: _Reader, n: int, num_experts: int) -> tuple[str, ...]:
     )
 
 
+def _qwen_experts(r: _Reader, num_experts: int) -> dict[str, Any]:
+    """Qwen's MoE fields (Qwen2-MoE, Qwen3.5, Qwen3-Next): routed experts and one shared expert with a sigmoid gate."""
+    shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+    return dict(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
+                moe_intermediate_size=r.int("moe_intermediate_size"),
+                shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
+                num_shared_experts=1 if shared else 0)
+
+
 # ---------------------------------------------------------------------- architecture families
 # Each reads the fields of its family, in a fixed order (the first bad field is the one reported).
 def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
@@ -169,13 +178,7 @@ def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
             "mtp_num_hidden_layers", r.int("num_nextn_predict_layers", 0, minimum=0), minimum=0),
     )
     if num_experts:
-        shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
-        kw.update(
-            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-            moe_intermediate_size=r.int("moe_intermediate_size"),
-            shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
-            num_shared_experts=1 if shared else 0,
-        )
+        kw.update(_qwen_experts(r, num_experts))
     return kw
 
 
@@ -282,13 +285,7 @@ def _qwen2(r: _Reader, n: int) -> dict[str, Any]:
         attention_bias=True, attention_output_bias=False,
     )
     if num_experts:
-        shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
-        kw.update(
-            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-            moe_intermediate_size=r.int("moe_intermediate_size"),
-            shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
-            num_shared_experts=1 if shared else 0,
-        )
+        kw.update(_qwen_experts(r, num_experts))
     return kw
 
 
