@@ -93,16 +93,25 @@ def modelled_layer(model, components, tokens: float) -> float:
     return work(2) - work(1)
 
 
-def kind_out(builds: list[dict], section: dict, models: list[str]) -> dict:
-    """Each model's layer priced with no measured layer of its kind left in the profile (the modelled fallback)."""
-    print("\nno measured layer of the held-out model's kind (the fitted-terms fallback):")
+def kind_out(builds: list[dict], section: dict, models: list[str], leave: str) -> dict:
+    """Each model's layer priced with no measured layer of its kind left in the profile: `leave` "kind" takes out the
+    layers of its attention + MLP kind (a layer of another attention kind with its MLP kind prices it, where the
+    profile has one), "mlp" every layer of its MLP kind too (the fitted terms price it)."""
+    print("\n" + {"kind": "no measured layer of the held-out model's kind, priced from another attention kind's layer "
+                            "of its MLP kind (the models whose MLP kind has one):",
+                    "mlp": "no measured layer of the held-out model's MLP kind (the fitted-terms fallback):"}[leave])
     logs, per_model = [], {}
     for name in models:
         measured = measured_layer(builds, name, int(section["microbatches"]))
         if not measured:
             continue
         kind = next(b["signature"].split("|")[0] for b in builds if b["model"] == name)
-        comps = components_without(section, [b for b in builds if not b["signature"].startswith(kind + "|")])
+        gone = (lambda sig: sig.startswith(kind + "|")) if leave == "kind" else \
+            (lambda sig: sig.split("|")[0].endswith("+" + kind.split("+")[1]))
+        rest = [b for b in builds if not gone(b["signature"])]
+        if leave == "kind" and not any(b["signature"].split("|")[0].endswith("+" + kind.split("+")[1]) for b in rest):
+            continue   # no layer of its MLP kind left: the fitted terms price it, as in the "mlp" pass
+        comps = components_without(section, rest)
         one = one_layer(name)
         errs = [modelled_layer(one, comps, t) / s - 1 for t, s in measured.items()]
         logs += [math.log(1 + e) for e in errs]
@@ -113,7 +122,7 @@ def kind_out(builds: list[dict], section: dict, models: list[str]) -> dict:
     print(f"all: {len(apes)} points, median APE {100 * statistics.median(apes):.1f}%, max {100 * max(apes):.1f}%, "
           f"rms log error {rms:.3f} (bias included: the mean log error is {statistics.mean(logs):+.3f})")
     return {"points": len(apes), "median_ape": statistics.median(apes), "max_ape": max(apes), "rms_log_error": rms,
-            "mean_log_error": statistics.mean(logs)}
+            "mean_log_error": statistics.mean(logs), "per_model": per_model}
 
 
 def main(argv: list[str]) -> int:
@@ -145,7 +154,9 @@ def main(argv: list[str]) -> int:
     summary = {"points": len(errors), "median_ape": statistics.median(errors), "max_ape": max(errors),
                "per_model_median_ape": {k: statistics.median(v) for k, v in per_model.items()}}
     print(f"all: {len(errors)} points, median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%")
-    summary["kind_out"] = kind_out(builds, section, [m for m in models if m in per_model])
+    held = [m for m in models if m in per_model]
+    summary["kind_out"] = kind_out(builds, section, held, "kind")
+    summary["mlp_kind_out"] = kind_out(builds, section, held, "mlp")
     print(json.dumps(summary))
     return 0
 

@@ -160,10 +160,26 @@ class RunnerComponents:
         kinds = set(zip(model.layer_types, model.mlp_types))
         return all(self.layer(layer_signature(model, a, m)) is not None for a, m in kinds)
 
-    def kinds_without_layers(self, model) -> list[str]:
-        """The layer kinds of `model` no measured layer of the profile has (priced by the fitted terms instead)."""
+    def unmeasured_kinds(self, model) -> tuple[list[str], list[str]]:
+        """The layer kinds of `model` without a measured layer of their own kind: (those a measured layer of their MLP
+        kind prices, another attention kind's: `nearest`; those the fitted terms price, no layer of their MLP kind)."""
         kinds = dict.fromkeys(zip(model.layer_types, model.mlp_types))
-        return [f"{a}+{m}" for a, m in kinds if not any(s.startswith(f"{a}+{m}|") for s in self.layers)]
+        measured = {sig.split("|")[0] for sig in self.layers}
+        mlps = {k.split("+")[1] for k in measured}
+        unmeasured = [f"{a}+{m}" for a, m in kinds if f"{a}+{m}" not in measured]
+        return [k for k in unmeasured if k.split("+")[1] in mlps], [k for k in unmeasured if k.split("+")[1] not in mlps]
+
+    def nearest(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:
+        """The measured layer that prices a layer the profile did not run: of its kind (`same_kind`), else of its MLP
+        kind with another attention kind (their GPU work ratio modelled: leave-kind-out on the H200 builds,
+        benchmarks/layer_transfer.py), else none (the fitted terms price it)."""
+        near = self.same_kind(attn_kind, mlp_kind, model)
+        if near is not None:
+            return near
+        others = sorted({sig.split("|")[0].split("+")[0] for sig in self.layers
+                         if sig.split("|")[0].split("+")[1] == mlp_kind})
+        found = [f for f in (self.same_kind(a, mlp_kind, model) for a in others) if f is not None]
+        return min(found, key=lambda sc: _layer_distance(signature_dims(sc[0]), model)) if found else None
 
     def same_kind(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:
         """The measured layer of this kind nearest `model`'s (for a model the profile did not run): nearest in

@@ -396,20 +396,25 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     lt = layer_time(attn_kind, mlp_kind, layer)
     comm = {"tp_comm": lt.tp_comm, "ep_comm": exposed_ep_comm(lt, ep_overlap), "cp_comm": lt.cp_comm}
     curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
-    measured_model, notes = ctx.model, []
+    measured_model, measured_attn, notes = ctx.model, attn_kind, []
     if curves is None:
-        near = ctx.runner.same_kind(attn_kind, mlp_kind, ctx.model)
+        near = ctx.runner.nearest(attn_kind, mlp_kind, ctx.model)
         if near is None:
             return None, "modelled"
         curves = near[1]
-        measured_model = signature_model(ctx.model, near[0])
-        notes.append(f"{curves.model}'s measured {attn_kind}+{mlp_kind} layer, its GPU work scaled to this "
+        measured_model, measured_attn = signature_model(ctx.model, near[0]), near[0].split("+")[0]
+        notes.append(f"{curves.model}'s measured {measured_attn}+{mlp_kind} layer, its GPU work scaled to this "
                      f"layer's (modelled ratio to the power {ctx.c.runner_scaled_work_exponent:g}, fitted: "
-                     f"runner_scaled_work_exponent), its host floor the lowest measured of the kind")
+                     f"runner_scaled_work_exponent), its host floor the lowest measured of the kind"
+                     + (f" (no {attn_kind}+{mlp_kind} layer measured: another attention kind's, the ratio modelled "
+                        f"across the kinds at the profile's seq {ctx.runner.seq_len})" if measured_attn != attn_kind
+                        else ""))
     ratio = 1.0
     if measured_model is not ctx.model or any(getattr(layout, d) > 1 for d in ("tp", "ep", "etp", "cp")):
-        whole = layer_time(attn_kind, mlp_kind, replace(layer, model=measured_model, layout=Layout(1)))
-        ratio = lt.gpu_work / whole.gpu_work
+        # another attention kind's layer was measured at the profile's sequence length: both sides of the ratio there
+        at = layer if measured_attn == attn_kind else replace(layer, seq_len=ctx.runner.seq_len)
+        whole = layer_time(measured_attn, mlp_kind, replace(at, model=measured_model, layout=Layout(1)))
+        ratio = (lt if at is layer else layer_time(attn_kind, mlp_kind, at)).gpu_work / whole.gpu_work
         if measured_model is ctx.model:
             notes.append(f"shard's GPU work {ratio:.2f}x the layer's (modelled ratio), host floor as measured")
         else:

@@ -142,7 +142,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
             unmeasured.append(name)
             continue
         curves = (comps.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
-                  or comps.same_kind(attn_kind, mlp_kind, ctx.model)[1])
+                  or comps.nearest(attn_kind, mlp_kind, ctx.model)[1])
         notes = [n for n in source.removeprefix("measured (").removesuffix(")").split("; ") if n != "measured"]
         if "recompute modelled" in notes:
             recompute_modelled.append(name)

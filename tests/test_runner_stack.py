@@ -129,13 +129,32 @@ def test_unmeasured_layer_kinds_fall_back_to_the_fitted_terms():
     p = runner(model, Layout(1, max_tokens_per_gpu=8192))
     assert p.breakdown["layers"] > 0 and p.breakdown["compute_experts"] == 0
     assert "qwen3-235b-a22b's measured full_attention+moe layer" in p.term_sources["layers"]
+    # Moonlight's MLA layers have no measured layer of their kind: a measured MoE layer of another attention kind
+    # prices them, its GPU work ratio modelled across the kinds
     mla = trial_model(load_model("moonlight-16b-a3b"), 4)
     p = runner(mla, Layout(1, max_tokens_per_gpu=8192))
-    assert p.step_time_s > 0 and p.breakdown["compute_attention"] > 0
-    assert "modelled: fitted Megatron terms (no measurement of mla+" in p.term_sources["layers"]
-    assert "did not measure" in p.term_sources["compute_attention"]
+    assert p.step_time_s > 0 and p.breakdown["layers"] > 0 and p.breakdown["compute_attention"] == 0
+    assert "no mla+moe layer measured: another attention kind's" in p.term_sources["layers"]
     # its ends: another model's measurement scaled to this hidden size and vocabulary
     assert p.term_sources["microbatch_ends"].startswith("modelled: ")
+    # a profile with no MoE layer at all leaves them to the fitted terms
+    p = predict(mla, H200, MEGATRON, Layout(1, max_tokens_per_gpu=8192), profile=_without_builds("+moe|"),
+                precision_aware_optimizer=False)
+    assert p.breakdown["compute_attention"] > 0
+    assert "modelled: fitted Megatron terms (no measurement of mla+" in p.term_sources["layers"]
+    assert "did not measure" in p.term_sources["compute_attention"]
+
+
+def _without_builds(marker: str):
+    """The shipped H200 profile with the runner builds whose signature holds `marker` taken out."""
+    import yaml
+
+    shipped = shipped_profile("h200")
+    section = yaml.safe_load((Path(__file__).resolve().parents[1] / "cost_model/data/profiles/h200.yaml").read_text())
+    section = section["runner_components"]
+    comps = parse_runner_components({**section, "builds": [b for b in section["builds"] if marker not in b["signature"]]},
+                                    shipped.hbm_copy_tb_s * 1e12)
+    return replace(shipped, runner=comps)
 
 
 def _points(layer: dict, ends: dict, full_layer: dict | None, n: int, mb: int, step_s: float) -> list[dict]:
@@ -245,7 +264,8 @@ def test_explain_prints_each_terms_source(capsys):
     assert "measured: runner components" in layers
     # unmeasured layer kinds: the layers row says they were priced by the fitted terms
     other = trial_model(load_model("moonlight-16b-a3b"), 4)
-    text = explain(other, H200, Layout(1), runner(other, Layout(1)))
+    fitted = predict(other, H200, MEGATRON, Layout(1), profile=_without_builds("+moe|"), precision_aware_optimizer=False)
+    text = explain(other, H200, Layout(1), fitted)
     assert "modelled: fitted Megatron terms (no measurement of" in text
     # `tune predict --explain` prices the TE stack (tuner.predict_request.answer): fitted and modelled
     # terms, and the Gated DeltaNet kernel measured in the profile
@@ -769,25 +789,31 @@ def test_the_runners_pipeline_fill_and_drain_is_the_other_stages_micro_batches()
     assert per[1] > per[0] and p.breakdown["pp_bubble"] == pytest.approx(per[0])
 
 
-def test_a_layer_kind_no_profile_measured_widens_the_band_by_the_share_it_prices():
-    """Dense Qwen3.5's Gated DeltaNet + dense MLP layers have no measured layer of their kind: the fitted terms price
-    them, and the band carries runner_modelled_layer_error_sd times the share of the step they price; a model whose
-    kinds all have a measured layer (GLM-4.5-Air's, timed as other models') carries none of it; --explain says why."""
+def test_a_layer_kind_no_profile_measured_is_priced_across_kinds_or_by_the_fitted_terms_with_their_error():
+    """Dense Qwen3.5's Gated DeltaNet + dense MLP layers have no measured layer of their kind: a measured dense layer of
+    another attention kind prices them (its GPU work ratio modelled across the kinds) and the band carries
+    runner_cross_kind_layer_error_sd. A profile without any dense layer leaves them to the fitted terms: the band
+    then carries runner_modelled_layer_error_sd times the share of the step those terms price; --explain says so."""
     from cost_model.constants import default_constants
     from tuner.intervals import modelled_extra_sd, runner_stack_sd
 
     c = default_constants()
     layout = Layout(1, max_tokens_per_gpu=16384)
     dense35 = trial_model(load_model("qwen3.5-27b"), 4)
+    shipped = shipped_profile("h200")
+    assert shipped.runner.unmeasured_kinds(dense35) == (["linear_attention+dense"], [])
     p = runner(dense35, layout)
-    assert shipped_profile("h200").runner.kinds_without_layers(dense35) == ["linear_attention+dense"]
-    extra = modelled_extra_sd(dense35, H200, None, p)
-    share = sum(p.breakdown[k] for k in ("compute_attention", "compute_linear_attention", "compute_mlp",
+    assert p.breakdown["compute_linear_attention"] == p.breakdown["compute_mlp"] == 0.0
+    assert "another attention kind" in term_sources(p.context)["layers"]
+    assert runner_stack_sd(dense35, H200, None, p) == pytest.approx(c.runner_cross_kind_layer_error_sd)
+    assert c.runner_scaled_layer_error_sd < c.runner_cross_kind_layer_error_sd < c.runner_modelled_layer_error_sd
+
+    profile = _without_builds("+dense|")
+    moe_only = profile.runner
+    assert moe_only.unmeasured_kinds(dense35) == ([], ["linear_attention+dense", "full_attention+dense"])
+    q = predict(dense35, H200, MEGATRON, layout, profile=profile, precision_aware_optimizer=False)
+    extra = modelled_extra_sd(dense35, H200, profile, q)
+    share = sum(q.breakdown[k] for k in ("compute_attention", "compute_linear_attention", "compute_mlp",
                                          "compute_experts", "elementwise", "launch_overhead", "expert_calls"))
-    assert extra == pytest.approx(c.runner_modelled_layer_error_sd * share / p.step_time_s) and 0 < extra < 0.46
-    assert runner_stack_sd(dense35, H200, None, p) == pytest.approx(math.hypot(c.runner_scaled_layer_error_sd, extra))
-    assert runner_stack_sd(dense35, H200) == pytest.approx(math.hypot(c.runner_scaled_layer_error_sd,
-                                                                      0.75 * c.runner_modelled_layer_error_sd))
-    air = trial_model(load_model("glm4.5-air"), 3)
-    assert modelled_extra_sd(air, H200, None, runner(air, layout)) == 0.0
-    assert "runner_modelled_layer_error_sd" in term_sources(p.context)["layers"]
+    assert extra == pytest.approx(c.runner_modelled_layer_error_sd * share / q.step_time_s) and 0 < extra
+    assert modelled_extra_sd(dense35, H200, profile) == pytest.approx(c.runner_modelled_layer_error_sd)

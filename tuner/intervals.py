@@ -69,11 +69,15 @@ def measures_layers(model, gpu, profile=None) -> bool:
 
 def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
     """The runner stack's prediction sd for `model`: its residual where the profile measured every layer kind of
-    the model, the larger one where a layer is timed as another model's (cost_model constants); with the fitted
-    terms' error where a layer kind has no measured layer at all (`modelled_extra_sd`); for a `prediction` near
-    or past its host/GPU crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
+    the model, the larger one where a layer is timed as another model's of its kind, larger still where as a
+    layer of another attention kind (cost_model constants); with the fitted terms' error where a layer kind has no
+    measured layer of its MLP kind either (`modelled_extra_sd`); for a `prediction` near or past its host/GPU
+    crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
     c = default_constants()
-    base = c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else c.runner_scaled_layer_error_sd
+    profile = profile or shipped_profile(gpu.name)
+    crossed, _ = profile.runner.unmeasured_kinds(model) if profile is not None and profile.runner else ([], [])
+    base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
+            c.runner_cross_kind_layer_error_sd if crossed else c.runner_scaled_layer_error_sd)
     if prediction is None:
         return math.hypot(base, modelled_extra_sd(model, gpu, profile))
     return math.hypot(base, crossing_extra_sd(prediction), modelled_extra_sd(model, gpu, profile, prediction))
@@ -85,15 +89,15 @@ FALLBACK_TERMS = ("compute_attention", "compute_linear_attention", "compute_mlp"
 
 
 def modelled_extra_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
-    """The log sd the fitted terms add where a layer kind of `model` has no measured layer in the runner profile:
-    runner_modelled_layer_error_sd times the share of the `prediction`'s step they price (without a prediction, the
-    share of the model's layers they price); 0 where every kind has a measured layer."""
+    """The log sd the fitted terms add where a layer kind of `model` has no measured layer of its MLP kind in the
+    runner profile: runner_modelled_layer_error_sd times the share of the `prediction`'s step they price (without a
+    prediction, the share of the model's layers they price); 0 where a measured layer prices every kind."""
     profile = profile or shipped_profile(gpu.name)
-    missing = profile.runner.kinds_without_layers(model) if profile is not None and profile.runner else []
-    if not missing:
+    _, fitted = profile.runner.unmeasured_kinds(model) if profile is not None and profile.runner else ([], [])
+    if not fitted:
         return 0.0
     kinds = [f"{a}+{m}" for a, m in zip(model.layer_types, model.mlp_types)]
-    share = sum(k in missing for k in kinds) / len(kinds)
+    share = sum(k in fitted for k in kinds) / len(kinds)
     if prediction is not None and prediction.step_time_s > 0:
         share = min(1.0, sum(prediction.breakdown.get(k, 0.0) for k in FALLBACK_TERMS) / prediction.step_time_s)
     return share * default_constants().runner_modelled_layer_error_sd
