@@ -28,7 +28,7 @@ import yaml
 from cost_model.constants import default_constants
 from cost_model.nouns.hardware import load_gpu
 from cost_model.nouns.layout import Layout
-from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
 from cost_model.predict import _step_context, predict
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import parse_runner_components
@@ -125,6 +125,32 @@ def kind_out(builds: list[dict], section: dict, models: list[str], leave: str) -
             "mean_log_error": statistics.mean(logs), "per_model": per_model}
 
 
+def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
+    """The other direction, the one dense Qwen3.5 takes: each Gated DeltaNet layer the profile measured (Qwen3.6,
+    Qwen3-Next) priced with every Gated DeltaNet layer taken out, so a softmax-attention layer of its MLP kind prices
+    it; the measurement is the profile's own curve of that layer (builds of the model's kinds, 1 and 2 layers)."""
+    print("\nGated DeltaNet layers priced from softmax-attention layers of their MLP kind (all GDN builds out):")
+    full = components_without(section, builds)
+    rest = components_without(section, [b for b in builds if not b["signature"].startswith(LINEAR_ATTENTION + "+")])
+    logs, apes = [], []
+    for sig, curves in full.layers.items():
+        kind = sig.split("|")[0]
+        if not kind.startswith(LINEAR_ATTENTION + "+"):
+            continue
+        model = load_model(curves.model)
+        one = replace(model, num_hidden_layers=1, layer_types=(LINEAR_ATTENTION,), mlp_types=(kind.split("+")[1],))
+        errs = [predicted_layer(one, rest, t)[0] / curves.none(t) - 1 for t in curves.none.tokens]
+        logs += [math.log(1 + e) for e in errs]
+        apes += [abs(e) for e in errs]
+        print(f"{curves.model:18} {kind:22} " + " ".join(f"{int(t):>6}:{100 * e:+4.0f}%"
+                                                          for t, e in zip(curves.none.tokens, errs)))
+    rms = math.sqrt(statistics.mean(x * x for x in logs))
+    print(f"all: {len(apes)} points, median APE {100 * statistics.median(apes):.1f}%, max {100 * max(apes):.1f}%, "
+          f"rms log error {rms:.3f} (mean log error {statistics.mean(logs):+.3f})")
+    return {"points": len(apes), "median_ape": statistics.median(apes), "max_ape": max(apes), "rms_log_error": rms,
+            "logs": logs}
+
+
 def main(argv: list[str]) -> int:
     section = yaml.safe_load((ROOT / "cost_model/data/profiles/h200.yaml").read_text())["runner_components"]
     records = [json.loads(line) for f in argv for line in Path(f).read_text().splitlines()
@@ -157,6 +183,12 @@ def main(argv: list[str]) -> int:
     held = [m for m in models if m in per_model]
     summary["kind_out"] = kind_out(builds, section, held, "kind")
     summary["mlp_kind_out"] = kind_out(builds, section, held, "mlp")
+    swap = gdn_from_softmax(builds, section)
+    both = [math.log(1 + e) for v in summary["kind_out"]["per_model"].values() for e in v] + swap.pop("logs")
+    summary["gdn_from_softmax"] = swap
+    summary["across_kinds_rms_log_error"] = math.sqrt(statistics.mean(x * x for x in both))
+    print(f"\nacross attention kinds, both directions: {len(both)} points, rms log error "
+          f"{summary['across_kinds_rms_log_error']:.3f}")
     print(json.dumps(summary))
     return 0
 
