@@ -11,11 +11,15 @@ an earlier runner (the first suites before the torch-native GDN kernels settled)
 question, not a verdict. The PP2 runs (Qwen3.6 at 12 layers, two sessions) are in sample for the runner's pipeline
 bubble since 2026-12-04: under-predicted 10-14% with (PP - 1) x the slowest stage, they led to the 1F1B fill and
 drain of the other stages (cost_model.step_time.pipeline_bubble_s); nothing fitted.
+The band: how many runs the 90% band `tune` prints for them holds (tuner.intervals.runner_stack_sd), and the
+smallest log-normal sd whose 90% band holds 90% of them, runner_multi_gpu_error_sd's derivation (in sample: these are
+every multi-GPU runner run there is).
 Every figure is a measured run against a prediction.
 """
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -26,6 +30,9 @@ if __package__ in (None, ""):
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
+from tuner.intervals import runner_stack_sd  # noqa: E402
+
+Z90 = 1.645
 
 B, R = Path(__file__).resolve().parent, Path(__file__).resolve().parent / "results"
 PAIRS = (("megatron_h200_suite.json", "megatron-h200-suite.jsonl"),
@@ -54,7 +61,9 @@ def main() -> int:
             err = p.tokens_per_s_per_gpu / run.measured - 1
             gdn = "linear_attention" in model.layer_types
             rows.append({"file": results, "trial": t.name, "err": err, "gdn": gdn,
-                         "peak_err": p.memory.device_peak / run.peak - 1 if run.peak else None})
+                         "peak_err": p.memory.device_peak / run.peak - 1 if run.peak else None,
+                         "log": math.log(run.measured / p.tokens_per_s_per_gpu),
+                         "band_sd": runner_stack_sd(model, gpu, None, p)})
             print(f"{results[:36]:36} {t.name[:40]:40} {t.layout.label[:18]:18} {run.measured:8.0f} "
                   f"{p.tokens_per_s_per_gpu:9.0f} {100 * err:6.1f} {run.peak:6.1f} {p.memory.device_peak:6.1f}")
     summary = {}
@@ -69,6 +78,12 @@ def main() -> int:
         print(f"{name}: {len(sel)} runs, tokens/s median APE {100 * statistics.median(apes):.1f}%, max "
               f"{100 * max(apes):.1f}% ({summary[name]['over_predicted']} over-predicted); device peak within "
               f"{100 * max(peaks):.1f}%")
+    logs = sorted(abs(r["log"]) for r in rows)
+    need = logs[math.ceil(0.9 * len(logs)) - 1] / Z90
+    inside = sum(abs(r["log"]) <= Z90 * r["band_sd"] for r in rows)
+    summary["band"] = {"inside": inside, "runs": len(rows), "sd_holding_90pct": need}
+    print(f"90% band printed for them: holds {inside} of {len(rows)}; the smallest sd whose band holds 90% of them: "
+          f"{need:.3f} (in sample)")
     print(json.dumps(summary))
     return 0
 

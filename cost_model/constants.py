@@ -58,6 +58,7 @@ class Constants:
     runner_scaled_layer_error_sd: float
     runner_modelled_layer_error_sd: float
     runner_cross_kind_layer_error_sd: float
+    runner_multi_gpu_error_sd: float
     runner_host_crossing_error_sd: float
     runner_scaled_work_exponent: float
     runner_host_overlap_exponent: float

@@ -817,3 +817,22 @@ def test_a_layer_kind_no_profile_measured_is_priced_across_kinds_or_by_the_fitte
                                          "compute_experts", "elementwise", "launch_overhead", "expert_calls"))
     assert extra == pytest.approx(c.runner_modelled_layer_error_sd * share / q.step_time_s) and 0 < extra
     assert modelled_extra_sd(dense35, H200, profile) == pytest.approx(c.runner_modelled_layer_error_sd)
+
+
+def test_a_runner_prediction_on_two_gpus_carries_the_multi_gpu_error():
+    """Over one GPU the runner's communication and its overlap are modelled: its prediction's sd is
+    runner_multi_gpu_error_sd (from the stored 2-GPU runs), as the band and the agent's per-candidate variance say."""
+    from types import SimpleNamespace
+
+    from cost_model.constants import default_constants
+    from tuner.intervals import candidate_extra_sd, multi_gpu_extra_sd, runner_stack_sd
+
+    c = default_constants()
+    model = qwen3_moe()
+    one = runner(model, Layout(1, max_tokens_per_gpu=8192))
+    two = runner(model, Layout(2, ep=2, max_tokens_per_gpu=8192))
+    assert multi_gpu_extra_sd(one) == 0.0 and runner_stack_sd(model, H200, None, one) == c.runner_prediction_error_sd
+    assert runner_stack_sd(model, H200, None, two) == pytest.approx(c.runner_multi_gpu_error_sd)
+    extra = candidate_extra_sd(SimpleNamespace(), SimpleNamespace(prices_own_run=True))
+    assert multi_gpu_extra_sd(two) > 0 and extra(SimpleNamespace(prediction=two)) == pytest.approx(multi_gpu_extra_sd(two))
+    assert extra(SimpleNamespace(prediction=one)) == 0.0

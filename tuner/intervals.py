@@ -80,7 +80,18 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
             c.runner_cross_kind_layer_error_sd if crossed else c.runner_scaled_layer_error_sd)
     if prediction is None:
         return math.hypot(base, modelled_extra_sd(model, gpu, profile))
-    return math.hypot(base, crossing_extra_sd(prediction), modelled_extra_sd(model, gpu, profile, prediction))
+    return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
+                      modelled_extra_sd(model, gpu, profile, prediction))
+
+
+def multi_gpu_extra_sd(prediction: Prediction) -> float:
+    """The log sd a runner-priced prediction on more than one GPU adds (its communication and overlap modelled):
+    runner_multi_gpu_error_sd over runner_prediction_error_sd, in quadrature; 0 on one GPU."""
+    ctx = prediction.context
+    if ctx is None or ctx.runner is None or ctx.layout.world_size <= 1:
+        return 0.0
+    c = default_constants()
+    return math.sqrt(max(c.runner_multi_gpu_error_sd ** 2 - c.runner_prediction_error_sd ** 2, 0.0))
 
 
 # The terms a runner-priced step has only for the layer kinds its profile never measured (the fitted terms).
@@ -132,8 +143,9 @@ def agent_prior(config, runner) -> tuple[float, float, float]:
 
 
 def candidate_extra_sd(config, runner):
-    """(candidate -> its extra log sd) for the agent: the host/GPU crossing's (`crossing_extra_sd`) on a runner that
-    prices its own run from measured components; None where the hypotheses price the step."""
+    """(candidate -> its extra log sd) for the agent: the host/GPU crossing's (`crossing_extra_sd`) and more than one
+    GPU's (`multi_gpu_extra_sd`) on a runner that prices its own run from measured components; None where the
+    hypotheses price the step."""
     if uses_hypotheses(runner):
         return None
 
@@ -141,7 +153,7 @@ def candidate_extra_sd(config, runner):
         p = candidate.prediction
         if p.context is None:   # a prediction read back from the study's cache keeps no inputs: priced again
             p = runner.predict(config.case(candidate.layout), config.profile)
-        return crossing_extra_sd(p)
+        return math.hypot(crossing_extra_sd(p), multi_gpu_extra_sd(p))
     return extra
 
 
