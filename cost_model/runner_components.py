@@ -131,6 +131,7 @@ class HostFloor:
     ends_s: float
     models: tuple[str, ...]
     points: int
+    composed: str = ""       # for a kind with no host-floor builds: the three measured kinds it adds up from
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,25 @@ class RunnerComponents:
         return self.layers.get(signature)
 
     def host_floor(self, attn_kind: str, mlp_kind: str) -> HostFloor | None:
-        """The host floor measured for this layer kind, if the profile has one."""
-        return self.host_floors.get(f"{attn_kind}+{mlp_kind}")
+        """The host floor measured for this layer kind; for a kind with no host-floor builds, composed from three
+        measured kinds (the host issues a layer's kernels one by one, so a layer's launches add up by part: this
+        attention kind's launches over another MLP kind, plus this MLP kind's under another attention kind, less
+        the two others' together), e.g. dense Gated DeltaNet = dense softmax + GDN MoE - softmax MoE; else none."""
+        floor = self.host_floors.get(f"{attn_kind}+{mlp_kind}")
+        if floor is not None:
+            return floor
+        split = [k.split("+") for k in self.host_floors]
+        for a, m in split:
+            same_mlp, same_attn = self.host_floors.get(f"{a}+{mlp_kind}"), self.host_floors.get(f"{attn_kind}+{m}")
+            if a == attn_kind or m == mlp_kind or same_mlp is None or same_attn is None:
+                continue
+            other = self.host_floors[f"{a}+{m}"]
+            return HostFloor(layer_s=max(same_mlp.layer_s + same_attn.layer_s - other.layer_s, 0.0),
+                             layer_full_s=max(same_mlp.layer_full_s + same_attn.layer_full_s - other.layer_full_s, 0.0),
+                             ends_s=same_mlp.ends_s, models=same_mlp.models + same_attn.models + other.models,
+                             points=min(same_mlp.points, same_attn.points, other.points),
+                             composed=f"{a}+{mlp_kind} + {attn_kind}+{m} - {a}+{m}")
+        return None
 
     def measures_layers_of(self, model) -> bool:
         """Whether every layer kind of `model` has its own measurement (else some layer is timed as another

@@ -113,7 +113,8 @@ def _host_floor_source(comps: RunnerComponents, c: Constants, kinds, fitted: str
     # micro-batch's ends are the largest any of its kinds measured
     floors = [f"{a}+{m} {1e3 * f.layer_s:.2f} ms a layer ({1e3 * f.layer_full_s:.2f} with full recompute), "
               + (f"{1e3 * f.ends_s:.2f} ms the ends" if f.ends_s > 0 else "no ends of its own")
-              + f" ({', '.join(f.models)}'s builds, median of {f.points} points)"
+              + (f" (composed, modelled: launches add up by part, {f.composed})" if f.composed else
+                 f" ({', '.join(f.models)}'s builds, median of {f.points} points)")
               for a, m in kinds if (f := comps.host_floor(a, m)) is not None]
     if not floors:
         return fitted

@@ -836,3 +836,21 @@ def test_a_runner_prediction_on_two_gpus_carries_the_multi_gpu_error():
     extra = candidate_extra_sd(SimpleNamespace(), SimpleNamespace(prices_own_run=True))
     assert multi_gpu_extra_sd(two) > 0 and extra(SimpleNamespace(prediction=two)) == pytest.approx(multi_gpu_extra_sd(two))
     assert extra(SimpleNamespace(prediction=one)) == 0.0
+
+
+def test_a_kind_without_host_floor_builds_adds_up_the_measured_kinds_launches():
+    """Dense Gated DeltaNet layers have no host-floor builds: their floor is the dense softmax layer's plus what the
+    Gated DeltaNet MoE layer takes over the softmax MoE one (launches add up by part), said so in --explain; a kind
+    that three measured kinds do not compose has none."""
+    comps = shipped_profile("h200").runner
+    f = {k: comps.host_floor(*k.split("+")) for k in ("full_attention+dense", "linear_attention+moe",
+                                                       "full_attention+moe", "linear_attention+dense")}
+    composed = f["linear_attention+dense"]
+    assert composed.composed and not f["full_attention+dense"].composed
+    assert composed.layer_s == pytest.approx(f["full_attention+dense"].layer_s + f["linear_attention+moe"].layer_s
+                                             - f["full_attention+moe"].layer_s)
+    assert composed.ends_s == f["full_attention+dense"].ends_s
+    assert comps.host_floor("mla", "moe") is None
+    small = trial_model(load_model("qwen3.5-27b"), 4)
+    p = runner(small, Layout(1, max_tokens_per_gpu=2048), Workload(framework="megatron", seq_len=2048, global_batch=8))
+    assert "composed, modelled: launches add up by part" in p.term_sources["launch_overhead"]
