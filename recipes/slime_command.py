@@ -52,6 +52,8 @@ _MODEL_SCRIPTS = {
     "deepseek-v3": "scripts/models/deepseek-v3.sh",
     "moonlight-16b-a3b": "scripts/models/moonlight.sh",
     "qwen3.5-27b": "scripts/models/qwen3.5-27B.sh",
+    "qwen3.5-4b": "scripts/models/qwen3.5-4B.sh",
+    "qwen3.5-0.8b": "scripts/models/qwen3.5-0.8B.sh",
     "glm4.5": "scripts/models/glm4.5-355B-A32B.sh",
     "glm4.5-air": "scripts/models/glm4.5-106B-A12B.sh",
 }

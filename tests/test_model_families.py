@@ -94,6 +94,18 @@ def test_dense_qwen35_is_the_hybrid_with_a_dense_mlp():
     assert rel(spec.params.total, 27e9) < 0.01 and spec.vision is not None
 
 
+@pytest.mark.parametrize("name,size,layers", [("qwen3.5-0.8b", 0.8e9, 24), ("qwen3.5-4b", 4e9, 32)])
+def test_the_small_dense_qwen35s_are_the_same_hybrid_with_tied_embeddings(name, size, layers):
+    """Their language models within 10% of the size the name gives (the ViT, left out of the catalog, makes up
+    the rest), tied embeddings as slime's scripts have them (no --untie-embeddings-and-output-weights)."""
+    from search_space.megatron_args import model_args
+
+    spec = load_model(name)
+    assert spec.num_hidden_layers == layers and spec.mlp_types == (DENSE,) * layers and spec.tie_word_embeddings
+    assert rel(spec.params.total, size) < 0.10 and spec.vision is None
+    assert "--untie-embeddings-and-output-weights" not in model_args(spec)
+
+
 def test_megatron_args_match_slimes_model_scripts():
     """The families' MODEL_ARGS carry what slime's scripts/models/glm4.5-106B-A12B.sh and qwen2.5-7B.sh pass."""
     from search_space.megatron_args import model_args
