@@ -8,6 +8,7 @@ EP 2) is in tests/test_layout_equivalence.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -465,6 +466,34 @@ def test_runner_trains_a_tiny_gdn_model_on_cpu(monkeypatch, tmp_path, qwen36):
     assert res.peak_memory_gib == 46 and res.details["peak_memory_basis"] == "device (cuda mem_get_info)"
     assert res.details["kernels"]["linear_attention"] == out["kernels"]["linear_attention"]
     assert any(n.startswith("gdn kernel: megatron.core torch_chunk_gated_delta_rule") for n in res.details["notes"])
+
+
+def test_runner_trains_a_tiny_dense_qwen35_on_cpu(tmp_path):
+    """Dense Qwen3.5 (GDN layers with a dense MLP, no experts, tied embeddings) through the same training phases:
+    3 GDN layers and a gated-attention one with dense MLPs train to a falling loss."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"tokens": [(5 * i + 3 * r) % 200 for i in range(33)]}) + "\n" for r in range(2)))
+    tiny = dataclasses.replace(model_run.trial_model(load_model("qwen3.5-0.8b"), 4), hidden_size=64,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+                               vocab_size=256, linear_num_key_heads=2, linear_num_value_heads=4,
+                               linear_key_head_dim=8, linear_value_head_dim=8)
+    assert not tiny.is_moe and tiny.tie_word_embeddings
+    layout = Layout(1, max_tokens_per_gpu=64, rows_per_microbatch=2)
+    job = {"model": tiny, "layout": layout, "workload": Workload(seq_len=32, global_batch=2, framework="megatron"),
+           "steps": 3, "global_batch": 2, "seed": 1234, "lr": 3e-3, "backend": "torch-native", "cpu_init": True,
+           "rows_file": str(rows), "sdpa_backend": "auto", "deadline": time.time() + 3600}
+    with one_rank(factories=True), \
+            mock.patch.object(train_loop, "build_optimizer", lambda chunks, lay, lr: (CpuAdam(chunks, lr), "cpu adam")), \
+            mock.patch("megatron.core.distributed.finalize_model_grads", lambda *a, **k: None), \
+            mock.patch.object(torch.cuda, "mem_get_info", lambda: (100 * memory.GIB, 140 * memory.GIB)), \
+            mock.patch.object(torch.cuda, "memory_allocated", lambda *a: memory.GIB), \
+            mock.patch.object(torch.cuda, "max_memory_allocated", lambda *a: memory.GIB), \
+            mock.patch.object(torch.cuda, "max_memory_reserved", lambda *a: memory.GIB), \
+            mock.patch.object(torch.cuda, "memory_reserved", lambda *a: memory.GIB):
+        out = train_loop.run_phases(job, lambda kind, **kw: None, {}, 0)
+    losses = out["losses"]
+    assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+    assert out["kernels_ran"][gdn.TORCH_KERNEL] == 3 * 3   # 3 GDN layers x 1 micro-batch x 3 steps
 
 
 # ------------------------------------------------------------------------------ the suite and the CLI
