@@ -9,6 +9,7 @@ equality, hashing, repr, pickling and dataclasses.replace are the dataclass's ow
 """
 from __future__ import annotations
 
+import keyword
 from dataclasses import MISSING, fields, is_dataclass
 
 
@@ -18,7 +19,9 @@ def quick_init(cls):
     assert is_dataclass(cls) and cls.__dataclass_params__.frozen and not hasattr(cls, "__slots__"), cls
     names, params, env = [], [], {}
     for f in fields(cls):
-        assert f.init and not f.kw_only and f.name != "_instance_dict_", (cls, f.name)
+        # the generated source holds nothing but these names: identifiers of our own classes, never user input
+        assert f.init and not f.kw_only and f.name != "_instance_dict_" and f.name.isidentifier() \
+            and not keyword.iskeyword(f.name), (cls, f.name)
         names.append(f.name)
         if f.default is not MISSING:
             env[f"_default_{f.name}"] = f.default
