@@ -28,6 +28,10 @@ from dataclasses import dataclass, field, fields, replace
 
 from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS
 
+# Attention kinds a measured layer of another may price (same MLP kind, GPU work ratio modelled): the pair the
+# transfer was tried on both ways (benchmarks/layer_transfer.py); MLA and sliding windows are left to the fitted terms.
+ACROSS_KINDS = ("full_attention", "linear_attention")
+
 # ModelSpec fields that do not change what one decoder layer computes.
 _NOT_LAYER = {"name", "display_name", "model_type", "num_hidden_layers", "vocab_size", "tie_word_embeddings",
               "layer_types", "mlp_types", "hf_repo", "sources", "num_nextn_predict_layers", "vision"}
@@ -178,25 +182,32 @@ class RunnerComponents:
         kinds = set(zip(model.layer_types, model.mlp_types))
         return all(self.layer(layer_signature(model, a, m)) is not None for a, m in kinds)
 
+    def _donor_attention(self, attn_kind: str, mlp_kind: str) -> list[str]:
+        """The other attention kinds whose measured layers of this MLP kind may price a layer of this kind: only
+        between the kinds the transfer was tried on (ACROSS_KINDS)."""
+        if attn_kind not in ACROSS_KINDS:
+            return []
+        return sorted({a for a, m in (sig.split("|")[0].split("+") for sig in self.layers)
+                       if m == mlp_kind and a != attn_kind and a in ACROSS_KINDS})
+
     def unmeasured_kinds(self, model) -> tuple[list[str], list[str]]:
         """The layer kinds of `model` without a measured layer of their own kind: (those a measured layer of their MLP
-        kind prices, another attention kind's: `nearest`; those the fitted terms price, no layer of their MLP kind)."""
+        kind with another attention kind prices: `nearest`; those the fitted terms price)."""
         kinds = dict.fromkeys(zip(model.layer_types, model.mlp_types))
         measured = {sig.split("|")[0] for sig in self.layers}
-        mlps = {k.split("+")[1] for k in measured}
-        unmeasured = [f"{a}+{m}" for a, m in kinds if f"{a}+{m}" not in measured]
-        return [k for k in unmeasured if k.split("+")[1] in mlps], [k for k in unmeasured if k.split("+")[1] not in mlps]
+        unmeasured = [(a, m) for a, m in kinds if f"{a}+{m}" not in measured]
+        return ([f"{a}+{m}" for a, m in unmeasured if self._donor_attention(a, m)],
+                [f"{a}+{m}" for a, m in unmeasured if not self._donor_attention(a, m)])
 
     def nearest(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:
         """The measured layer that prices a layer the profile did not run: of its kind (`same_kind`), else of its MLP
-        kind with another attention kind (their GPU work ratio modelled: leave-kind-out on the H200 builds,
-        benchmarks/layer_transfer.py), else none (the fitted terms price it)."""
+        kind with another attention kind where the transfer was tried (their GPU work ratio modelled: leave-kind-out
+        on the H200 builds, benchmarks/layer_transfer.py), else none (the fitted terms price it)."""
         near = self.same_kind(attn_kind, mlp_kind, model)
         if near is not None:
             return near
-        others = sorted({sig.split("|")[0].split("+")[0] for sig in self.layers
-                         if sig.split("|")[0].split("+")[1] == mlp_kind})
-        found = [f for f in (self.same_kind(a, mlp_kind, model) for a in others) if f is not None]
+        found = [f for f in (self.same_kind(a, mlp_kind, model) for a in self._donor_attention(attn_kind, mlp_kind))
+                 if f is not None]
         return min(found, key=lambda sc: _layer_distance(signature_dims(sc[0]), model)) if found else None
 
     def same_kind(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:

@@ -129,20 +129,16 @@ def test_unmeasured_layer_kinds_fall_back_to_the_fitted_terms():
     p = runner(model, Layout(1, max_tokens_per_gpu=8192))
     assert p.breakdown["layers"] > 0 and p.breakdown["compute_experts"] == 0
     assert "qwen3-235b-a22b's measured full_attention+moe layer" in p.term_sources["layers"]
-    # Moonlight's MLA layers have no measured layer of their kind: a measured MoE layer of another attention kind
-    # prices them, its GPU work ratio modelled across the kinds
+    # Moonlight's MLA layers have no measured layer of their kind, and the transfer across attention kinds was tried
+    # only between softmax and Gated DeltaNet layers: the fitted terms price them
     mla = trial_model(load_model("moonlight-16b-a3b"), 4)
     p = runner(mla, Layout(1, max_tokens_per_gpu=8192))
-    assert p.step_time_s > 0 and p.breakdown["layers"] > 0 and p.breakdown["compute_attention"] == 0
-    assert "no mla+moe layer measured: another attention kind's" in p.term_sources["layers"]
-    # its ends: another model's measurement scaled to this hidden size and vocabulary
-    assert p.term_sources["microbatch_ends"].startswith("modelled: ")
-    # a profile with no MoE layer at all leaves them to the fitted terms
-    p = predict(mla, H200, MEGATRON, Layout(1, max_tokens_per_gpu=8192), profile=_without_builds("+moe|"),
-                precision_aware_optimizer=False)
-    assert p.breakdown["compute_attention"] > 0
+    assert p.step_time_s > 0 and p.breakdown["compute_attention"] > 0
     assert "modelled: fitted Megatron terms (no measurement of mla+" in p.term_sources["layers"]
     assert "did not measure" in p.term_sources["compute_attention"]
+    assert shipped_profile("h200").runner.unmeasured_kinds(mla) == ([], ["mla+dense", "mla+moe"])
+    # its ends: another model's measurement scaled to this hidden size and vocabulary
+    assert p.term_sources["microbatch_ends"].startswith("modelled: ")
 
 
 def _without_builds(marker: str):
@@ -264,8 +260,7 @@ def test_explain_prints_each_terms_source(capsys):
     assert "measured: runner components" in layers
     # unmeasured layer kinds: the layers row says they were priced by the fitted terms
     other = trial_model(load_model("moonlight-16b-a3b"), 4)
-    fitted = predict(other, H200, MEGATRON, Layout(1), profile=_without_builds("+moe|"), precision_aware_optimizer=False)
-    text = explain(other, H200, Layout(1), fitted)
+    text = explain(other, H200, Layout(1), runner(other, Layout(1)))
     assert "modelled: fitted Megatron terms (no measurement of" in text
     # `tune predict --explain` prices the TE stack (tuner.predict_request.answer): fitted and modelled
     # terms, and the Gated DeltaNet kernel measured in the profile
