@@ -80,3 +80,27 @@ def test_skip_keeps_the_interrupted_layout_out(tmp_path, capsys):
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}")
     assert study.trials[2].state == TrialState.FAIL
     assert interrupted_key not in [t.user_attrs.get("layout_key") for t in study.trials[3:]]
+
+
+def test_a_storage_call_a_signal_stopped_halfway_is_rolled_back_not_committed_with_the_failure(tmp_path):
+    """Optuna rolls a storage call back on an Exception, not on the KeyboardInterrupt a signal raises: the thread's
+    session can be left mid-transaction. end_interrupted rolls it back before it writes the failure, so the half-made
+    write is not committed with it and its locks are gone."""
+    import sqlalchemy
+
+    from tuner.optuna_adapter import storage_of, trial_id_of
+    from tuner.trial_claims import end_interrupted
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    tid = trial_id_of(trial)
+    session = storage.scoped_session()   # the thread's session, as an interrupted storage call leaves it
+    session.execute(sqlalchemy.text("UPDATE trials SET number = 99 WHERE trial_id = :t"), {"t": tid})
+    end_interrupted(storage_of(study), tid, "interrupted by the user")
+    done = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db").trials[0]
+    assert done.state == TrialState.FAIL and done.user_attrs["fail_reason"] == "interrupted by the user"
+    assert done.number == 0   # the half-made write was rolled back, not committed with the failure
+    other = sqlalchemy.create_engine(f"sqlite:///{tmp_path}/s.db", connect_args={"timeout": 0.1})
+    with other.begin() as conn:   # no lock left behind: another connection writes at once
+        conn.execute(sqlalchemy.text("UPDATE trials SET number = number WHERE trial_id = :t"), {"t": tid})

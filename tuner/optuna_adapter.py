@@ -79,6 +79,15 @@ def beating(storage, trial_ids: list[int]) -> set[int]:
         return {r[0] for r in rows.all()}
 
 
+def discard_thread_session(storage) -> None:
+    """Roll back and close this thread's RDB session: Optuna rolls a storage call's transaction back on an Exception,
+    not on the KeyboardInterrupt a signal raises (tuner.interrupts), so an interrupted call can leave the thread's
+    session mid-transaction, holding the database's locks. Nothing for other storages."""
+    rdb = getattr(storage, "_backend", storage)   # Optuna wraps an RDBStorage in a cache
+    if isinstance(rdb, optuna.storages.RDBStorage):
+        rdb.scoped_session.remove()
+
+
 def optuna_tables() -> set[str]:
     """The tables of Optuna's RDB schema (and its migration tool's)."""
     from optuna.storages._rdb import models

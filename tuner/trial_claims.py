@@ -30,8 +30,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from experiments.runner import PERMANENT_FAILURES
 from tuner.interrupts import held
-from tuner.optuna_adapter import (beating, new_running_trial, storage_of, stored_trial, study_id, trial_of,
-                                   trial_id_of)
+from tuner.optuna_adapter import (beating, discard_thread_session, new_running_trial, storage_of, stored_trial,
+                                   study_id, trial_of, trial_id_of)
 
 HEARTBEAT_INTERVAL_S = 5
 GRACE_PERIOD_S = 20          # a worker silent this long is dead; its running trial is failed by another
@@ -75,7 +75,9 @@ def ask_trial(study: optuna.Study, dists: dict[str, BaseDistribution], attrs: di
 
 
 def end_interrupted(storage, trial_id: int, reason: str) -> None:
-    """Mark the trial failed with `reason`, unless it has already ended."""
+    """Mark the trial failed with `reason`, unless it has already ended. A signal may have stopped a storage call of
+    this thread halfway: its transaction is rolled back first (`discard_thread_session`), not committed with this."""
+    discard_thread_session(storage)
     with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, RuntimeError, ValueError):
         storage.set_trial_user_attr(trial_id, "fail_reason", reason)
         storage.set_trial_state_values(trial_id, state=TrialState.FAIL)
