@@ -322,6 +322,12 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     return summary
 
 
+def sd_holding_90pct(abs_logs: list[float]) -> float | None:
+    """The smallest log-normal sd whose 90% band holds 90% of these absolute log errors (None without any)."""
+    ordered = sorted(abs_logs)
+    return ordered[math.ceil(0.9 * len(ordered)) - 1] / Z90 if ordered else None
+
+
 def interval_check(table: list[dict]) -> dict:
     """The runner stack's 90% bands (cost_model constants runner_prediction_error_sd, for a model whose layer kinds
     the profile measured, runner_scaled_layer_error_sd, for one whose layer is timed as another model's, and
@@ -345,7 +351,7 @@ def interval_check(table: list[dict]) -> dict:
         ins = sorted(abs(math.log(r["predicted"] / r["measured"])) for r in looked if sel(r))
         mine = [r for r in held if sel(r)]
         inside = sum(abs(math.log(r["predicted"] / r["measured"])) <= Z90 * r["band_sd"] for r in mine)
-        fitted = ins[math.ceil(0.9 * len(ins)) - 1] / Z90 if ins else None
+        fitted = sd_holding_90pct(ins)
         widths = sorted(math.exp(2 * Z90 * r["band_sd"]) for r in mine) or [float("nan")]
         print(f"interval ({name}): shipped sd {'-' if shipped is None else f'{shipped:.3f}'} (the {len(ins)} "
               f"in-sample runs give {fitted if fitted is None else round(fitted, 3)}); the band each held-out run "

@@ -28,11 +28,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.measured_runs import load_runs  # noqa: E402
-from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
+from benchmarks.runner_accuracy import sd_holding_90pct, trial_prediction  # noqa: E402
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
+from cost_model.hypotheses import Z90  # noqa: E402
 from tuner.intervals import runner_stack_sd  # noqa: E402
-
-Z90 = 1.645
 
 B, R = Path(__file__).resolve().parent, Path(__file__).resolve().parent / "results"
 PAIRS = (("megatron_h200_suite.json", "megatron-h200-suite.jsonl"),
@@ -78,8 +77,7 @@ def main() -> int:
         print(f"{name}: {len(sel)} runs, tokens/s median APE {100 * statistics.median(apes):.1f}%, max "
               f"{100 * max(apes):.1f}% ({summary[name]['over_predicted']} over-predicted); device peak within "
               f"{100 * max(peaks):.1f}%")
-    logs = sorted(abs(r["log"]) for r in rows)
-    need = logs[math.ceil(0.9 * len(logs)) - 1] / Z90
+    need = sd_holding_90pct([abs(r["log"]) for r in rows])
     inside = sum(abs(r["log"]) <= Z90 * r["band_sd"] for r in rows)
     summary["band"] = {"inside": inside, "runs": len(rows), "sd_holding_90pct": need}
     print(f"90% band printed for them: holds {inside} of {len(rows)}; the smallest sd whose band holds 90% of them: "

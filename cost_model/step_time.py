@@ -75,6 +75,10 @@ RANK_TERMS = (
     "layers", "microbatch_ends",
 )
 TERMS = RANK_TERMS + ("pp_p2p", "pp_bubble", "dp_comm", "optimizer", "offload", "step_overhead")
+# The terms a runner-priced step has only for the layer kinds its profile did not measure (the fitted terms price
+# those; the measured kinds are in `layers`), the host's exposed launch time of the measured kinds aside.
+RUNNER_FALLBACK_TERMS = ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts",
+                         "elementwise", "launch_overhead", "expert_calls")
 
 # Share of a layer's kernels each selective-recompute module launches again in the backward pass.
 SELECTIVE_LAUNCH_SHARE = {"core_attn": 0.1, "mla_up_proj": 0.1, "layernorm": 0.1, "moe_act": 0.05, "mlp": 0.3,

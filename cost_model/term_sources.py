@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from cost_model.constants import Constants, constants_sources
 from cost_model.runner_components import RunnerComponents, layer_signature
-from cost_model.step_time import TERMS, StepContext, nearest_ends, runner_layer_terms
+from cost_model.step_time import RUNNER_FALLBACK_TERMS, TERMS, StepContext, nearest_ends, runner_layer_terms
 
 
 @lru_cache(maxsize=1)
@@ -155,8 +155,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
                 f"runner_modelled_layer_error_sd; `tune profile --model` on a GPU measures it)") if unmeasured else ""
     layers = f"{comps.source}, layer kinds {', '.join(measured)}; {_LAYER_CURVE}" if measured else ""
     lines["layers"] = "; ".join(x for x in (layers, fallback) if x)
-    for key in ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",
-                "launch_overhead", "expert_calls"):   # on this stack only the layer kinds not measured have these
+    for key in RUNNER_FALLBACK_TERMS:
         lines[key] += f"; for the layer kinds the runner profile did not measure ({', '.join(unmeasured) or 'none'})"
     lines["launch_overhead"] = _host_floor_source(comps, ctx.c, kinds, lines["launch_overhead"], bool(unmeasured))
     recompute = []

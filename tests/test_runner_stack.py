@@ -14,7 +14,7 @@ from cost_model.nouns.model_spec import load_model
 from cost_model.predict import predict
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import Curve, layer_signature, parse_runner_components
-from cost_model.step_time import TERMS
+from cost_model.step_time import RUNNER_FALLBACK_TERMS, TERMS
 from cost_model.term_sources import term_sources
 from cost_model.nouns.workload import Workload
 from experiments.megatron.model_run import trial_model
@@ -808,8 +808,7 @@ def test_a_layer_kind_no_profile_measured_is_priced_across_kinds_or_by_the_fitte
     assert moe_only.unmeasured_kinds(dense35) == ([], ["linear_attention+dense", "full_attention+dense"])
     q = predict(dense35, H200, MEGATRON, layout, profile=profile, precision_aware_optimizer=False)
     extra = modelled_extra_sd(dense35, H200, profile, q)
-    share = sum(q.breakdown[k] for k in ("compute_attention", "compute_linear_attention", "compute_mlp",
-                                         "compute_experts", "elementwise", "launch_overhead", "expert_calls"))
+    share = sum(q.breakdown[k] for k in RUNNER_FALLBACK_TERMS)
     assert extra == pytest.approx(c.runner_modelled_layer_error_sd * share / q.step_time_s) and 0 < extra
     assert modelled_extra_sd(dense35, H200, profile) == pytest.approx(c.runner_modelled_layer_error_sd)
 

@@ -16,7 +16,7 @@ from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, i
 from cost_model.nouns.layout import Layout
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
-from cost_model.step_time import runner_host_to_gpu
+from cost_model.step_time import RUNNER_FALLBACK_TERMS, runner_host_to_gpu
 from tuner.interval import QUANTILES_90, Interval, number
 
 
@@ -94,11 +94,6 @@ def multi_gpu_extra_sd(prediction: Prediction) -> float:
     return math.sqrt(max(c.runner_multi_gpu_error_sd ** 2 - c.runner_prediction_error_sd ** 2, 0.0))
 
 
-# The terms a runner-priced step has only for the layer kinds its profile never measured (the fitted terms).
-FALLBACK_TERMS = ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts", "elementwise",
-                  "launch_overhead", "expert_calls")
-
-
 def modelled_extra_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
     """The log sd the fitted terms add where a layer kind of `model` has no measured layer of its MLP kind in the
     runner profile: runner_modelled_layer_error_sd times the share of the `prediction`'s step they price (without a
@@ -110,7 +105,8 @@ def modelled_extra_sd(model, gpu, profile=None, prediction: Prediction | None = 
     kinds = [f"{a}+{m}" for a, m in zip(model.layer_types, model.mlp_types)]
     share = sum(k in fitted for k in kinds) / len(kinds)
     if prediction is not None and prediction.step_time_s > 0:
-        share = min(1.0, sum(prediction.breakdown.get(k, 0.0) for k in FALLBACK_TERMS) / prediction.step_time_s)
+        fitted_s = sum(prediction.breakdown.get(k, 0.0) for k in RUNNER_FALLBACK_TERMS)
+        share = min(1.0, fitted_s / prediction.step_time_s)
     return share * default_constants().runner_modelled_layer_error_sd
 
 

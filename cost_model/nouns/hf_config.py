@@ -154,6 +154,14 @@ def _qwen_experts(r: _Reader, num_experts: int) -> dict[str, Any]:
                 num_shared_experts=1 if shared else 0)
 
 
+def _shared_expert_moe(r: _Reader, num_experts: int, n_shared: int, router_bias: bool) -> dict[str, Any]:
+    """DeepSeek's MoE fields (DeepSeek-V2/V3, Kimi-K2, Moonlight, GLM-4.5): routed experts and `n_shared` shared
+    experts of the routed width."""
+    moe = r.int("moe_intermediate_size")
+    return dict(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"), moe_intermediate_size=moe,
+                shared_expert_intermediate_size=n_shared * moe, num_shared_experts=n_shared, router_bias=router_bias)
+
+
 # ---------------------------------------------------------------------- architecture families
 # Each reads the fields of its family, in a fixed order (the first bad field is the one reported).
 def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
@@ -213,13 +221,8 @@ def _deepseek(r: _Reader, n: int) -> dict[str, Any]:
     )
     kw["head_dim"] = kw["qk_nope_head_dim"] + kw["qk_rope_head_dim"]
     if num_experts:
-        moe = r.int("moe_intermediate_size")
-        kw.update(
-            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-            moe_intermediate_size=moe, shared_expert_intermediate_size=n_shared * moe,
-            # V3's e_score_correction_bias; V2 routes by softmax alone
-            num_shared_experts=n_shared, router_bias=r.cfg.get("model_type") != "deepseek_v2",
-        )
+        # V3's e_score_correction_bias; V2 routes by softmax alone
+        kw.update(_shared_expert_moe(r, num_experts, n_shared, router_bias=r.cfg.get("model_type") != "deepseek_v2"))
     return kw
 
 
@@ -302,11 +305,7 @@ def _glm4_moe(r: _Reader, n: int) -> dict[str, Any]:
         num_nextn_predict_layers=r.int("num_nextn_predict_layers", 0, minimum=0),
     )
     if num_experts:
-        moe, n_shared = r.int("moe_intermediate_size"), r.int("n_shared_experts", 0, minimum=0)
-        kw.update(
-            num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"), moe_intermediate_size=moe,
-            shared_expert_intermediate_size=n_shared * moe, num_shared_experts=n_shared, router_bias=True,
-        )
+        kw.update(_shared_expert_moe(r, num_experts, r.int("n_shared_experts", 0, minimum=0), router_bias=True))
     return kw
 
 
