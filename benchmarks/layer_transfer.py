@@ -7,10 +7,12 @@ runner_layer_terms: the nearest measured layer of the same kind, its GPU work sc
 difference of that model's 2- and 1-layer builds at each token count, no recompute. All figures measured on
 the H200 (the builds); nothing is simulated.
 
-A second pass takes out every measured layer of the held-out model's kind (attention and MLP kind), as for a
-model whose kind the profile never ran (Qwen3.5's dense Gated DeltaNet layers today): the step then prices that
-layer with the fitted Megatron terms (the "modelled" fallback), and its rms log error is the spread a prediction
-resting on it carries (runner_modelled_layer_error_sd).
+Then, as for a model whose layer kind the profile never ran (dense Qwen3.5's Gated DeltaNet layers today): every
+measured layer of the held-out model's kind taken out, so a layer of its MLP kind with the other attention kind
+prices it; every layer of its MLP kind taken out, so the fitted Megatron terms price it; and the other direction,
+every Gated DeltaNet layer taken out, so softmax-attention layers price them. The rms log errors are the spreads a
+prediction resting on them carries (runner_cross_kind_layer_error_sd from the first and third, over both;
+runner_modelled_layer_error_sd from the second).
 
 Usage: python benchmarks/layer_transfer.py [BUILDS.jsonl ...]
 """
@@ -100,29 +102,37 @@ def kind_out(builds: list[dict], section: dict, models: list[str], leave: str) -
     print("\n" + {"kind": "no measured layer of the held-out model's kind, priced from another attention kind's layer "
                             "of its MLP kind (the models whose MLP kind has one):",
                     "mlp": "no measured layer of the held-out model's MLP kind (the fitted-terms fallback):"}[leave])
-    logs, per_model = [], {}
+    per_model = {}
     for name in models:
         measured = measured_layer(builds, name, int(section["microbatches"]))
         if not measured:
             continue
         kind = next(b["signature"].split("|")[0] for b in builds if b["model"] == name)
-        gone = (lambda sig: sig.startswith(kind + "|")) if leave == "kind" else \
-            (lambda sig: sig.split("|")[0].endswith("+" + kind.split("+")[1]))
-        rest = [b for b in builds if not gone(b["signature"])]
-        if leave == "kind" and not any(b["signature"].split("|")[0].endswith("+" + kind.split("+")[1]) for b in rest):
-            continue   # no layer of its MLP kind left: the fitted terms price it, as in the "mlp" pass
+        of_its_mlp = [b for b in builds if b["signature"].split("|")[0].endswith("+" + kind.split("+")[1])]
+        if leave == "kind":
+            rest = [b for b in builds if not b["signature"].startswith(kind + "|")]
+            if not any(b in rest for b in of_its_mlp):
+                continue   # no layer of its MLP kind left: the fitted terms price it, as in the "mlp" pass
+        else:
+            rest = [b for b in builds if b not in of_its_mlp]
         comps = components_without(section, rest)
         one = one_layer(name)
-        errs = [modelled_layer(one, comps, t) / s - 1 for t, s in measured.items()]
-        logs += [math.log(1 + e) for e in errs]
-        per_model[name] = errs
-        print(f"{name:18} {kind:22} " + " ".join(f"{t:>6}:{100 * e:+4.0f}%" for t, e in zip(measured, errs)))
-    rms = math.sqrt(statistics.mean(x * x for x in logs))
-    apes = [abs(e) for v in per_model.values() for e in v]
-    print(f"all: {len(apes)} points, median APE {100 * statistics.median(apes):.1f}%, max {100 * max(apes):.1f}%, "
-          f"rms log error {rms:.3f} (bias included: the mean log error is {statistics.mean(logs):+.3f})")
-    return {"points": len(apes), "median_ape": statistics.median(apes), "max_ape": max(apes), "rms_log_error": rms,
-            "mean_log_error": statistics.mean(logs), "per_model": per_model}
+        per_model[name] = [modelled_layer(one, comps, t) / s - 1 for t, s in measured.items()]
+        print(f"{name:18} {kind:22} " + " ".join(f"{t:>6}:{100 * e:+4.0f}%" for t, e in zip(measured, per_model[name])))
+    return {**error_summary([e for v in per_model.values() for e in v]), "per_model": per_model}
+
+
+def error_summary(errors: list[float]) -> dict:
+    """Relative errors (predicted / measured - 1) summed up, and printed in one line."""
+    logs = [math.log(1 + e) for e in errors]
+    apes = [abs(e) for e in errors]
+    out = {"points": len(apes), "median_ape": statistics.median(apes), "max_ape": max(apes),
+           "rms_log_error": math.sqrt(statistics.mean(x * x for x in logs)), "mean_log_error": statistics.mean(logs),
+           "logs": logs}
+    print(f"all: {len(apes)} points, median APE {100 * out['median_ape']:.1f}%, max {100 * out['max_ape']:.1f}%, "
+          f"rms log error {out['rms_log_error']:.3f} "
+          f"(bias included: the mean log error is {out['mean_log_error']:+.3f})")
+    return out
 
 
 def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
@@ -132,7 +142,7 @@ def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
     print("\nGated DeltaNet layers priced from softmax-attention layers of their MLP kind (all GDN builds out):")
     full = components_without(section, builds)
     rest = components_without(section, [b for b in builds if not b["signature"].startswith(LINEAR_ATTENTION + "+")])
-    logs, apes = [], []
+    errors = []
     for sig, curves in full.layers.items():
         kind = sig.split("|")[0]
         if not kind.startswith(LINEAR_ATTENTION + "+"):
@@ -140,15 +150,10 @@ def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
         model = load_model(curves.model)
         one = replace(model, num_hidden_layers=1, layer_types=(LINEAR_ATTENTION,), mlp_types=(kind.split("+")[1],))
         errs = [predicted_layer(one, rest, t)[0] / curves.none(t) - 1 for t in curves.none.tokens]
-        logs += [math.log(1 + e) for e in errs]
-        apes += [abs(e) for e in errs]
+        errors += errs
         print(f"{curves.model:18} {kind:22} " + " ".join(f"{int(t):>6}:{100 * e:+4.0f}%"
                                                           for t, e in zip(curves.none.tokens, errs)))
-    rms = math.sqrt(statistics.mean(x * x for x in logs))
-    print(f"all: {len(apes)} points, median APE {100 * statistics.median(apes):.1f}%, max {100 * max(apes):.1f}%, "
-          f"rms log error {rms:.3f} (mean log error {statistics.mean(logs):+.3f})")
-    return {"points": len(apes), "median_ape": statistics.median(apes), "max_ape": max(apes), "rms_log_error": rms,
-            "logs": logs}
+    return error_summary(errors)
 
 
 def main(argv: list[str]) -> int:
@@ -184,12 +189,13 @@ def main(argv: list[str]) -> int:
     summary["kind_out"] = kind_out(builds, section, held, "kind")
     summary["mlp_kind_out"] = kind_out(builds, section, held, "mlp")
     swap = gdn_from_softmax(builds, section)
-    both = [math.log(1 + e) for v in summary["kind_out"]["per_model"].values() for e in v] + swap.pop("logs")
+    both = summary["kind_out"]["logs"] + swap["logs"]
     summary["gdn_from_softmax"] = swap
     summary["across_kinds_rms_log_error"] = math.sqrt(statistics.mean(x * x for x in both))
     print(f"\nacross attention kinds, both directions: {len(both)} points, rms log error "
           f"{summary['across_kinds_rms_log_error']:.3f}")
-    print(json.dumps(summary))
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "logs"} if isinstance(v, dict) else v
+                      for k, v in summary.items()}))
     return 0
 
 
