@@ -110,6 +110,15 @@ def test_predict_json_for_a_layout(capsys):
     assert out["kind"] == "predicted" and out["fits"] is True
 
 
+def test_predict_without_a_layout_says_its_default_does_not_fit_and_how_to_search(capsys):
+    assert main(["predict", "--model", "qwen3.5-27b", "--gpu", "h200", "--gpus", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "DOES NOT FIT" in captured.out
+    assert "no --layout given" in captured.err and "`tune --model qwen3.5-27b --gpu h200 --gpus 8`" in captured.err
+    assert main(["predict", "--model", "qwen3.5-27b", "--gpu", "h200", "--gpus", "8", "--layout", "tp=4"]) == 0
+    assert "no --layout given" not in capsys.readouterr().err
+
+
 def test_predict_explain_table(capsys):
     assert main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--layout", "ep=8"]) == 0
     out = capsys.readouterr().out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -53,6 +54,10 @@ def cmd_predict(args) -> int:
     check_profile_gpu(hardware, case.gpu)
     prediction = answer(case, hardware)
     interval = interval_for(case, hardware, prediction)
+    if not (args.recipe or args.layout or prediction.fits):
+        _say([f"no --layout given, so this is the default layout ({case.layout.label}); `tune --model "
+              f"{shlex.quote(args.model)} --gpu {shlex.quote(args.gpu)}{f' --gpus {args.gpus}' if args.gpus else ''}` searches every layout "
+              f"for one that fits"])
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
