@@ -104,3 +104,30 @@ def test_a_storage_call_a_signal_stopped_halfway_is_rolled_back_not_committed_wi
     other = sqlalchemy.create_engine(f"sqlite:///{tmp_path}/s.db", connect_args={"timeout": 0.1})
     with other.begin() as conn:   # no lock left behind: another connection writes at once
         conn.execute(sqlalchemy.text("UPDATE trials SET number = number WHERE trial_id = :t"), {"t": tid})
+
+
+def test_a_signal_during_a_storage_call_is_raised_once_the_call_has_returned(tmp_path):
+    """While a run is on, a storage call is never stopped halfway: the signal waits for it, then ends the run."""
+    from tuner.interrupts import as_interrupt, storage_calls_held
+
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(storage=storage, study_name="s")
+    tid = study.ask()._trial_id
+    real = type(storage).set_trial_user_attr
+    finished = []
+
+    def slow_write(self, trial_id, key, value):
+        os.kill(os.getpid(), signal.SIGTERM)   # arrives while the call is in flight
+        real(self, trial_id, key, value)
+        finished.append(key)
+
+    type(storage).set_trial_user_attr, restore = slow_write, real
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with as_interrupt(), storage_calls_held(storage):
+                storage.set_trial_user_attr(tid, "k", 1)
+                pytest.fail("the signal was not raised after the call")
+    finally:
+        type(storage).set_trial_user_attr = restore
+    assert finished == ["k"] and storage.get_trial(tid).user_attrs["k"] == 1
+    assert "set_trial_user_attr" not in vars(storage)   # the storage is itself again after the block

@@ -3,7 +3,8 @@
 While a run is on (`as_interrupt`), each raises KeyboardInterrupt, so the running trial is marked
 failed ("interrupted") instead of being left RUNNING. Inside `held()` (a trial being created and getting
 its owner and first heartbeat) a signal is noted and raised only when the block ends: a trial is then
-either not made at all or made with everything the next run needs to recover it. A flag, not
+either not made at all or made with everything the next run needs to recover it. Every storage call of the
+run is held the same way (`storage_calls_held`): a signal never stops one halfway. A flag, not
 pthread_sigmask: Python runs handlers in the main thread whichever thread the OS picked, so a mask on the
 main thread alone would not hold them off while heartbeat threads run.
 """
@@ -52,3 +53,31 @@ def held():
         if pending is not None and not _state["held"]:
             raise KeyboardInterrupt(f"signal {pending}")
         _state["pending"] = pending if _state["held"] else None
+
+
+@contextlib.contextmanager
+def storage_calls_held(storage):
+    """While the block runs, each call of `storage`'s public methods from the main thread runs inside `held()`: a
+    signal is raised once the call has returned, never inside it. Optuna rolls a storage call back on an Exception,
+    not on a KeyboardInterrupt, and SQLAlchemy's sessions and pool are not written for an exception raised at any
+    bytecode; a call stopped halfway could leave its transaction open, holding the database's write lock. The cost:
+    a signal waits for the call in flight (a lock wait included, at most the storage's own timeout)."""
+    names = [n for n in dir(type(storage)) if not n.startswith("_") and callable(getattr(type(storage), n, None))]
+    for name in names:
+        setattr(storage, name, _held_call(getattr(storage, name)))
+    try:
+        yield storage
+    finally:
+        for name in names:
+            with contextlib.suppress(AttributeError):
+                delattr(storage, name)
+
+
+def _held_call(method):
+    def call(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return method(*args, **kwargs)   # held() raises in the thread that ends it: the main thread's alone
+        with held():
+            return method(*args, **kwargs)
+    call.__wrapped__ = method
+    return call

@@ -49,7 +49,7 @@ from tuner.model_identity import architecture_digest, recorded_before_digests
 from tuner.proposer import History, Proposal, Proposer, family
 from cost_model.nouns.layout_codec import from_optuna_params, layout_values
 from tuner.space_params import distributions
-from tuner.interrupts import as_interrupt
+from tuner.interrupts import as_interrupt, storage_calls_held
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
                                   heartbeat, is_lost_claim, lost_to, still_running)
 from tuner.sqlite_file import check_sqlite_file, first_line
@@ -470,7 +470,7 @@ def run_study(study: optuna.Study, config: StudyConfig, runner: TrialRunner, pro
         study.sampler = proposer.sampler()
     lost_in_a_row = 0
     try:
-        with as_interrupt():
+        with as_interrupt(), storage_calls_held(storage_of(study)):
             while summary.completed + summary.pruned + summary.failed < trials:
                 if gpu_hours is not None and gpu_hours_used(study, runner.name) >= gpu_hours:
                     summary.exhausted = True
