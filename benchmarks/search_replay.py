@@ -105,6 +105,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h200-v23-d-2026-12-04.jsonl", "runner_grids_h200_v23_suite.json"),
            ("runner-grids-h200-v24-a-2026-12-04.jsonl", "runner_grids_h200_v24_suite.json"),
            ("runner-grids-h200-v24-b-2026-12-04.jsonl", "runner_grids_h200_v24_suite.json"),
+           *((f"runner-grids-h200-v25-{k}-2026-12-05.jsonl", "runner_grids_h200_v25_suite.json") for k in "abcd"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -357,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
           "host floor), looked at since; v23 (whole SmolLM2-360M and TinyLlama-1.1B, Qwen3.6 at 3 layers seq 2k) ran "
           "after those, predictions committed before: held out; v24 (whole Phi-3-mini, Phi-3.5-MoE at 3 layers, "
           "Qwen3-30B-A3B and Qwen3.6 at 4 layers seq 1k) ran after the MoE host floors, predictions committed before: "
-          "held out (--suite v19 ... v24 replays them alone)")
+          "held out; v25 (Qwen3.5-35B-A3B with its real GDN at 4 layers, Ministral-8B at 8 layers, a synthetic "
+          "32-expert MoE at 3 layers; 5 runs each) ran 2026-12-05, predictions committed before: held out "
+          "(--suite v19 ... v25 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
