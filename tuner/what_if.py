@@ -55,9 +55,9 @@ def cmd_predict(args) -> int:
     prediction = answer(case, hardware)
     interval = interval_for(case, hardware, prediction)
     if not (args.recipe or args.layout or prediction.fits):
+        gpus = f" --gpus {args.gpus}" if args.gpus else ""
         _say([f"no --layout given, so this is the default layout ({case.layout.label}); `tune --model "
-              f"{shlex.quote(args.model)} --gpu {shlex.quote(args.gpu)}{f' --gpus {args.gpus}' if args.gpus else ''}` searches every layout "
-              f"for one that fits"])
+              f"{shlex.quote(args.model)} --gpu {shlex.quote(args.gpu)}{gpus}` searches every layout for one that fits"])
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
