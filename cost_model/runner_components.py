@@ -26,7 +26,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, fields, replace
 
-from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS
+from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS, at_later_default
 
 # Attention kinds a measured layer of another may price (same MLP kind, GPU work ratio modelled): the pair the
 # transfer was tried on both ways (benchmarks/layer_transfer.py); MLA and sliding windows are left to the fitted terms.
@@ -41,7 +41,7 @@ def _written(name: str, value) -> bool:
     """Whether a signature names this field: where it is set (not zero, False, None or empty), and a later field
     where it is not at its default."""
     if name in LATER_FIELD_DEFAULTS:
-        return value != LATER_FIELD_DEFAULTS[name]
+        return not at_later_default(name, value)
     return value not in (0, False, None, "")
 
 

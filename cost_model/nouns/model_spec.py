@@ -119,6 +119,11 @@ class ParamCounts:
 LATER_FIELD_DEFAULTS = {"attention_output_bias": True}
 
 
+def at_later_default(name: str, value) -> bool:
+    """Whether `name` is a field added later (LATER_FIELD_DEFAULTS) holding its default: left out of what is recorded."""
+    return name in LATER_FIELD_DEFAULTS and value == LATER_FIELD_DEFAULTS[name]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, in Hugging Face config names where one exists."""
