@@ -195,9 +195,8 @@ class RunnerComponents:
         kind with another attention kind prices: `nearest`; those the fitted terms price)."""
         kinds = dict.fromkeys(zip(model.layer_types, model.mlp_types))
         measured = {sig.split("|")[0] for sig in self.layers}
-        unmeasured = [(a, m) for a, m in kinds if f"{a}+{m}" not in measured]
-        return ([f"{a}+{m}" for a, m in unmeasured if self._donor_attention(a, m)],
-                [f"{a}+{m}" for a, m in unmeasured if not self._donor_attention(a, m)])
+        unmeasured = {f"{a}+{m}": bool(self._donor_attention(a, m)) for a, m in kinds if f"{a}+{m}" not in measured}
+        return [k for k, donor in unmeasured.items() if donor], [k for k, donor in unmeasured.items() if not donor]
 
     def nearest(self, attn_kind: str, mlp_kind: str, model) -> tuple[str, LayerCurves] | None:
         """The measured layer that prices a layer the profile did not run: of its kind (`same_kind`), else of its MLP

@@ -75,13 +75,13 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
     c = default_constants()
     profile = profile or shipped_profile(gpu.name)
-    crossed, _ = profile.runner.unmeasured_kinds(model) if profile is not None and profile.runner else ([], [])
+    crossed, fitted = _unmeasured(model, profile)
     base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
             c.runner_cross_kind_layer_error_sd if crossed else c.runner_scaled_layer_error_sd)
     if prediction is None:
-        return math.hypot(base, modelled_extra_sd(model, gpu, profile))
+        return math.hypot(base, _fitted_share_sd(model, fitted))
     return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
-                      modelled_extra_sd(model, gpu, profile, prediction))
+                      _fitted_share_sd(model, fitted, prediction))
 
 
 def multi_gpu_extra_sd(prediction: Prediction) -> float:
@@ -98,8 +98,15 @@ def modelled_extra_sd(model, gpu, profile=None, prediction: Prediction | None = 
     """The log sd the fitted terms add where a layer kind of `model` has no measured layer of its MLP kind in the
     runner profile: runner_modelled_layer_error_sd times the share of the `prediction`'s step they price (without a
     prediction, the share of the model's layers they price); 0 where a measured layer prices every kind."""
-    profile = profile or shipped_profile(gpu.name)
-    _, fitted = profile.runner.unmeasured_kinds(model) if profile is not None and profile.runner else ([], [])
+    _, fitted = _unmeasured(model, profile or shipped_profile(gpu.name))
+    return _fitted_share_sd(model, fitted, prediction)
+
+
+def _unmeasured(model, profile) -> tuple[list[str], list[str]]:
+    return profile.runner.unmeasured_kinds(model) if profile is not None and profile.runner else ([], [])
+
+
+def _fitted_share_sd(model, fitted: list[str], prediction: Prediction | None = None) -> float:
     if not fitted:
         return 0.0
     kinds = [f"{a}+{m}" for a, m in zip(model.layer_types, model.mlp_types)]
