@@ -91,6 +91,21 @@ def test_a_layer_the_profile_did_not_run_is_timed_from_the_nearest_measured_laye
     assert "llama3-70b's measured full_attention+dense layer" in p.term_sources["layers"]
 
 
+def test_a_layer_timed_as_another_models_keeps_the_measured_curves_shape_over_tokens():
+    # the synthetic 32-expert MoE is timed from Mixtral-8x7B's measured layer, whose per-token time falls with
+    # tokens; a ratio taken at each token count bent it up at 16k (the grouped GEMM table's bumps between the two
+    # models' rows per expert), a ratio taken at one token count keeps it falling
+    syn = trial_model(load_model(str(Path(__file__).resolve().parents[1]
+                                     / "benchmarks/models/synthetic-moe-32x4/config.json")), 3)
+    per_token = []
+    for rows in (1, 2, 3, 4, 6, 8, 12, 16):
+        workload = Workload(seq_len=4096, global_batch=96, framework="megatron")
+        p = runner(syn, Layout(1, max_tokens_per_gpu=4096 * rows, rows_per_microbatch=rows), workload)
+        assert "mixtral-8x7b's measured full_attention+moe layer" in p.term_sources["layers"]
+        per_token.append(p.breakdown["layers"] / (96 * 4096))
+    assert all(b <= a * 1.0001 for a, b in zip(per_token, per_token[1:])), per_token
+
+
 def test_the_nearest_measured_layer_is_nearest_in_every_size_and_keeps_the_lowest_host_floor():
     from cost_model.runner_components import Curve, LayerCurves, RunnerComponents, layer_signature
     comps = shipped_profile("h200").runner
