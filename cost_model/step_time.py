@@ -84,12 +84,13 @@ RUNNER_FALLBACK_TERMS = ("compute_attention", "compute_linear_attention", "compu
 SELECTIVE_LAUNCH_SHARE = {"core_attn": 0.1, "mla_up_proj": 0.1, "layernorm": 0.1, "moe_act": 0.05, "mlp": 0.3,
                           "moe": 0.5, "shared_experts": 0.15}
 
-# Adam's GPU step streams param, remainder, grad and both moments in and writes four of them back.
 # Tokens per micro-batch at which a layer timed as another model's takes its modelled GPU work ratio: the middle,
 # in log, of the 4k-64k tokens the profile's layer builds measure. Leave-one-model-out on the H200 builds
 # (benchmarks/layer_transfer.py) against the ratio at each token count: median 2.4% -> 2.0%, across attention kinds
 # rms log 0.184 -> 0.099, Gated DeltaNet from softmax layers 0.114 -> 0.061.
 SCALED_RATIO_TOKENS = 16384.0
+
+# Adam's GPU step streams param, remainder, grad and both moments in and writes four of them back.
 ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4 + 2 + 2 + 4 + 4
 
 
