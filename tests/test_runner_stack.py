@@ -97,9 +97,9 @@ def test_a_layer_timed_as_another_models_keeps_the_measured_curves_shape_over_to
     # models' rows per expert), a ratio taken at one token count keeps it falling
     syn = trial_model(load_model(str(Path(__file__).resolve().parents[1]
                                      / "benchmarks/models/synthetic-moe-32x4/config.json")), 3)
+    workload = Workload(seq_len=4096, global_batch=96, framework="megatron")
     per_token = []
     for rows in (1, 2, 3, 4, 6, 8, 12, 16):
-        workload = Workload(seq_len=4096, global_batch=96, framework="megatron")
         p = runner(syn, Layout(1, max_tokens_per_gpu=4096 * rows, rows_per_microbatch=rows), workload)
         assert "mixtral-8x7b's measured full_attention+moe layer" in p.term_sources["layers"]
         per_token.append(p.breakdown["layers"] / (96 * 4096))
