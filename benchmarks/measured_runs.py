@@ -15,11 +15,13 @@ window (steps 5..19) and the runner's default both leave it out.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime
+from experiments.megatron.runner import gpu_from_name
 from experiments.megatron.suite import SuiteTrial, parse_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +38,7 @@ class MeasuredRun:
     failures: list = field(default_factory=list)  # failure class of each failed line
     seconds: list = field(default_factory=list)   # wall seconds of each line
     recorded: dict | None = None                  # the prediction the first line recorded when it ran
+    gpu: str = "h200"                             # the catalog GPU type the run measured on (its line's source)
     # whether the record's optimizer note says "first offload build collected" (runs from v12 on); before, the runner
     # left an offloaded optimizer's first build to the cyclic collector (only an offloaded layout's memory reads it)
     first_build_collected: bool = True
@@ -65,6 +68,14 @@ class MeasuredRun:
     def spread(self) -> float | None:
         """(max - min) / mean of the repeats; None for one measurement."""
         return (max(self.tokens) - min(self.tokens)) / self.measured if len(self.tokens) > 1 else None
+
+
+def measured_gpu(line: dict, default: str) -> str:
+    """The catalog GPU type a result line measured on, from its source ("... runner on NVIDIA H200 x1, ..."); the
+    suite's where the line does not say (a failed launch)."""
+    found = re.search(r" on (.+?) x\d+", str(line.get("source") or ""))
+    gpu = gpu_from_name(found.group(1)) if found else None
+    return gpu.name if gpu is not None else default
 
 
 def _valid(line: dict, trial: SuiteTrial) -> bool:
@@ -113,7 +124,8 @@ def _cut_by_budget(line: dict, trial) -> bool:
 
 def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
     """The suite's trials that have result lines, in the order they first ran."""
-    trials = {t.name: t for t in parse_suite(str(suite))[0]}
+    parsed, meta = parse_suite(str(suite))
+    trials, default_gpu = {t.name: t for t in parsed}, meta["gpu"]
     runs: dict[str, MeasuredRun] = {}
     for text in results.read_text().splitlines():
         line = json.loads(text)
@@ -122,7 +134,7 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
                 or _cut_by_budget(line, t)):
             continue
         t = as_run(t, line)
-        run = runs.setdefault(t.name, MeasuredRun(t, results.name))
+        run = runs.setdefault(t.name, MeasuredRun(t, results.name, gpu=measured_gpu(line, default_gpu)))
         if run.recorded is None:
             run.recorded = (line.get("details") or {}).get("prediction_for_model_run") or {}
             run.first_build_collected = "first offload build collected" in str((line.get("details") or {}).get(

@@ -22,8 +22,9 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python benchmarks/predict_before.py SUITE.json", file=sys.stderr)
         return 2
-    trials, _ = parse_suite(argv[0])
-    gpu = load_gpu("h200")
+    trials, meta = parse_suite(argv[0])
+    gpu = load_gpu(meta["gpu"])
+    print(f"# on 1 x {gpu.display_name} (the suite's gpu), from its shipped profile")
     print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'needs GiB':>9} {'device peak':>11} verdict   "
           "(predicted before any of these ran; device peak: what it needs plus the allocator's gap where there is room)")
     for t in trials:

@@ -249,13 +249,13 @@ def trial_prediction(t, gpu, runtime=None):
 
 def rows(suite_path: Path, results_path: Path) -> list[dict]:
     out = []
-    gpu = load_gpu("h200")
     for run in load_runs(suite_path, results_path):
-        t = run.trial
+        t, gpu = run.trial, load_gpu(run.gpu)
         model, p = trial_prediction(t, gpu, run.runtime)
         own = measures_layers(model, gpu)
-        # a grid is a suite's layouts of one model run, over however many device calls measured them
-        grid = f"{t.model} L{t.layers} seq {t.workload.seq_len} ({suite_path.stem.removesuffix('_suite')})"
+        # a grid is a suite's layouts of one model run on one GPU type, over however many device calls measured them
+        on = "" if gpu.name == "h200" else f" on {gpu.display_name}"
+        grid = f"{t.model} L{t.layers} seq {t.workload.seq_len}{on} ({suite_path.stem.removesuffix('_suite')})"
         out.append({"grid": grid, "trial": t.name, "status": "ok" if run.ok else "failed", "failure": run.failure,
                     "measured": run.measured, "predicted": p.tokens_per_s_per_gpu, "repeats": len(run.tokens),
                     "spread": run.spread, "then": (run.recorded or {}).get("tokens_per_s_per_gpu"),

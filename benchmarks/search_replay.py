@@ -135,12 +135,13 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
             continue
         for run in load_runs(ROOT / "benchmarks" / suite, path):
             t = run.trial
-            key = (suite, t.model, t.layers, t.gpus, t.workload.seq_len, t.workload.global_batch)
+            key = (suite, t.model, t.layers, t.gpus, t.workload.seq_len, t.workload.global_batch, run.gpu)
             groups.setdefault(key, []).append(run)
     grids = []
-    for (suite, model, layers, gpus, seq, gb), runs in groups.items():
+    for (suite, model, layers, gpus, seq, gb, gpu_type), runs in groups.items():
         if len(runs) < min_layouts or not any(r.ok for r in runs):
             continue
+        gpu = load_gpu(gpu_type)
         cands, hours, spreads, repeated, figures = [], {}, [], set(), {}
         for run in runs:
             t = run.trial
@@ -148,7 +149,7 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
             if k not in figures:   # its first call: the candidate and its GPU-hours
                 model_run = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None,
                                         t.replace_gdn)
-                p = predict_run(Case(model_run, load_gpu("h200"), replace(t.workload, framework="megatron"),
+                p = predict_run(Case(model_run, gpu, replace(t.workload, framework="megatron"),
                                      t.layout), run.runtime)
                 cands.append(Candidate(t.layout, p))
                 hours[k] = run.seconds[0] * gpus / 3600
@@ -161,8 +162,9 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
             if len(f) > 1:   # measured in more than one call
                 spreads.append((max(f) - min(f)) / truth[k])
                 repeated.add(k)
-        name = f"{model} L{layers} x{gpus} seq {seq} gb {gb} ({suite.removesuffix('_suite.json')})"
-        grids.append(Grid(name, cands, truth, hours, spreads, repeated, runner_stack_sd(model_run, load_gpu("h200"))))
+        on = "" if gpu.name == "h200" else f" on {gpu.display_name}"
+        name = f"{model} L{layers} x{gpus}{on} seq {seq} gb {gb} ({suite.removesuffix('_suite.json')})"
+        grids.append(Grid(name, cands, truth, hours, spreads, repeated, runner_stack_sd(model_run, gpu)))
     return grids
 
 

@@ -42,6 +42,9 @@ def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
         if mem.get(key) is not None:
             mem[key] = round(mem[key] * host, 2)
     _derive_linear_and_device(out, bf16, target)
+    if out.get("runner_components"):
+        # the builds stay as measured on the source; the parser prices them here (runner_components.Derivation)
+        out["runner_components"]["derived"] = {"compute": round(bf16, 4), "hbm": round(hbm, 4), "basis": basis}
     for c in out.get("collectives") or []:
         c["busbw_gb_s"] = round(c["busbw_gb_s"] * nvlink, 2)
         c["algbw_gb_s"] = round(c.get("algbw_gb_s", 0) * nvlink, 2)
@@ -52,6 +55,9 @@ def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
         "collectives": f"x {nvlink:.3f} (NVLink {target.nvlink_gb_s:g} / {source.nvlink_gb_s:g} GB/s per direction)",
         "host_transfers": f"x {host:.3f} (host link {target.pcie_gb_s:g} / {source.pcie_gb_s:g} GB/s)",
         "cpu_adam": "unchanged (the host CPU is not modelled per GPU type)",
+        "runner_components": "the source's measured builds, priced at the compute ratio for their modelled GEMM, "
+                             "attention and delta-rule work and at the HBM ratio for the rest of their GPU time; "
+                             "the host's launch time and the CPU optimizer unchanged",
         "linear_attention": f"measured kernel times / {bf16:.3f} (the dense bf16 ratio)",
         "device_memory": "the visible capacity dropped (the catalog's memory_gib stands in); the memory outside "
                          "the model's tensors (context, NCCL, allocator reserve) kept: it follows the software stack",

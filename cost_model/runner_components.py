@@ -94,12 +94,17 @@ class Curve:
     floor: float = 0.0
     line: tuple[float, float] | None = None    # (fixed, per-token) seconds of the GPU-bound part
 
-    def __call__(self, tokens: float, work: float = 1.0) -> float:
+    def __call__(self, tokens: float, work: float = 1.0, on_target=None) -> float:
         """Seconds at `tokens`, the GPU's work per token scaled by `work` (a shard or a layer of another size
-        timed on this one's measurement: its kernels are as many, each doing `work` times the work)."""
+        timed on this one's measurement: its kernels are as many, each doing `work` times the work). `on_target`:
+        the GPU-bound part's seconds on another GPU type as a function of its measured seconds (`Derivation`);
+        the host floor stays as measured."""
         if self.line is not None:
             fixed, slope = self.line
-            return max(self.floor, fixed + slope * tokens * work, 0.0)
+            gpu = max(fixed + slope * tokens * work, 0.0)
+            return max(self.floor, on_target(gpu) if on_target else gpu)
+        if on_target is not None:
+            return on_target(self(tokens, work))
         xs, ys = self.tokens, self.seconds
         tokens = tokens * work
         if len(xs) == 1:
@@ -139,8 +144,50 @@ class HostFloor:
 
 
 @dataclass(frozen=True)
+class Derivation:
+    """How components measured on one GPU type price another nobody measured (`tune profile --derive`): by the
+    datasheet ratios of the two (target over source). A layer's or the ends' GPU time splits into its modelled
+    GEMM, attention and delta-rule work, which runs at the compute ratio, and the rest of the measured time (the
+    torch-native stack's unfused elementwise passes, gradient accumulation, Adam), taken as memory-bound and run at
+    the HBM ratio. The host's time to issue kernels and the CPU optimizer are kept as measured: the host CPU is not
+    modelled per GPU type."""
+
+    compute: float        # target / source dense bf16 peak
+    hbm: float            # target / source HBM bandwidth
+    basis: str            # what it was derived from, for the terms' sources
+
+    def __post_init__(self):
+        for name in ("compute", "hbm"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"runner_components.derived.{name} must be a positive number, got {value!r}")
+
+    @property
+    def error_sd(self) -> float:
+        """The log sd the derivation adds to a prediction (not fitted: no runner run on a derived GPU type is
+        stored): a part's time on the target lies between all of it at the compute ratio and all at the HBM ratio,
+        and the split is modelled, so the truth is taken as anywhere between, uniform in log: |log(compute /
+        hbm)| / sqrt(12) (0.10 for H100 from H200)."""
+        return abs(math.log(self.compute / self.hbm)) / math.sqrt(12)
+
+    @property
+    def note(self) -> str:
+        return (f"{self.basis}; the runner's builds priced at the compute ratio x{self.compute:.3f} for "
+                f"their modelled GEMM, attention and delta-rule work and at the HBM ratio x{self.hbm:.3f} for the rest "
+                f"of their GPU time, the host's launch time and the CPU optimizer as measured there; not measured on "
+                f"this GPU type (`tune profile` on one measures them)")
+
+    def seconds(self, measured_s: float, compute_s: float) -> float:
+        """The target GPU's seconds for a part measured as `measured_s` on the source GPU, of which `compute_s`
+        (source seconds, modelled) is GEMM/attention work: that at the compute ratio, the rest at the HBM ratio."""
+        compute = min(max(compute_s, 0.0), measured_s)
+        return compute / self.compute + (measured_s - compute) / self.hbm
+
+
+@dataclass(frozen=True)
 class RunnerComponents:
-    """The runner's components measured on one GPU type (a profile's `runner_components` section)."""
+    """The runner's components measured on one GPU type (a profile's `runner_components` section); with `derived`,
+    measured on another type and priced here by `Derivation` (not measured on this one)."""
 
     layers: dict                 # layer_signature -> LayerCurves
     ends: dict                   # (hidden_size, vocab_size) -> (model name, Curve of a micro-batch's ends)
@@ -151,6 +198,13 @@ class RunnerComponents:
     source: str
     offload_s_per_param: float | None = None   # the optimizer step's extra seconds per parameter on the CPU (1 rank)
     host_floors: dict = field(default_factory=dict)   # "attn+mlp" -> HostFloor
+    derived: Derivation | None = None
+
+    @property
+    def optimizer_s_per_param_here(self) -> float:
+        """The optimizer step's seconds per parameter on this GPU type: Adam's and the grad norm's passes over the
+        parameters are memory-bound (the HBM ratio where the components were derived)."""
+        return self.optimizer_s_per_param / (self.derived.hbm if self.derived is not None else 1.0)
 
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
@@ -318,6 +372,10 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
     docstring). With `hbm_bytes_per_s` (the profile's measured copy rate) a layer's and the ends' fixed cost per
     micro-batch is at least their parameters' gradient accumulation at that rate. Raises KeyError/TypeError/
     ValueError on a malformed section (the profile parser reports it)."""
+    derived = section.get("derived")
+    derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"])) if derived else None
+    if derived is not None and hbm_bytes_per_s:
+        hbm_bytes_per_s /= derived.hbm    # the builds ran on the source GPU: its copy rate bounds their fixed costs
     accumulate = GRAD_ACCUMULATION_BYTES / hbm_bytes_per_s if hbm_bytes_per_s else 0.0
     mb = int(section["microbatches"])
     offloaded = [b for b in section["builds"] if b.get("offload")]
@@ -372,7 +430,7 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
     source = (f"measured: runner components on {section.get('device', '?')} ({section.get('date', '?')}, "
               f"megatron-core {section.get('megatron_core', '?')}, torch {section.get('torch', '?')})")
     return RunnerComponents(layers, ends, slope, intercept, cpu, int(section["seq_len"]), source, offload,
-                            _host_floors(floor_builds, mb))
+                            _host_floors(floor_builds, mb), derived)
 
 
 def _per_microbatch(build: dict, full: bool, mb: int) -> dict:

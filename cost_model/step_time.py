@@ -436,8 +436,9 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
             # another model's layer: its measured time scales as the modelled work ratio to a fitted power (a
             # smaller layer's kernels run less efficiently than the GEMM table says; runner_scaled_work_exponent)
             ratio **= ctx.c.runner_scaled_work_exponent
-    base = curves.none(ctx.tokens, ratio)
-    full_extra = (curves.full(ctx.tokens, ratio) - base) if curves.full is not None else None
+    on, on_full = _on_target(ctx.runner, lt)
+    base = curves.none(ctx.tokens, ratio, on)
+    full_extra = (curves.full(ctx.tokens, ratio, on_full) - base) if curves.full is not None else None
     if ratio != 1.0:
         # the measured layer's fixed cost per micro-batch holds its own gradient accumulation; this one's differs
         held = shard_layer_params(ctx.model, attn_kind, mlp_kind, layout)
@@ -462,6 +463,18 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     return terms, "measured" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _on_target(comps: RunnerComponents, lt) -> tuple:
+    """For components derived from another GPU type's (`Derivation`): the functions that take a layer's measured
+    GPU seconds, without and with full recompute, to this GPU's, its modelled GEMM, attention and delta-rule work
+    (at this GPU's rates, back to the source's by the compute ratio) split from the rest; (None, None) otherwise."""
+    derived = comps.derived
+    if derived is None:
+        return None, None
+    compute = (lt.attention + lt.linear_attention + lt.mlp + lt.experts) * derived.compute
+    again = compute * (1 + 1 / lt.weight_passes)        # full recompute runs the forward's share once more
+    return (lambda s: derived.seconds(s, compute)), (lambda s: derived.seconds(s, again))
+
+
 def lm_head_seconds(ctx: StepContext, hidden: int, vocab: int) -> float:
     """The output layer's GEMMs of one micro-batch (forward and both backward products) on one GPU at the
     profile's measured GEMM rate for that shape."""
@@ -480,15 +493,19 @@ def runner_ends(ctx: StepContext) -> float:
     hidden size and vocabulary. Otherwise the nearest measured ends: its LM head GEMMs (at the measured GEMM rate)
     replaced by this model's, the rest (cross-entropy, embedding, schedule: work per logit, not per hidden x
     logit) scaled by the vocabulary."""
-    model, ends = ctx.model, ctx.runner.ends
+    model, ends, derived = ctx.model, ctx.runner.ends, ctx.runner.derived
     key = (model.hidden_size, model.vocab_size)
     if key in ends:
-        return ends[key][1](ctx.tokens) / ctx.layout.tp
+        on = None if derived is None else (
+            lambda s: derived.seconds(s, lm_head_seconds(ctx, *key) * derived.compute))
+        return ends[key][1](ctx.tokens, 1.0, on) / ctx.layout.tp
     if not ends:
         return 0.0
     near = nearest_ends(ends, *key)
     measured = ends[near][1](ctx.tokens)
-    rest = max(measured - lm_head_seconds(ctx, *near), 0.0) * key[1] / near[1]
+    # the measured ends less their LM head GEMMs (at the source GPU's rates where the components were derived)
+    head = lm_head_seconds(ctx, *near) * (derived.compute if derived is not None else 1.0)
+    rest = max(measured - head, 0.0) * key[1] / near[1] / (derived.hbm if derived is not None else 1.0)
     # the vocabulary tables' gradient accumulation per micro-batch is this model's (the scaling by the vocabulary
     # above leaves out the hidden size)
     tables = 1 if model.tie_word_embeddings else 2
@@ -591,7 +608,7 @@ def runner_step_breakdown(ctx: StepContext) -> dict[str, float]:
     # HybridDeviceOptimizer moves whole tensors: a model of few large tensors (the runner's stacked experts) moves
     # up to one tensor more than the fraction (Qwen3-235B-A22B at 2 layers, 0.25: 49% of the shard, measured)
     moved = min(offloaded_params(ctx.model, layout, ctx.ranks, ctx.gdn_sharded), sharded)
-    terms["optimizer"] = comps.optimizer_s_per_step + comps.optimizer_s_per_param * (sharded - moved)
+    terms["optimizer"] = comps.optimizer_s_per_step + comps.optimizer_s_per_param_here * (sharded - moved)
     if moved and comps.offload_s_per_param is not None:
         # measured with one rank on the host; ranks sharing it share the CPU Adam rate as measured
         share = comps.cpu_adam_rate(1) / comps.cpu_adam_rate(ctx.ranks_per_host) if comps.cpu_adam else 1.0

@@ -196,6 +196,14 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     lines["dp_comm"] = (f"modelled: {_bus(ctx, dp_what, layout.world_size // layout.pp)}, all exposed (the runner "
                         f"does not overlap it)")
     lines["step_overhead"] = "modelled: none on the runner (its per-step work is in optimizer)"
+    if comps.derived is not None:
+        # measured on another GPU type: every line read from the builds is modelled here
+        first = True
+        for key in ("layers", "recompute", "microbatch_ends", "optimizer", "launch_overhead", "offload"):
+            if lines.get(key, "").startswith("measured: "):
+                how = comps.derived.note if first else "derived as the layers are"
+                lines[key] = f"modelled: {how}; from what was {lines[key]}"
+                first = False
     return lines
 
 

@@ -72,12 +72,15 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     the model, the larger one where a layer is timed as another model's of its kind, larger still where as a
     layer of another attention kind (cost_model constants); with the fitted terms' error where a layer kind has no
     measured layer of its MLP kind either (`modelled_extra_sd`); for a `prediction` near or past its host/GPU
-    crossing, with the crossing's extra variance (`crossing_extra_sd`)."""
+    crossing, with the crossing's extra variance (`crossing_extra_sd`); with components derived from another GPU
+    type's, the derivation's (`Derivation.error_sd`)."""
     c = default_constants()
     profile = profile or shipped_profile(gpu.name)
     crossed, fitted = _unmeasured(model, profile)
     base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
             c.runner_cross_kind_layer_error_sd if crossed else c.runner_scaled_layer_error_sd)
+    if profile is not None and profile.runner is not None and profile.runner.derived is not None:
+        base = math.hypot(base, profile.runner.derived.error_sd)   # measured on another GPU type
     if prediction is None:
         return math.hypot(base, _fitted_share_sd(model, fitted))
     return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),

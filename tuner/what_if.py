@@ -174,8 +174,15 @@ def _answer_line(line: str, number: int, hardware) -> dict:
 def interval_text(iv, p: Prediction) -> str:
     if iv is None:
         return ""
-    basis = "the runner's measured error" if runner_priced(p) else f"{len(iv.by_hypothesis)} hypotheses"
+    basis = (f"{len(iv.by_hypothesis)} hypotheses" if not runner_priced(p) else
+             "the runner's measured error and the derivation's" if _derived(p) else "the runner's measured error")
     return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {basis})"
+
+
+def _derived(p: Prediction):
+    """The runner components' `Derivation` where they were derived from another GPU type's, else None."""
+    ctx = p.context
+    return ctx.runner.derived if ctx is not None and ctx.runner is not None else None
 
 
 def fit_text(p: Prediction, no: str = "DOES NOT FIT") -> str:
@@ -201,10 +208,12 @@ def interval_lines(iv, p: Prediction) -> list[str]:
         host = (f", the error of runs whose host time to issue a micro-batch is {CROSSING_RATIO} or more of its GPU "
                 f"time (this one's {runner_host_to_gpu(p.context):.2f}: the host's speed counts)"
                 if at_crossing(p) else "")
+        derived = (f" and by their derivation from another GPU type's (Derivation.error_sd "
+                   f"{_derived(p).error_sd:.3f})" if _derived(p) else "")
         return ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the megatron runner's prediction "
-                    f"from its measured components, widened by its measured prediction error on runner runs (log sd "
-                    f"{iv.error_sd:.3f}{host}; tuner.intervals.runner_stack_sd), the band a study of that runner "
-                    f"prints"]
+                    f"from its {'derived' if derived else 'measured'} components, widened by its measured prediction "
+                    f"error on runner runs{derived} (log sd {iv.error_sd:.3f}{host}; "
+                    f"tuner.intervals.runner_stack_sd), the band a study of that runner prints"]
     lines = ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the hypotheses span "
                  f"{iv.spread_low:,.0f}-{iv.spread_high:,.0f} (weighted 5-95%, median {iv.median:,.0f}), widened by the "
                  f"model's residual error (log sd {iv.error_sd:.3f})",

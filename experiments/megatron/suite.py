@@ -51,7 +51,8 @@ class SuiteTrial:
 
 
 def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
-    """A suite file (path or parsed dict): {"defaults": {...}, "trials": [{...}, ...]}.
+    """A suite file (path or parsed dict): {"gpu": "h200", "defaults": {...}, "trials": [{...}, ...]} (`gpu`: the
+    GPU type it was designed and predicted for, default h200; the runner measures on whatever GPU it finds).
 
     Each trial: name, gpus, layout (Layout fields; world_size = gpus), and optionally any default
     overridden (model, layers ("auto" or int), replace_gdn (default false: GDN layers are megatron's
@@ -77,7 +78,10 @@ def parse_suite(source) -> tuple[list[SuiteTrial], dict]:
             raise ValueError(f"trial {i}: duplicate name {name!r}")
         names.add(name)
         trials.append(_parse_trial(name, t))
-    return trials, {"budget_s": defaults.get("budget_s")}
+    gpu = data.get("gpu", "h200")
+    if not isinstance(gpu, str) or not gpu:
+        raise ValueError(f"a suite's 'gpu' is the GPU type it was designed and predicted for (a catalog name), got {gpu!r}")
+    return trials, {"budget_s": defaults.get("budget_s"), "gpu": gpu}
 
 
 def _read_suite(source):

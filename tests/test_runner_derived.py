@@ -1,0 +1,137 @@
+"""The megatron runner's components on a GPU type nobody measured: the H200's measured builds priced there by the
+datasheet ratios (cost_model.runner_components.Derivation), said to be derived, with a wider interval."""
+import copy
+import math
+from pathlib import Path
+
+import pytest
+
+from cost_model.derive_profile import derive_profile
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.workload import Workload
+from cost_model.predict import predict
+from cost_model.profile import ProfileError, profile_from_dict, shipped_profile
+from cost_model.runner_components import Derivation
+from experiments.megatron.model_run import trial_model
+from tuner.cli import main
+from tuner.intervals import runner_stack_sd
+
+H100, H200 = load_gpu("h100"), load_gpu("h200")
+MEGATRON = Workload(framework="megatron", seq_len=8192, global_batch=8)
+RUNNER_TERMS = ("layers", "microbatch_ends", "optimizer")
+
+
+def runner(model, gpu, layout, profile=None):
+    return predict(model, gpu, MEGATRON, layout, precision_aware_optimizer=False, profile=profile)
+
+
+def test_the_derivation_prices_compute_at_the_compute_ratio_and_the_rest_at_the_hbm_ratio():
+    d = Derivation(compute=2.0, hbm=0.5, basis="test")
+    assert d.seconds(10.0, 4.0) == pytest.approx(4.0 / 2.0 + 6.0 / 0.5)
+    assert d.seconds(10.0, 25.0) == pytest.approx(10.0 / 2.0)       # modelled compute above the measured: capped
+    assert d.seconds(10.0, -1.0) == pytest.approx(10.0 / 0.5)
+    # the truth anywhere between all-compute and all-memory, uniform in log
+    assert d.error_sd == pytest.approx(math.log(4.0) / math.sqrt(12))
+    assert Derivation(1.0, 1.0, "same").error_sd == 0.0
+    with pytest.raises(ValueError, match="hbm"):
+        Derivation(1.0, 0.0, "x")
+
+
+def test_shipped_derived_profiles_carry_the_h200_runner_builds_marked_derived():
+    measured = shipped_profile("h200").runner
+    for gpu in ("h100", "b200", "gb200"):
+        comps = shipped_profile(gpu).runner
+        assert comps is not None and comps.derived is not None, gpu
+        target, source = load_gpu(gpu), H200
+        assert comps.derived.hbm == pytest.approx(target.hbm_tb_s / source.hbm_tb_s, rel=1e-3)
+        assert comps.derived.compute == pytest.approx(target.bf16_tflops / source.bf16_tflops, rel=1e-3)
+        assert set(comps.layers) == set(measured.layers)
+        # the builds and the host's figures as measured there; Adam's passes at the HBM ratio
+        assert comps.host_floors == measured.host_floors and comps.cpu_adam == measured.cpu_adam
+        assert comps.optimizer_s_per_param_here == pytest.approx(measured.optimizer_s_per_param / comps.derived.hbm)
+    assert shipped_profile("h200").runner.derived is None
+
+
+@pytest.mark.parametrize("name, layers", [("qwen3-30b-a3b", 6), ("qwen3.6-35b-a3b", 4), ("llama3-8b", 8)])
+def test_an_h100_runner_step_is_priced_from_the_h200_builds_between_the_two_ratios(name, layers):
+    model = trial_model(load_model(name), layers)
+    layout = Layout(1, max_tokens_per_gpu=16384)
+    h200, h100 = runner(model, H200, layout), runner(model, H100, layout)
+    assert h100.breakdown["layers"] > 0          # the runner's stack, not the tuned Megatron terms
+    for fitted in ("compute_attention", "compute_experts", "step_overhead", "expert_calls"):
+        assert h100.breakdown[fitted] == 0, fitted
+    # H100 has the H200's compute and 0.70x its HBM bandwidth: each measured term slows by at most 1/0.70
+    hbm = H100.hbm_tb_s / H200.hbm_tb_s
+    for term in RUNNER_TERMS:
+        assert h200.breakdown[term] <= h100.breakdown[term] <= h200.breakdown[term] / hbm * 1.0001, term
+    assert h100.breakdown["layers"] > h200.breakdown["layers"] * 1.02      # some of a runner layer is memory-bound
+    assert h100.tokens_per_s_per_gpu < h200.tokens_per_s_per_gpu
+
+
+def test_an_identity_derivation_changes_no_runner_prediction():
+    raw = copy.deepcopy(shipped_profile("h200").raw)
+    raw["runner_components"]["derived"] = {"compute": 1.0, "hbm": 1.0, "basis": "identity"}
+    same = profile_from_dict(raw, "identity")
+    model = trial_model(load_model("qwen3.6-35b-a3b"), 4)
+    for layout in (Layout(1, max_tokens_per_gpu=8192),
+                   Layout(1, max_tokens_per_gpu=16384, recompute_granularity="full", recompute_method="uniform",
+                          recompute_num_layers=1)):
+        a, b = runner(model, H200, layout), runner(model, H200, layout, profile=same)
+        assert b.step_time_s == pytest.approx(a.step_time_s, rel=1e-9)
+
+
+def test_a_derivation_of_the_runner_section_is_checked_when_the_profile_loads():
+    raw = copy.deepcopy(shipped_profile("h200").raw)
+    raw["runner_components"]["derived"] = {"compute": 1.0, "hbm": -2.0, "basis": "bad"}
+    with pytest.raises(ProfileError, match="hbm"):
+        profile_from_dict(raw, "bad")
+
+
+def test_tune_profile_derive_marks_the_runner_builds_derived():
+    out = derive_profile(shipped_profile("h200").raw, H200, load_gpu("b200"))
+    assert out["runner_components"]["derived"]["compute"] == pytest.approx(2250 / 989, rel=1e-3)
+    assert "runner_components" in out["derivation"]
+    # the source's builds are kept as measured (the parser prices them)
+    assert out["runner_components"]["builds"] == shipped_profile("h200").raw["runner_components"]["builds"]
+
+
+def test_the_derived_interval_is_wider_and_explain_says_derived(capsys):
+    model = trial_model(load_model("qwen3-30b-a3b"), 6)
+    layout = Layout(1, max_tokens_per_gpu=16384)
+    p100, p200 = runner(model, H100, layout), runner(model, H200, layout)
+    sd100, sd200 = runner_stack_sd(model, H100, None, p100), runner_stack_sd(model, H200, None, p200)
+    assert sd100 == pytest.approx(math.hypot(sd200, shipped_profile("h100").runner.derived.error_sd), rel=1e-6)
+    for term in RUNNER_TERMS:
+        assert p100.term_sources[term].startswith("modelled: "), term
+        assert p200.term_sources[term].startswith("measured: "), term
+    assert "derived from the measured H200 profile" in p100.term_sources["layers"]
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "1", "--framework", "megatron",
+                 "--stack", "megatron-runner", "--seq-len", "8192", "--global-batch", "8",
+                 "--layout", "max_tokens_per_gpu=16384", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "the runner's measured error and the derivation's" in out
+    assert "from its derived components" in out and "modelled: derived from the measured H200 profile" in out
+
+
+def test_h100_usable_memory_is_what_torch_reports_not_nvidia_smi():
+    # torch reports 79.18-79.33 GiB total on an H100 SXM 80GB; nvidia-smi's 81,559 MiB (79.6 GiB) is not all usable
+    assert H100.memory_gib <= 79.33
+    model = trial_model(load_model("qwen3-30b-a3b"), 6)
+    p = runner(model, H100, Layout(1, max_tokens_per_gpu=8192))
+    assert p.gpu_memory_gib == pytest.approx(H100.memory_gib)
+
+
+def test_a_measured_line_says_its_gpu_type_and_a_suite_the_one_it_was_predicted_for():
+    from benchmarks.measured_runs import measured_gpu
+    from experiments.megatron.suite import parse_suite
+    line = {"source": "megatron-core 0.19.2 runner on NVIDIA H100 80GB HBM3 x1, backend torch-native, kernels ..."}
+    assert measured_gpu(line, "h200") == "h100"
+    assert measured_gpu({"source": "megatron-core 0.19.2 runner on NVIDIA H200 x2, backend torch-native"}, "h100") == "h200"
+    assert measured_gpu({"status": "failed"}, "h100") == "h100"
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    assert parse_suite(root / "runner_grids_h100_v27_suite.json")[1]["gpu"] == "h100"
+    assert parse_suite(root / "runner_grids_h200_v25_suite.json")[1]["gpu"] == "h200"
+    with pytest.raises(ValueError, match="'gpu'"):
+        parse_suite({"gpu": 3, "trials": [{"name": "a", "model": "llama3-8b", "gpus": 1, "layout": {}}]})
