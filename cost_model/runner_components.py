@@ -373,7 +373,11 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
     micro-batch is at least their parameters' gradient accumulation at that rate. Raises KeyError/TypeError/
     ValueError on a malformed section (the profile parser reports it)."""
     derived = section.get("derived")
-    derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"])) if derived else None
+    if derived is not None:
+        if not isinstance(derived, dict) or not {"compute", "hbm", "basis"} <= set(derived):
+            raise ValueError("runner_components.derived must be a mapping of compute, hbm and basis (the ratios of "
+                             "the GPU type it prices to the one that measured the builds, and what they come from)")
+        derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"]))
     if derived is not None and hbm_bytes_per_s:
         hbm_bytes_per_s /= derived.hbm    # the builds ran on the source GPU: its copy rate bounds their fixed costs
     accumulate = GRAD_ACCUMULATION_BYTES / hbm_bytes_per_s if hbm_bytes_per_s else 0.0

@@ -87,6 +87,10 @@ def test_a_derivation_of_the_runner_section_is_checked_when_the_profile_loads():
     raw["runner_components"]["derived"] = {"compute": 1.0, "hbm": -2.0, "basis": "bad"}
     with pytest.raises(ProfileError, match="hbm"):
         profile_from_dict(raw, "bad")
+    for bad in ({"compute": 1.0}, "yes"):
+        raw["runner_components"]["derived"] = bad
+        with pytest.raises(ProfileError, match="derived must be a mapping of compute, hbm and basis"):
+            profile_from_dict(raw, "bad")
 
 
 def test_tune_profile_derive_marks_the_runner_builds_derived():
