@@ -1,6 +1,7 @@
 """The megatron runner's components on a GPU type nobody measured: the H200's measured builds priced there by the
 datasheet ratios (cost_model.runner_components.Derivation), said to be derived, with a wider interval."""
 import copy
+import json
 import math
 from pathlib import Path
 
@@ -139,3 +140,17 @@ def test_a_measured_line_says_its_gpu_type_and_a_suite_the_one_it_was_predicted_
     assert parse_suite(root / "runner_grids_h200_v25_suite.json")[1]["gpu"] == "h200"
     with pytest.raises(ValueError, match="'gpu'"):
         parse_suite({"gpu": 3, "trials": [{"name": "a", "model": "llama3-8b", "gpus": 1, "layout": {}}]})
+
+
+def test_the_derivation_check_prices_both_profiles_and_an_identity_derivation_has_no_error(tmp_path, capsys):
+    from benchmarks.derivation_check import main as check
+    out = tmp_path / "h200-from-h200.yaml"
+    assert main(["profile", "--derive", "h200", "--from", "h200", "--out", str(out)]) == 0
+    measured = Path(__file__).resolve().parents[1] / "cost_model" / "data" / "profiles" / "h200.yaml"
+    capsys.readouterr()
+    assert check([str(measured), "--derived", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] >= 8 and summary["rms_log_error"] < 1e-9 and summary["derivation_sd"] == 0
+    # a derived profile is not a measurement to judge against
+    assert check([str(out)]) == 2
+    assert "no runner builds measured on its GPU" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""Judge a derived runner profile against one measured on that GPU type: term by term, on the models both priced.
+
+The shipped H100, B200 and GB200 profiles carry the H200's runner builds priced there by datasheet ratios
+(cost_model.runner_components.Derivation). Once `tune profile --model M` measures the runner on such a GPU, this
+prices the same 1-GPU runner steps from both profiles (each model the measured profile built, 2 layers, seq 4096,
+4k-32k tokens per micro-batch, no recompute and full) and prints, per model and tokens, the derived over the
+measured seconds of the layers, the micro-batch's ends, the optimizer and the whole step, then the rms log error
+of the step beside the derivation's own sd (Derivation.error_sd, the prior the intervals widen by).
+
+Every figure is a prediction from a profile: "measured" means priced from the builds measured on that GPU.
+
+Usage: python benchmarks/derivation_check.py MEASURED.yaml [--derived DERIVED.yaml]
+  (default derived: the shipped profile of MEASURED's GPU type)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cost_model.nouns.hardware import load_gpu  # noqa: E402
+from cost_model.nouns.layout import Layout  # noqa: E402
+from cost_model.nouns.model_spec import ModelError, load_model  # noqa: E402
+from cost_model.nouns.workload import Workload  # noqa: E402
+from cost_model.predict import predict  # noqa: E402
+from cost_model.profile import ProfileError, load_profile, shipped_profile  # noqa: E402
+from experiments.megatron.model_run import trial_model  # noqa: E402
+
+TERMS = ("layers", "microbatch_ends", "optimizer")
+TOKENS = (4096, 8192, 16384, 32768)
+FULL = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+
+
+def compare(measured, derived, gpu) -> list[dict]:
+    """One row per (model, tokens, recompute): each term's derived and measured seconds."""
+    out = []
+    models = sorted({c.model for c in measured.runner.layers.values()})
+    for name in models:
+        try:
+            model = trial_model(load_model(name), 2)
+        except ModelError:
+            continue
+        for tokens in TOKENS:
+            for recompute in ({}, FULL):
+                layout = Layout(1, max_tokens_per_gpu=tokens, rows_per_microbatch=max(1, tokens // 4096), **recompute)
+                work = Workload(framework="megatron", seq_len=4096, global_batch=max(8, 2 * tokens // 4096))
+                m = predict(model, gpu, work, layout, precision_aware_optimizer=False, profile=measured)
+                d = predict(model, gpu, work, layout, precision_aware_optimizer=False, profile=derived)
+                if m.breakdown.get("layers", 0) <= 0 or d.breakdown.get("layers", 0) <= 0:
+                    continue
+                out.append({"model": name, "tokens": tokens, "recompute": "full" if recompute else "none",
+                            **{f"{t}_ratio": d.breakdown[t] / m.breakdown[t] for t in TERMS if m.breakdown[t] > 0},
+                            "step_ratio": d.step_time_s / m.step_time_s})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("measured")
+    ap.add_argument("--derived")
+    args = ap.parse_args(argv)
+    try:
+        measured = load_profile(args.measured)
+        derived = load_profile(args.derived) if args.derived else shipped_profile(measured.gpu_type)
+    except ProfileError as e:
+        print(f"derivation_check: {e}", file=sys.stderr)
+        return 2
+    if measured.runner is None or measured.runner.derived is not None:
+        print(f"derivation_check: {args.measured} has no runner builds measured on its GPU (tune profile --model M "
+              f"measures them)", file=sys.stderr)
+        return 2
+    if derived is None or derived.runner is None or derived.runner.derived is None:
+        print("derivation_check: the profile to judge has no derived runner components", file=sys.stderr)
+        return 2
+    gpu = load_gpu(measured.gpu_type)
+    rows = compare(measured, derived, gpu)
+    if not rows:
+        print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)
+        return 1
+    print(f"derived: {derived.runner.derived.basis}; judged against the builds {measured.runner.source}")
+    print(f"{'model':40}{'tokens':>8} {'recompute':9}" + "".join(f"{t:>17}" for t in TERMS) + f"{'step':>8}")
+    for r in rows:
+        print(f"{r['model']:40}{r['tokens']:>8} {r['recompute']:9}"
+              + "".join(f"{r.get(t + '_ratio', float('nan')):>17.3f}" for t in TERMS) + f"{r['step_ratio']:>8.3f}")
+    logs = [math.log(r["step_ratio"]) for r in rows]
+    rms = math.sqrt(statistics.fmean(x * x for x in logs))
+    print(f"step, derived over measured: median {statistics.median(r['step_ratio'] for r in rows):.3f}, rms log error "
+          f"{rms:.3f} over {len(rows)} steps; the derivation's sd (the prior the intervals add) "
+          f"{derived.runner.derived.error_sd:.3f}")
+    print(json.dumps({"steps": len(rows), "median_step_ratio": statistics.median(r["step_ratio"] for r in rows),
+                      "rms_log_error": rms, "derivation_sd": derived.runner.derived.error_sd}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
