@@ -183,6 +183,9 @@ class HardwareProfile:
         for op in ("all_reduce", "all_to_all"):
             if op in self.collectives:
                 out[f"{op}_busbw_gb_s_at_256MB"] = round(self.collectives[op](256 * 2 ** 20), 1)
+        if self.runner is not None:
+            out["runner_components"] = (self.runner.derived.basis if self.runner.derived is not None
+                                        else self.runner.source)
         return out
 
 

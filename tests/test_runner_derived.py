@@ -154,3 +154,10 @@ def test_the_derivation_check_prices_both_profiles_and_an_identity_derivation_ha
     # a derived profile is not a measurement to judge against
     assert check([str(out)]) == 2
     assert "no runner builds measured on its GPU" in capsys.readouterr().err
+
+
+def test_tune_gpus_says_where_each_profiles_runner_components_come_from(capsys):
+    assert main(["gpus"]) == 0
+    lines = {ln.split(":", 1)[0]: ln for ln in capsys.readouterr().out.splitlines()}
+    assert "megatron runner's components: measured: runner components on NVIDIA H200" in lines["h200"]
+    assert "megatron runner's components: derived from the measured H200 profile" in lines["h100"]

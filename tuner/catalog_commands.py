@@ -59,7 +59,8 @@ def cmd_gpus(args) -> int:
             f = profile.summary()
             print(f"{g.name}: {f['provenance']} profile ({f['device']}, {f['date']}): bf16 GEMM 8192^3 "
                   f"{f['gemm_bf16_8192_tflops']:,.0f} TFLOP/s, HBM copy {f['hbm_copy_tb_s']} TB/s, "
-                  f"all-to-all {f.get('all_to_all_busbw_gb_s_at_256MB', '-')} GB/s at 256 MiB, H2D {f['h2d_gb_s']} GB/s")
+                  f"all-to-all {f.get('all_to_all_busbw_gb_s_at_256MB', '-')} GB/s at 256 MiB, H2D {f['h2d_gb_s']} GB/s"
+                  + (f"; megatron runner's components: {f['runner_components']}" if f.get("runner_components") else ""))
         else:
             print(f"{g.name}: no profile; datasheet peaks x the efficiency curves of constants.yaml")
     print("catalog figures from datasheets and cloud price lists; `tune gpus --json` gives the source of each")
