@@ -85,8 +85,7 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v23_suite.json", R / "runner-grids-h200-v23-d-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v24_suite.json", R / "runner-grids-h200-v24-a-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v24_suite.json", R / "runner-grids-h200-v24-b-2026-12-04.jsonl")] + \
-          [(B / "runner_grids_h200_v25_suite.json", R / f"runner-grids-h200-v25-{k}-2026-12-05.jsonl") for k in "abcd"] + \
-          [(B / "runner_grids_h100_v27_suite.json", R / "runner-grids-h100-v27-a-2026-12-05.jsonl")]
+          [(B / "runner_grids_h200_v25_suite.json", R / f"runner-grids-h200-v25-{k}-2026-12-05.jsonl") for k in "abcd"]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
