@@ -90,10 +90,11 @@ def main(argv: list[str]) -> int:
               + "".join(f"{r.get(t + '_ratio', float('nan')):>17.3f}" for t in TERMS) + f"{r['step_ratio']:>8.3f}")
     logs = [math.log(r["step_ratio"]) for r in rows]
     rms = math.sqrt(statistics.fmean(x * x for x in logs))
-    print(f"step, derived over measured: median {statistics.median(r['step_ratio'] for r in rows):.3f}, rms log error "
+    median = statistics.median(r["step_ratio"] for r in rows)
+    print(f"step, derived over measured: median {median:.3f}, rms log error "
           f"{rms:.3f} over {len(rows)} steps; the derivation's sd (the prior the intervals add) "
           f"{derived.runner.derived.error_sd:.3f}")
-    print(json.dumps({"steps": len(rows), "median_step_ratio": statistics.median(r["step_ratio"] for r in rows),
+    print(json.dumps({"steps": len(rows), "median_step_ratio": median,
                       "rms_log_error": rms, "derivation_sd": derived.runner.derived.error_sd}))
     return 0
 

@@ -208,8 +208,9 @@ def interval_lines(iv, p: Prediction) -> list[str]:
         host = (f", the error of runs whose host time to issue a micro-batch is {CROSSING_RATIO} or more of its GPU "
                 f"time (this one's {runner_host_to_gpu(p.context):.2f}: the host's speed counts)"
                 if at_crossing(p) else "")
+        derivation = _derived(p)
         derived = (f" and by their derivation from another GPU type's (Derivation.error_sd "
-                   f"{_derived(p).error_sd:.3f})" if _derived(p) else "")
+                   f"{derivation.error_sd:.3f})" if derivation else "")
         return ["", f"interval: {iv.low:,.0f}-{iv.high:,.0f} tokens/s/GPU (90%): the megatron runner's prediction "
                     f"from its {'derived' if derived else 'measured'} components, widened by its measured prediction "
                     f"error on runner runs{derived} (log sd {iv.error_sd:.3f}{host}; "
