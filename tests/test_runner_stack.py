@@ -309,9 +309,14 @@ def test_tune_predict_prices_the_megatron_runner_stack_from_its_measured_compone
     assert runner["interval"]["error_sd"] < image["interval"]["error_sd"]
 
 
-def test_the_runner_stack_needs_megatrons_framework_in_one_line(capsys):
-    code = main(["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--stack", "megatron-runner",
-                 "--layout", "max_tokens_per_gpu=8192"])
+def test_naming_the_runner_stack_implies_megatrons_step_and_asking_for_slimes_is_one_line(capsys):
+    argv = ["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--stack", "megatron-runner",
+            "--layout", "max_tokens_per_gpu=8192", "--json"]
+    assert main(argv) == 0
+    implied = json.loads(capsys.readouterr().out)
+    assert main(argv + ["--framework", "megatron"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens_per_s_per_gpu"] == implied["tokens_per_s_per_gpu"]
+    code = main(argv + ["--framework", "slime"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "framework megatron" in err[0]
 

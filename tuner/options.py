@@ -322,13 +322,14 @@ def predict_parser():
     p.add_argument("--recipe", help="a recipe YAML (its model, GPU, workload and layout)")
     add_target(p, required=False)
     add_workload(p)
+    p.set_defaults(framework=None)   # left out: the stack's own step (slime's for the image stack)
     add_layout(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="print where the time and the memory go")
     p.add_argument("--stack", choices=STACK_NAMES, default="image",
                    help="image: the training image's Transformer Engine stack (default); megatron-runner: attune's "
                         "megatron runner (torch-native kernels), priced from its components measured on the GPU "
-                        "(needs --framework megatron)")
+                        "(Megatron's own step: --framework megatron is implied)")
     p.add_argument("--recipe-out", help="write the predicted recipe for this layout")
     p.add_argument("--batch", metavar="REQUESTS.jsonl",
                    help="one JSON request a line (keys: " + ", ".join(REQUEST_KEYS) + "); '-' reads stdin; "

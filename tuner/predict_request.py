@@ -84,15 +84,18 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
     gpus = request["gpus"] if request.get("gpus") is not None else gpu.gpus_per_node   # 0 is refused, not a node
     if not 1 <= gpus <= MAX_GPUS:
         raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {shown(gpus)}")
-    workload = Workload(**{k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",
-                                                   "cuda_graphs", "peft", "images_per_row", "image_size")
-                           if request.get(k) is not None})
+    name = request.get("stack") or "image"
+    stack = Stack.named(name, list(fixes))
+    given = {k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",
+                                     "cuda_graphs", "peft", "images_per_row", "image_size")
+             if request.get(k) is not None}
+    if "framework" not in given and Workload.framework not in stack.frameworks:
+        given["framework"] = stack.frameworks[0]   # the stack runs one step only: naming the stack names it
+    workload = Workload(**given)
     raw_layout = request.get("layout") or {}
     if not isinstance(raw_layout, dict):
         raise RequestError("layout must be a mapping of layout keys to values")
     layout = layout_from_values(raw_layout, gpus, workload.seq_len)
-    name = request.get("stack") or "image"
-    stack = Stack.named(name, list(fixes))
     if workload.framework not in stack.frameworks:
         runs = " or ".join(_STEPS[f] for f in stack.frameworks)
         raise RequestError(f"the {name} stack runs {runs}: give framework {' or '.join(stack.frameworks)} "
