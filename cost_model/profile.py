@@ -141,6 +141,7 @@ class HardwareProfile:
     cpu_adam_threads: int
     collectives: dict                 # op -> Curve of bus bandwidth (GB/s) over message bytes
     collective_gpus: int              # GPUs the collective curves were measured on
+    collectives_source: str = ""      # where the curves come from when not from this profile's own GPUs
     gdn: GdnKernel | None = None      # measured Gated DeltaNet kernel times (None: the efficiency estimate)
     device_memory: DeviceMemory | None = None   # measured capacity and memory outside the model's tensors
     raw: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -245,7 +246,7 @@ def _require_curves(grouped: dict, attention: dict, collectives: dict, origin: s
         if not found:
             raise ProfileError(f"{origin}: {section} has no point with fwd_bwd_tflops")
     missing = [op for op in COLLECTIVE_OPS if op not in collectives]
-    if missing and "all_gather" not in collectives:   # an op without a curve reads all_gather's
+    if missing and "all_gather" not in collectives:   # an op without a curve reads all_gather's (none: 1 GPU)
         raise ProfileError(f"{origin}: collectives has no curve for {', '.join(missing)} and no all_gather "
                            f"curve to stand in for them")
 
@@ -281,7 +282,10 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
         for c in data.get("collectives", []):
             if int(c["gpus"]) == gpus:
                 collectives.setdefault(c["op"], []).append((float(c["bytes"]), float(c["busbw_gb_s"])))
-        _require_curves(grouped, attention, collectives, origin)
+        curves, collectives_source = {op: _curve(v) for op, v in collectives.items()}, ""
+        if not collectives and int(data.get("count", 1)) == 1:
+            curves, gpus, collectives_source = _collectives_of_shipped(clean_name(data["gpu_type"]), origin)
+        _require_curves(grouped, attention, curves, origin)
         linear = data.get("linear_attention") or {}
         mem, adam = data["memory"], data["cpu_adam"]
         return HardwareProfile(
@@ -296,7 +300,7 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
             hbm_copy_tb_s=float(mem["hbm_copy_tb_s"]), h2d_gb_s=float(mem["h2d_gb_s"]),
             d2h_gb_s=float(mem["d2h_gb_s"]), cpu_adam_params_per_s=float(adam["params_per_s"]),
             cpu_adam_threads=int(adam.get("threads", 0)),
-            collectives={op: _curve(v) for op, v in collectives.items()}, collective_gpus=gpus,
+            collectives=curves, collective_gpus=gpus, collectives_source=collectives_source,
             gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data,
             fp8_points=fp8_points,
             runner=(parse_runner_components(data["runner_components"], float(mem["hbm_copy_tb_s"]) * 1e12)
@@ -307,6 +311,18 @@ def profile_from_dict(data: dict, origin: str = "profile") -> HardwareProfile:
         raise ProfileError(str(e)) from None
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, IndexError, OverflowError) as e:
         raise ProfileError(f"{origin}: malformed profile ({type(e).__name__}: {e})") from None
+
+
+def _collectives_of_shipped(gpu_type: str, origin: str) -> tuple[dict, int, str]:
+    """A profile measured on one GPU has no collectives (nothing to talk to): its GPU type's shipped profile
+    gives them, and says so wherever they price a term."""
+    shipped = shipped_profile(gpu_type)
+    if shipped is None or not shipped.collectives:
+        raise ProfileError(f"{origin}: measured on 1 GPU, so it has no collectives, and no profile is shipped for "
+                           f"{gpu_type} to take them from: run `tune profile` on 2 or more GPUs")
+    return (shipped.collectives, shipped.collective_gpus,
+            f"collectives from the shipped {gpu_type} profile ({shipped.provenance}, {shipped.date}): this profile "
+            f"measured 1 GPU")
 
 
 def _gdn_kernel(linear: dict) -> GdnKernel | None:

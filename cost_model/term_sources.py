@@ -36,7 +36,8 @@ def _bus(ctx: StepContext, what: str, span: int) -> str:
     if span > ctx.rates.gpu.nvlink_domain:
         return (f"{what} at the catalog's inter-node bandwidth x internode_bus_efficiency "
                 f"{ctx.c.internode_bus_efficiency:g} (estimate)")
-    return f"{what} at the NCCL bus bandwidth of the {ctx.rates.source}"
+    borrowed = getattr(getattr(ctx.rates, "profile", None), "collectives_source", "")
+    return f"{what} at the NCCL bus bandwidth of the {ctx.rates.source}" + (f" ({borrowed})" if borrowed else "")
 
 
 def _fitted_sources(ctx: StepContext) -> dict[str, str]:
