@@ -67,8 +67,12 @@ def _attention_heads(model: ModelSpec | None) -> list[tuple[int, int]]:
     return pairs + [p for p in ATTENTION_DEFAULT_HEADS if p not in pairs]
 
 
-def _linear_attention_shape(model: ModelSpec | None) -> dict:
-    if model is not None and LINEAR_ATTENTION in model.layer_types:
+def _linear_attention_shape(model: ModelSpec | None) -> dict | None:
+    """The Gated DeltaNet kernel's shape: the model's own; None for a model without such layers (its first call
+    compiles for most of a minute, which a profile for that model does not need); the default without a model."""
+    if model is not None and LINEAR_ATTENTION not in model.layer_types:
+        return None
+    if model is not None:
         return dict(qk_heads=model.linear_num_key_heads, v_heads=model.linear_num_value_heads,
                     key_head_dim=model.linear_key_head_dim, value_head_dim=model.linear_value_head_dim,
                     tokens=list(LINEAR_ATTENTION_TOKENS))
@@ -118,6 +122,6 @@ def quick_shapes(shapes: dict) -> dict:
     keep["grouped_gemm"] = [p for p in shapes["grouped_gemm"]
                             if p["experts"] in (8, 128) and p["rows_per_expert"] in (64, 1024)]
     keep["attention"] = [p for p in shapes["attention"] if p["seq"] in (2048, 8192)]
-    keep["linear_attention"] = dict(shapes["linear_attention"], tokens=[8192])
+    keep["linear_attention"] = shapes["linear_attention"] and dict(shapes["linear_attention"], tokens=[8192])
     keep["collectives"] = dict(ops=shapes["collectives"]["ops"], bytes=[2 ** 20, 256 * 2 ** 20])
     return keep
