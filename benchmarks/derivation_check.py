@@ -9,14 +9,23 @@ of the step beside the derivation's own sd (Derivation.error_sd, the prior the i
 
 Every figure is a prediction from a profile: "measured" means priced from the builds measured on that GPU.
 
-Usage: python benchmarks/derivation_check.py MEASURED.yaml [--derived DERIVED.yaml]
+With --calibrate it fits the derivation to those builds instead of judging it: the HBM ratio from the two
+optimizers' seconds per parameter, the rest ratio as the one that prices the layers and the ends measured on the
+target best (least squares in log), and prints the fitted block and the step's errors with it; --write puts that
+block into the derived profile's YAML. A calibrated derivation is judged on the models it was not fitted to
+(benchmarks/runner_accuracy.py on grids of other models on that GPU type).
+
+Usage: python benchmarks/derivation_check.py MEASURED.yaml [--derived DERIVED.yaml] [--calibrate [--write]]
   (default derived: the shipped profile of MEASURED's GPU type)
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +38,7 @@ from cost_model.nouns.layout import Layout  # noqa: E402
 from cost_model.nouns.model_spec import ModelError, load_model  # noqa: E402
 from cost_model.nouns.workload import Workload  # noqa: E402
 from cost_model.predict import predict  # noqa: E402
-from cost_model.profile import ProfileError, load_profile, shipped_profile  # noqa: E402
+from cost_model.profile import ProfileError, load_profile, profile_from_dict, shipped_profile  # noqa: E402
 from experiments.megatron.model_run import trial_model  # noqa: E402
 
 TERMS = ("layers", "microbatch_ends", "optimizer")
@@ -56,14 +65,69 @@ def compare(measured, derived, gpu) -> list[dict]:
                     continue
                 out.append({"model": name, "tokens": tokens, "recompute": "full" if recompute else "none",
                             **{f"{t}_ratio": d.breakdown[t] / m.breakdown[t] for t in TERMS if m.breakdown[t] > 0},
+                            "work_ratio": (d.breakdown["layers"] + d.breakdown["microbatch_ends"])
+                            / (m.breakdown["layers"] + m.breakdown["microbatch_ends"]),
                             "step_ratio": d.step_time_s / m.step_time_s})
     return out
+
+
+def _with(profile, d):
+    """The profile with derivation `d`, parsed again: the parser reads the HBM ratio too (the fixed costs' floor)."""
+    raw = copy.deepcopy(profile.raw)
+    raw["runner_components"]["derived"] = {"compute": d.compute, "hbm": d.hbm, "rest": d.rest, "basis": d.basis,
+                                           "calibration": d.calibration, "calibration_sd": d.calibration_sd}
+    return profile_from_dict(raw, "calibration")
+
+
+def _rms(rows, key="step_ratio") -> float:
+    return math.sqrt(statistics.fmean(math.log(r[key]) ** 2 for r in rows))
+
+
+def calibrate(measured, derived, gpu) -> tuple:
+    """The derivation fitted to the builds both profiles priced: hbm from the optimizers' seconds per parameter,
+    rest minimising the rms log error of the layers and the ends together (golden section in log)."""
+    d = derived.runner.derived
+    hbm = derived.runner.optimizer_s_per_param / measured.runner.optimizer_s_per_param
+
+    def error(log_rest: float) -> float:
+        trial = dataclasses.replace(d, hbm=hbm, rest=math.exp(log_rest))
+        rows = compare(measured, _with(derived, trial), gpu)
+        return math.sqrt(statistics.fmean(math.log(r["work_ratio"]) ** 2 for r in rows))
+
+    lo, hi, g = math.log(0.3), math.log(3.0), (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if error(a) < error(b):
+            hi = b
+        else:
+            lo = a
+    rest = math.exp((lo + hi) / 2)
+    models = sorted({c.model for c in measured.runner.layers.values()})
+    fitted = dataclasses.replace(
+        d, hbm=round(hbm, 4), rest=round(rest, 4), basis=d.basis.replace("by datasheet ratios", "by calibrated ratios"),
+        calibration=f"{', '.join(models)} builds measured on {measured.device} ({measured.date})")
+    rows = compare(measured, _with(derived, fitted), gpu)
+    return dataclasses.replace(fitted, calibration_sd=round(_rms(rows), 4)), rows
+
+
+def write_derivation(path: str, d) -> None:
+    """Replace the runner_components.derived block of a profile YAML in place (the rest of the file as it is)."""
+    text = Path(path).read_text()
+    block = (f"  derived: {{compute: {d.compute}, hbm: {d.hbm}, rest: {d.rest}, calibration_sd: {d.calibration_sd},\n"
+             f"    basis: {json.dumps(d.basis)},\n    calibration: {json.dumps(d.calibration)}}}\n")
+    new, n = re.subn(r"^  derived: \{.*?\}\n", block, text, count=1, flags=re.M | re.S)
+    if n != 1:
+        raise SystemExit(f"derivation_check: {path} has no runner_components.derived block to replace")
+    Path(path).write_text(new)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("measured")
     ap.add_argument("--derived")
+    ap.add_argument("--calibrate", action="store_true", help="fit the derivation to the measured builds")
+    ap.add_argument("--write", action="store_true", help="with --calibrate: write the fitted block into the "
+                                                          "derived profile (--derived, or the shipped one)")
     args = ap.parse_args(argv)
     try:
         measured = load_profile(args.measured)
@@ -79,6 +143,22 @@ def main(argv: list[str]) -> int:
         print("derivation_check: the profile to judge has no derived runner components", file=sys.stderr)
         return 2
     gpu = load_gpu(measured.gpu_type)
+    if args.calibrate:
+        before = compare(measured, derived, gpu)
+        if not before:
+            print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)
+            return 1
+        fitted, rows = calibrate(measured, derived, gpu)
+        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}; step rms log "
+              f"error {_rms(before):.3f} -> {fitted.calibration_sd:.3f} on these builds (in sample); error_sd "
+              f"{derived.runner.derived.error_sd:.3f} -> {fitted.error_sd:.3f}")
+        if args.write:
+            target = args.derived or str(Path(__file__).resolve().parents[1] / "cost_model/data/profiles"
+                                         / f"{measured.gpu_type}.yaml")
+            write_derivation(target, fitted)
+            load_profile(target)   # what was written parses
+            print(f"written to {target}")
+        derived = _with(derived, fitted)
     rows = compare(measured, derived, gpu)
     if not rows:
         print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)

@@ -146,42 +146,60 @@ class HostFloor:
 @dataclass(frozen=True)
 class Derivation:
     """How components measured on one GPU type price another nobody measured (`tune profile --derive`): by the
-    datasheet ratios of the two (target over source). A layer's or the ends' GPU time splits into its modelled
-    GEMM, attention and delta-rule work, which runs at the compute ratio, and the rest of the measured time (the
-    torch-native stack's unfused elementwise passes, gradient accumulation, Adam), taken as memory-bound and run at
-    the HBM ratio. The host's time to issue kernels and the CPU optimizer are kept as measured: the host CPU is not
-    modelled per GPU type."""
+    ratios of the two (target over source). A layer's or the ends' GPU time splits into its modelled GEMM,
+    attention and delta-rule work, which runs at the compute ratio, and the rest of the measured time (the
+    torch-native stack's unfused elementwise passes, gradient accumulation, kernel gaps), run at the `rest` ratio;
+    the optimizer's passes over the parameters at the HBM ratio. The host's time to issue kernels and the CPU
+    optimizer are kept as measured: the host CPU is not modelled per GPU type.
+
+    From datasheets alone `rest` is the HBM ratio (the rest taken as memory-bound). Where one model's builds were
+    measured on both types (benchmarks/derivation_check.py --calibrate), `hbm` is their optimizers' ratio and
+    `rest` the ratio that prices the builds measured on the target best, `calibration` says which builds, and
+    `calibration_sd` is the rms log error left on them."""
 
     compute: float        # target / source dense bf16 peak
-    hbm: float            # target / source HBM bandwidth
+    hbm: float            # target / source HBM bandwidth (the optimizer's memory-bound passes)
     basis: str            # what it was derived from, for the terms' sources
+    rest: float | None = None     # target / source for the rest of a layer's and the ends' GPU time (None: hbm)
+    calibration: str = ""         # the builds measured on both types that `hbm` and `rest` were fitted to
+    calibration_sd: float = 0.0   # rms log error of the step on those builds after the fit
 
     def __post_init__(self):
-        for name in ("compute", "hbm"):
+        for name in ("compute", "hbm") + (("rest",) if self.rest is not None else ()):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"runner_components.derived.{name} must be a positive number, got {value!r}")
+        if not (math.isfinite(self.calibration_sd) and self.calibration_sd >= 0):
+            raise ValueError(f"runner_components.derived.calibration_sd must be a number >= 0, "
+                             f"got {self.calibration_sd!r}")
+
+    @property
+    def rest_ratio(self) -> float:
+        return self.hbm if self.rest is None else self.rest
 
     @property
     def error_sd(self) -> float:
-        """The log sd the derivation adds to a prediction (not fitted: no runner run on a derived GPU type is
-        stored): a part's time on the target lies between all of it at the compute ratio and all at the HBM ratio,
-        and the split is modelled, so the truth is taken as anywhere between, uniform in log: |log(compute /
-        hbm)| / sqrt(12) (0.10 for H100 from H200)."""
-        return abs(math.log(self.compute / self.hbm)) / math.sqrt(12)
+        """The log sd the derivation adds to a prediction: a part's time on the target lies between all of it at
+        the compute ratio and all at the rest ratio, and the split is modelled, so the truth is taken as anywhere
+        between, uniform in log: |log(compute / rest)| / sqrt(12) (0.10 for H100 from H200 by datasheets); a
+        calibrated derivation adds the error left on its calibration builds (another model may differ more)."""
+        return math.hypot(abs(math.log(self.compute / self.rest_ratio)) / math.sqrt(12), self.calibration_sd)
 
     @property
     def note(self) -> str:
+        fitted = (f" (fitted to {self.calibration}, rms log error {self.calibration_sd:.3f} there)"
+                  if self.calibration else "")
         return (f"{self.basis}; the runner's builds priced at the compute ratio x{self.compute:.3f} for "
-                f"their modelled GEMM, attention and delta-rule work and at the HBM ratio x{self.hbm:.3f} for the rest "
-                f"of their GPU time, the host's launch time and the CPU optimizer as measured there; not measured on "
-                f"this GPU type (`tune profile` on one measures them)")
+                f"their modelled GEMM, attention and delta-rule work, at x{self.rest_ratio:.3f} for the rest of their "
+                f"GPU time and at the HBM ratio x{self.hbm:.3f} for the optimizer{fitted}, the host's launch time "
+                f"and the CPU optimizer as measured there; not measured on this GPU type for this model "
+                f"(`tune profile --model M` on one measures them)")
 
     def seconds(self, measured_s: float, compute_s: float) -> float:
         """The target GPU's seconds for a part measured as `measured_s` on the source GPU, of which `compute_s`
-        (source seconds, modelled) is GEMM/attention work: that at the compute ratio, the rest at the HBM ratio."""
+        (source seconds, modelled) is GEMM/attention work: that at the compute ratio, the rest at the rest ratio."""
         compute = min(max(compute_s, 0.0), measured_s)
-        return compute / self.compute + (measured_s - compute) / self.hbm
+        return compute / self.compute + (measured_s - compute) / self.rest_ratio
 
 
 @dataclass(frozen=True)
@@ -377,7 +395,9 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
         if not isinstance(derived, dict) or not {"compute", "hbm", "basis"} <= set(derived):
             raise ValueError("runner_components.derived must be a mapping of compute, hbm and basis (the ratios of "
                              "the GPU type it prices to the one that measured the builds, and what they come from)")
-        derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"]))
+        derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"]),
+                             None if derived.get("rest") is None else float(derived["rest"]),
+                             str(derived.get("calibration") or ""), float(derived.get("calibration_sd") or 0.0))
     if derived is not None and hbm_bytes_per_s:
         hbm_bytes_per_s /= derived.hbm    # the builds ran on the source GPU: its copy rate bounds their fixed costs
     accumulate = GRAD_ACCUMULATION_BYTES / hbm_bytes_per_s if hbm_bytes_per_s else 0.0

@@ -504,8 +504,8 @@ def runner_ends(ctx: StepContext) -> float:
     near = nearest_ends(ends, *key)
     measured = ends[near][1](ctx.tokens)
     # the measured ends less their LM head GEMMs (at the source GPU's rates where the components were derived)
-    compute, hbm = (derived.compute, derived.hbm) if derived is not None else (1.0, 1.0)
-    rest = max(measured - lm_head_seconds(ctx, *near) * compute, 0.0) * key[1] / near[1] / hbm
+    compute, other = (derived.compute, derived.rest_ratio) if derived is not None else (1.0, 1.0)
+    rest = max(measured - lm_head_seconds(ctx, *near) * compute, 0.0) * key[1] / near[1] / other
     # the vocabulary tables' gradient accumulation per micro-batch is this model's (the scaling by the vocabulary
     # above leaves out the hidden size)
     tables = 1 if model.tie_word_embeddings else 2
