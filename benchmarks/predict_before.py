@@ -15,6 +15,7 @@ if __package__ in (None, ""):
 
 from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
+from experiments.megatron.backend_support import microbatch_refusal  # noqa: E402
 from experiments.megatron.suite import parse_suite  # noqa: E402
 
 
@@ -28,6 +29,10 @@ def main(argv: list[str]) -> int:
     print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'needs GiB':>9} {'device peak':>11} verdict   "
           "(predicted before any of these ran; device peak: what it needs plus the allocator's gap where there is room)")
     for t in trials:
+        refusal = microbatch_refusal(t.layout, t.workload.global_batch)
+        if refusal:   # the runner refuses it at set-up: no prediction to judge (fix the suite)
+            print(f"{t.name:22} {'refused':>20} by the runner: {refusal}")
+            continue
         _, p = trial_prediction(t, gpu)
         print(f"{t.name:22} {p.tokens_per_s_per_gpu:20.0f} {p.peak_memory_gib:9.1f} {p.memory.device_peak:11.1f} "
               f"{p.fit_verdict}")
