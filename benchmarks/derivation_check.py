@@ -10,7 +10,8 @@ of the step beside the derivation's own sd (Derivation.error_sd, the prior the i
 Every figure is a prediction from a profile: "measured" means priced from the builds measured on that GPU.
 
 With --calibrate it fits the derivation to those builds instead of judging it: the HBM ratio from the two
-optimizers' seconds per parameter, the rest ratio as the one that prices the layers and the ends measured on the
+optimizers' seconds per parameter, the host's CPU ratio from the two offloaded optimizer steps (where both
+measured one), the rest ratio as the one that prices the layers and the ends measured on the
 target best (least squares in log), and prints the fitted block and the step's errors with it; --write puts that
 block into the derived profile's YAML. A calibrated derivation is judged on the models it was not fitted to
 (benchmarks/runner_accuracy.py on grids of other models on that GPU type).
@@ -74,7 +75,8 @@ def compare(measured, derived, gpu) -> list[dict]:
 def _with(profile, d):
     """The profile with derivation `d`, parsed again: the parser reads the HBM ratio too (the fixed costs' floor)."""
     raw = copy.deepcopy(profile.raw)
-    raw["runner_components"]["derived"] = {"compute": d.compute, "hbm": d.hbm, "rest": d.rest, "basis": d.basis,
+    raw["runner_components"]["derived"] = {"compute": d.compute, "hbm": d.hbm, "rest": d.rest, "cpu": d.cpu,
+                                           "basis": d.basis,
                                            "calibration": d.calibration, "calibration_sd": d.calibration_sd}
     return profile_from_dict(raw, "calibration")
 
@@ -88,9 +90,11 @@ def calibrate(measured, derived, gpu) -> tuple:
     rest minimising the rms log error of the layers and the ends together (golden section in log)."""
     d = derived.runner.derived
     hbm = derived.runner.optimizer_s_per_param / measured.runner.optimizer_s_per_param
+    offload = (derived.runner.offload_s_per_param, measured.runner.offload_s_per_param)
+    cpu = round(offload[0] / offload[1], 4) if None not in offload else d.cpu   # the hosts' offloaded steps
 
     def error(log_rest: float) -> float:
-        trial = dataclasses.replace(d, hbm=hbm, rest=math.exp(log_rest))
+        trial = dataclasses.replace(d, hbm=hbm, rest=math.exp(log_rest), cpu=cpu)
         rows = compare(measured, _with(derived, trial), gpu)
         return math.sqrt(statistics.fmean(math.log(r["work_ratio"]) ** 2 for r in rows))
 
@@ -104,7 +108,7 @@ def calibrate(measured, derived, gpu) -> tuple:
     rest = math.exp((lo + hi) / 2)
     models = sorted({c.model for c in measured.runner.layers.values()})
     fitted = dataclasses.replace(
-        d, hbm=round(hbm, 4), rest=round(rest, 4), basis=d.basis.replace("by datasheet ratios", "by calibrated ratios"),
+        d, hbm=round(hbm, 4), rest=round(rest, 4), cpu=cpu, basis=d.basis.replace("by datasheet ratios", "by calibrated ratios"),
         calibration=f"{', '.join(models)} builds measured on {measured.device} ({measured.date})")
     rows = compare(measured, _with(derived, fitted), gpu)
     return dataclasses.replace(fitted, calibration_sd=round(_rms(rows), 4)), rows
@@ -113,7 +117,8 @@ def calibrate(measured, derived, gpu) -> tuple:
 def write_derivation(path: str, d) -> None:
     """Replace the runner_components.derived block of a profile YAML in place (the rest of the file as it is)."""
     text = Path(path).read_text()
-    block = (f"  derived: {{compute: {d.compute}, hbm: {d.hbm}, rest: {d.rest}, calibration_sd: {d.calibration_sd},\n"
+    block = (f"  derived: {{compute: {d.compute}, hbm: {d.hbm}, rest: {d.rest}, cpu: {d.cpu}, "
+             f"calibration_sd: {d.calibration_sd},\n"
              f"    basis: {json.dumps(d.basis)},\n    calibration: {json.dumps(d.calibration)}}}\n")
     new, n = re.subn(r"^  derived: \{.*?\}\n", block, text, count=1, flags=re.M | re.S)
     if n != 1:
@@ -149,7 +154,8 @@ def main(argv: list[str]) -> int:
             print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)
             return 1
         fitted, rows = calibrate(measured, derived, gpu)
-        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}; step rms log "
+        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}, cpu "
+              f"x{fitted.cpu} (offloaded optimizer step, the hosts'); step rms log "
               f"error {_rms(before):.3f} -> {fitted.calibration_sd:.3f} on these builds (in sample); error_sd "
               f"{derived.runner.derived.error_sd:.3f} -> {fitted.error_sd:.3f}")
         if args.write:

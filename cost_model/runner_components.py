@@ -149,23 +149,25 @@ class Derivation:
     ratios of the two (target over source). A layer's or the ends' GPU time splits into its modelled GEMM,
     attention and delta-rule work, which runs at the compute ratio, and the rest of the measured time (the
     torch-native stack's unfused elementwise passes, gradient accumulation, kernel gaps), run at the `rest` ratio;
-    the optimizer's passes over the parameters at the HBM ratio. The host's time to issue kernels and the CPU
-    optimizer are kept as measured: the host CPU is not modelled per GPU type.
+    the optimizer's passes over the parameters at the HBM ratio. The host's time to issue kernels is kept as
+    measured, and the CPU optimizer too unless `cpu` gives a host measured with the target (the host CPU is not a
+    property of the GPU type: it is what a `tune profile` on such a machine measured).
 
     From datasheets alone `rest` is the HBM ratio (the rest taken as memory-bound). Where one model's builds were
     measured on both types (benchmarks/derivation_check.py --calibrate), `hbm` is their optimizers' ratio and
-    `rest` the ratio that prices the builds measured on the target best, `calibration` says which builds, and
-    `calibration_sd` is the rms log error left on them."""
+    `rest` the ratio that prices the builds measured on the target best, `cpu` their offloaded optimizer steps'
+    ratio, `calibration` says which builds, and `calibration_sd` is the rms log error left on them."""
 
     compute: float        # target / source dense bf16 peak
     hbm: float            # target / source HBM bandwidth (the optimizer's memory-bound passes)
     basis: str            # what it was derived from, for the terms' sources
     rest: float | None = None     # target / source for the rest of a layer's and the ends' GPU time (None: hbm)
+    cpu: float | None = None      # the target's host over the source's for the CPU optimizer (None: as measured there)
     calibration: str = ""         # the builds measured on both types that `hbm` and `rest` were fitted to
     calibration_sd: float = 0.0   # rms log error of the step on those builds after the fit
 
     def __post_init__(self):
-        for name in ("compute", "hbm") + (("rest",) if self.rest is not None else ()):
+        for name in ("compute", "hbm") + tuple(n for n in ("rest", "cpu") if getattr(self, n) is not None):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"runner_components.derived.{name} must be a positive number, got {value!r}")
@@ -189,10 +191,12 @@ class Derivation:
     def note(self) -> str:
         fitted = (f" (fitted to {self.calibration}, rms log error {self.calibration_sd:.3f} there)"
                   if self.calibration else "")
+        cpu = ("the CPU optimizer as measured there" if self.cpu is None
+               else f"the CPU optimizer at x{self.cpu:.3f} (a host measured with this GPU type)")
         return (f"{self.basis}; the runner's builds priced at the compute ratio x{self.compute:.3f} for "
                 f"their modelled GEMM, attention and delta-rule work, at x{self.rest_ratio:.3f} for the rest of their "
                 f"GPU time and at the HBM ratio x{self.hbm:.3f} for the optimizer{fitted}, the host's launch time "
-                f"and the CPU optimizer as measured there; not measured on this GPU type for this model "
+                f"as measured there, {cpu}; not measured on this GPU type for this model "
                 f"(`tune profile --model M` on one measures them)")
 
     def seconds(self, measured_s: float, compute_s: float) -> float:
@@ -223,6 +227,13 @@ class RunnerComponents:
         """The optimizer step's seconds per parameter on this GPU type: Adam's and the grad norm's passes over the
         parameters are memory-bound (the HBM ratio where the components were derived)."""
         return self.optimizer_s_per_param / (self.derived.hbm if self.derived is not None else 1.0)
+
+    @property
+    def offload_s_per_param_here(self) -> float | None:
+        """The offloaded optimizer step's seconds per parameter on this GPU type's host (`Derivation.cpu`)."""
+        if self.offload_s_per_param is None:
+            return None
+        return self.offload_s_per_param / ((self.derived.cpu or 1.0) if self.derived is not None else 1.0)
 
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
@@ -297,13 +308,14 @@ class RunnerComponents:
 
     def cpu_adam_rate(self, ranks_per_host: int) -> float:
         """CPU Adam parameters/s of one rank when `ranks_per_host` ranks step at once: measured at 1, 2, 4
-        ranks, beyond them the last rate shared by the extra ranks."""
+        ranks, beyond them the last rate shared by the extra ranks; on a derived GPU type's host, x `cpu`."""
+        here = (self.derived.cpu or 1.0) if self.derived is not None else 1.0
         points = sorted(self.cpu_adam)
         for ranks, rate in points:
             if ranks >= ranks_per_host:
-                return rate
+                return rate * here
         ranks, rate = points[-1]
-        return rate * ranks / ranks_per_host
+        return rate * here * ranks / ranks_per_host
 
 
 # The sizes that set what one layer's kernels do: the nearest measured layer of a kind is the one closest in
@@ -397,6 +409,7 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
                              "the GPU type it prices to the one that measured the builds, and what they come from)")
         derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"]),
                              None if derived.get("rest") is None else float(derived["rest"]),
+                             None if derived.get("cpu") is None else float(derived["cpu"]),
                              str(derived.get("calibration") or ""), float(derived.get("calibration_sd") or 0.0))
     if derived is not None and hbm_bytes_per_s:
         hbm_bytes_per_s /= derived.hbm    # the builds ran on the source GPU: its copy rate bounds their fixed costs

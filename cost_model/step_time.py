@@ -612,7 +612,7 @@ def runner_step_breakdown(ctx: StepContext) -> dict[str, float]:
     if moved and comps.offload_s_per_param is not None:
         # measured with one rank on the host; ranks sharing it share the CPU Adam rate as measured
         share = comps.cpu_adam_rate(1) / comps.cpu_adam_rate(ctx.ranks_per_host) if comps.cpu_adam else 1.0
-        terms["offload"] = moved * comps.offload_s_per_param * share
+        terms["offload"] = moved * comps.offload_s_per_param_here * share
     elif moved:
         cpu = moved / comps.cpu_adam_rate(ctx.ranks_per_host)
         transfer = moved * 8 / ctx.rates.pcie  # fp32 grads down, fp32 params up

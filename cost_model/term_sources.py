@@ -216,7 +216,7 @@ def _runner_offload_source(ctx: StepContext, where: str) -> str | None:
     at = next((n for n, _ in points if n >= ranks), None)
     pcie = f"PCIe copies at the host-device bandwidth of the {ctx.rates.source}"
     if comps.offload_s_per_param is not None:
-        return (f"measured: the offloaded optimizer step {comps.offload_s_per_param * 1e12:.0f} ms per 1e9 "
+        return (f"measured: the offloaded optimizer step {comps.offload_s_per_param_here * 1e12:.0f} ms per 1e9 "
                 f"parameters on the CPU with 1 rank per host (megatron's HybridDeviceOptimizer: copies and "
                 f"CPU Adam; {where})" + ("" if ranks == 1 else
                 f", slowed by the CPU Adam rate measured with {ranks} ranks per host (modelled)"))

@@ -45,6 +45,20 @@ def test_the_derivation_prices_compute_at_the_compute_ratio_and_the_rest_at_the_
     assert "fitted to x builds" in c.note
     with pytest.raises(ValueError, match="rest"):
         Derivation(1.0, 1.0, "x", rest=-1.0)
+    with pytest.raises(ValueError, match="cpu"):
+        Derivation(1.0, 1.0, "x", cpu=0.0)
+
+
+def test_a_derived_hosts_cpu_ratio_prices_the_offloaded_step_and_cpu_adam_only():
+    import dataclasses
+
+    comps = shipped_profile("h200").runner
+    faster = dataclasses.replace(comps, derived=Derivation(1.0, 1.0, "host", cpu=2.0))
+    assert faster.offload_s_per_param_here == pytest.approx(comps.offload_s_per_param / 2)
+    assert faster.cpu_adam_rate(4) == pytest.approx(comps.cpu_adam_rate(4) * 2)
+    assert faster.cpu_adam_rate(16) == pytest.approx(comps.cpu_adam_rate(16) * 2)
+    assert faster.optimizer_s_per_param_here == comps.optimizer_s_per_param   # the GPU's passes: not the host's
+    assert "CPU optimizer at x2.000" in faster.derived.note
 
 
 def test_shipped_derived_profiles_carry_the_h200_runner_builds_marked_derived():
@@ -95,7 +109,10 @@ def test_the_h100_derivation_is_what_derivation_check_fits_to_the_stored_h100_bu
     shipped = shipped_profile("h100")
     fitted, rows = calibrate(measured, shipped, H100)
     d = shipped.runner.derived
-    assert (fitted.hbm, fitted.rest, fitted.calibration_sd) == (d.hbm, d.rest, d.calibration_sd)
+    assert (fitted.hbm, fitted.rest, fitted.cpu, fitted.calibration_sd) == (d.hbm, d.rest, d.cpu, d.calibration_sd)
+    # the host's CPU ratio is the two offloaded optimizer steps' (H200 host over the H100's)
+    assert d.cpu == pytest.approx(shipped_profile("h200").runner.offload_s_per_param
+                                  / measured.runner.offload_s_per_param, abs=1e-4)
     assert "qwen3-30b-a3b builds measured on NVIDIA H100" in d.calibration
     datasheet = dataclasses.replace(d, hbm=H100.hbm_tb_s / H200.hbm_tb_s, rest=None, calibration_sd=0.0)
     before = compare(measured, _with(shipped, datasheet), H100)
