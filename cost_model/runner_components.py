@@ -229,11 +229,14 @@ class RunnerComponents:
         return self.optimizer_s_per_param / (self.derived.hbm if self.derived is not None else 1.0)
 
     @property
+    def _host_cpu(self) -> float:
+        """This GPU type's host over the one that measured the components, for the CPU optimizer."""
+        return (self.derived.cpu or 1.0) if self.derived is not None else 1.0
+
+    @property
     def offload_s_per_param_here(self) -> float | None:
         """The offloaded optimizer step's seconds per parameter on this GPU type's host (`Derivation.cpu`)."""
-        if self.offload_s_per_param is None:
-            return None
-        return self.offload_s_per_param / ((self.derived.cpu or 1.0) if self.derived is not None else 1.0)
+        return None if self.offload_s_per_param is None else self.offload_s_per_param / self._host_cpu
 
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
@@ -309,7 +312,7 @@ class RunnerComponents:
     def cpu_adam_rate(self, ranks_per_host: int) -> float:
         """CPU Adam parameters/s of one rank when `ranks_per_host` ranks step at once: measured at 1, 2, 4
         ranks, beyond them the last rate shared by the extra ranks; on a derived GPU type's host, x `cpu`."""
-        here = (self.derived.cpu or 1.0) if self.derived is not None else 1.0
+        here = self._host_cpu
         points = sorted(self.cpu_adam)
         for ranks, rate in points:
             if ranks >= ranks_per_host:
