@@ -185,8 +185,9 @@ class HardwareProfile:
             if op in self.collectives:
                 out[f"{op}_busbw_gb_s_at_256MB"] = round(self.collectives[op](256 * 2 ** 20), 1)
         if self.runner is not None:
-            out["runner_components"] = (self.runner.derived.basis if self.runner.derived is not None
-                                        else self.runner.source)
+            d = self.runner.derived
+            out["runner_components"] = (self.runner.source if d is None else
+                                        d.basis + (f" (fitted to {d.calibration})" if d.calibration else ""))
         return out
 
 
