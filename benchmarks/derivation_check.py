@@ -95,16 +95,21 @@ def calibrate(measured, derived, gpu) -> tuple:
 
     def error(log_rest: float) -> float:
         trial = dataclasses.replace(d, hbm=hbm, rest=math.exp(log_rest), cpu=cpu)
-        rows = compare(measured, _with(derived, trial), gpu)
-        return math.sqrt(statistics.fmean(math.log(r["work_ratio"]) ** 2 for r in rows))
+        return _rms(compare(measured, _with(derived, trial), gpu), "work_ratio")
 
+    # golden section: each step keeps one inner point and its error, and prices only the new one
     lo, hi, g = math.log(0.3), math.log(3.0), (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = error(a), error(b)
     for _ in range(40):
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        if error(a) < error(b):
-            hi = b
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = error(a)
         else:
-            lo = a
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = error(b)
     rest = math.exp((lo + hi) / 2)
     models = sorted({c.model for c in measured.runner.layers.values()})
     fitted = dataclasses.replace(

@@ -40,8 +40,8 @@ from experiments.checks.measure import collapse_notes, load_torch, note_failure,
 from experiments.checks.memory import MEMORY_BYTES, measure_memory
 from experiments.checks.nccl_memory import MESSAGE_BYTES, measure_nccl_memory
 from experiments.checks.runner_memory import measure_runner_outside
-from experiments.checks.profile_shapes import (GEMM_M, GEMM_NK, LINEAR_ATTENTION_DEFAULT, LINEAR_ATTENTION_TOKENS,
-                                             MODEL_TOKENS, profile_shapes, quick_shapes)
+from experiments.checks.profile_shapes import (GEMM_M, GEMM_NK, MODEL_TOKENS, default_linear_attention_shape,
+                                             profile_shapes, quick_shapes)
 
 SCHEMA_VERSION = 1
 NO_GPU_MESSAGE = "no CUDA GPU found: tune profile must run on a machine with NVIDIA GPUs"
@@ -174,8 +174,8 @@ def _compute_sections(run: _Sections, shapes: dict, repeats: int, gpu_type: str,
                                             "profile` without --model, or with such a model, measures the kernel)")
     else:
         out["linear_attention"] = run("linear_attention", "linear_attention (fla Gated DeltaNet)",
-                                      lambda: measure_linear_attention(shapes["linear_attention"] or dict(
-                                          LINEAR_ATTENTION_DEFAULT, tokens=list(LINEAR_ATTENTION_TOKENS)),
+                                      lambda: measure_linear_attention(
+                                          shapes["linear_attention"] or default_linear_attention_shape(),
                                           repeats, gpu_type),
                                       linear_attention_estimate())
     return out

@@ -76,6 +76,11 @@ def _linear_attention_shape(model: ModelSpec | None) -> dict | None:
         return dict(qk_heads=model.linear_num_key_heads, v_heads=model.linear_num_value_heads,
                     key_head_dim=model.linear_key_head_dim, value_head_dim=model.linear_value_head_dim,
                     tokens=list(LINEAR_ATTENTION_TOKENS))
+    return default_linear_attention_shape()
+
+
+def default_linear_attention_shape() -> dict:
+    """The Gated DeltaNet kernel's shape when no model names one (Qwen3.5/3.6's heads)."""
     return dict(LINEAR_ATTENTION_DEFAULT, tokens=list(LINEAR_ATTENTION_TOKENS))
 
 
