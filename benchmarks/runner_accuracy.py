@@ -86,7 +86,9 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v24_suite.json", R / "runner-grids-h200-v24-a-2026-12-04.jsonl"),
            (B / "runner_grids_h200_v24_suite.json", R / "runner-grids-h200-v24-b-2026-12-04.jsonl")] + \
           [(B / "runner_grids_h200_v25_suite.json", R / f"runner-grids-h200-v25-{k}-2026-12-05.jsonl") for k in "abcd"] + \
-          [(B / "runner_grids_h100_v27_suite.json", R / "runner-grids-h100-v27-a-2026-12-06.jsonl")]
+          [(B / "runner_grids_h200_v25_suite.json", R / "runner-grids-h200-v25-e-2026-12-06.jsonl"),
+           (B / "runner_grids_h200_v26_suite.json", R / "runner-grids-h200-v26-a-2026-12-06.jsonl"),
+           (B / "runner_grids_h100_v27_suite.json", R / "runner-grids-h100-v27-a-2026-12-06.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -217,7 +219,9 @@ SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd
 # benchmarks/host_overlap_exponent.py). It moves them by at most 3 points and they stay in the held-out figures:
 # held out from every fit, but seen before that term was added. v25 (Qwen3.5-35B-A3B with its real GDN, Ministral-8B,
 # a synthetic 32-expert MoE; 15 runs measured on 2026-12-05) ran after it and after the cross-kind pricing,
-# predictions committed before (runner-grids-h200-v25-predicted-before.txt): held out.
+# predictions committed before (runner-grids-h200-v25-predicted-before.txt): held out; so are its last 9 and v26's
+# first 15 (GLM-4.5-Air L2, Qwen2.5-7B L8, whole Qwen3.5-0.8B with its real GDN), run on 2026-12-06 (v26 registered
+# in runner-grids-h200-v26-predicted-before.txt).
 HOST_FLOOR_LOOKED_AT = ({(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q06-") for k in "abcd"}
                         | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q36s2k-L5-r2") for k in "abcd"})
 # v27 (1 x H100: Llama3-8B, Qwen3-30B-A3B, Qwen3.6-35B-A3B with its real GDN) ran on 2026-12-06 with predictions
