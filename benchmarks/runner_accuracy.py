@@ -222,7 +222,10 @@ SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd
 # predictions committed before (runner-grids-h200-v25-predicted-before.txt): held out; so are its last 9 and v26's
 # first 15 (GLM-4.5-Air L2, Qwen2.5-7B L8, whole Qwen3.5-0.8B with its real GDN), run on 2026-12-06 (v26 registered
 # in runner-grids-h200-v26-predicted-before.txt).
-HOST_FLOOR_LOOKED_AT = ({(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q06-") for k in "abcd"}
+# v26's whole Qwen3.5-0.8B with selective recompute (33% under) then led to the selective launches of a GDN layer
+# being a share of a softmax layer's (step_time.layer_host_s): looked at since.
+HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-r4-sel")}
+                        | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q06-") for k in "abcd"}
                         | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q36s2k-L5-r2") for k in "abcd"})
 # v27 (1 x H100: Llama3-8B, Qwen3-30B-A3B, Qwen3.6-35B-A3B with its real GDN) ran on 2026-12-06 with predictions
 # committed before (runner-grids-h100-v27-predicted-before.txt, priced by the datasheet derivation from the H200's
@@ -298,7 +301,7 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     print((f"tokens/s ({left_out} runs left out: looked at, see OFFLOAD_LOOKED_AT (v11-v13 since the run6 "
            f"offload builds and the offload split, v14 since the moved-tensor pricing), SCALED_LOOKED_AT (v20-v21's "
            f"scaled-layer runs, since runner_scaled_work_exponent) and HOST_FLOOR_LOOKED_AT (v22's Qwen3-0.6B, "
-           f"since the dense host floor, and its Qwen3.6 at 4k tokens, since the MoE kinds') and DERIVATION_LOOKED_AT "
+           f"since the dense host floor, and its Qwen3.6 at 4k tokens, since the MoE kinds'; v26's Qwen3.5-0.8B with selective recompute, since a GDN layer's selective launches) and DERIVATION_LOOKED_AT "
            f"(v27 on H100, since the derivation's calibration)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")

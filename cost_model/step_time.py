@@ -94,6 +94,10 @@ SCALED_RATIO_TOKENS = 16384.0
 ADAM_BYTES_PER_PARAM = 2 + 2 + 4 + 4 + 4 + 2 + 2 + 4 + 4
 
 
+# The selective-recompute modules inside the attention (the rest rerun the norms, the MLP or the experts).
+ATTENTION_MODULES = frozenset({"core_attn", "mla_up_proj"})
+
+
 def selective_launch_share(mods: set, attn_kind: str, mlp_kind: str) -> float:
     applies = {"core_attn": attn_kind in (FULL_ATTENTION, SLIDING_ATTENTION, MLA), "mla_up_proj": attn_kind == MLA,
                "layernorm": True, "moe_act": mlp_kind == MOE and "moe" not in mods, "moe": mlp_kind == MOE,
@@ -585,7 +589,14 @@ def layer_host_s(ctx: StepContext, floor: HostFloor, attn_kind: str, mlp_kind: s
     recompute the modelled share of the layer's kernels its modules rerun."""
     extra = full_fraction * max(floor.layer_full_s - floor.layer_s, 0.0)
     if ctx.layout.recompute_granularity == "selective":
-        extra += selective_launch_share(set(ctx.layout.selective_modules), attn_kind, mlp_kind) * floor.layer_s
+        mods = set(ctx.layout.selective_modules)
+        attn_mods, other_mods = mods & ATTENTION_MODULES, mods - ATTENTION_MODULES
+        # the shares are of a softmax-attention layer's kernels: the modules outside the attention (norms, MLP,
+        # experts) rerun that share of a full-attention layer of this MLP kind, not of a Gated DeltaNet layer's
+        # many more launches, which they do not rerun
+        base = ctx.runner.host_floor(FULL_ATTENTION, mlp_kind) if attn_kind != FULL_ATTENTION else None
+        extra += (selective_launch_share(attn_mods, attn_kind, mlp_kind) * floor.layer_s
+                  + selective_launch_share(other_mods, attn_kind, mlp_kind) * (base or floor).layer_s)
     return floor.layer_s + extra
 
 

@@ -559,6 +559,28 @@ def test_a_small_dense_layer_at_few_tokens_takes_the_hosts_time():
     assert again.step_time_s > few.step_time_s
 
 
+def test_selective_recompute_of_the_mlp_relaunches_a_share_of_a_softmax_layers_kernels_not_a_gdn_layers():
+    """The selective shares are of a softmax-attention layer's kernels: recomputing a Gated DeltaNet layer's norms
+    and MLP relaunches them, not the delta rule's many more launches (whole Qwen3.5-0.8B, v26: predicted 28% slower
+    than without recompute when the share was of the GDN layer's floor; measured 6%)."""
+    from types import SimpleNamespace
+
+    from cost_model.step_time import layer_host_s, selective_launch_share
+    comps = shipped_profile("h200").runner
+    gdn = comps.host_floor("linear_attention", "dense")
+    softmax = comps.host_floor("full_attention", "dense")
+    assert gdn.layer_s > 2 * softmax.layer_s   # the premise: a GDN layer issues many more kernels
+    sel = Layout(1, max_tokens_per_gpu=16384, recompute_granularity="selective", recompute_modules=("layernorm", "mlp"))
+    ctx = SimpleNamespace(layout=sel, runner=comps)
+    share = selective_launch_share({"layernorm", "mlp"}, "linear_attention", "dense")
+    assert layer_host_s(ctx, gdn, "linear_attention", "dense", 0.0) == pytest.approx(gdn.layer_s + share * softmax.layer_s)
+    # a softmax layer's own floor, and core_attn's share of its own layer
+    assert layer_host_s(ctx, softmax, "full_attention", "dense", 0.0) == pytest.approx(softmax.layer_s * (1 + share))
+    attn = SimpleNamespace(layout=replace(sel, recompute_modules=("core_attn",)), runner=comps)
+    assert layer_host_s(attn, softmax, "full_attention", "dense", 0.0) == pytest.approx(softmax.layer_s * 1.1)
+    assert layer_host_s(attn, gdn, "linear_attention", "dense", 0.0) == pytest.approx(gdn.layer_s)
+
+
 def test_host_and_gpu_overlap_fully_apart_and_imperfectly_where_they_are_close():
     from cost_model.constants import default_constants
     from cost_model.step_time import host_and_gpu_s
