@@ -689,6 +689,65 @@ def test_profile_runs_its_builds_in_one_process_while_the_gpu_has_room(tmp_path,
     assert any("x1 --real-vocab not measured: its process ended (1)" in s for s in logged)
 
 
+def test_a_builds_process_started_ahead_runs_the_first_plan_and_a_fresh_one_the_rest(tmp_path, monkeypatch):
+    """`tune profile --model` starts its builds' process during the microbenchmarks (BuildsAhead): run_plan hands
+    it the plan on its stdin instead of starting one; after it hands over (EXIT_LEAKED) a fresh process runs the
+    rest with the plan on its command line."""
+    import io
+    import json as _json
+    import subprocess
+
+    from experiments.checks import runner_components as rc
+
+    behaviour = iter([(1, rc.EXIT_LEAKED), (10, 0)])
+    started = []
+
+    class FakeProcess:
+        def __init__(self, argv, stdin=None, **_kw):
+            self.argv, self.out, self.returncode = argv, Path(argv[argv.index("--out") + 1]), None
+            self.stdin = io.StringIO() if stdin is not None else None
+            if self.stdin is not None:      # started ahead: the plan comes on stdin
+                self.stdin.close = lambda: self._run(_json.loads(self.stdin.getvalue()))
+            else:
+                self._run(_json.loads(argv[argv.index("--plan") + 1]))
+
+        def _run(self, plan):
+            started.append(("stdin" if self.stdin is not None else "argv", len(plan)))
+            n, self.returncode = next(behaviour)
+            for b in plan[:n]:
+                rc._append(self.out, {"kind": b[0], "layers": b[1]})
+
+        def poll(self):
+            return self.returncode
+
+        def wait(self):
+            return self.returncode
+
+    monkeypatch.setattr(subprocess, "Popen", FakeProcess)
+    out, kind = tmp_path / "builds.jsonl", ("full_attention", "moe")
+    ahead = rc.BuildsAhead("m", out, ["--seq-len", "4096"], {})
+    assert ahead.proc.argv[ahead.proc.argv.index("--plan") + 1] == "-" and started == []   # waiting, no plan yet
+    plan = [(kind, 1, ""), (kind, 2, ""), (kind, 1, "--real-vocab")]
+    rc.run_plan("m", plan, out, ["--seq-len", "4096"], {}, 60.0, lambda s: None, ahead=ahead)
+    assert started == [("stdin", 3), ("argv", 2)]
+    assert [b["layers"] for b in rc.read_builds(out)] == [1, 2, 1]
+    ahead.close()   # after its process ended: nothing to stop, no error
+
+
+def test_a_builds_process_started_ahead_imports_without_a_gpu_and_ends_on_an_empty_plan(tmp_path):
+    """The real process: started ahead it imports (no CUDA context: it waits beside the microbenchmarks) and
+    reads its plan from stdin; a profile that ends before its builds closes stdin and it exits 0, writing nothing."""
+    import subprocess
+    import sys as _sys
+
+    out = tmp_path / "builds.jsonl"
+    proc = subprocess.run([_sys.executable, "-m", "experiments.checks.runner_components", "--model", "llama3-8b",
+                           "--out", str(out), "--plan", "-"], input="", capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-500:]
+    assert not out.exists()
+
+
 def test_a_profile_process_hands_over_when_held_memory_fills_half_the_gpu_or_costs_a_point(tmp_path, monkeypatch):
     """run_builds (the child of run_plan) with megatron's held memory simulated on a 200-GiB device: builds share
     the process until more than HELD_FRACTION of it is held; a build that runs out of memory beside held memory is

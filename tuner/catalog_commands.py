@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 from cost_model.nouns.hardware import all_gpus, load_gpu
@@ -73,9 +74,20 @@ def cmd_profile(args) -> int:
     from experiments.checks.hardware_profile import report_written, run_profile
 
     model = load_model(args.model) if args.model else None
-    profile = run_profile(model, quick=args.quick)  # NoGpuError (an AttuneError) without torch or a GPU
-    if model is not None and not args.quick:
-        _runner_components(profile, args.model)
+    builds = model is not None and not args.quick and _has_megatron()
+    if builds:
+        from experiments.checks.runner_components import start_builds_ahead
+    with tempfile.TemporaryDirectory() as tmp:
+        ahead = []
+        # the builds' process imports while the profile's timed sections run (it touches no GPU until its plan)
+        start = (lambda: ahead.append(start_builds_ahead(args.model, Path(tmp) / "builds.jsonl"))) if builds else None
+        try:
+            profile = run_profile(model, quick=args.quick, gpu_shared=start)  # NoGpuError without torch or a GPU
+            if model is not None and not args.quick:
+                _runner_components(profile, args.model, ahead[0] if ahead else None)
+        finally:
+            for a in ahead:
+                a.close()
     with writing_user_file():
         if args.json:
             with contextlib.redirect_stdout(sys.stderr):   # stdout holds the JSON object alone
@@ -88,18 +100,23 @@ def cmd_profile(args) -> int:
     return 0
 
 
-def _runner_components(profile: dict, model: str) -> None:
-    """The megatron runner's step components for `model` (experiments.checks.runner_components), which price
-    `--backend megatron` trials; needs megatron-core (make setup-test installs it)."""
+def _has_megatron() -> bool:
     import importlib.util
-    if importlib.util.find_spec("megatron") is None:
+    return importlib.util.find_spec("megatron") is not None
+
+
+def _runner_components(profile: dict, model: str, ahead=None) -> None:
+    """The megatron runner's step components for `model` (experiments.checks.runner_components), which price
+    `--backend megatron` trials; needs megatron-core (make setup-test installs it). `ahead`: its builds' process,
+    started during the profile."""
+    if not _has_megatron():
         profile.setdefault("notes", []).append("runner_components not measured: megatron-core is not installed "
                                                "(pip install megatron-core, or make setup-test)")
         print("runner components not measured: install megatron-core (make setup-test) to price the megatron "
               "runner from them", file=sys.stderr)
         return
     from experiments.checks.runner_components import measure_models
-    profile["runner_components"] = measure_models([model], log=lambda s: print(s, file=sys.stderr))
+    profile["runner_components"] = measure_models([model], log=lambda s: print(s, file=sys.stderr), ahead=ahead)
 
 
 def _derive(args) -> int:

@@ -18,8 +18,9 @@ so `total - free` from torch.cuda.mem_get_info is this process alone (on a machi
   / max_memory_allocated - 1 when the allocator may keep what it likes; fraction (what the cost model
   reads) = the least slack over the allocated peak with which the same pattern still runs when the
   allocator is capped (set_per_process_memory_fraction): at the limit of the card the allocator gives
-  back its cache and retries, so only this part is needed. The same without expandable segments is
-  recorded beside it.
+  back its cache and retries, so only this part is needed. Without expandable segments (what neither the
+  runner nor slime runs) it is measured only when asked (`measure_device_memory(without_expandable=True)`): a
+  second fresh process, about 12 s of `tune profile` that nothing read.
 
 The NCCL part of the section is measured with the collectives (experiments.checks.nccl_memory).
 """
@@ -229,12 +230,12 @@ def _run(expandable: bool, timeout_s: float) -> dict:
     return result
 
 
-def measure_device_memory(timeout_s: float = DEVICE_MEMORY_TIMEOUT_S) -> dict:
-    """Two fresh processes on GPU 0 (expandable segments on, then off); the device_memory figures."""
+def measure_device_memory(timeout_s: float = DEVICE_MEMORY_TIMEOUT_S, without_expandable: bool = False) -> dict:
+    """A fresh process on GPU 0 with expandable segments (and one without, if asked); the device_memory figures."""
     on = _run(True, timeout_s)
     if "error" in on:
         return dict(error=on["error"])
-    off = _run(False, timeout_s)
+    off = _run(False, timeout_s) if without_expandable else {}
     steps = on["kernel_steps"]
     measured = [s["outside_gib"] for s in steps if "outside_gib" in s]
     context = max([on["cuda_context_only_gib"]] + measured)

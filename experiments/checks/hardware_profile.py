@@ -268,11 +268,14 @@ def _early_device_memory(t0: float, world: int) -> dict:
     return out
 
 
-def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool = False, only=None) -> dict:
+def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool = False, only=None,
+                gpu_shared=None) -> dict:
     """Profile the local GPUs (compute on GPU 0, collectives over all of them); the profile dict.
 
     Raises NoGpuError when torch or a CUDA GPU is missing. quick=True shrinks the grids (smoke run).
-    `only`: the sections to measure (SECTIONS names); all by default."""
+    `only`: the sections to measure (SECTIONS names); all by default. `gpu_shared()`: called once the parts that
+    need the device to themselves (device-level memory readings) are done, before the timed sections (`tune
+    profile --model` starts its builds' process there, to import while these run)."""
     t0 = time.perf_counter()
     for key, value in NCCL_ENV.items():  # forced, not setdefault: an inherited NCCL_NVLS_ENABLE=1 is wrong here
         os.environ[key] = value
@@ -292,6 +295,8 @@ def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool =
     early = None
     if only is None or "device_memory" in only:
         early = _early_device_memory(t0, torch.cuda.device_count())
+    if gpu_shared is not None:
+        gpu_shared()
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     torch.manual_seed(0)
