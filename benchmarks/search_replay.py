@@ -364,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
           "after those, predictions committed before: held out; v24 (whole Phi-3-mini, Phi-3.5-MoE at 3 layers, "
           "Qwen3-30B-A3B and Qwen3.6 at 4 layers seq 1k) ran after the MoE host floors, predictions committed before: "
           "held out; v25 (Qwen3.5-35B-A3B with its real GDN at 4 layers, Ministral-8B at 8 layers, a synthetic "
-          "32-expert MoE at 3 layers; 5 runs each) ran 2026-12-05, predictions committed before: held out "
-          "(--suite v19 ... v25 replays them alone)")
+          "32-expert MoE at 3 layers; 5 runs each) ran 2026-12-05 and 2026-12-06, predictions committed before: "
+          "held out; v26 (GLM-4.5-Air at 2 layers, Qwen2.5-7B at 8, whole Qwen3.5-0.8B with its real GDN) ran "
+          "2026-12-06, predictions committed before: held out, but for Qwen3.5-0.8B's selective recompute (a GDN "
+          "layer's selective launches), looked at since; v27 (1 x H100) ran 2026-12-06, predictions committed before, "
+          "then looked at for tokens/s (the H100 derivation's calibration) (--suite v19 ... v27 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
