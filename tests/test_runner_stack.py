@@ -746,6 +746,7 @@ def test_a_builds_process_started_ahead_imports_without_a_gpu_and_ends_on_an_emp
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 0, proc.stderr[-500:]
     assert not out.exists()
+    assert "CUDA was initialised" not in proc.stderr
 
 
 def test_a_profile_process_hands_over_when_held_memory_fills_half_the_gpu_or_costs_a_point(tmp_path, monkeypatch):

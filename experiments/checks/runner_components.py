@@ -354,30 +354,28 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
         bench.dist.destroy_process_group()
 
 
-def import_ahead(model) -> None:
-    """What a builds process imports before its first build (torch, megatron-core, the runner; fla for a Gated
-    DeltaNet model), without creating a CUDA context: a process started ahead waits beside the profile's
-    microbenchmarks, holding no device memory, and imports at the lowest CPU priority, so that the host-timed
-    sections beside it (CPU Adam) keep the host's cores."""
+def import_ahead() -> None:
+    """What a builds process imports before its first build (torch, megatron-core, the runner), without creating
+    a CUDA context: a process started ahead waits beside the profile's microbenchmarks and its device-level memory
+    readings (the NCCL part), holding no device memory, and imports at the lowest CPU priority, so that the
+    host-timed sections beside it (CPU Adam) keep the host's cores. fla is left to the build: its import asks the
+    device's name."""
     import importlib
-
-    from cost_model.nouns.model_spec import LINEAR_ATTENTION
 
     try:
         os.nice(19)
     except (OSError, AttributeError):
         pass
-
-    names = ["torch", "megatron.core", "megatron.core.distributed", "megatron.core.pipeline_parallel",
-             "experiments.megatron.train_loop", "experiments.megatron.config", "experiments.megatron.data",
-             "experiments.megatron.torch_native", "cost_model.runner_components"]
-    if LINEAR_ATTENTION in model.layer_types:
-        names += ["experiments.megatron.gdn", "fla"]
-    for name in names:
+    for name in ("torch", "megatron.core", "megatron.core.distributed", "megatron.core.pipeline_parallel",
+                 "experiments.megatron.train_loop", "experiments.megatron.config", "experiments.megatron.data",
+                 "experiments.megatron.torch_native", "cost_model.runner_components"):
         try:
             importlib.import_module(name)
         except ImportError:
             pass    # the build that needs it says so
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():   # a diagnosis: the readings beside it would count it
+        print("runner_components: CUDA was initialised by an import ahead of the builds", file=sys.stderr)
 
 
 def one_build(args) -> int:
@@ -627,7 +625,7 @@ def main(argv=None) -> int:
         model = load_model(args.model[0])
         text = args.plan
         if text == "-":     # started ahead: import now, touching no GPU, then wait for the plan
-            import_ahead(model)
+            import_ahead()
             text = sys.stdin.readline()
             if not text.strip():
                 return 0    # the profile ended without builds
