@@ -1042,3 +1042,15 @@ def test_a_line_the_suite_budget_cut_is_not_a_run_but_a_trial_timeout_fails(tmp_
                             only=[name], emit=lambda _: None)
     full = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), only=[name], emit=lambda _: None)
     assert short[0]["suite_budget_s"] <= suite.MIN_TRIAL_S + 1 and "suite_budget_s" not in full[0]
+
+
+def test_a_trial_timed_out_before_its_first_step_says_the_first_step_compiles_kernels(tmp_path):
+    """A first GDN trial on a fresh machine spends minutes compiling its kernels: timed out before any step, the
+    detail says so (it may be tried again); after a step it is the plain timeout."""
+    from experiments.megatron.launch import _Monitor
+
+    mon = _Monitor(1, tmp_path, start=0.0, timeout_s=150, hang_timeout_s=1e9, startup_grace_s=1e9)
+    mon.last_msg = 151.0
+    assert "before any training step finished (a first step compiles kernels" in mon._silence(151.0)
+    mon.stepped = True
+    assert mon._silence(151.0) == "trial exceeded its 150 s timeout; last progress: none (no worker started)"

@@ -239,7 +239,10 @@ class _Monitor:
             return (f"no report from any rank for {self.startup_grace_s:.0f} s during start-up (no training "
                     f"step yet); last progress: " + _progress_text(self.progress))
         if now - self.start > self.timeout_s:
-            return f"trial exceeded its {self.timeout_s:.0f} s timeout; last progress: " + _progress_text(self.progress)
+            first = ("" if self.stepped else " before any training step finished (a first step compiles kernels: "
+                     "on a fresh machine Gated DeltaNet's take minutes, and a second try reuses them)")
+            return (f"trial exceeded its {self.timeout_s:.0f} s timeout{first}; last progress: "
+                    + _progress_text(self.progress))
         return None
 
     def outcome(self, wall: float) -> dict:
