@@ -91,7 +91,7 @@ def memory_floor_gib(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout:
     device = profile.device_memory if profile is not None else None
     inputs = MemoryInputs(workload.precision, ctx.tokens, 0.0, ctx.num_microbatches, rt, gpu, device, True,
                           workload.frozen_weights, ctx.vision)
-    fixed = overheads(layout, rt, model.is_moe, 0.0, gpu, device, constants)
+    fixed = overheads(layout, rt, model.is_moe, 0.0, gpu, device, constants, model.has_linear_attention)
     static = max(sum(_rank_static(model, layout, ctx.ranks, i, inputs)[:3]) for i in range(len(ctx.ranks))) / GIB
     return (static + static * fixed.reserve_fraction + fixed.outside_pytorch) * (1 - ROUNDING_MARGIN), fixed.usable
 

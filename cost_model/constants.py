@@ -62,6 +62,7 @@ class Constants:
     runner_host_crossing_error_sd: float
     runner_scaled_work_exponent: float
     runner_host_overlap_exponent: float
+    runner_gdn_kernels_gib: float
     prediction_error_sd_lora_vlm: float
     memory_error_sd: float
     host_base_gib_per_gpu: float

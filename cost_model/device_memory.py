@@ -61,6 +61,7 @@ class DeviceMemory:
                                                 # device peak takes the gap of real runs, memory.allocator_gap_gib)
     deepep_gib: float | None = None
     runner_outside: tuple[tuple[int, float], ...] = ()   # (GPUs, GiB) the megatron runner held outside PyTorch
+    runner_without_gdn: bool = False            # the probe ran with its Gated DeltaNet layers replaced (no fla kernels)
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
     def runner_outside_at(self, gpus: int) -> float | None:
@@ -131,10 +132,13 @@ def parse_device_memory(data: dict | None, origin: str = "profile") -> DeviceMem
     runner = tuple((_count(r.get("gpus"), "runner_outside.gpus", origin),
                     _gib(r["outside_gib"], "runner_outside.outside_gib", origin))
                    for r in data.get("runner_outside") or [] if isinstance(r, dict) and r.get("outside_gib") is not None)
+    rows = [r for r in data.get("runner_outside") or [] if isinstance(r, dict) and r.get("outside_gib") is not None]
+    without_gdn = bool(rows) and all(r.get("without_gdn") is True for r in rows)
     if runner:
-        sources["runner_outside"] = (f"profile device_memory.runner_outside ({', '.join(f'{g} GPU(s): {x:g} GiB' for g, x in runner)}): "
-                                     f"{basis}")
-    return DeviceMemory(nccl=tuple(nccl), runner_outside=runner, sources=sources, **kw)
+        sources["runner_outside"] = (f"profile device_memory.runner_outside ({', '.join(f'{g} GPU(s): {x:g} GiB' for g, x in runner)}"
+                                     f"{', its Gated DeltaNet layers replaced' if without_gdn else ''}): {basis}")
+    return DeviceMemory(nccl=tuple(nccl), runner_outside=runner, runner_without_gdn=without_gdn, sources=sources,
+                        **kw)
 
 
 @dataclass(frozen=True)
@@ -190,17 +194,19 @@ _MEMO = IdentityMemo(50_000)
 
 
 def overheads(layout: Layout, runtime: Runtime, is_moe: bool, allocated_gib: float, gpu: GpuSpec,
-              dev: DeviceMemory | None, c: Constants) -> Overheads:
-    """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`.
+              dev: DeviceMemory | None, c: Constants, has_gdn: bool = False) -> Overheads:
+    """What one GPU of `layout` holds beyond `allocated_gib` (the allocator's peak), under `runtime`; `has_gdn`:
+    the model has Gated DeltaNet layers (their kernels' modules, where the runner probe ran without them).
     Memoized on its inputs (the objects by identity, held by the memo so their identity stays theirs)."""
-    key = (_group_fields(layout), id(runtime), is_moe, id(gpu), id(dev), id(c))
-    hit = _MEMO.get(key) or _MEMO.put(key, (runtime, gpu, dev, c), _overheads(layout, runtime, is_moe, gpu, dev, c))
+    key = (_group_fields(layout), id(runtime), is_moe, has_gdn, id(gpu), id(dev), id(c))
+    hit = _MEMO.get(key) or _MEMO.put(key, (runtime, gpu, dev, c),
+                                      _overheads(layout, runtime, is_moe, gpu, dev, c, has_gdn))
     # at no allocated peak the memo's own object (built at 0) is the answer: no copy
     return hit[1] if allocated_gib == 0.0 else hit[1].at(allocated_gib)
 
 
 def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev: DeviceMemory | None,
-               c: Constants) -> Overheads:
+               c: Constants, has_gdn: bool = False) -> Overheads:
     allocated_gib = 0.0   # the reserve is set by `Overheads.at`
     dev = dev or DeviceMemory()
     src = dict(dev.sources)
@@ -227,6 +233,10 @@ def _overheads(layout: Layout, runtime: Runtime, is_moe: bool, gpu: GpuSpec, dev
     nccl = nccl_gib(created, used, dev, c)
     runner = dev.runner_outside_at(layout.world_size) if runtime.profiled else None
     runner_src = src.pop("runner_outside", None)
+    if runner is not None and has_gdn and dev.runner_without_gdn:
+        runner += c.runner_gdn_kernels_gib
+        runner_src += (f"; + {c.runner_gdn_kernels_gib:g} GiB for the Gated DeltaNet kernels it did not load "
+                       "(constants.yaml runner_gdn_kernels_gib, measured on the runner grids)")
     exact = any(g == layout.world_size for g, _ in dev.runner_outside)
     if runner is not None and (exact or runner > context + nccl):
         # Measured on the runner itself at this GPU count, the whole is better than the sum of its parts

@@ -462,7 +462,7 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
     rt = inputs.runtime
     in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
-    fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c)
+    fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c, model.has_linear_attention)
     outside = fixed.outside_pytorch
     head_loss = loss_path_bytes(model, layout, inputs.tokens, rt)   # the same on every rank that holds a head
     best, best_total = None, None

@@ -328,6 +328,22 @@ def test_the_runner_probe_is_a_floor_for_the_runner_only(h200):
     assert four.cuda_context == 5.0 and "megatron runner" not in four.sources["cuda_context"]
 
 
+def test_a_probe_without_gdn_kernels_adds_theirs_to_a_model_with_gdn_layers_only(h200):
+    """A runner probe run with its Gated DeltaNet layers replaced (a profile of a model without them) misses what
+    fla's kernels hold: a model with GDN layers gets runner_gdn_kernels_gib on top, said in the source; a model
+    without them, and a probe that ran them, get the figure as measured."""
+    c = default_constants()
+    rows = [{"gpus": 1, "outside_gib": 8.9, "without_gdn": True}]
+    without = parse_device_memory({"context_gib": 0.8, "runner_outside": rows})
+    gdn = overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, without, c, has_gdn=True)
+    assert gdn.outside_pytorch == pytest.approx(8.9 + c.runner_gdn_kernels_gib)
+    assert "Gated DeltaNet kernels it did not load" in gdn.sources["cuda_context"]
+    assert overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, without, c).outside_pytorch == pytest.approx(8.9)
+    ran = parse_device_memory({"context_gib": 0.8, "runner_outside": [{"gpus": 1, "outside_gib": 9.2}]})
+    assert not ran.runner_without_gdn
+    assert overheads(Layout(1), MEGATRON_RUNNER, True, 100.0, h200, ran, c, has_gdn=True).outside_pytorch == pytest.approx(9.2)
+
+
 def test_qk_norm_inputs_are_saved_whatever_core_attn_recompute_does():
     """The q and k RMSNorms (Qwen3) keep their inputs for the backward: one bf16 query and one bf16 key per token,
     sharded over TP, and recomputing core_attn (which starts after them) does not drop them."""

@@ -383,8 +383,8 @@ def test_runner_probe_rows_from_the_runners_own_records():
     seen = []
 
     class StandIn:
-        def __init__(self, limit):
-            self.limit = limit
+        def __init__(self, limit, gdn):
+            self.limit, self.gdn = limit, gdn
 
         def run(self, spec):
             seen.append((spec.case.layout.world_size, spec.case.layout.ep, spec.case.workload.global_batch,
@@ -403,6 +403,38 @@ def test_runner_probe_rows_from_the_runners_own_records():
     section = dm.device_memory_section(dict(visible_gib=139.8), {}, True, {"runner_outside": out})
     from cost_model.device_memory import parse_device_memory
     assert parse_device_memory(section).runner_outside == ((1, 9.1),)
+
+
+def test_a_profile_of_a_model_without_gdn_probes_with_the_gdn_layers_replaced(monkeypatch):
+    """`tune profile --model llama3-8b`: the runner probe runs Qwen3.6's layers with their Gated DeltaNet replaced
+    (no kernel to compile), its rows say so, and the profile read back marks its figure as without them."""
+    from cost_model.device_memory import parse_device_memory
+    from cost_model.nouns.hardware import load_gpu
+    from experiments.checks import runner_memory as rm
+    from experiments.runner import TrialResult
+    made = []
+
+    class StandIn:
+        def __init__(self, limit, gdn):
+            made.append(gdn)
+
+        def run(self, spec):
+            per_rank = {"0": {"peak_reserved": 42.0, "device_peak": 50.9}}
+            return TrialResult(status="ok", kind="measured", source="x", details={"memory_gib_per_rank": per_rank})
+
+    rows = rm.measure_runner_outside(1, gpu=load_gpu("h200"), runner_factory=StandIn, gdn=False)["runner_outside"]
+    assert made == [False] and rows[0]["without_gdn"] is True and "replaced by full attention" in rows[0]["model"]
+    section = dm.device_memory_section(dict(visible_gib=139.8), {}, True, {"runner_outside": rows})
+    dev = parse_device_memory(section)
+    assert dev.runner_without_gdn and dev.runner_outside == ((1, 8.9),)
+    # the profile asks for it from the model it profiles
+    seen = []
+    monkeypatch.setattr(hp, "measure_device_memory", lambda: {})
+    monkeypatch.setattr(hp, "measure_runner_outside", lambda world, gdn: seen.append(gdn) or {"runner_outside": []})
+    from cost_model.nouns.model_spec import load_model
+    for name in ("llama3-8b", "qwen3.6-35b-a3b"):
+        hp._early_device_memory(0.0, 1, load_model(name).has_linear_attention)
+    assert seen == [False, True]
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, float("inf"), "eight", True, None])

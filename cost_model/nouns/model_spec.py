@@ -181,6 +181,11 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def has_linear_attention(self) -> bool:
+        """Gated DeltaNet layers (Qwen3.5/3.6, Qwen3-Next)."""
+        return LINEAR_ATTENTION in self.layer_types
+
+    @property
     def num_moe_layers(self) -> int:
         return self.mlp_types.count(MOE)
 

@@ -252,16 +252,18 @@ def _profile(device, plan: ProfilePlan, *, model_name: str | None = None, t0: fl
     return measured
 
 
-def _early_device_memory(t0: float, world: int) -> dict:
+def _early_device_memory(t0: float, world: int, gdn: bool = True) -> dict:
     """The device_memory parts measured in fresh processes before this one creates a CUDA context (a
     device-level reading would count it): capacity, context, workspaces, allocator reserve; then the
-    megatron runner's own processes (experiments.checks.runner_memory)."""
+    megatron runner's own processes (experiments.checks.runner_memory; `gdn` False: its Gated DeltaNet layers
+    replaced, for a profile of a model without them)."""
     _progress(t0, "device_memory: capacity, CUDA context, workspaces, allocator reserve ...")
     out = {"early": measure_device_memory()}
     gpus = "1 GPU" if world == 1 else f"1 and {world} GPUs"
-    _progress(t0, f"device_memory: the megatron runner's processes on {gpus} ...")
+    _progress(t0, f"device_memory: the megatron runner's processes on {gpus}"
+                  f"{'' if gdn else ' (Gated DeltaNet layers replaced: the model has none)'} ...")
     try:
-        out["probe"] = measure_runner_outside(world)
+        out["probe"] = measure_runner_outside(world, gdn=gdn)
     except Exception as e:  # noqa: BLE001 - the probe is one part; the others stand without it
         out["probe"] = {"runner_outside": [dict(error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")]}
     _progress(t0, "device_memory: first parts done")
@@ -294,7 +296,8 @@ def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool =
         repeats = min(repeats, 5)
     early = None
     if only is None or "device_memory" in only:
-        early = _early_device_memory(t0, torch.cuda.device_count())
+        gdn = model is None or model.has_linear_attention
+        early = _early_device_memory(t0, torch.cuda.device_count(), gdn)
     if gpu_shared is not None:
         gpu_shared()
     device = torch.device("cuda", 0)

@@ -8,6 +8,10 @@ GPUs (EP over all of them), before the profile's own process touches a GPU (a de
 would count it), and records per trial the largest `device peak - reserved peak` over the ranks (the
 runner's outside_pytorch figure). The cost model takes it as the floor of what a megatron-runner
 process holds outside PyTorch on that many GPUs (cost_model/device_memory.py).
+
+`tune profile --model M` for a model without Gated DeltaNet layers probes with them replaced by full attention
+(`without_gdn` on its rows): no GDN kernel to compile (about 40 s on a fresh machine), and the cost model adds
+what fla's kernels hold (constants.yaml runner_gdn_kernels_gib) where the predicted model has such layers.
 """
 from __future__ import annotations
 
@@ -36,10 +40,13 @@ def _outside(per_rank: dict) -> list[float]:
     return out
 
 
-def probe_row(layout, result) -> dict:
-    """One probe trial's row: the layout, and the largest outside-PyTorch figure over its ranks (or why not)."""
+def probe_row(layout, result, gdn: bool = True) -> dict:
+    """One probe trial's row: the layout, and the largest outside-PyTorch figure over its ranks (or why not);
+    `gdn` False: its Gated DeltaNet layers were replaced by full attention."""
     row = dict(gpus=layout.world_size, layout=layout.long_label,
-               model=f"{PROBE_MODEL}, first {PROBE_LAYERS} layers ({PROBE_STEPS} steps, {PROBE_SEQ}-token rows)")
+               model=f"{PROBE_MODEL}, first {PROBE_LAYERS} layers ({PROBE_STEPS} steps, {PROBE_SEQ}-token rows)"
+                     + ("" if gdn else ", Gated DeltaNet layers replaced by full attention"),
+               **({} if gdn else {"without_gdn": True}))
     if result.status != "ok":
         return dict(row, error=f"{result.failure_class}: {' '.join(str(result.detail).split())[:200]}")
     outside = _outside(result.details.get("memory_gib_per_rank") or {})
@@ -50,10 +57,11 @@ def probe_row(layout, result) -> dict:
                 linear_attention=kernels.get("linear_attention"))
 
 
-def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOUT_S, runner_factory=None) -> dict:
+def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOUT_S, runner_factory=None,
+                           gdn: bool = True) -> dict:
     """Run the probe trials; {"runner_outside": [rows]}. `gpu`: the catalog GpuSpec (nvidia-smi's by
-    default); `runner_factory(timeout_s)` makes the runner (a MegatronRunner by default; the CPU tests
-    pass a stand-in)."""
+    default); `runner_factory(timeout_s, gdn)` makes the runner (a MegatronRunner by default; the CPU tests
+    pass a stand-in); `gdn` False: the probe model's Gated DeltaNet layers replaced by full attention."""
     from cost_model.nouns.case import Case
     from cost_model.nouns.hardware import load_gpu
     from cost_model.nouns.model_spec import load_model
@@ -65,13 +73,13 @@ def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOU
     if runner_factory is None:
         from experiments.megatron.runner import MegatronRunner
 
-        def runner_factory(limit):
-            return MegatronRunner(layers=PROBE_LAYERS, replace_gdn=False, timeout_s=limit,
+        def runner_factory(limit, gdn):
+            return MegatronRunner(layers=PROBE_LAYERS, replace_gdn=not gdn, timeout_s=limit,
                                   scale_batch_to_budget=False)
     rows = []
     for layout in probe_layouts(world):
         workload = Workload(seq_len=PROBE_SEQ, global_batch=2 * layout.dp, framework="megatron")
         spec = TrialSpec(Case(load_model(PROBE_MODEL), gpu, workload, layout), steps=PROBE_STEPS,
                          window=(1, PROBE_STEPS - 1))
-        rows.append(probe_row(layout, runner_factory(timeout_s).run(spec)))
+        rows.append(probe_row(layout, runner_factory(timeout_s, gdn).run(spec), gdn))
     return dict(runner_outside=rows)
