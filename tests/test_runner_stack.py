@@ -950,3 +950,13 @@ def test_a_kind_without_host_floor_builds_adds_up_the_measured_kinds_launches():
     small = trial_model(load_model("qwen3.5-27b"), 4)
     p = runner(small, Layout(1, max_tokens_per_gpu=2048), Workload(framework="megatron", seq_len=2048, global_batch=8))
     assert "composed, modelled: launches add up by part" in p.term_sources["launch_overhead"]
+
+
+def test_cpu_adam_ranks_start_their_processes_once_and_time_each_rank_count():
+    """The CPU Adam processes start once (each start imports torch) and step r at a time: one rate per rank count,
+    positive, in the order asked (small tensors: a smoke run of the real measurement on this CPU)."""
+    from experiments.checks.runner_components import cpu_adam_ranks
+
+    out = cpu_adam_ranks(1, ranks=(1, 2), n_params=2 ** 16, steps=2)
+    assert [r["ranks"] for r in out] == [1, 2]
+    assert all(r["params_per_s_per_rank"] > 0 and r["threads_per_rank"] == 1 for r in out)

@@ -237,7 +237,9 @@ def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, row
     return entry
 
 
-def _cpu_adam_worker(n_params: int, threads: int, steps: int, queue) -> None:
+def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue) -> None:
+    """One rank's CPU Adam: set up once (torch imported, the moments' pages touched), then a timed round of
+    `steps` steps for each item `go` gives, until None."""
     import torch
     torch.set_num_threads(threads)
     params = [torch.zeros(n_params // 8, requires_grad=True) for _ in range(8)]
@@ -247,27 +249,42 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, queue) -> None:
     opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
     for _ in range(2):   # first touch of the moments' pages (a VM's memory grows on demand) before timing
         opt.step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        opt.step()
-    queue.put(n_params * steps / (time.perf_counter() - t0))
+    queue.put("ready")
+    while go.get() is not None:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            opt.step()
+        queue.put(n_params * steps / (time.perf_counter() - t0))
 
 
 def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, steps: int = 3) -> list[dict]:
     """torch.optim.AdamW(fused=True) on CPU (what megatron's HybridDeviceOptimizer runs there), in `r` processes at once
-    with `threads` threads each: parameters per second per process."""
+    with `threads` threads each: parameters per second per process. The processes start once (each start imports
+    torch: seconds a round on a small host) and step together `r` at a time while the others wait."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    gos = [ctx.Queue() for _ in range(max(ranks))]
+    procs = [ctx.Process(target=_cpu_adam_worker, args=(n_params, threads, steps, go, queue), daemon=True)
+             for go in gos]
+    for p in procs:
+        p.start()
     out = []
-    for r in ranks:
-        q = ctx.Queue()
-        procs = [ctx.Process(target=_cpu_adam_worker, args=(n_params, threads, steps, q)) for _ in range(r)]
+    try:
+        for _ in procs:
+            queue.get(timeout=300)
+        for r in ranks:
+            for go in gos[:r]:
+                go.put(r)
+            rates = [queue.get(timeout=300) for _ in range(r)]
+            out.append({"ranks": r, "threads_per_rank": threads, "params_per_s_per_rank": statistics.median(rates)})
+    finally:
+        for go in gos:
+            go.put(None)
         for p in procs:
-            p.start()
-        rates = [q.get(timeout=300) for _ in procs]
-        for p in procs:
-            p.join()
-        out.append({"ranks": r, "threads_per_rank": threads, "params_per_s_per_rank": statistics.median(rates)})
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
     return out
 
 
