@@ -960,3 +960,32 @@ def test_cpu_adam_ranks_start_their_processes_once_and_time_each_rank_count():
     out = cpu_adam_ranks(1, ranks=(1, 2), n_params=2 ** 16, steps=2)
     assert [r["ranks"] for r in out] == [1, 2]
     assert all(r["params_per_s_per_rank"] > 0 and r["threads_per_rank"] == 1 for r in out)
+
+
+def test_tune_profile_starts_its_builds_process_once_the_gpu_is_shared_and_stops_it_after(tmp_path, monkeypatch):
+    """`tune profile --model M`: the builds' process starts when run_profile says the device-level readings are
+    done (gpu_shared), is handed to measure_models, and is stopped when the profile ends, whatever happened."""
+    from experiments.checks import hardware_profile as hp
+    from experiments.checks import runner_components as rc
+
+    events = []
+
+    def fake_run_profile(model, quick=False, gpu_shared=None):
+        events.append("early parts")
+        gpu_shared()
+        events.append("timed sections")
+        return {"gpu_type": "h200"}
+
+    def fake_measure(models, log=print, ahead=None):
+        events.append(("builds", models, type(ahead).__name__, ahead.proc.poll()))   # still waiting for its plan
+        raise RuntimeError("a build failed")
+
+    monkeypatch.setattr(hp, "run_profile", fake_run_profile)
+    monkeypatch.setattr(rc, "measure_models", fake_measure)
+    started = []
+    real = rc.start_builds_ahead
+    monkeypatch.setattr(rc, "start_builds_ahead", lambda m, out: started.append(real(m, out)) or started[-1])
+    with pytest.raises(RuntimeError):
+        main(["profile", "--model", "llama3-8b", "--out", str(tmp_path / "p.yaml")])
+    assert events == ["early parts", "timed sections", ("builds", ["llama3-8b"], "BuildsAhead", None)]
+    assert started[0].proc.poll() is not None   # stopped, not left waiting
