@@ -129,10 +129,9 @@ def parse_device_memory(data: dict | None, origin: str = "profile") -> DeviceMem
                                _gib(row.get("buffers_gib", 0), "nccl.buffers_gib", origin)))
     if nccl:
         sources["nccl"] = f"profile device_memory.nccl: {basis}"
-    runner = tuple((_count(r.get("gpus"), "runner_outside.gpus", origin),
-                    _gib(r["outside_gib"], "runner_outside.outside_gib", origin))
-                   for r in data.get("runner_outside") or [] if isinstance(r, dict) and r.get("outside_gib") is not None)
     rows = [r for r in data.get("runner_outside") or [] if isinstance(r, dict) and r.get("outside_gib") is not None]
+    runner = tuple((_count(r.get("gpus"), "runner_outside.gpus", origin),
+                    _gib(r["outside_gib"], "runner_outside.outside_gib", origin)) for r in rows)
     without_gdn = bool(rows) and all(r.get("without_gdn") is True for r in rows)
     if runner:
         sources["runner_outside"] = (f"profile device_memory.runner_outside ({', '.join(f'{g} GPU(s): {x:g} GiB' for g, x in runner)}"
