@@ -1054,3 +1054,24 @@ def test_a_trial_timed_out_before_its_first_step_says_the_first_step_compiles_ke
     assert "before any training step finished (a first step compiles kernels" in mon._silence(151.0)
     mon.stepped = True
     assert mon._silence(151.0) == "trial exceeded its 150 s timeout; last progress: none (no worker started)"
+
+
+def test_a_suite_run_can_give_every_trial_a_longer_limit(monkeypatch):
+    """`--suite S --timeout-s 400`: each trial's own limit (a first GDN trial compiling its kernels needs more than
+    the suite's 150 s), still cut by what is left of the suite's budget."""
+    limits = []
+
+    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **kw):
+        limits.append(timeout_s)
+        return {"status": "ok", "wall_s": 1.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
+
+    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
+    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    name = "2g-tp1-ep2-mt4096"
+    own = next(t for t in suite.parse_suite(SUITE)[0] if t.name == name).timeout_s
+    lines = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200"), timeout_s=own + 250), only=[name],
+                            emit=lambda _: None)
+    assert limits[0] > own and "suite_budget_s" not in lines[0]
+    cut = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200"), timeout_s=own + 250),
+                          budget_s=own + 100, only=[name], emit=lambda _: None)
+    assert cut[0]["suite_budget_s"] <= own + 100

@@ -1,10 +1,12 @@
 # Device call: the trials ONLY (comma-separated names) of SUITE within GRID_S seconds, then the best of them
 # repeated once (its repeat noise). Wheels: whatever .whl/ holds is installed under /tmp/site (session_env.sh).
-# Usage: SUITE=... ONLY=a,b,c GRID_S=480 bash benchmarks/device/grid.sh
+# Usage: SUITE=... ONLY=a,b,c GRID_S=480 [TRIAL_S=300] bash benchmarks/device/grid.sh
+# (TRIAL_S: each trial's limit instead of the suite's; a first Gated DeltaNet trial compiles its kernels)
 set -u
 . benchmarks/device/session_env.sh
 [ -d .whl/c ] && pip install -q --no-index --no-deps --target /tmp/site .whl/c/*.whl 2>&1 | grep -v WARNING | tail -1
 python -m experiments.megatron --suite "$SUITE" --out $OUT/grids.jsonl --budget-s ${GRID_S:-480} ${ONLY:+--only $ONLY} \
+  ${TRIAL_S:+--timeout-s $TRIAL_S} \
   > $OUT/grids.log 2>&1
 best=$(python - "$OUT/grids.jsonl" <<'PY'
 import json, sys

@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", default="auto", choices=("auto", "mp", "ray"))
     p.add_argument("--rows", help="JSONL of {'tokens': [...], 'loss_mask': [...]} rows (default: random tokens)")
     p.add_argument("--gpu", default="auto", help="catalog GPU for predictions (default: from nvidia-smi)")
-    p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="a trial's limit (default 300; with --suite: each trial's, instead of the suite's own, e.g. "
+                        "for first Gated DeltaNet trials that compile their kernels on a fresh machine)")
     p.add_argument("--hang-timeout-s", type=float, default=120.0,
                    help="fail as a hang when no rank reports for this long once training steps run")
     p.add_argument("--startup-grace-s", type=float, default=STARTUP_GRACE_S,
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             return _fail(str(e))
     if args.suite:
         only = [s for s in (args.only or "").split(",") if s]
-        setup = SuiteSetup(gpu, launcher=args.launcher, rows_file=args.rows, log_root=args.log_dir)
+        setup = SuiteSetup(gpu, launcher=args.launcher, rows_file=args.rows, log_root=args.log_dir,
+                           timeout_s=args.timeout_s)
         run_suite(args.suite, args.out, setup, budget_s=args.budget_s, only=only or None)
         return 0
     if args.gpus > n:
@@ -103,7 +106,7 @@ def _run_one(args, gpu, layout) -> int:
         window = (int(a), int(b))
     layers = None if args.layers == "auto" else int(args.layers)
     runner = MegatronRunner(layers=layers, replace_gdn=args.replace_gdn, backend=args.backend, launcher=args.launcher,
-                            timeout_s=args.timeout_s, hang_timeout_s=args.hang_timeout_s,
+                            timeout_s=args.timeout_s or 300.0, hang_timeout_s=args.hang_timeout_s,
                             startup_grace_s=args.startup_grace_s, seed=args.seed, rows_file=args.rows,
                             log_dir=args.log_dir, torch_compile=args.torch_compile)
     workload = Workload(seq_len=args.seq_len, global_batch=args.global_batch, routing=args.routing, framework="megatron")

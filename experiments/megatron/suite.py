@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cost_model.nouns.case import Case
@@ -140,6 +140,7 @@ class SuiteSetup:
     launcher: str = "auto"
     rows_file: str | None = None
     log_root: str | None = None
+    timeout_s: float | None = None      # every trial's limit instead of the suite's (None: the suite's)
 
 
 def run_suite(path, out_path: str | None, setup: SuiteSetup, *, budget_s: float | None = None,
@@ -155,6 +156,8 @@ def run_suite(path, out_path: str | None, setup: SuiteSetup, *, budget_s: float 
     lines = []
     for t in trials:
         elapsed = time.time() - start
+        if setup.timeout_s:
+            t = replace(t, timeout_s=setup.timeout_s)
         timeout = t.timeout_s
         if budget_s is not None:
             left = budget_s - elapsed
