@@ -976,21 +976,27 @@ def test_a_taken_rendezvous_port_is_retried_once_on_a_fresh_port(monkeypatch, tm
     assert out is oom and len(calls) == 2
 
 
-def test_suite_runs_the_global_batch_it_names_under_a_short_budget(monkeypatch):
-    """A suite is a measurement of the workload it names: with little of its budget left a trial keeps its rows
-    (it may end with too few steps), where a tune trial would scale its global batch down to the budget."""
-    jobs = []
+def _stub_suite_jobs(monkeypatch, wall_s: float = 1.0) -> list:
+    """run_job stubbed on 2 visible GPUs, every rank a result: the (job, timeout_s) of each call."""
+    calls = []
 
-    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **limits):
-        jobs.append(job)
-        return {"status": "ok", "wall_s": 40.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
+    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **_kw):
+        calls.append((job, timeout_s))
+        return {"status": "ok", "wall_s": wall_s, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
 
     monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
     monkeypatch.setattr(mr, "run_job", fake_run_job)
+    return calls
+
+
+def test_suite_runs_the_global_batch_it_names_under_a_short_budget(monkeypatch):
+    """A suite is a measurement of the workload it names: with little of its budget left a trial keeps its rows
+    (it may end with too few steps), where a tune trial would scale its global batch down to the budget."""
+    calls = _stub_suite_jobs(monkeypatch, wall_s=40.0)
     trial = next(t for t in suite.parse_suite(SUITE)[0] if t.name == "2g-tp1-ep2-mt4096")
     suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), budget_s=suite.MIN_TRIAL_S + 1,
                     only=[trial.name], emit=lambda _: None)
-    assert [job["global_batch"] for job in jobs] == [trial.workload.global_batch]
+    assert [job["global_batch"] for job, _ in calls] == [trial.workload.global_batch]
     spec = mr.TrialSpec(Case(load_model(trial.model), load_gpu("h200"),
                              dataclasses.replace(trial.workload, global_batch=4096),
                              trial.layout), steps=8)
@@ -1032,11 +1038,7 @@ def test_a_line_the_suite_budget_cut_is_not_a_run_but_a_trial_timeout_fails(tmp_
         assert all(r.failure == "too_few_steps" and not r.ok for r in got)
 
     # the suite records what it left a trial of its budget
-    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **limits):
-        return {"status": "ok", "wall_s": 1.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
-
-    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
-    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    _stub_suite_jobs(monkeypatch)
     name = "2g-tp1-ep2-mt4096"
     short = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200")), budget_s=suite.MIN_TRIAL_S + 1,
                             only=[name], emit=lambda _: None)
@@ -1059,19 +1061,12 @@ def test_a_trial_timed_out_before_its_first_step_says_the_first_step_compiles_ke
 def test_a_suite_run_can_give_every_trial_a_longer_limit(monkeypatch):
     """`--suite S --timeout-s 400`: each trial's own limit (a first GDN trial compiling its kernels needs more than
     the suite's 150 s), still cut by what is left of the suite's budget."""
-    limits = []
-
-    def fake_run_job(job, world, launcher, timeout_s, hang_timeout_s, **kw):
-        limits.append(timeout_s)
-        return {"status": "ok", "wall_s": 1.0, "ranks": {r: _fake_rank(r, job["steps"]) for r in range(world)}}
-
-    monkeypatch.setattr(mr, "visible_gpus", lambda: 2)
-    monkeypatch.setattr(mr, "run_job", fake_run_job)
+    calls = _stub_suite_jobs(monkeypatch)
     name = "2g-tp1-ep2-mt4096"
     own = next(t for t in suite.parse_suite(SUITE)[0] if t.name == name).timeout_s
     lines = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200"), timeout_s=own + 250), only=[name],
                             emit=lambda _: None)
-    assert limits[0] > own and "suite_budget_s" not in lines[0]
+    assert calls[0][1] > own and "suite_budget_s" not in lines[0]
     cut = suite.run_suite(SUITE, None, suite.SuiteSetup(load_gpu("h200"), timeout_s=own + 250),
                           budget_s=own + 100, only=[name], emit=lambda _: None)
     assert cut[0]["suite_budget_s"] <= own + 100
