@@ -219,9 +219,9 @@ SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd
 # benchmarks/host_overlap_exponent.py). It moves them by at most 3 points and they stay in the held-out figures:
 # held out from every fit, but seen before that term was added. v25 (Qwen3.5-35B-A3B with its real GDN, Ministral-8B,
 # a synthetic 32-expert MoE; 15 runs measured on 2026-12-05) ran after it and after the cross-kind pricing,
-# predictions committed before (runner-grids-h200-v25-predicted-before.txt): held out; so are its last 9 and v26's
-# first 15 (GLM-4.5-Air L2, Qwen2.5-7B L8, whole Qwen3.5-0.8B with its real GDN), run on 2026-12-06 (v26 registered
-# in runner-grids-h200-v26-predicted-before.txt).
+# predictions committed before (runner-grids-h200-v25-predicted-before.txt): held out; so are its other 11 trials
+# (9 measured) and 14 of v26's (13 measured: GLM-4.5-Air L2, Qwen2.5-7B L8, whole Qwen3.5-0.8B with its real GDN),
+# run on 2026-12-06 (v26 registered in runner-grids-h200-v26-predicted-before.txt).
 # v26's whole Qwen3.5-0.8B with selective recompute (33% under) then led to the selective launches of a GDN layer
 # being a share of a softmax layer's (step_time.layer_host_s): looked at since.
 HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-r4-sel")}
