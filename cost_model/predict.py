@@ -21,7 +21,7 @@ from cost_model import memory_fit
 from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
 from cost_model.metrics import mfu as model_flops_utilisation
 from cost_model.metrics import usd_per_million_tokens
-from cost_model.nouns.model_spec import LINEAR_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.rates import rates_for
 from cost_model.nouns.runtime import Runtime, default_runtime
@@ -243,7 +243,7 @@ def _source(model: ModelSpec, gpu: GpuSpec, workload: Workload, c: Constants, ra
     hit = _SOURCE_MEMO.get(key)
     if hit is None:
         source = f"attune cost model {c.version}, {gpu.display_name} {rates.source}, runtime {rt.name}"
-        if LINEAR_ATTENTION in model.layer_types:
+        if model.has_linear_attention:
             source += f"; GDN kernel {rates.gdn_source}"
         source += workload_note(workload)
         hit = _SOURCE_MEMO.put(key, held, source)

@@ -70,7 +70,7 @@ def _attention_heads(model: ModelSpec | None) -> list[tuple[int, int]]:
 def _linear_attention_shape(model: ModelSpec | None) -> dict | None:
     """The Gated DeltaNet kernel's shape: the model's own; None for a model without such layers (its first call
     compiles for most of a minute, which a profile for that model does not need); the default without a model."""
-    if model is not None and LINEAR_ATTENTION not in model.layer_types:
+    if model is not None and not model.has_linear_attention:
         return None
     if model is not None:
         return dict(qk_heads=model.linear_num_key_heads, v_heads=model.linear_num_value_heads,

@@ -303,27 +303,25 @@ HELD_REPORT_BYTES = 2 ** 30
 def build_rows(model, extra: str) -> tuple[int, ...]:
     """The rows per micro-batch a planned build times (`extra`: its flags, space-separated): one offloaded point,
     the host floor's rows, else ROWS (1-8 with Gated DeltaNet, whose TileLang kernels compile per shape)."""
-    from cost_model.nouns.model_spec import LINEAR_ATTENTION
-
     flags = extra.split()
     if "--offload" in flags:
         return (1,)
     if "--host-floor" in flags:
         return HOST_FLOOR_ROWS
-    return ROWS[:4] if LINEAR_ATTENTION in model.layer_types else ROWS
+    return ROWS[:4] if model.has_linear_attention else ROWS
 
 
 def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> int:
     """The builds of `plan` in this process, each appended as a JSON line to --out when it ends (measured or
     failed); returns EXIT_LEAKED, leaving the rest to a fresh process, once the memory earlier builds hold passes
     HELD_FRACTION of the device, or before recording a build that ran out of memory beside it."""
-    from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
+    from cost_model.nouns.model_spec import load_model
     from cost_model.runner_components import layer_signature
 
     log = lambda s: print(f"[{time.strftime('%H:%M:%S')}] {s}", flush=True)  # noqa: E731
     base = load_model(args.model[0])
     bench = Bench(args.seq_len, args.microbatches, args.repeats, log)
-    if LINEAR_ATTENTION in base.layer_types:
+    if base.has_linear_attention:
         from experiments.megatron import gdn
         bench.fla = gdn.configure_fla(0)
     cuda = bench.torch.cuda

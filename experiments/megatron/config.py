@@ -85,7 +85,7 @@ def _architecture_kwargs(model: ModelSpec) -> dict:
 def _linear_attention_kwargs(model: ModelSpec) -> dict:
     """Gated DeltaNet layers (Megatron-LM's --experimental-attention-variant gated_delta_net with
     --linear-attention-freq as a per-layer list: 1 for GDN, 0 for full attention)."""
-    if LINEAR_ATTENTION not in model.layer_types:
+    if not model.has_linear_attention:
         return {}
     return dict(
         experimental_attention_variant="gated_delta_net",
