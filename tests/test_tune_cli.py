@@ -560,3 +560,25 @@ def test_flags_of_measured_runs_are_named_when_the_backend_predicts(tmp_path, ca
                  "0", "--layers", "4", "--steps", "5"]) == 0
     assert "note: --steps, --layers only shape measured runs; the predict backend ignores them" in \
         capsys.readouterr().err
+
+
+def test_one_posterior_in_the_table_the_recipe_and_predict(tmp_path, monkeypatch, capsys):
+    """The figure a predicted layout is ranked by (the posterior median over the hypotheses) is the one its recipe
+    and `tune predict --recipe` lead with, not the one hypothesis the breakdown prices (issue 26)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(BASE + SMALL + ["--trials", "3", "--top", "1"]) == 0
+    capsys.readouterr()
+    study = load(tmp_path / "studies" / "attune.sqlite3", "qwen3.6-35b-a3b-h200-x4")
+    best = max((t for t in study.trials if t.state == TrialState.COMPLETE), key=lambda t: t.value)
+    [path] = (tmp_path / "studies" / "recipes" / "qwen3.6-35b-a3b" / "h200").glob("*.yaml")
+    result = yaml.safe_load(path.read_text())["result"]
+    assert result["tokens_per_s_per_gpu"] == pytest.approx(best.value, abs=0.01)
+    assert result["tokens_per_s_per_gpu"] == pytest.approx(result["predicted_interval"]["tokens_per_s_per_gpu_median"],
+                                                           abs=0.5)
+    # the breakdown's own figure is one hypothesis: here not the median, so the test tells the two apart
+    assert abs(result["predicted"]["tokens_per_s_per_gpu"] / result["tokens_per_s_per_gpu"] - 1) > 0.01
+    assert main(["predict", "--recipe", str(path)]) == 0
+    line = capsys.readouterr().out
+    assert f"predicted {best.value:,.0f} [" in line and "(posterior median, 90%, 15 hypotheses)" in line
+    assert f"{result['predicted']['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, step" in line   # said what it is
+    assert f"MFU {result['mfu']:.1%}" in line

@@ -21,8 +21,13 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
     paths = []
     for row in rows:
         prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
-        recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction)
-        recipe["result"]["predicted_interval"] = interval_block(config, row.layout)
+        band = interval_block(config, row.layout)
+        # a predicted recipe leads with the posterior median (for a predicted row, the figure the study ranked it
+        # by), not the one hypothesis the breakdown prices; a measured row's figures replace it below
+        ranked = getattr(row, "tokens_per_s_per_gpu", None) if getattr(row, "kind", "") == "predicted" else None
+        recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction,
+                              headline=ranked or band["tokens_per_s_per_gpu_median"])
+        recipe["result"]["predicted_interval"] = band
         if row.kind == "measured" and row.number in trials:
             record = read_trial(trials[row.number])
             proxy = proxy_differences(record.result, config)

@@ -61,7 +61,8 @@ def cmd_predict(args) -> int:
     if args.recipe_out:
         from recipes.recipe import build_recipe, write_recipe
 
-        recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction)
+        recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction,
+                              headline=headline(interval, prediction)[0])
         with writing_user_file():
             write_recipe(recipe, Path(args.recipe_out))
     if args.json:
@@ -174,9 +175,35 @@ def _answer_line(line: str, number: int, hardware) -> dict:
 def interval_text(iv, p: Prediction) -> str:
     if iv is None:
         return ""
-    basis = (f"{len(iv.by_hypothesis)} hypotheses" if not runner_priced(p) else
-             "the runner's measured error and the derivation's" if _derived(p) else "the runner's measured error")
-    return f"[{iv.low:,.0f}-{iv.high:,.0f}] (90%, {basis})"
+    basis = (f"posterior median, 90%, {len(iv.by_hypothesis)} hypotheses" if _leads_with_median(iv, p) else
+             "90%, the runner's measured error and the derivation's" if _derived(p) else
+             "90%, the runner's measured error")
+    return f"[{iv.low:,.0f}-{iv.high:,.0f}] ({basis})"
+
+
+def _leads_with_median(iv, p: Prediction) -> bool:
+    """Whether the prediction leads with its hypotheses' posterior median: across hypotheses (not the runner's own
+    prediction, whose band is centred on it) the median is what `tune` ranks and headlines, never one hypothesis."""
+    return iv is not None and not runner_priced(p) and iv.median is not None
+
+
+def headline(iv, p: Prediction) -> tuple[float, float, float, float]:
+    """(tokens/s/GPU, step seconds, MFU, $/1M tokens) a prediction leads with: at the posterior median over the
+    hypotheses where the interval spans them (what `tune`'s table shows for the same layout; the step's tokens are
+    the layout's, so the step time, MFU and cost follow the tokens/s), else the prediction's own."""
+    tokens = iv.median if _leads_with_median(iv, p) else p.tokens_per_s_per_gpu
+    ratio = tokens / p.tokens_per_s_per_gpu if p.tokens_per_s_per_gpu > 0 else 1.0
+    usd = p.usd_per_million_tokens / ratio if ratio > 0 else p.usd_per_million_tokens
+    return tokens, p.step_time_s / ratio if ratio > 0 else p.step_time_s, p.mfu * ratio, usd
+
+
+def _breakdown_note(iv, p: Prediction) -> str:
+    """Where the headline is the posterior median: that the step time, MFU and breakdown are the shipped model's
+    single prediction, and its tokens/s/GPU."""
+    if not _leads_with_median(iv, p):
+        return ""
+    return (f"; the breakdown (--explain) is the shipped model's own prediction, one of the hypotheses: "
+            f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s")
 
 
 def _derived(p: Prediction):
@@ -194,10 +221,11 @@ def fit_text(p: Prediction, no: str = "DOES NOT FIT") -> str:
 
 def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
     fits = fit_text(p)
+    tokens, step, mfu, _ = headline(interval, p)
     return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
-            f"{p.tokens_per_s_per_gpu:,.0f} {interval_text(interval, p)} tokens/s/GPU, step {p.step_time_s:.2f} s, "
-            f"MFU {p.mfu:.1%}, "
-            f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}; --explain for the breakdown)")
+            f"{tokens:,.0f} {interval_text(interval, p)} tokens/s/GPU, step {step:.2f} s, MFU {mfu:.1%}, "
+            f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}{_breakdown_note(interval, p)}"
+            f"{'' if _leads_with_median(interval, p) else '; --explain for the breakdown'})")
 
 
 def interval_lines(iv, p: Prediction) -> list[str]:
@@ -226,11 +254,15 @@ def interval_lines(iv, p: Prediction) -> list[str]:
 
 def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
     """Where the time and the memory go, as two tables; the interval across hypotheses."""
+    tokens, step, mfu, usd = headline(interval, p)
     lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
              f"every figure is predicted ({p.source})",
              f"fits: {'yes' if p.fits else fit_text(p, 'NO')}",
-             f"tokens/s/GPU {p.tokens_per_s_per_gpu:,.0f} {interval_text(interval, p)}   step {p.step_time_s:.2f} s   "
-             f"MFU {p.mfu:.1%}   $/1M tokens {p.usd_per_million_tokens:.3f}",
+             f"tokens/s/GPU {tokens:,.0f} {interval_text(interval, p)}   step {step:.2f} s   "
+             f"MFU {mfu:.1%}   $/1M tokens {usd:.3f}"
+             + (f"\nthe breakdown below is the shipped model's own prediction, one of the hypotheses: "
+                f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}"
+                if _leads_with_median(interval, p) else ""),
              f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
              "",
              f"{'step time':<28}{'seconds':>9}{'share':>8}  where it comes from"]
