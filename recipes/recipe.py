@@ -52,13 +52,9 @@ class LoadedRecipe:
 # ---------------------------------------------------------------------------- building
 def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, prediction: Prediction, *,
                  status: str = "predicted", stack_note: str | None = None, headline: float | None = None) -> dict:
-    """The recipe of a predicted layout, with every field group of the reference recipes. `headline`: the
-    tokens/s/GPU its result leads with where that is not the prediction's own (the posterior median over the cost
-    model's hypotheses, what the study ranks by; its cost and MFU follow), the prediction kept in result.predicted."""
+    """The recipe of a predicted layout, every field group of the reference recipes; `headline`: see `_headline`."""
     from tuner.model_identity import full_digest
-
-    tokens = headline if headline and headline > 0 else prediction.tokens_per_s_per_gpu
-    ratio = tokens / prediction.tokens_per_s_per_gpu if prediction.tokens_per_s_per_gpu > 0 else 1.0
+    tokens, usd, mfu = _headline(prediction, headline)
     _, per_node = actor_placement(layout, gpu)
     window_steps = WINDOW[1] - WINDOW[0] + 1
     return {
@@ -91,9 +87,9 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         "layout": layout_block(layout, workload, model.is_moe),
         "result": {
             "tokens_per_s_per_gpu": round(tokens, 2),
-            "usd_per_million_tokens": round(prediction.usd_per_million_tokens / ratio, 2),
+            "usd_per_million_tokens": round(usd, 2),
             "step_time_cv_percent": None,
-            "mfu": round(prediction.mfu * ratio, 4),
+            "mfu": round(mfu, 4),
             "mfu_note": (f"predicted: 6 x active params x tokens/s per GPU / {_number(gpu.peak_tflops(workload.precision))}"
                          f" TFLOP/s ({gpu.display_name} dense {workload.precision} peak)"),
             "active_params": {
@@ -134,6 +130,15 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         "patches": [],
         "run": slime_run(model, gpu, workload, layout, num_rollout=STEPS_PER_RUN),
     }
+
+
+def _headline(prediction: Prediction, headline: float | None) -> tuple[float, float, float]:
+    """(tokens/s/GPU, $/1M tokens, MFU) a predicted recipe's result leads with: at `headline` where given (the
+    posterior median over the cost model's hypotheses, what the study ranks by; the cost and MFU follow it), else
+    the prediction's own; the prediction itself stays in result.predicted."""
+    tokens = headline if headline and headline > 0 else prediction.tokens_per_s_per_gpu
+    ratio = tokens / prediction.tokens_per_s_per_gpu if prediction.tokens_per_s_per_gpu > 0 else 1.0
+    return tokens, prediction.usd_per_million_tokens / ratio, prediction.mfu * ratio
 
 
 def layout_block(layout: Layout, workload: Workload, moe: bool) -> dict:
