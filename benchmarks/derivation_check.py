@@ -50,7 +50,7 @@ FULL = dict(recompute_granularity="full", recompute_method="uniform", recompute_
 def compare(measured, derived, gpu) -> list[dict]:
     """One row per (model, tokens, recompute): each term's derived and measured seconds."""
     out = []
-    models = sorted({c.model for c in measured.runner.layers.values()})
+    models = sorted({c.model for c in measured.runner.layers.values() if not c.borrowed})   # its own builds
     for name in models:
         try:
             model = trial_model(load_model(name), 2)
@@ -111,7 +111,7 @@ def calibrate(measured, derived, gpu) -> tuple:
             b = lo + g * (hi - lo)
             fb = error(b)
     rest = math.exp((lo + hi) / 2)
-    models = sorted({c.model for c in measured.runner.layers.values()})
+    models = sorted({c.model for c in measured.runner.layers.values() if not c.borrowed})   # its own builds
     fitted = dataclasses.replace(
         d, hbm=round(hbm, 4), rest=round(rest, 4), cpu=cpu, basis=d.basis.replace("by datasheet ratios", "by calibrated ratios"),
         calibration=f"{', '.join(models)} builds measured on {measured.device} ({measured.date})")

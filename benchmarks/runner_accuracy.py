@@ -88,7 +88,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
           [(B / "runner_grids_h200_v25_suite.json", R / f"runner-grids-h200-v25-{k}-2026-12-05.jsonl") for k in "abcd"] + \
           [(B / "runner_grids_h200_v25_suite.json", R / "runner-grids-h200-v25-e-2026-12-06.jsonl"),
            (B / "runner_grids_h200_v26_suite.json", R / "runner-grids-h200-v26-a-2026-12-06.jsonl"),
-           (B / "runner_grids_h100_v27_suite.json", R / "runner-grids-h100-v27-a-2026-12-06.jsonl")]
+           (B / "runner_grids_h100_v27_suite.json", R / "runner-grids-h100-v27-a-2026-12-06.jsonl"),
+           (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-a-2026-12-06.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -233,6 +234,8 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # `tune profile` on that H100 (benchmarks/derivation_check.py --calibrate; no grid run used), after its results were
 # seen: its tokens/s are looked at since (the figures recorded when they ran stay the held-out ones); memory, which
 # the derivation does not touch, stays held out.
+# v28 (1 x H100: Mixtral-8x7B at 1 layer, Ministral-8B at 6; predictions re-registered after that calibration, before
+# any run: runner-grids-h100-v28-predicted-before.txt) ran on 2026-12-06: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",

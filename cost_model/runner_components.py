@@ -123,11 +123,15 @@ class Curve:
 
 @dataclass(frozen=True)
 class LayerCurves:
-    """One layer kind's measured seconds per micro-batch, without and with full recompute."""
+    """One layer kind's measured seconds per micro-batch, without and with full recompute. `borrowed`: taken from
+    another profile of this GPU type (`RunnerComponents.with_layers_of`), said where; `derived`: that profile's
+    derivation, where its builds were measured on another GPU type."""
 
     model: str
     none: Curve
     full: Curve | None
+    borrowed: str = ""
+    derived: Derivation | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,7 @@ class HostFloor:
     models: tuple[str, ...]
     points: int
     composed: str = ""       # for a kind with no host-floor builds: the three measured kinds it adds up from
+    borrowed: str = ""       # taken from another profile of this GPU type (RunnerComponents.with_layers_of)
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,39 @@ class RunnerComponents:
 
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
+
+    def derivation_of(self, curves: LayerCurves) -> Derivation | None:
+        """How a layer's measured curves price this GPU type: its own profile's derivation where it was borrowed,
+        else these components'."""
+        return curves.derived if curves.borrowed else self.derived
+
+    def derivation_for(self, model) -> Derivation | None:
+        """The derivation that prices `model`'s layers here, if any: these components', else that of a layer
+        borrowed from a derived profile (`with_layers_of`)."""
+        if self.derived is not None:
+            return self.derived
+        for attn_kind, mlp_kind in dict.fromkeys(zip(model.layer_types, model.mlp_types)):
+            curves = self.layer(layer_signature(model, attn_kind, mlp_kind))
+            if curves is None:
+                near = self.nearest(attn_kind, mlp_kind, model)
+                curves = near[1] if near is not None else None
+            if curves is not None and curves.borrowed and curves.derived is not None:
+                return curves.derived
+        return None
+
+    def with_layers_of(self, other: RunnerComponents, where: str) -> RunnerComponents:
+        """These components, with `other`'s measured layers and host floors of the kinds these lack (a user's
+        `tune profile --model A` priced against model B: B's layer kinds from the shipped profile of the GPU type
+        rather than from the fitted terms), each marked as borrowed from `where` and priced by `other`'s
+        derivation where it has one. These components' own measurements win wherever both have a kind."""
+        own_kinds = {sig.split("|")[0] for sig in self.layers}
+        borrowed = {sig: replace(c, borrowed=c.borrowed or where, derived=other.derivation_of(c))
+                    for sig, c in other.layers.items() if sig.split("|")[0] not in own_kinds}
+        floors = {k: replace(f, borrowed=f.borrowed or where) for k, f in other.host_floors.items()
+                  if k not in self.host_floors}
+        if not borrowed and not floors:
+            return self
+        return replace(self, layers={**self.layers, **borrowed}, host_floors={**self.host_floors, **floors})
 
     def host_floor(self, attn_kind: str, mlp_kind: str) -> HostFloor | None:
         """The host floor measured for this layer kind; for a kind with no host-floor builds, composed from three

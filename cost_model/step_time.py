@@ -21,8 +21,8 @@ from cost_model.memory import backup_bytes, offloaded_params, sharded_params
 from cost_model.micro_batch_constants import time_twin, with_launch
 from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
-from cost_model.runner_components import (GRAD_ACCUMULATION_BYTES, HostFloor, RunnerComponents, layer_signature,
-                                         signature_model)
+from cost_model.runner_components import (GRAD_ACCUMULATION_BYTES, Derivation, HostFloor, RunnerComponents,
+                                         layer_signature, signature_model)
 from cost_model.stages import RankLayers
 from cost_model.nouns.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
@@ -440,7 +440,7 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
             # another model's layer: its measured time scales as the modelled work ratio to a fitted power (a
             # smaller layer's kernels run less efficiently than the GEMM table says; runner_scaled_work_exponent)
             ratio **= ctx.c.runner_scaled_work_exponent
-    on, on_full = _on_target(ctx.runner, lt)
+    on, on_full = _on_target(ctx.runner.derivation_of(curves), lt)
     base = curves.none(ctx.tokens, ratio, on)
     full_extra = (curves.full(ctx.tokens, ratio, on_full) - base) if curves.full is not None else None
     if ratio != 1.0:
@@ -467,11 +467,11 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     return terms, "measured" + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _on_target(comps: RunnerComponents, lt) -> tuple:
-    """For components derived from another GPU type's (`Derivation`): the functions that take a layer's measured
-    GPU seconds, without and with full recompute, to this GPU's, its modelled GEMM, attention and delta-rule work
-    (at this GPU's rates, back to the source's by the compute ratio) split from the rest; (None, None) otherwise."""
-    derived = comps.derived
+def _on_target(derived: Derivation | None, lt) -> tuple:
+    """For a layer measured on another GPU type (`derived`: its components' `Derivation`): the functions that take
+    its measured GPU seconds, without and with full recompute, to this GPU's, its modelled GEMM, attention and
+    delta-rule work (at this GPU's rates, back to the source's by the compute ratio) split from the rest; (None, None)
+    otherwise."""
     if derived is None:
         return None, None
     compute = (lt.attention + lt.linear_attention + lt.mlp + lt.experts) * derived.compute

@@ -150,6 +150,9 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
             recompute_modelled.append(name)
         if not curves.none.tokens[0] <= tokens <= curves.none.tokens[-1]:
             notes.append(f"{tokens:,.0f} tokens extrapolated from {curves.none.span}")
+        if curves.borrowed:   # a user's profile without this kind: the shipped profile's build
+            notes.append(f"from {curves.borrowed}, which this profile lacks"
+                         + (f"; modelled: {curves.derived.note}" if curves.derived is not None else ""))
         measured.append(f"{name} ({curves.model}'s build{''.join(f'; {n}' for n in notes)})")
     fallback = (f"modelled: fitted Megatron terms (no measurement of {', '.join(unmeasured)}: a kind left out of the "
                 f"profile is priced so with rms log error {ctx.c.runner_modelled_layer_error_sd:g}, "

@@ -383,7 +383,7 @@ def test_runner_probe_rows_from_the_runners_own_records():
     seen = []
 
     class StandIn:
-        def __init__(self, limit, gdn):
+        def __init__(self, limit, gdn, layers):
             self.limit, self.gdn = limit, gdn
 
         def run(self, spec):
@@ -400,6 +400,7 @@ def test_runner_probe_rows_from_the_runners_own_records():
     assert seen == [(1, 1, 2, 3, "qwen3.6-35b-a3b"), (2, 2, 4, 3, "qwen3.6-35b-a3b")]
     assert out[0]["outside_gib"] == pytest.approx(9.1) and out[0]["linear_attention"] == "fla"
     assert out[1]["gpus"] == 2 and out[1]["error"] == "crash: boom"
+    assert "first 4 layers" in out[0]["model"]
     section = dm.device_memory_section(dict(visible_gib=139.8), {}, True, {"runner_outside": out})
     from cost_model.device_memory import parse_device_memory
     assert parse_device_memory(section).runner_outside == ((1, 9.1),)
@@ -415,7 +416,7 @@ def test_a_profile_of_a_model_without_gdn_probes_with_the_gdn_layers_replaced(mo
     made = []
 
     class StandIn:
-        def __init__(self, limit, gdn):
+        def __init__(self, limit, gdn, layers):
             made.append(gdn)
 
         def run(self, spec):
@@ -435,6 +436,29 @@ def test_a_profile_of_a_model_without_gdn_probes_with_the_gdn_layers_replaced(mo
     for name in ("llama3-8b", "qwen3.6-35b-a3b"):
         hp._early_device_memory(0.0, 1, load_model(name).has_linear_attention)
     assert seen == [False, True]
+
+
+def test_the_runner_probe_runs_fewer_layers_where_four_would_not_fit():
+    """On 1 x H100 (80 GB) the probe's 4 layers ran out of memory (2026-12-06; predicted 99 GiB): it runs the most
+    that the cost model predicts to fit, and its row says how many; on an H200, or over 2 H100s (EP2), all 4."""
+    from cost_model.nouns.hardware import load_gpu
+    from experiments.checks import runner_memory as rm
+    from experiments.runner import TrialResult
+    depths = []
+
+    class StandIn:
+        def __init__(self, limit, gdn, layers):
+            depths.append(layers)
+
+        def run(self, spec):
+            per_rank = {"0": {"peak_reserved": 42.0, "device_peak": 51.0}}
+            return TrialResult(status="ok", kind="measured", source="x", details={"memory_gib_per_rank": per_rank})
+
+    rows = rm.measure_runner_outside(2, gpu=load_gpu("h100"), runner_factory=StandIn)["runner_outside"]
+    assert depths == [2, 4] and "first 2 layers" in rows[0]["model"] and "first 4 layers" in rows[1]["model"]
+    depths.clear()
+    rm.measure_runner_outside(1, gpu=load_gpu("h200"), runner_factory=StandIn, gdn=False)
+    assert depths == [4]
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, float("inf"), "eight", True, None])

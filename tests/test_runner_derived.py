@@ -224,3 +224,33 @@ def test_tune_gpus_says_where_each_profiles_runner_components_come_from(capsys):
     lines = {ln.split(":", 1)[0]: ln for ln in capsys.readouterr().out.splitlines()}
     assert "megatron runner's components: measured: runner components on NVIDIA H200" in lines["h200"]
     assert "megatron runner's components: derived from the measured H200 profile" in lines["h100"]
+
+
+def test_a_users_profile_of_one_model_prices_another_models_kinds_from_the_shipped_builds():
+    """`tune profile --model llama3-8b` on an H100 (stored, 2026-12-06) measured only dense layers. Mixtral-8x7B's
+    MoE layer then comes from the shipped H100 profile's builds (the H200's, derived), marked as borrowed, with the
+    derivation's error in its band: not from the fitted terms, 30-47% over on v28's H100 runs. The profile's own
+    builds still price what it measured."""
+    from cost_model.profile import load_profile
+    from tuner.intervals import runner_stack_sd
+
+    user = load_profile(Path(__file__).resolve().parents[1] / "benchmarks/results/profile-h100-llama3-8b-2026-12-06.yaml")
+    own = {sig for sig, c in user.runner.layers.items() if not c.borrowed}
+    assert own and all(sig.startswith("full_attention+dense|") for sig in own)
+    moe = [c for sig, c in user.runner.layers.items() if sig.startswith("full_attention+moe|")]
+    assert moe and all(c.borrowed.startswith("the shipped h100 profile (derived") and c.derived is not None
+                       for c in moe)
+    assert user.runner.host_floors["full_attention+moe"].borrowed and not user.runner.host_floors[
+        "full_attention+dense"].borrowed
+    mixtral = trial_model(load_model(str(Path(__file__).resolve().parents[1]
+                                         / "benchmarks/models/mixtral-8x7b/config.json")), 1)
+    layout = Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+    mine, shipped = runner(mixtral, H100, layout, user), runner(mixtral, H100, layout)
+    assert "from the shipped h100 profile (derived" in mine.term_sources["layers"]
+    assert "fitted Megatron terms" not in mine.term_sources["layers"]
+    # the same builds and derivation: the layer term within the two profiles' GEMM rates of each other
+    assert mine.breakdown["layers"] == pytest.approx(shipped.breakdown["layers"], rel=0.1)
+    assert runner_stack_sd(mixtral, H100, user) == pytest.approx(runner_stack_sd(mixtral, H100), rel=1e-6)
+    llama = trial_model(load_model("llama3-8b"), 2)
+    assert "from the shipped" not in runner(llama, H100, layout, user).term_sources["layers"]
+    assert runner_stack_sd(llama, H100, user) < runner_stack_sd(llama, H100)   # measured here: no derivation

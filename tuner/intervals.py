@@ -79,8 +79,9 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     crossed, fitted = _unmeasured(model, profile)
     base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
             c.runner_cross_kind_layer_error_sd if crossed else c.runner_scaled_layer_error_sd)
-    if profile is not None and profile.runner is not None and profile.runner.derived is not None:
-        base = math.hypot(base, profile.runner.derived.error_sd)   # measured on another GPU type
+    derived = profile.runner.derivation_for(model) if profile is not None and profile.runner is not None else None
+    if derived is not None:
+        base = math.hypot(base, derived.error_sd)   # measured on another GPU type
     if prediction is None:
         return math.hypot(base, _fitted_share_sd(model, fitted))
     return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),

@@ -3,7 +3,8 @@
 The parts of that memory are measured apart (experiments.checks.device_memory and nccl_memory), but
 which of megatron's ~20 communicators a training step really uses, and which kernels it loads, only a
 real step shows. So `tune profile` runs the megatron runner itself for a few steps of Qwen3.6-35B-A3B's
-first 4 layers (3 Gated DeltaNet, 1 attention; fla's kernels when importable) on 1 GPU (TP1) and on all
+first 4 layers (3 Gated DeltaNet, 1 attention; fla's kernels when importable; fewer where they would not fit:
+`probe_layers`) on 1 GPU (TP1) and on all
 GPUs (EP over all of them), before the profile's own process touches a GPU (a device-level reading
 would count it), and records per trial the largest `device peak - reserved peak` over the ranks (the
 runner's outside_pytorch figure). The cost model takes it as the floor of what a megatron-runner
@@ -40,11 +41,22 @@ def _outside(per_rank: dict) -> list[float]:
     return out
 
 
-def probe_row(layout, result, gdn: bool = True) -> dict:
+def probe_layers(case, gdn: bool = True) -> int:
+    """PROBE_LAYERS, or the most fewer that the cost model predicts to fit the GPU: on an 80 GB card the 4 layers'
+    weights, fp32 gradients and Adam state alone nearly fill it (predicted 99 GiB on 1 x H100; they ran out of memory
+    there on 2026-12-06), and what the probe reads, the memory outside PyTorch, does not depend on the depth."""
+    from experiments.megatron.model_run import predict_run, trial_model
+    for n in range(PROBE_LAYERS, 1, -1):
+        if predict_run(case.replace(model=trial_model(case.model, n, not gdn))).fits:
+            return n
+    return 1
+
+
+def probe_row(layout, result, gdn: bool = True, layers: int = PROBE_LAYERS) -> dict:
     """One probe trial's row: the layout, and the largest outside-PyTorch figure over its ranks (or why not);
     `gdn` False: its Gated DeltaNet layers were replaced by full attention."""
     row = dict(gpus=layout.world_size, layout=layout.long_label,
-               model=f"{PROBE_MODEL}, first {PROBE_LAYERS} layers ({PROBE_STEPS} steps, {PROBE_SEQ}-token rows)"
+               model=f"{PROBE_MODEL}, first {layers} layers ({PROBE_STEPS} steps, {PROBE_SEQ}-token rows)"
                      + ("" if gdn else ", Gated DeltaNet layers replaced by full attention"),
                **({} if gdn else {"without_gdn": True}))
     if result.status != "ok":
@@ -60,8 +72,9 @@ def probe_row(layout, result, gdn: bool = True) -> dict:
 def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOUT_S, runner_factory=None,
                            gdn: bool = True) -> dict:
     """Run the probe trials; {"runner_outside": [rows]}. `gpu`: the catalog GpuSpec (nvidia-smi's by
-    default); `runner_factory(timeout_s, gdn)` makes the runner (a MegatronRunner by default; the CPU tests
-    pass a stand-in); `gdn` False: the probe model's Gated DeltaNet layers replaced by full attention."""
+    default); `runner_factory(timeout_s, gdn, layers)` makes the runner (a MegatronRunner by default; the CPU tests
+    pass a stand-in); `gdn` False: the probe model's Gated DeltaNet layers replaced by full attention. Each layout
+    runs `probe_layers` of them."""
     from cost_model.nouns.case import Case
     from cost_model.nouns.hardware import load_gpu
     from cost_model.nouns.model_spec import load_model
@@ -73,13 +86,13 @@ def measure_runner_outside(world: int, gpu=None, timeout_s: float = PROBE_TIMEOU
     if runner_factory is None:
         from experiments.megatron.runner import MegatronRunner
 
-        def runner_factory(limit, gdn):
-            return MegatronRunner(layers=PROBE_LAYERS, replace_gdn=not gdn, timeout_s=limit,
-                                  scale_batch_to_budget=False)
+        def runner_factory(limit, gdn, layers):
+            return MegatronRunner(layers=layers, replace_gdn=not gdn, timeout_s=limit, scale_batch_to_budget=False)
     rows = []
     for layout in probe_layouts(world):
         workload = Workload(seq_len=PROBE_SEQ, global_batch=2 * layout.dp, framework="megatron")
-        spec = TrialSpec(Case(load_model(PROBE_MODEL), gpu, workload, layout), steps=PROBE_STEPS,
-                         window=(1, PROBE_STEPS - 1))
-        rows.append(probe_row(layout, runner_factory(timeout_s, gdn).run(spec), gdn))
+        case = Case(load_model(PROBE_MODEL), gpu, workload, layout)
+        spec = TrialSpec(case, steps=PROBE_STEPS, window=(1, PROBE_STEPS - 1))
+        layers = probe_layers(case, gdn)
+        rows.append(probe_row(layout, runner_factory(timeout_s, gdn, layers).run(spec), gdn, layers))
     return dict(runner_outside=rows)
