@@ -21,13 +21,12 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
     paths = []
     for row in rows:
         prediction = predict(config.model, config.gpu, config.workload, row.layout, profile=config.profile)
-        band = interval_block(config, row.layout)
-        # a predicted recipe leads with the posterior median (for a predicted row, the figure the study ranked it
-        # by), not the one hypothesis the breakdown prices; a measured row's figures replace it below
-        ranked = getattr(row, "tokens_per_s_per_gpu", None) if getattr(row, "kind", "") == "predicted" else None
+        posterior = posterior_of(config, row.layout)
+        # a predicted recipe leads with the posterior median (what the study ranks a predicted layout by), not the
+        # one hypothesis the breakdown prices; a measured row's figures replace it below
         recipe = build_recipe(config.model, config.gpu, config.workload, row.layout, prediction,
-                              headline=ranked or band["tokens_per_s_per_gpu_median"])
-        recipe["result"]["predicted_interval"] = band
+                              headline=posterior.median)
+        recipe["result"]["predicted_interval"] = interval_block(posterior)
         if row.kind == "measured" and row.number in trials:
             record = read_trial(trials[row.number])
             proxy = proxy_differences(record.result, config)
@@ -66,11 +65,15 @@ def write_launch(recipe: Path, config, layout) -> Path:
     return path
 
 
-def interval_block(config, layout) -> dict:
-    """The layout's predicted tokens/s/GPU across the cost model's hypotheses (prior weights), for the recipe."""
+def posterior_of(config, layout) -> Interval:
+    """The layout's predicted tokens/s/GPU across the cost model's hypotheses (prior weights)."""
     from tuner.predict_request import interval_for
 
-    iv = Interval.of_hypotheses(interval_for(config.case(layout), config.profile))
+    return Interval.of_hypotheses(interval_for(config.case(layout), config.profile))
+
+
+def interval_block(iv: Interval) -> dict:
+    """`posterior_of`'s interval as the recipe states it."""
     return iv.recipe_block(f"predicted: 90% interval over {iv.hypotheses} hypotheses on slime's unexplained step "
                            f"time and the flex factor (cost_model/hypotheses.py), widened by the model's residual "
                            f"error (log sd {iv.error_sd:.3f}); the hypotheses alone span {iv.spread_low:,.0f}-"

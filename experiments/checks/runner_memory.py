@@ -42,9 +42,10 @@ def _outside(per_rank: dict) -> list[float]:
 
 
 def probe_layers(case, gdn: bool = True) -> int:
-    """PROBE_LAYERS, or the most fewer that the cost model predicts to fit the GPU: on an 80 GB card the 4 layers'
-    weights, fp32 gradients and Adam state alone nearly fill it (predicted 99 GiB on 1 x H100; they ran out of memory
-    there on 2026-12-06), and what the probe reads, the memory outside PyTorch, does not depend on the depth."""
+    """PROBE_LAYERS, or fewer where they would not fit: the most the cost model predicts to fit the GPU. On an 80 GB
+    card the 4 layers' weights, fp32 gradients and Adam state alone nearly fill it (predicted 99 GiB on 1 x H100; they
+    ran out of memory there on 2026-12-06); what the probe reads, the memory outside PyTorch, does not depend on the
+    depth."""
     from experiments.megatron.model_run import predict_run, trial_model
     for n in range(PROBE_LAYERS, 1, -1):
         if predict_run(case.replace(model=trial_model(case.model, n, not gdn))).fits:
