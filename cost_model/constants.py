@@ -60,6 +60,7 @@ class Constants:
     runner_cross_kind_layer_error_sd: float
     runner_multi_gpu_error_sd: float
     runner_host_crossing_error_sd: float
+    runner_host_cpu_error_sd: float
     runner_scaled_work_exponent: float
     runner_host_overlap_exponent: float
     runner_gdn_kernels_gib: float

@@ -929,9 +929,39 @@ def test_a_runner_prediction_on_two_gpus_carries_the_multi_gpu_error():
     two = runner(model, Layout(2, ep=2, max_tokens_per_gpu=8192))
     assert multi_gpu_extra_sd(one) == 0.0 and runner_stack_sd(model, H200, None, one) == c.runner_prediction_error_sd
     assert runner_stack_sd(model, H200, None, two) == pytest.approx(c.runner_multi_gpu_error_sd)
-    extra = candidate_extra_sd(SimpleNamespace(), SimpleNamespace(prices_own_run=True))
+    extra = candidate_extra_sd(SimpleNamespace(profile=None, gpu=H200), SimpleNamespace(prices_own_run=True))
     assert multi_gpu_extra_sd(two) > 0 and extra(SimpleNamespace(prediction=two)) == pytest.approx(multi_gpu_extra_sd(two))
     assert extra(SimpleNamespace(prediction=one)) == 0.0
+
+
+def test_an_offloaded_step_from_a_shipped_profile_carries_the_host_cpus_spread():
+    """The CPU optimizer runs on a host the shipped profile never measured: a runner prediction with an offloaded
+    optimizer carries runner_host_cpu_error_sd times the offloaded step's share of the step; none without offload, and
+    none from a profile `tune profile` made on the user's machine (its host measured)."""
+    from types import SimpleNamespace
+
+    from cost_model.constants import default_constants
+    from cost_model.profile import load_profile
+    from tuner.intervals import candidate_extra_sd, host_cpu_extra_sd, runner_stack_sd
+
+    c = default_constants()
+    model = qwen3_moe()
+    plain = runner(model, Layout(1, max_tokens_per_gpu=8192))
+    off = runner(model, Layout(1, max_tokens_per_gpu=8192, optimizer_offload_fraction=0.5))
+    share = off.breakdown["offload"] / off.step_time_s
+    assert 0 < share < 1 and host_cpu_extra_sd(plain) == 0.0
+    assert host_cpu_extra_sd(off) == pytest.approx(c.runner_host_cpu_error_sd * share)
+    assert runner_stack_sd(model, H200, None, off) == pytest.approx(math.hypot(c.runner_prediction_error_sd,
+                                                                               host_cpu_extra_sd(off)))
+    extra = candidate_extra_sd(SimpleNamespace(profile=None, gpu=H200), SimpleNamespace(prices_own_run=True))
+    assert extra(SimpleNamespace(prediction=off)) == pytest.approx(host_cpu_extra_sd(off))
+    mine = load_profile(Path(__file__).resolve().parents[1] / "benchmarks/results/profile-h100-llama3-8b-2026-12-06.yaml")
+    h100 = load_gpu("h100")
+    llama = trial_model(load_model("llama3-8b"), 2)
+    own = predict(llama, h100, MEGATRON, Layout(1, max_tokens_per_gpu=8192, optimizer_offload_fraction=0.5),
+                  precision_aware_optimizer=False, profile=mine)
+    assert own.breakdown["offload"] > 0 and runner_stack_sd(llama, h100, mine, own) == pytest.approx(
+        runner_stack_sd(llama, h100, mine, replace(own, breakdown={**own.breakdown, "offload": 0.0})))
 
 
 def test_a_kind_without_host_floor_builds_adds_up_the_measured_kinds_launches():

@@ -75,6 +75,7 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     crossing, with the crossing's extra variance (`crossing_extra_sd`); with components derived from another GPU
     type's, the derivation's (`Derivation.error_sd`)."""
     c = default_constants()
+    shipped = profile is None or profile is shipped_profile(gpu.name)
     profile = profile or shipped_profile(gpu.name)
     crossed, fitted = _unmeasured(model, profile)
     base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
@@ -85,7 +86,18 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     if prediction is None:
         return math.hypot(base, _fitted_share_sd(model, fitted))
     return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
-                      _fitted_share_sd(model, fitted, prediction))
+                      _fitted_share_sd(model, fitted, prediction), host_cpu_extra_sd(prediction) if shipped else 0.0)
+
+
+def host_cpu_extra_sd(prediction: Prediction) -> float:
+    """The log sd the host's CPU adds to a runner prediction from a shipped profile: the offloaded optimizer step runs
+    on a host that profile never measured (runner_host_cpu_error_sd, the spread measured over hosts), times that
+    step's share of the step; 0 without offload."""
+    step = prediction.step_time_s
+    offload = (prediction.breakdown or {}).get("offload", 0.0)
+    if not step or offload <= 0:
+        return 0.0
+    return default_constants().runner_host_cpu_error_sd * offload / step
 
 
 def multi_gpu_extra_sd(prediction: Prediction) -> float:
@@ -150,17 +162,19 @@ def agent_prior(config, runner) -> tuple[float, float, float]:
 
 
 def candidate_extra_sd(config, runner):
-    """(candidate -> its extra log sd) for the agent: the host/GPU crossing's (`crossing_extra_sd`) and more than one
-    GPU's (`multi_gpu_extra_sd`) on a runner that prices its own run from measured components; None where the
-    hypotheses price the step."""
+    """(candidate -> its extra log sd) for the agent: the host/GPU crossing's (`crossing_extra_sd`), more than one
+    GPU's (`multi_gpu_extra_sd`) and, from a shipped profile, the host CPU's under an offloaded optimizer
+    (`host_cpu_extra_sd`) on a runner that prices its own run from measured components; None where the hypotheses
+    price the step."""
     if uses_hypotheses(runner):
         return None
+    shipped = config.profile is None or config.profile is shipped_profile(config.gpu.name)
 
     def extra(candidate) -> float:
         p = candidate.prediction
         if p.context is None:   # a prediction read back from the study's cache keeps no inputs: priced again
             p = runner.predict(config.case(candidate.layout), config.profile)
-        return math.hypot(crossing_extra_sd(p), multi_gpu_extra_sd(p))
+        return math.hypot(crossing_extra_sd(p), multi_gpu_extra_sd(p), host_cpu_extra_sd(p) if shipped else 0.0)
     return extra
 
 
