@@ -201,14 +201,18 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
                         f"does not overlap it)")
     lines["step_overhead"] = "modelled: none on the runner (its per-step work is in optimizer)"
     if comps.derived is not None:
-        # measured on another GPU type: every line read from the builds is modelled here
-        first = True
-        for key in ("layers", "recompute", "microbatch_ends", "optimizer", "launch_overhead", "offload"):
-            if lines.get(key, "").startswith("measured: "):
-                how = comps.derived.note if first else "derived as the layers are"
-                lines[key] = f"modelled: {how}; from what was {lines[key]}"
-                first = False
+        _mark_derived(lines, comps.derived)
     return lines
+
+
+def _mark_derived(lines: dict[str, str], derived) -> None:
+    """Components measured on another GPU type: every line read from their builds is modelled here, said how."""
+    first = True
+    for key in ("layers", "recompute", "microbatch_ends", "optimizer", "launch_overhead", "offload"):
+        if lines.get(key, "").startswith("measured: "):
+            how = derived.note if first else "derived as the layers are"
+            lines[key] = f"modelled: {how}; from what was {lines[key]}"
+            first = False
 
 
 def _runner_offload_source(ctx: StepContext, where: str) -> str | None:

@@ -582,3 +582,7 @@ def test_one_posterior_in_the_table_the_recipe_and_predict(tmp_path, monkeypatch
     assert f"predicted {best.value:,.0f} [" in line and "(posterior median, 90%, 15 hypotheses)" in line
     assert f"{result['predicted']['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, step" in line   # said what it is
     assert f"MFU {result['mfu']:.1%}" in line
+    assert main(["predict", "--recipe", str(path), "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["headline_tokens_per_s_per_gpu"] == pytest.approx(best.value, abs=0.01)
+    assert answer["tokens_per_s_per_gpu"] == pytest.approx(result["predicted"]["tokens_per_s_per_gpu"], abs=0.1)

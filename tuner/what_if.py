@@ -19,8 +19,8 @@ from tuner.backends import make_runner, measured_window
 from cost_model.step_time import runner_host_to_gpu
 from tuner.intervals import CROSSING_RATIO, at_crossing, runner_priced
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
-from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for, resolve,
-                                   result_dict)
+from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for,
+                                   leads_with_median, resolve, result_dict)
 
 
 def request_from_args(args) -> dict:
@@ -175,23 +175,17 @@ def _answer_line(line: str, number: int, hardware) -> dict:
 def interval_text(iv, p: Prediction) -> str:
     if iv is None:
         return ""
-    basis = (f"posterior median, 90%, {len(iv.by_hypothesis)} hypotheses" if _leads_with_median(iv, p) else
+    basis = (f"posterior median, 90%, {len(iv.by_hypothesis)} hypotheses" if leads_with_median(iv, p) else
              "90%, the runner's measured error and the derivation's" if _derived(p) else
              "90%, the runner's measured error")
     return f"[{iv.low:,.0f}-{iv.high:,.0f}] ({basis})"
-
-
-def _leads_with_median(iv, p: Prediction) -> bool:
-    """Whether the prediction leads with its hypotheses' posterior median: across hypotheses (not the runner's own
-    prediction, whose band is centred on it) the median is what `tune` ranks and headlines, never one hypothesis."""
-    return iv is not None and not runner_priced(p) and iv.median is not None
 
 
 def headline(iv, p: Prediction) -> tuple[float, float, float, float]:
     """(tokens/s/GPU, step seconds, MFU, $/1M tokens) a prediction leads with: at the posterior median over the
     hypotheses where the interval spans them (what `tune`'s table shows for the same layout; the step's tokens are
     the layout's, so the step time, MFU and cost follow the tokens/s), else the prediction's own."""
-    tokens = iv.median if _leads_with_median(iv, p) else p.tokens_per_s_per_gpu
+    tokens = iv.median if leads_with_median(iv, p) else p.tokens_per_s_per_gpu
     ratio = tokens / p.tokens_per_s_per_gpu if p.tokens_per_s_per_gpu > 0 else 1.0
     usd = p.usd_per_million_tokens / ratio if ratio > 0 else p.usd_per_million_tokens
     return tokens, p.step_time_s / ratio if ratio > 0 else p.step_time_s, p.mfu * ratio, usd
@@ -200,7 +194,7 @@ def headline(iv, p: Prediction) -> tuple[float, float, float, float]:
 def _breakdown_note(iv, p: Prediction) -> str:
     """Where the headline is the posterior median: that the step time, MFU and breakdown are the shipped model's
     single prediction, and its tokens/s/GPU."""
-    if not _leads_with_median(iv, p):
+    if not leads_with_median(iv, p):
         return ""
     return (f"; the breakdown (--explain) is the shipped model's own prediction, one of the hypotheses: "
             f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s")
@@ -225,7 +219,7 @@ def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, 
     return (f"{model.display_name} on {layout.world_size} x {gpu.display_name}, {layout.long_label}: predicted "
             f"{tokens:,.0f} {interval_text(interval, p)} tokens/s/GPU, step {step:.2f} s, MFU {mfu:.1%}, "
             f"peak {p.peak_memory_gib:.1f} GiB, {fits} ({p.source}{_breakdown_note(interval, p)}"
-            f"{'' if _leads_with_median(interval, p) else '; --explain for the breakdown'})")
+            f"{'' if leads_with_median(interval, p) else '; --explain for the breakdown'})")
 
 
 def interval_lines(iv, p: Prediction) -> list[str]:
@@ -262,7 +256,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
              f"MFU {mfu:.1%}   $/1M tokens {usd:.3f}"
              + (f"\nthe breakdown below is the shipped model's own prediction, one of the hypotheses: "
                 f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}"
-                if _leads_with_median(interval, p) else ""),
+                if leads_with_median(interval, p) else ""),
              f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
              "",
              f"{'step time':<28}{'seconds':>9}{'share':>8}  where it comes from"]
