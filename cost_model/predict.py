@@ -90,6 +90,15 @@ class Prediction:
         return (self.memory.total <= self.gpu_memory_gib
                 and self.host_memory_gib_per_node <= self.host_memory_capacity_gib)
 
+    def figures_at(self, tokens_per_s_per_gpu: float) -> tuple[float, float, float]:
+        """(step seconds, MFU, $/1M tokens) of this layout's step were it to run at `tokens_per_s_per_gpu` (its tokens
+        per step unchanged): what a figure other than this prediction's own, such as the hypotheses' posterior median,
+        implies; the breakdown stays this prediction's."""
+        if self.tokens_per_s_per_gpu <= 0 or tokens_per_s_per_gpu <= 0:
+            return self.step_time_s, self.mfu, self.usd_per_million_tokens
+        ratio = tokens_per_s_per_gpu / self.tokens_per_s_per_gpu
+        return self.step_time_s / ratio, self.mfu * ratio, self.usd_per_million_tokens / ratio
+
     @property
     def fit_label(self) -> str:
         """"fits", "borderline (60%)" or "does not fit"."""

@@ -52,9 +52,9 @@ class LoadedRecipe:
 # ---------------------------------------------------------------------------- building
 def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, prediction: Prediction, *,
                  status: str = "predicted", stack_note: str | None = None, headline: float | None = None) -> dict:
-    """The recipe of a predicted layout, every field group of the reference recipes; `headline`: see `_headline`."""
+    """A predicted layout's recipe, every group of the reference ones, led by `headline` (posterior median) if given."""
     from tuner.model_identity import full_digest
-    tokens, usd, mfu = _headline(prediction, headline)
+    _, mfu, usd = prediction.figures_at(tokens := headline or prediction.tokens_per_s_per_gpu)
     _, per_node = actor_placement(layout, gpu)
     window_steps = WINDOW[1] - WINDOW[0] + 1
     return {
@@ -130,15 +130,6 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         "patches": [],
         "run": slime_run(model, gpu, workload, layout, num_rollout=STEPS_PER_RUN),
     }
-
-
-def _headline(prediction: Prediction, headline: float | None) -> tuple[float, float, float]:
-    """(tokens/s/GPU, $/1M tokens, MFU) a predicted recipe's result leads with: at `headline` where given (the
-    posterior median over the cost model's hypotheses, what the study ranks by; the cost and MFU follow it), else
-    the prediction's own; the prediction itself stays in result.predicted."""
-    tokens = headline if headline and headline > 0 else prediction.tokens_per_s_per_gpu
-    ratio = tokens / prediction.tokens_per_s_per_gpu if prediction.tokens_per_s_per_gpu > 0 else 1.0
-    return tokens, prediction.usd_per_million_tokens / ratio, prediction.mfu * ratio
 
 
 def layout_block(layout: Layout, workload: Workload, moe: bool) -> dict:

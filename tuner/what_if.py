@@ -183,12 +183,10 @@ def interval_text(iv, p: Prediction) -> str:
 
 def headline(iv, p: Prediction) -> tuple[float, float, float, float]:
     """(tokens/s/GPU, step seconds, MFU, $/1M tokens) a prediction leads with: at the posterior median over the
-    hypotheses where the interval spans them (what `tune`'s table shows for the same layout; the step's tokens are
-    the layout's, so the step time, MFU and cost follow the tokens/s), else the prediction's own."""
+    hypotheses where the interval spans them (what `tune`'s table shows for the same layout; `Prediction.figures_at`),
+    else the prediction's own."""
     tokens = iv.median if leads_with_median(iv, p) else p.tokens_per_s_per_gpu
-    ratio = tokens / p.tokens_per_s_per_gpu if p.tokens_per_s_per_gpu > 0 else 1.0
-    usd = p.usd_per_million_tokens / ratio if ratio > 0 else p.usd_per_million_tokens
-    return tokens, p.step_time_s / ratio if ratio > 0 else p.step_time_s, p.mfu * ratio, usd
+    return (tokens, *p.figures_at(tokens))
 
 
 def _breakdown_note(iv, p: Prediction) -> str:
