@@ -88,6 +88,7 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
           [(B / "runner_grids_h200_v25_suite.json", R / f"runner-grids-h200-v25-{k}-2026-12-05.jsonl") for k in "abcd"] + \
           [(B / "runner_grids_h200_v25_suite.json", R / "runner-grids-h200-v25-e-2026-12-06.jsonl"),
            (B / "runner_grids_h200_v26_suite.json", R / "runner-grids-h200-v26-a-2026-12-06.jsonl"),
+           (B / "runner_grids_h200_v26_suite.json", R / "runner-grids-h200-v26-b-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v27_suite.json", R / "runner-grids-h100-v27-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-a-2026-12-06.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these

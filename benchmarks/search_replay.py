@@ -108,6 +108,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            *((f"runner-grids-h200-v25-{k}-2026-12-05.jsonl", "runner_grids_h200_v25_suite.json") for k in "abcd"),
            ("runner-grids-h200-v25-e-2026-12-06.jsonl", "runner_grids_h200_v25_suite.json"),
            ("runner-grids-h200-v26-a-2026-12-06.jsonl", "runner_grids_h200_v26_suite.json"),
+           ("runner-grids-h200-v26-b-2026-12-06.jsonl", "runner_grids_h200_v26_suite.json"),
            ("runner-grids-h100-v27-a-2026-12-06.jsonl", "runner_grids_h100_v27_suite.json"),
            ("runner-grids-h100-v28-a-2026-12-06.jsonl", "runner_grids_h100_v28_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
