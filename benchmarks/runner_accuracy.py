@@ -226,6 +226,11 @@ SCALED_LOOKED_AT = {f"runner-grids-h200-v20-{k}-2026-12-04.jsonl" for k in "abcd
 # run on 2026-12-06 (v26 registered in runner-grids-h200-v26-predicted-before.txt).
 # v26's whole Qwen3.5-0.8B with selective recompute (33% under) then led to the selective launches of a GDN layer
 # being a share of a softmax layer's (step_time.layer_host_s): looked at since.
+# v26's other 13 measured runs (runner-grids-h200-v26-b-2026-12-06.jsonl) ran on 2026-12-06, with the Gated DeltaNet +
+# dense layer kind's builds (profile run10: Qwen3.5-27B's layer and its host floor, planned in
+# benchmarks/device/gdn_dense.sh before any of it ran) measured in the same device session: held out (no constant
+# changed; the builds replace the kind's cross-kind and composed pricing; runner-accuracy-v26-b-held-out-2026-12-06.txt
+# keeps the figures before them).
 HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-r4-sel")}
                         | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q06-") for k in "abcd"}
                         | {(f"runner-grids-h200-v22-{k}-2026-12-04.jsonl", "q36s2k-L5-r2") for k in "abcd"})

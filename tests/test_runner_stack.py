@@ -887,22 +887,24 @@ def test_the_runners_pipeline_fill_and_drain_is_the_other_stages_micro_batches()
 
 
 def test_a_layer_kind_no_profile_measured_is_priced_across_kinds_or_by_the_fitted_terms_with_their_error():
-    """Dense Qwen3.5's Gated DeltaNet + dense MLP layers have no measured layer of their kind: a measured dense layer of
-    another attention kind prices them (its GPU work ratio modelled across the kinds) and the band carries
-    runner_cross_kind_layer_error_sd. A profile without any dense layer leaves them to the fitted terms: the band
-    then carries runner_modelled_layer_error_sd times the share of the step those terms price; --explain says so."""
+    """Dense Qwen3.5's Gated DeltaNet + dense MLP layers, in a profile without a measured layer of their kind: a
+    measured dense layer of another attention kind prices them (its GPU work ratio modelled across the kinds) and the
+    band carries runner_cross_kind_layer_error_sd. A profile without any dense layer leaves them to the fitted terms:
+    the band then carries runner_modelled_layer_error_sd times the share of the step those terms price; --explain says
+    so. The shipped profile measures the kind (run10), so there it is the model's own layer."""
     from cost_model.constants import default_constants
     from tuner.intervals import modelled_extra_sd, runner_stack_sd
 
     c = default_constants()
     layout = Layout(1, max_tokens_per_gpu=16384)
     dense35 = trial_model(load_model("qwen3.5-27b"), 4)
-    shipped = shipped_profile("h200")
+    assert shipped_profile("h200").runner.unmeasured_kinds(dense35) == ([], [])
+    shipped = _without_builds("linear_attention+dense|")
     assert shipped.runner.unmeasured_kinds(dense35) == (["linear_attention+dense"], [])
-    p = runner(dense35, layout)
+    p = predict(dense35, H200, MEGATRON, layout, profile=shipped, precision_aware_optimizer=False)
     assert p.breakdown["compute_linear_attention"] == p.breakdown["compute_mlp"] == 0.0
     assert "another attention kind" in term_sources(p.context)["layers"]
-    assert runner_stack_sd(dense35, H200, None, p) == pytest.approx(c.runner_cross_kind_layer_error_sd)
+    assert runner_stack_sd(dense35, H200, shipped, p) == pytest.approx(c.runner_cross_kind_layer_error_sd)
     assert c.runner_scaled_layer_error_sd < c.runner_cross_kind_layer_error_sd < c.runner_modelled_layer_error_sd
 
     profile = _without_builds("+dense|")
@@ -965,10 +967,13 @@ def test_an_offloaded_step_from_a_shipped_profile_carries_the_host_cpus_spread()
 
 
 def test_a_kind_without_host_floor_builds_adds_up_the_measured_kinds_launches():
-    """Dense Gated DeltaNet layers have no host-floor builds: their floor is the dense softmax layer's plus what the
-    Gated DeltaNet MoE layer takes over the softmax MoE one (launches add up by part), said so in --explain; a kind
-    that three measured kinds do not compose has none."""
-    comps = shipped_profile("h200").runner
+    """In a profile without host-floor builds of dense Gated DeltaNet layers, their floor is the dense softmax layer's
+    plus what the Gated DeltaNet MoE layer takes over the softmax MoE one (launches add up by part), said so in
+    --explain; a kind that three measured kinds do not compose has none. The shipped profile measures it (run10)."""
+    measured = shipped_profile("h200").runner.host_floor("linear_attention", "dense")
+    assert measured is not None and not measured.composed
+    profile = _without_builds("linear_attention+dense|")
+    comps = profile.runner
     f = {k: comps.host_floor(*k.split("+")) for k in ("full_attention+dense", "linear_attention+moe",
                                                        "full_attention+moe", "linear_attention+dense")}
     composed = f["linear_attention+dense"]
@@ -978,7 +983,8 @@ def test_a_kind_without_host_floor_builds_adds_up_the_measured_kinds_launches():
     assert composed.ends_s == f["full_attention+dense"].ends_s
     assert comps.host_floor("mla", "moe") is None
     small = trial_model(load_model("qwen3.5-27b"), 4)
-    p = runner(small, Layout(1, max_tokens_per_gpu=2048), Workload(framework="megatron", seq_len=2048, global_batch=8))
+    p = predict(small, H200, Workload(framework="megatron", seq_len=2048, global_batch=8),
+                Layout(1, max_tokens_per_gpu=2048), profile=profile, precision_aware_optimizer=False)
     assert "composed, modelled: launches add up by part" in p.term_sources["launch_overhead"]
 
 

@@ -75,7 +75,8 @@ HOST_FLOOR_DIMS = dict(hidden_size=256, num_attention_heads=2, num_key_value_hea
 HOST_FLOOR_DENSE_HEAD_DIM = 128
 HOST_FLOOR_EXPERT_DIM = 64
 # The kinds `tune profile` measures a host floor for (the rest: `--kind K --host-floor` on its own).
-HOST_FLOOR_KINDS = {("full_attention", "dense"), ("full_attention", "moe"), ("linear_attention", "moe")}
+HOST_FLOOR_KINDS = {("full_attention", "dense"), ("full_attention", "moe"), ("linear_attention", "moe"),
+                    ("linear_attention", "dense")}
 HOST_FLOOR_ROWS = (1, 2, 4)
 
 
