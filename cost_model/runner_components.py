@@ -246,6 +246,12 @@ class RunnerComponents:
     def layer(self, signature: str) -> LayerCurves | None:
         return self.layers.get(signature)
 
+    def layer_for(self, model, attn_kind: str, mlp_kind: str) -> tuple[str | None, LayerCurves] | None:
+        """What prices `model`'s layer of this kind: (None, its own measured curves), else `nearest`'s (the measured
+        layer's signature, its curves); None where the fitted terms price it."""
+        curves = self.layer(layer_signature(model, attn_kind, mlp_kind))
+        return (None, curves) if curves is not None else self.nearest(attn_kind, mlp_kind, model)
+
     def derivation_of(self, curves: LayerCurves) -> Derivation | None:
         """How a layer's measured curves price this GPU type: its own profile's derivation where it was borrowed,
         else these components'."""
@@ -257,12 +263,9 @@ class RunnerComponents:
         if self.derived is not None:
             return self.derived
         for attn_kind, mlp_kind in dict.fromkeys(zip(model.layer_types, model.mlp_types)):
-            curves = self.layer(layer_signature(model, attn_kind, mlp_kind))
-            if curves is None:
-                near = self.nearest(attn_kind, mlp_kind, model)
-                curves = near[1] if near is not None else None
-            if curves is not None and curves.borrowed and curves.derived is not None:
-                return curves.derived
+            found = self.layer_for(model, attn_kind, mlp_kind)
+            if found is not None and found[1].borrowed and found[1].derived is not None:
+                return found[1].derived
         return None
 
     def with_layers_of(self, other: RunnerComponents, where: str) -> RunnerComponents:

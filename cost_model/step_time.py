@@ -22,7 +22,7 @@ from cost_model.micro_batch_constants import time_twin, with_launch
 from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
 from cost_model.runner_components import (GRAD_ACCUMULATION_BYTES, Derivation, HostFloor, RunnerComponents,
-                                         layer_signature, signature_model)
+                                         signature_model)
 from cost_model.stages import RankLayers
 from cost_model.nouns.units import FP32
 from cost_model.vision import VisionWork, vision_seconds
@@ -409,14 +409,13 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
                         ctx.frozen_weights)
     lt = layer_time(attn_kind, mlp_kind, layer)
     comm = {"tp_comm": lt.tp_comm, "ep_comm": exposed_ep_comm(lt, ep_overlap), "cp_comm": lt.cp_comm}
-    curves = ctx.runner.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
+    found = ctx.runner.layer_for(ctx.model, attn_kind, mlp_kind)
+    if found is None:
+        return None, "modelled"
+    donor, curves = found
     measured_model, measured_attn, notes = ctx.model, attn_kind, []
-    if curves is None:
-        near = ctx.runner.nearest(attn_kind, mlp_kind, ctx.model)
-        if near is None:
-            return None, "modelled"
-        curves = near[1]
-        measured_model, measured_attn = signature_model(ctx.model, near[0]), near[0].split("+")[0]
+    if donor is not None:
+        measured_model, measured_attn = signature_model(ctx.model, donor), donor.split("+")[0]
         notes.append(f"{curves.model}'s measured {measured_attn}+{mlp_kind} layer, its GPU work scaled to this "
                      f"layer's (modelled ratio at {SCALED_RATIO_TOKENS:,.0f} tokens to the power "
                      f"{ctx.c.runner_scaled_work_exponent:g}, fitted: "

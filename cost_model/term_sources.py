@@ -7,7 +7,7 @@ import re
 from functools import lru_cache
 
 from cost_model.constants import Constants, constants_sources
-from cost_model.runner_components import RunnerComponents, layer_signature
+from cost_model.runner_components import RunnerComponents
 from cost_model.step_time import RUNNER_FALLBACK_TERMS, TERMS, StepContext, nearest_ends, runner_layer_terms
 
 
@@ -143,8 +143,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
         if terms is None:
             unmeasured.append(name)
             continue
-        curves = (comps.layer(layer_signature(ctx.model, attn_kind, mlp_kind))
-                  or comps.nearest(attn_kind, mlp_kind, ctx.model)[1])
+        curves = comps.layer_for(ctx.model, attn_kind, mlp_kind)[1]
         notes = [n for n in source.removeprefix("measured (").removesuffix(")").split("; ") if n != "measured"]
         if "recompute modelled" in notes:
             recompute_modelled.append(name)

@@ -412,19 +412,11 @@ def test_a_profile_of_a_model_without_gdn_probes_with_the_gdn_layers_replaced(mo
     from cost_model.device_memory import parse_device_memory
     from cost_model.nouns.hardware import load_gpu
     from experiments.checks import runner_memory as rm
-    from experiments.runner import TrialResult
     made = []
-
-    class StandIn:
-        def __init__(self, limit, gdn, layers):
-            made.append(gdn)
-
-        def run(self, spec):
-            per_rank = {"0": {"peak_reserved": 42.0, "device_peak": 50.9}}
-            return TrialResult(status="ok", kind="measured", source="x", details={"memory_gib_per_rank": per_rank})
-
+    StandIn = _probe_stand_in(made, device_peak=50.9)
     rows = rm.measure_runner_outside(1, gpu=load_gpu("h200"), runner_factory=StandIn, gdn=False)["runner_outside"]
-    assert made == [False] and rows[0]["without_gdn"] is True and "replaced by full attention" in rows[0]["model"]
+    assert [gdn for gdn, _ in made] == [False] and rows[0]["without_gdn"] is True
+    assert "replaced by full attention" in rows[0]["model"]
     section = dm.device_memory_section(dict(visible_gib=139.8), {}, True, {"runner_outside": rows})
     dev = parse_device_memory(section)
     assert dev.runner_without_gdn and dev.runner_outside == ((1, 8.9),)
@@ -443,22 +435,29 @@ def test_the_runner_probe_runs_fewer_layers_where_four_would_not_fit():
     that the cost model predicts to fit, and its row says how many; on an H200, or over 2 H100s (EP2), all 4."""
     from cost_model.nouns.hardware import load_gpu
     from experiments.checks import runner_memory as rm
+    made = []
+    StandIn = _probe_stand_in(made, device_peak=51.0)
+    rows = rm.measure_runner_outside(2, gpu=load_gpu("h100"), runner_factory=StandIn)["runner_outside"]
+    assert [n for _, n in made] == [2, 4]
+    assert "first 2 layers" in rows[0]["model"] and "first 4 layers" in rows[1]["model"]
+    made.clear()
+    rm.measure_runner_outside(1, gpu=load_gpu("h200"), runner_factory=StandIn, gdn=False)
+    assert [n for _, n in made] == [4]
+
+
+def _probe_stand_in(made: list, device_peak: float):
+    """A runner_factory for measure_runner_outside: records (gdn, layers) of each runner made; every trial runs,
+    42 GiB reserved at its peak and `device_peak` on the device."""
     from experiments.runner import TrialResult
-    depths = []
 
     class StandIn:
         def __init__(self, limit, gdn, layers):
-            depths.append(layers)
+            made.append((gdn, layers))
 
         def run(self, spec):
-            per_rank = {"0": {"peak_reserved": 42.0, "device_peak": 51.0}}
+            per_rank = {"0": {"peak_reserved": 42.0, "device_peak": device_peak}}
             return TrialResult(status="ok", kind="measured", source="x", details={"memory_gib_per_rank": per_rank})
-
-    rows = rm.measure_runner_outside(2, gpu=load_gpu("h100"), runner_factory=StandIn)["runner_outside"]
-    assert depths == [2, 4] and "first 2 layers" in rows[0]["model"] and "first 4 layers" in rows[1]["model"]
-    depths.clear()
-    rm.measure_runner_outside(1, gpu=load_gpu("h200"), runner_factory=StandIn, gdn=False)
-    assert depths == [4]
+    return StandIn
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, float("inf"), "eight", True, None])

@@ -75,7 +75,7 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     crossing, with the crossing's extra variance (`crossing_extra_sd`); with components derived from another GPU
     type's, the derivation's (`Derivation.error_sd`)."""
     c = default_constants()
-    shipped = profile is None or profile is shipped_profile(gpu.name)
+    shipped = _is_shipped(profile, gpu)
     profile = profile or shipped_profile(gpu.name)
     crossed, fitted = _unmeasured(model, profile)
     base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
@@ -87,6 +87,12 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
         return math.hypot(base, _fitted_share_sd(model, fitted))
     return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
                       _fitted_share_sd(model, fitted, prediction), host_cpu_extra_sd(prediction) if shipped else 0.0)
+
+
+def _is_shipped(profile, gpu) -> bool:
+    """Whether predictions use the GPU type's shipped profile (None: the default), which never measured the user's
+    host."""
+    return profile is None or profile is shipped_profile(gpu.name)
 
 
 def host_cpu_extra_sd(prediction: Prediction) -> float:
@@ -168,7 +174,7 @@ def candidate_extra_sd(config, runner):
     price the step."""
     if uses_hypotheses(runner):
         return None
-    shipped = config.profile is None or config.profile is shipped_profile(config.gpu.name)
+    shipped = _is_shipped(config.profile, config.gpu)
 
     def extra(candidate) -> float:
         p = candidate.prediction
