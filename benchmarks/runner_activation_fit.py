@@ -82,6 +82,61 @@ def runs(paths: list[str]) -> list[dict]:
     return out
 
 
+# The results files of DEFAULT_GLOBS and the suites their trials come from (for re-predicting them with today's count).
+SUITE_OF = {"gdn-h200-1g-suite.jsonl": "gdn_h200_suite.json", "gdn-h200-2g-suite.jsonl": "gdn_h200_suite.json",
+            "megatron-h200-gdn-suite.jsonl": "megatron_h200_gdn_suite.json",
+            "x2-h200-vs-leaderboard-gdn-suite.jsonl": "x2_vs_leaderboard_gdn_suite.json"}
+
+
+def suite_of(results: Path) -> Path | None:
+    name = SUITE_OF.get(results.name)
+    if name is None and results.name.startswith("memory-boundary-h200-"):
+        name = "memory_boundary_h200_" + results.stem.removeprefix("memory-boundary-h200-").replace("-", "_") + "_suite.json"
+    path = ROOT / "benchmarks" / name if name else None
+    return path if path and path.exists() else None
+
+
+def refit(paths: list[str]) -> dict[str, list[float]]:
+    """The factor each activation-bound run implies under today's count, re-predicted: the activations are
+    E + factor x R (E what no factor scales: the Gated DeltaNet block's count, cost_model.activations.runner_gdn_bytes),
+    read from predictions at the factor in force and at twice it; then factor = (measured - static - loss path - E) / R."""
+    from dataclasses import replace
+    from cost_model.constants import default_constants
+    from cost_model.nouns.hardware import load_gpu
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.predict import predict
+    from benchmarks.measured_runs import load_runs
+    from experiments.megatron.model_run import trial_model
+    c = default_constants()
+    doubled = replace(c, unfused_activation_factor=2 * c.unfused_activation_factor,
+                      unfused_moe_activation_factor=2 * c.unfused_moe_activation_factor)
+    out: dict[str, list[float]] = {"dense": [], "moe": []}
+    for path in map(Path, paths):
+        suite = suite_of(path)
+        if suite is None:
+            continue
+        allocated = {}
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("status") == "ok" and r.get("peak_memory_gib_per_rank"):
+                allocated.setdefault(r["trial"], max(r["peak_memory_gib_per_rank"]))
+        for run in load_runs(suite, path):
+            t = run.trial
+            kind = "moe" if t.model in MOE_MODELS else "dense" if t.model in DENSE_MODELS else None
+            if not run.ok or kind is None or t.name not in allocated:
+                continue
+            model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
+            now, twice = (predict(model, load_gpu(run.gpu), t.workload, t.layout, constants=k,
+                                  precision_aware_optimizer=False, runtime=run.runtime).memory for k in (c, doubled))
+            if now.optimizer_step > 0 or now.activations < MIN_ACTIVATIONS_GIB:
+                continue
+            f0 = c.unfused_moe_activation_factor if kind == "moe" else c.unfused_activation_factor
+            rest = (twice.activations - now.activations) / f0
+            exact = now.activations - f0 * rest
+            out[kind].append((allocated[t.name] - now.weights - now.grads - now.optimizer - now.loss_path - exact) / rest)
+    return out
+
+
 def oom_bounds() -> list[dict]:
     """The lower bounds OOM_BOUNDS put on the factor of their model's MLP kind, with the current model."""
     from cost_model.nouns.case import Case
@@ -131,6 +186,13 @@ def main(argv: list[str]) -> int:
             print(f"{kind}: factor {value:.3f} (the largest of {len(fs)} runs: {min(fs):.3f}-{max(fs):.3f}, "
                   f"median {statistics.median(fs):.3f})"
                   + "".join(f"; an OOM bound of {b:.3f} is above it (reported, not fitted)" for b in lows if b > value))
+    for kind, fs in refit(paths).items():
+        if fs:
+            print(f"{kind}, re-predicted with today's count (the Gated DeltaNet block unscaled): factor "
+                  f"{max(fs):.3f} (the largest of {len(fs)} runs: {min(fs):.3f}-{max(fs):.3f}, median "
+                  f"{statistics.median(fs):.3f})")
+            fitted.setdefault(kind, {})["today"] = dict(value=round(max(fs), 3), runs=len(fs),
+                                                        median=round(statistics.median(fs), 3))
     checks = [abs(r["error"]) for r in rows if r["bound"] != "activations"]
     if checks:
         print(f"runs bound by the optimizer step or the loss path: {len(checks)}, |error| at most {max(checks):.1%}")

@@ -53,11 +53,12 @@ def linear_attention_bytes(model: ModelSpec, layout: Layout, tokens: float, shar
         a = BF16 * (h + (2 * qk + 2 * v + 2 * nv) + (2 * qk + v) + 2 * qk + 3 * v) + FP32 * 2 * nv + kernel_extra
         return a * (tokens * layout.cp)
     tp = layout.tp
-    # input norm's input and output (SP shards), in_proj's output, the conv's input and output, the
-    # kernel's q and k repeated to the value heads and v, its fp32 g and beta, then the core output,
-    # the gate and the gated norm's output.
-    a = (BF16 * (2 * h + (2 * qk + 2 * v + 2 * nv) + 2 * (2 * qk + v) + 3 * v + 3 * v) + FP32 * 2 * nv
-         + kernel_extra) / tp
+    # input norm's input and output (SP shards); in_proj's output, which fla's causal_conv1d keeps whole (it
+    # saves its input, a view of that output, and recomputes its own output in the backward); the kernel's q and
+    # k repeated to the value heads and v, its fp32 g and beta; then the core output, the gate and the gated
+    # norm's output (megatron-core 0.19.2 gated_delta_net, fla 0.6.0; checked on the runner's layer builds by
+    # benchmarks/activation_builds.py).
+    a = (BF16 * (2 * h + (2 * qk + 2 * v + 2 * nv) + 3 * v + 3 * v) + FP32 * 2 * nv + kernel_extra) / tp
     return a * tokens
 
 
@@ -130,7 +131,9 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
         extra += BF16 * ((q if "core_attn" not in mods else 0) + q + (q if model.attn_output_gate else 0)) / tp
     elif attn_kind == LINEAR_ATTENTION:
         v = model.linear_num_value_heads * model.linear_value_head_dim
-        extra += (BF16 + 2 * FP32) * v * (1 / tp if gdn_sharded else layout.cp)
+        # megatron-core's eager gated norm keeps the gate's fp32 copy and its silu (the bf16 gate goes unsaved;
+        # the norm's bf16 output takes its place); slime's HF module keeps the gate as well
+        extra += (2 * FP32 * v / tp) if gdn_sharded else (BF16 + 2 * FP32) * v * layout.cp
     if mlp_kind == MOE:
         if "moe" not in mods and "moe_act" not in mods:
             fe = model.moe_intermediate_size / layout.etp
@@ -140,6 +143,17 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
     elif "mlp" not in mods:
         extra += BF16 * model.intermediate_size / tp
     return extra * tokens
+
+
+def runner_gdn_bytes(attn_kind: str, model: ModelSpec, layout: Layout, tokens: float) -> float:
+    """What megatron-core's Gated DeltaNet block keeps on the unfused stack (its count and unfused extra): counted
+    tensor by tensor from its source and checked on the runner's layer builds (benchmarks/activation_builds.py:
+    the host-floor builds, where the block is nearly all of the layer, within 1%), so the per-MLP-kind factors,
+    fitted for what the softmax-attention and MLP counts miss, leave it alone. Zero for other attention kinds."""
+    if attn_kind != LINEAR_ATTENTION:
+        return 0.0
+    v = model.linear_num_value_heads * model.linear_value_head_dim
+    return linear_attention_bytes(model, layout, tokens, True) + 2 * FP32 * v / layout.tp * tokens
 
 
 def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, tokens: float,
@@ -180,10 +194,11 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
             working = whole
         else:
             factor = unfused[1] if mlp_kind == MOE else unfused[0]
-            layer = factor * (layer + unfused_extra_bytes(attn_kind, mlp_kind, model, layout, mods, tokens,
-                                                          routed_rows_per_token, gdn_sharded))
-            whole = factor * (whole + unfused_extra_bytes(attn_kind, mlp_kind, model, layout, set(), tokens,
-                                                          routed_rows_per_token, gdn_sharded))
+            exact = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0
+            layer = exact + factor * (layer - exact + unfused_extra_bytes(
+                attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded))
+            whole = exact + factor * (whole - exact + unfused_extra_bytes(
+                attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded))
             # Beyond its saved bytes (already counted in `saved`), the layer running its backward holds what
             # recompute rebuilds and the eager backward's gradient temporaries.
             if mlp_kind == MOE:

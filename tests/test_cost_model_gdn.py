@@ -123,3 +123,40 @@ def test_a_derived_profile_scales_the_kernel_times_and_drops_the_capacity():
     assert p.device_memory.visible_gib is None and p.device_memory.context_gib == 1.0
     assert "derived for" in p.gdn.source
     assert raw["device_memory"]["visible_gib"] == 139.8                   # the measured profile is untouched
+
+
+# ------------------------------------------------------------------------------------------ saved activations
+def test_the_gdn_block_count_matches_the_runners_layer_builds():
+    """The runner's Gated DeltaNet block, counted from megatron-core's and fla's source, against the saved bytes per
+    token the host-floor layer builds measured (hidden 256: the block is nearly all of the layer), for both GDN head
+    shapes built (Qwen3.6's 16/32 heads, Qwen3.5-27B's 16/48): each within 2%. The per-MLP-kind factor does not
+    scale the block (the layer's count minus it is what the factor scales)."""
+    from benchmarks.activation_builds import DEFAULT, counted_per_token, measured_per_token, pairs
+    from cost_model.activations import activation_bytes_per_microbatch, runner_gdn_bytes
+    from cost_model.nouns.model_spec import load_model
+    from cost_model.nouns.units import BF16
+    from cost_model.stages import layout_rank_layers
+
+    checked = 0
+    for small, large in pairs(DEFAULT):
+        if small["kind"][0] != "linear_attention" or "host-floor" not in small["model"]:
+            continue
+        measured, _ = measured_per_token(small, large)
+        counted, _ = counted_per_token(small)
+        assert abs(counted / measured - 1) < 0.02, (small["model"], counted, measured)
+        checked += 1
+    assert checked == 2
+
+    model = load_model("qwen3.5-4b")
+    layout, c = Layout(1), default_constants()
+    unfused = (c.unfused_activation_factor, c.unfused_moe_activation_factor, c.unfused_glu_backward_tensors,
+               c.unfused_moe_act_recompute_tensors, c.unfused_dense_glu_backward_tensors)
+    rank = layout_rank_layers(model, layout)[0]
+    saved, _ = activation_bytes_per_microbatch(rank, model, layout, 4096.0, 0.0, True, unfused)
+    one_factor = c.unfused_activation_factor * activation_bytes_per_microbatch(
+        rank, model, layout, 4096.0, 0.0, True, (1.0,) + unfused[1:])[0]
+    gdn_layers = sum(n for a, _, n in rank.kinds if a == "linear_attention")
+    assert gdn_layers > 0
+    unscaled = gdn_layers * runner_gdn_bytes("linear_attention", model, layout, 4096.0)
+    unscaled += BF16 * model.hidden_size * 4096.0 if rank.has_embedding else 0.0
+    assert saved == pytest.approx(one_factor - (c.unfused_activation_factor - 1) * unscaled, rel=1e-9)
