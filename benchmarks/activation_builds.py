@@ -7,7 +7,8 @@ of the same layer at the same tokens, the peak differs by the extra layers' para
 plus what they save for the backward; its slope over tokens, where both peaks are set by activations (the largest
 token counts), is one layer's saved bytes per token. No grid run enters. This prints, per build pair, that slope,
 the model's count before its fitted per-MLP-kind factor (cost_model.activations: layer_bytes + unfused_extra_bytes,
-what the unfused runner keeps) and after, and their ratios.
+what the unfused runner keeps) and as the model uses it (the factor on all but the Gated DeltaNet block, which is
+counted from its source: runner_gdn_bytes), and their ratios.
 
 Usage: python benchmarks/activation_builds.py [BUILDS.jsonl ...]
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cost_model.activations import layer_bytes, unfused_extra_bytes  # noqa: E402
+from cost_model.activations import layer_bytes, runner_gdn_bytes, unfused_extra_bytes  # noqa: E402
 from cost_model.constants import default_constants  # noqa: E402
 from cost_model.nouns.layout import Layout  # noqa: E402
 from cost_model.nouns.model_spec import MOE, load_model  # noqa: E402
@@ -69,7 +70,7 @@ def measured_per_token(small: dict, large: dict) -> tuple[float, tuple[int, int]
 
 def counted_per_token(build: dict) -> tuple[float, float]:
     """(the memory model's count of one layer's saved bytes per token on the unfused runner stack before the
-    fitted per-MLP-kind factor, that factor)."""
+    fitted per-MLP-kind factor, the count as the model uses it: that factor on all but the Gated DeltaNet block)."""
     name = BASE.get(build["model"], build["model"])
     local = Path(__file__).resolve().parent / "models" / name / "config.json"
     base = load_model(local if local.exists() else name)
@@ -80,7 +81,9 @@ def counted_per_token(build: dict) -> tuple[float, float]:
     raw = (layer_bytes(attn, mlp, model, layout, set(), 1.0, rows, True)
            + unfused_extra_bytes(attn, mlp, model, layout, set(), 1.0, rows, True))
     c = default_constants()
-    return raw, (c.unfused_moe_activation_factor if mlp == MOE else c.unfused_activation_factor)
+    factor = c.unfused_moe_activation_factor if mlp == MOE else c.unfused_activation_factor
+    exact = runner_gdn_bytes(attn, model, layout, 1.0)
+    return raw, exact + factor * (raw - exact)
 
 
 def pairs(paths: list[Path]) -> list[tuple[dict, dict]]:
@@ -104,7 +107,7 @@ def main(argv: list[str]) -> int:
     paths = [Path(p) for p in argv] or DEFAULT
     print(__doc__.split("\n\n")[0])
     print(f"{'layer (model)':38} {'kind':24} {'L':>5} {'tokens':>11} {'measured':>9} {'counted':>9} "
-          f"{'x factor':>9} {'meas/count':>10} {'meas/(x f)':>10}   (bytes per token per layer)")
+          f"{'as used':>9} {'meas/count':>10} {'meas/used':>10}   (bytes per token per layer)")
     rows = []
     for small, large in pairs(paths):
         got = measured_per_token(small, large)
@@ -113,13 +116,13 @@ def main(argv: list[str]) -> int:
                   "left out: fewer than three shared points past both builds' optimizer-step peak")
             continue
         measured, (lo, hi) = got
-        raw, factor = counted_per_token(small)
+        raw, used = counted_per_token(small)
         kind = "+".join(small["kind"]) + (" host floor" if small.get("host_floor") or "host-floor" in small["model"] else "")
         rows.append({"model": small["model"], "kind": kind, "layers": [small["layers"], large["layers"]],
-                     "tokens": [lo, hi], "measured": measured, "counted": raw, "factor": factor})
+                     "tokens": [lo, hi], "measured": measured, "counted": raw, "as_used": used})
         print(f"{small['model'][:38]:38} {kind[:24]:24} {small['layers']}-{large['layers']:<3} {lo:>5}-{hi:<5} "
-              f"{measured / 1e3:8.1f}K {raw / 1e3:8.1f}K {raw * factor / 1e3:8.1f}K {measured / raw:10.3f} "
-              f"{measured / (raw * factor):10.3f}")
+              f"{measured / 1e3:8.1f}K {raw / 1e3:8.1f}K {used / 1e3:8.1f}K {measured / raw:10.3f} "
+              f"{measured / used:10.3f}")
     print(json.dumps({"pairs": rows}))
     return 0
 

@@ -142,8 +142,9 @@ def test_the_gdn_block_count_matches_the_runners_layer_builds():
         if small["kind"][0] != "linear_attention" or "host-floor" not in small["model"]:
             continue
         measured, _ = measured_per_token(small, large)
-        counted, _ = counted_per_token(small)
+        counted, used = counted_per_token(small)
         assert abs(counted / measured - 1) < 0.02, (small["model"], counted, measured)
+        assert abs(used / measured - 1) < 0.02, (small["model"], used, measured)
         checked += 1
     assert checked == 2
 
