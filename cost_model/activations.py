@@ -130,10 +130,7 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
         q = model.num_attention_heads * model.head_dim
         extra += BF16 * ((q if "core_attn" not in mods else 0) + q + (q if model.attn_output_gate else 0)) / tp
     elif attn_kind == LINEAR_ATTENTION:
-        v = model.linear_num_value_heads * model.linear_value_head_dim
-        # megatron-core's eager gated norm keeps the gate's fp32 copy and its silu (the bf16 gate goes unsaved;
-        # the norm's bf16 output takes its place); slime's HF module keeps the gate as well
-        extra += (2 * FP32 * v / tp) if gdn_sharded else (BF16 + 2 * FP32) * v * layout.cp
+        extra += gdn_gated_norm_extra(model, layout, gdn_sharded)
     if mlp_kind == MOE:
         if "moe" not in mods and "moe_act" not in mods:
             fe = model.moe_intermediate_size / layout.etp
@@ -145,6 +142,14 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
     return extra * tokens
 
 
+def gdn_gated_norm_extra(model: ModelSpec, layout: Layout, sharded: bool) -> float:
+    """Bytes per token a Gated DeltaNet's eager gated norm keeps beyond the fused count: megatron-core's (`sharded`)
+    the gate's fp32 copy and its silu (the bf16 gate goes unsaved; the norm's bf16 output takes its place); slime's
+    HF module the gate as well."""
+    v = model.linear_num_value_heads * model.linear_value_head_dim
+    return 2 * FP32 * v / layout.tp if sharded else (BF16 + 2 * FP32) * v * layout.cp
+
+
 def runner_gdn_bytes(attn_kind: str, model: ModelSpec, layout: Layout, tokens: float) -> float:
     """What megatron-core's Gated DeltaNet block keeps on the unfused stack (its count and unfused extra): counted
     tensor by tensor from its source and checked on the runner's layer builds (benchmarks/activation_builds.py:
@@ -152,8 +157,7 @@ def runner_gdn_bytes(attn_kind: str, model: ModelSpec, layout: Layout, tokens: f
     fitted for what the softmax-attention and MLP counts miss, leave it alone. Zero for other attention kinds."""
     if attn_kind != LINEAR_ATTENTION:
         return 0.0
-    v = model.linear_num_value_heads * model.linear_value_head_dim
-    return linear_attention_bytes(model, layout, tokens, True) + 2 * FP32 * v / layout.tp * tokens
+    return linear_attention_bytes(model, layout, tokens, True) + gdn_gated_norm_extra(model, layout, True) * tokens
 
 
 def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, tokens: float,
@@ -257,6 +261,12 @@ activation_fields = attrgetter(*ACTIVATION_FIELDS)   # a tuple of them, read in 
 _ACTIVATION_MEMO = IdentityMemo(100_000)
 
 
+def unfused_constants(c: Constants) -> tuple[float, float, float, float, float]:
+    """The unfused stack's constants as `activation_bytes_per_microbatch` takes them (its `unfused`)."""
+    return (c.unfused_activation_factor, c.unfused_moe_activation_factor, c.unfused_glu_backward_tensors,
+            c.unfused_moe_act_recompute_tensors, c.unfused_dense_glu_backward_tensors)
+
+
 def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout: Layout, inputs: MemoryInputs,
                           in_flight: float, c: Constants) -> tuple[float, float]:
     """(saved, working) activation bytes on one GPU of pipeline rank `index`, whose first rank holds
@@ -268,9 +278,7 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
     precision, tokens, routed_rows_per_token = inputs.precision, inputs.tokens, inputs.routed_rows_per_token
     gdn_sharded, fused = inputs.runtime.gdn_sharded, inputs.runtime.fused_kernels
-    unfused = None if fused else (c.unfused_activation_factor, c.unfused_moe_activation_factor,
-                                  c.unfused_glu_backward_tensors, c.unfused_moe_act_recompute_tensors,
-                                  c.unfused_dense_glu_backward_tensors)
+    unfused = None if fused else unfused_constants(c)
     key = (id(model), rank, activation_fields(layout), tokens, routed_rows_per_token,
            gdn_sharded, unfused)
     hit = _ACTIVATION_MEMO.get(key) or _ACTIVATION_MEMO.put(key, model, activation_bytes_per_microbatch(

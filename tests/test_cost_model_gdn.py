@@ -132,7 +132,7 @@ def test_the_gdn_block_count_matches_the_runners_layer_builds():
     shapes built (Qwen3.6's 16/32 heads, Qwen3.5-27B's 16/48): each within 2%. The per-MLP-kind factor does not
     scale the block (the layer's count minus it is what the factor scales)."""
     from benchmarks.activation_builds import DEFAULT, counted_per_token, measured_per_token, pairs
-    from cost_model.activations import activation_bytes_per_microbatch, runner_gdn_bytes
+    from cost_model.activations import activation_bytes_per_microbatch, runner_gdn_bytes, unfused_constants
     from cost_model.nouns.model_spec import load_model
     from cost_model.nouns.units import BF16
     from cost_model.stages import layout_rank_layers
@@ -150,8 +150,7 @@ def test_the_gdn_block_count_matches_the_runners_layer_builds():
 
     model = load_model("qwen3.5-4b")
     layout, c = Layout(1), default_constants()
-    unfused = (c.unfused_activation_factor, c.unfused_moe_activation_factor, c.unfused_glu_backward_tensors,
-               c.unfused_moe_act_recompute_tensors, c.unfused_dense_glu_backward_tensors)
+    unfused = unfused_constants(c)
     rank = layout_rank_layers(model, layout)[0]
     saved, _ = activation_bytes_per_microbatch(rank, model, layout, 4096.0, 0.0, True, unfused)
     one_factor = c.unfused_activation_factor * activation_bytes_per_microbatch(
