@@ -112,6 +112,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h100-v27-a-2026-12-06.jsonl", "runner_grids_h100_v27_suite.json"),
            ("runner-grids-h100-v28-a-2026-12-06.jsonl", "runner_grids_h100_v28_suite.json"),
            ("runner-grids-h200-v29-a-2026-12-06.jsonl", "runner_grids_h200_v29_suite.json"),
+           ("runner-grids-h100-v31-a-2026-12-06.jsonl", "runner_grids_h100_v31_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -375,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
           "then looked at for tokens/s (the H100 derivation's calibration); v28 (1 x H100: Mixtral-8x7B at 1 layer, "
           "Ministral-8B at 6) ran 2026-12-06, predictions committed before: held out; v29 (Qwen3.5-4B at 12 "
           "layers, Qwen3.5-27B at 6 layers seq 2k, both with real GDN) ran 2026-12-06, predictions committed "
-          "before: held out (--suite v19 ... v29 replays them alone)")
+          "before: held out; v31 (1 x H100: Qwen2.5-14B at 5 layers, Qwen1.5-MoE-A2.7B at 3, Qwen3.6 at 2 layers "
+          "seq 6k) ran 2026-12-06, predictions committed before: held out (--suite v19 ... v31 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0
