@@ -10,8 +10,8 @@ of the step beside the derivation's own sd (Derivation.error_sd, the prior the i
 Every figure is a prediction from a profile: "measured" means priced from the builds measured on that GPU.
 
 With --calibrate it fits the derivation to those builds instead of judging it: the HBM ratio from the two
-optimizers' seconds per parameter, the host's CPU ratio from the two offloaded optimizer steps (where both
-measured one), the rest ratio as the one that prices the layers and the ends measured on the
+optimizers' seconds per parameter (the CPU optimizer stays as the source's host ran it: the host is not the GPU
+type's), the rest ratio as the one that prices the layers and the ends measured on the
 target best (least squares in log), and prints the fitted block and the step's errors with it; --write puts that
 block into the derived profile's YAML. A calibrated derivation is judged on the models it was not fitted to
 (benchmarks/runner_accuracy.py on grids of other models on that GPU type).
@@ -90,8 +90,10 @@ def calibrate(measured, derived, gpu) -> tuple:
     rest minimising the rms log error of the layers and the ends together (golden section in log)."""
     d = derived.runner.derived
     hbm = derived.runner.optimizer_s_per_param / measured.runner.optimizer_s_per_param
-    offload = (derived.runner.offload_s_per_param, measured.runner.offload_s_per_param)
-    cpu = round(offload[0] / offload[1], 4) if None not in offload else d.cpu   # the hosts' offloaded steps
+    # No host ratio: the CPU optimizer runs on the host, which is not the GPU type's. Two H100 hosts' `tune profile`
+    # offload builds measured 7.6e-10 and 1.35e-9 s a parameter, either side of the H200 host's 1.22e-9, so one
+    # host's ratio would price every H100 user's host as that one's (runner_host_cpu_error_sd carries the spread).
+    cpu = None
 
     def error(log_rest: float) -> float:
         trial = dataclasses.replace(d, hbm=hbm, rest=math.exp(log_rest), cpu=cpu)
@@ -122,7 +124,8 @@ def calibrate(measured, derived, gpu) -> tuple:
 def write_derivation(path: str, d) -> None:
     """Replace the runner_components.derived block of a profile YAML in place (the rest of the file as it is)."""
     text = Path(path).read_text()
-    block = (f"  derived: {{compute: {d.compute}, hbm: {d.hbm}, rest: {d.rest}, cpu: {d.cpu}, "
+    cpu = "" if d.cpu is None else f"cpu: {d.cpu}, "
+    block = (f"  derived: {{compute: {d.compute}, hbm: {d.hbm}, rest: {d.rest}, {cpu}"
              f"calibration_sd: {d.calibration_sd},\n"
              f"    basis: {json.dumps(d.basis)},\n    calibration: {json.dumps(d.calibration)}}}\n")
     new, n = re.subn(r"^  derived: \{.*?\}\n", block, text, count=1, flags=re.M | re.S)
@@ -159,8 +162,8 @@ def main(argv: list[str]) -> int:
             print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)
             return 1
         fitted, rows = calibrate(measured, derived, gpu)
-        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}, cpu "
-              f"x{fitted.cpu} (offloaded optimizer step, the hosts'); step rms log "
+        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}, the CPU "
+              f"optimizer as the source's host ran it (this host's is not the GPU type's); step rms log "
               f"error {_rms(before):.3f} -> {fitted.calibration_sd:.3f} on these builds (in sample); error_sd "
               f"{derived.runner.derived.error_sd:.3f} -> {fitted.error_sd:.3f}")
         if args.write:
