@@ -205,7 +205,7 @@ def _feature_rules(out: list[Violation], layout: Layout, model: ModelSpec, stack
             out.append(Violation("ep_overlap_mtp", MEGATRON,
                                  f"overlap_moe_expert_parallel_comm supports at most one MTP layer, the layout string "
                                  f"places {mtp}"))
-    if layout.offloaded and not stack.precision_aware_optimizer:
+    if layout.offloaded and not (stack.precision_aware_optimizer or stack.offload_precision_aware):
         out.append(Violation("offload_needs_precision_aware", MEGATRON,
                              "optimizer CPU offload needs --use-precision-aware-optimizer"))
 

@@ -223,7 +223,8 @@ def canonical_form(params: dict, model: ModelSpec) -> tuple[dict, list[str]]:
 
 
 def our_verdict(case: CrossCheckCase) -> tuple[bool, list[str], list[str], list[str]]:
-    stack = Stack(precision_aware_optimizer=case.precision_aware)
+    # without the flag in the argv at all: not even an offloaded optimizer sets it
+    stack = Stack(precision_aware_optimizer=case.precision_aware, offload_precision_aware=case.precision_aware)
     workload = Workload(seq_len=SEQ_LENGTH, global_batch=case.global_batch)
 
     def canonical_rules(layout: Layout) -> list[str]:

@@ -321,6 +321,29 @@ def test_naming_the_runner_stack_implies_megatrons_step_and_asking_for_slimes_is
     assert code == 2 and len(err) == 1 and "framework megatron" in err[0]
 
 
+def test_the_runner_stack_offloads_its_optimizer_without_te_in_predict_and_in_its_space(capsys):
+    """The runner offloads through megatron's HybridDeviceOptimizer, which runs precision-aware without TE's
+    FusedAdam (train_loop.build_optimizer): `tune predict --stack megatron-runner` prices an offload layout, and the
+    runner's search space holds offload layouts, while a stack that never sets --use-precision-aware-optimizer is
+    still refused as Megatron refuses it."""
+    from cost_model.nouns.stack import Stack
+    from search_space.enumerate import enumerate_layouts
+    from search_space.rules import violations
+
+    argv = ["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--seq-len", "4096", "--global-batch",
+            "16", "--stack", "megatron-runner", "--layout", "max_tokens_per_gpu=8192", "rows_per_microbatch=2",
+            "optimizer_offload_fraction=0.5", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["breakdown"]["offload"] > 0 and out["tokens_per_s_per_gpu"] > 0
+    model, work = trial_model(load_model("llama3-8b"), 4), Workload(framework="megatron", seq_len=4096, global_batch=16)
+    layouts = list(enumerate_layouts(model, 1, work, Stack.named("megatron-runner")))
+    assert any(l.offloaded for l in layouts) and any(not l.offloaded for l in layouts)
+    offloaded = next(l for l in layouts if l.offloaded)
+    never = Stack(precision_aware_optimizer=False, offload_precision_aware=False)
+    assert [v.rule for v in violations(offloaded, model, work, never)] == ["offload_needs_precision_aware"]
+
+
 def test_a_runner_priced_prediction_carries_the_runner_residual_not_the_te_stacks():
     from types import SimpleNamespace
 

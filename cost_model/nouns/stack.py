@@ -28,6 +28,10 @@ class Stack:
     mla: bool = True                         # multi-latent attention models (DeepSeek-V3, Moonlight)
     gdn_kernels: bool = True                 # fla's Gated DeltaNet kernels (else a slow torch rule)
     optimizer_offload: bool = True           # optimizer CPU offload (HybridDeviceOptimizer)
+    # An offloaded optimizer runs precision-aware without TE's FusedAdam: megatron's HybridDeviceOptimizer steps torch
+    # Adam, so --use-precision-aware-optimizer goes with --optimizer-cpu-offload whatever the GPU-resident Adam
+    # (experiments.megatron.train_loop.build_optimizer; measured on the runner without TE, v11-v31)
+    offload_precision_aware: bool = True
     frameworks: tuple[str, ...] = FRAMEWORKS  # the training steps it runs (Workload.framework)
     # slime's dynamic batching packs any global batch; False: the global batch must split into whole
     # micro-batches (experiments.megatron.backend_support.microbatch_refusal)
