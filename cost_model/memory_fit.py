@@ -42,9 +42,17 @@ def fit_label(verdict: str, p: float) -> str:
     return f"{verdict} ({percent(p)})" if verdict == BORDERLINE else verdict
 
 
-def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float) -> str:
-    """The one line that says why a layout is borderline."""
+# A MoE layer allocates routing-dependent sizes every micro-batch; with no room left for the allocator's cache it
+# frees and maps memory again each time. Measured on the megatron runner: Qwen1.5-MoE-A2.7B at 0.19 GiB under the
+# limit 26% slower than predicted (twice), the synthetic 32-expert MoE at 0.96 GiB under 14% (runner_accuracy.py).
+MOE_NEAR_LIMIT_NOTE = ("; a MoE model this near the limit may also run slower than predicted (no room for the "
+                       "allocator's cache: 14-26% slower on 2 measured runner runs)")
+
+
+def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float, moe: bool = False) -> str:
+    """The one line that says why a layout is borderline (for a MoE model, with the slowdown risk near the limit)."""
     margin = capacity_gib / needed_gib - 1.0 if needed_gib > 0 else 0.0
     side = "under" if margin >= 0 else "over"
     return (f"borderline: predicted {needed_gib:.1f} of {capacity_gib:.1f} GiB usable, {abs(margin):.1%} {side}; "
-            f"the memory model's measured error (sd {sd:.1%}) gives a {percent(p)} chance to fit")
+            f"the memory model's measured error (sd {sd:.1%}) gives a {percent(p)} chance to fit"
+            + (MOE_NEAR_LIMIT_NOTE if moe else ""))

@@ -349,7 +349,7 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
     memory, capacity, host, p_fit, fit = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
     reasons = fit_reasons(memory, capacity, host, gpu)
     if fit == BORDERLINE:
-        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit))
+        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=model.is_moe))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
