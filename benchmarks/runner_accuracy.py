@@ -308,10 +308,11 @@ def rows(suite_path: Path, results_path: Path) -> list[dict]:
                     "fits": p.fits, "verdict": p.fit_verdict, "p_fit": p.fit_probability,
                     "in_sample": results_path.name in IN_SAMPLE_FILES, "own_layers": own, "crossing": at_crossing(p),
                     "band_sd": runner_stack_sd(model, gpu, None, p) if p.breakdown.get("layers", 0) > 0 else None,
-                    "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT | HOST_CPU_LOOKED_AT,
+                    "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
                     "memory_looked_at": results_path.name in MEMORY_LOOKED_AT
                     or (model.has_linear_attention and results_path.name in GDN_COUNT_LOOKED_AT),
                     "tokens_looked_at": (results_path.name in SCALED_LOOKED_AT and not own)
+                    or (t.layout.offloaded and results_path.name in HOST_CPU_LOOKED_AT)
                     or results_path.name in DERIVATION_LOOKED_AT
                     or any(results_path.name == f and t.name.startswith(p) for f, p in HOST_FLOOR_LOOKED_AT)})
     return out
@@ -431,7 +432,8 @@ def main(argv: list[str]) -> int:
         peak = f"{r['peak']:6.1f}" if r["status"] == "ok" else f"{r['failure'] or r['status']:>6}"[:9]
         print(f"{r['trial']:22} {r['measured']:9.0f} {r['repeats']:2} {r['predicted']:9.0f} {err:7.1f} {then} {peak} "
               f"{r['peak_predicted']:6.1f} {r['verdict']}{'  (in sample)' if r['in_sample'] else ''}"
-              f"{'  (offload tokens/s in sample: looked at)' if r['offload_looked_at'] else ''}")
+              f"{'  (offload tokens/s in sample: looked at)' if r['offload_looked_at'] else ''}"
+              f"{'  (tokens/s looked at)' if r['tokens_looked_at'] and not r['in_sample'] else ''}")
     spreads = [r["spread"] for r in table if r["spread"] is not None]
     if spreads:
         print(f"repeat noise: {len(spreads)} runs measured twice, (max-min)/mean median "
