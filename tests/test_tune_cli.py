@@ -586,3 +586,17 @@ def test_one_posterior_in_the_table_the_recipe_and_predict(tmp_path, monkeypatch
     answer = json.loads(capsys.readouterr().out)
     assert answer["headline_tokens_per_s_per_gpu"] == pytest.approx(best.value, abs=0.01)
     assert answer["tokens_per_s_per_gpu"] == pytest.approx(result["predicted"]["tokens_per_s_per_gpu"], abs=0.1)
+
+
+def test_a_global_batch_smaller_than_the_gpu_count_is_named_once():
+    """Fewer rows than GPUs: a step of a few hundred tokens per GPU, which says little about a real run at that
+    scale; tune says so in one note (and nothing when every GPU gets a row)."""
+    from types import SimpleNamespace
+
+    from cost_model.nouns.workload import Workload
+    from tuner.study_commands import small_batch_notes
+
+    small = SimpleNamespace(workload=Workload(seq_len=8192, global_batch=128), world_size=4096)
+    (note,) = small_batch_notes(small)
+    assert "128 rows" in note and "4,096 GPUs" in note and "256 tokens a step" in note and "--global-batch" in note
+    assert small_batch_notes(SimpleNamespace(workload=Workload(seq_len=8192, global_batch=128), world_size=64)) == ()

@@ -117,7 +117,7 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
         print(f"  search space pruned: {pruned.line()}", file=sys.stderr)
     for line in space.reasons:
         print(f"  search space narrowed: {line}", file=sys.stderr)
-    for line in space.notes:
+    for line in space.notes + small_batch_notes(config):
         print(f"  note: {line}", file=sys.stderr)
     unused = measured_only_flags(args)
     if unused:
@@ -158,6 +158,17 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     return 0
 
 MEASURED_ONLY = ("steps", "layers", "rows", "hang_timeout", "verify_top", "reference")
+
+def small_batch_notes(config) -> tuple[str, ...]:
+    """A line when the global batch has fewer rows than there are GPUs: every layout then runs a step of a few
+    hundred tokens per GPU, mostly pipeline fill and communication, and the figures say little about a real run."""
+    work, gpus = config.workload, config.world_size
+    if work.global_batch >= gpus:
+        return ()
+    return (f"the global batch ({work.global_batch:,} rows of {work.seq_len:,} tokens) has fewer rows than the "
+            f"{gpus:,} GPUs: each GPU gets {work.global_batch * work.seq_len / gpus:,.0f} tokens a step; a run at this "
+            f"scale takes a larger --global-batch",)
+
 
 def measured_only_flags(args) -> list[str]:
     """The flags given that only a measuring backend uses, when the backend predicts."""
