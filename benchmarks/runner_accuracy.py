@@ -256,13 +256,19 @@ DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # the eager gated norm's fp32 gate), checked on the runner's layer builds (benchmarks/activation_builds.py), no
 # constant fitted; but every stored run of a model with GDN layers was seen before it: their device peaks are looked
 # at from then on (their tokens/s are unchanged and stay where they were).
-GDN_COUNT_LOOKED_AT = {r.name for _, r in DEFAULT[:[r.name for _, r in DEFAULT].index(
-    "runner-grids-h200-v29-a-2026-12-06.jsonl") + 1]}
+def _stored_through(last: str) -> set[str]:
+    """The results files of DEFAULT up to and including `last`: what was stored when a change was made (a file
+    added after it is not looked at by it)."""
+    names = [r.name for _, r in DEFAULT]
+    return set(names[:names.index(last) + 1])
+
+
+GDN_COUNT_LOOKED_AT = _stored_through("runner-grids-h200-v29-a-2026-12-06.jsonl")
 # After v31 the runner's memory outside PyTorch became 8.9 GiB for a model without Gated DeltaNet layers (8.86 on 2
 # GPUs), plus runner_gdn_kernels_gib with them, where the profile had taken the largest, 9.2 (with the GDN kernels),
 # for every model: what the profile's own boundary runs measured, chosen after the stored runs' 8.88-8.95 GiB were
 # seen: every stored run of a model without GDN layers is looked at for memory from then on.
-OUTSIDE_LOOKED_AT = {r.name for _, r in DEFAULT}
+OUTSIDE_LOOKED_AT = _stored_through("runner-grids-h100-v31-a-2026-12-06.jsonl")
 # v31's offload runs (8-20% over-predicted, on a host whose offloaded step ran as the H200's) then led to pricing an
 # H100's CPU optimizer as the H200 host ran it, not at the one H100 host's x1.60 the calibration had carried (v27's
 # host; v28's and v31's ran it at x1.0-1.1): the offload runs on H100 are looked at for tokens/s from then on.
