@@ -20,7 +20,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cost_model.activations import layer_bytes, runner_gdn_bytes, unfused_extra_bytes  # noqa: E402
+from cost_model.activations import layer_bytes, runner_gdn_bytes, unfused_extra_bytes, unfused_scaled  # noqa: E402
 from cost_model.constants import default_constants  # noqa: E402
 from cost_model.nouns.layout import Layout  # noqa: E402
 from cost_model.nouns.model_spec import MOE, load_model  # noqa: E402
@@ -82,8 +82,7 @@ def counted_per_token(build: dict) -> tuple[float, float]:
            + unfused_extra_bytes(attn, mlp, model, layout, set(), 1.0, rows, True))
     c = default_constants()
     factor = c.unfused_moe_activation_factor if mlp == MOE else c.unfused_activation_factor
-    exact = runner_gdn_bytes(attn, model, layout, 1.0)
-    return raw, exact + factor * (raw - exact)
+    return raw, unfused_scaled(raw, runner_gdn_bytes(attn, model, layout, 1.0), factor)
 
 
 def pairs(paths: list[Path]) -> list[tuple[dict, dict]]:

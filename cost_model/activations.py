@@ -160,6 +160,12 @@ def runner_gdn_bytes(attn_kind: str, model: ModelSpec, layout: Layout, tokens: f
     return linear_attention_bytes(model, layout, tokens, True) + gdn_gated_norm_extra(model, layout, True) * tokens
 
 
+def unfused_scaled(counted: float, exact: float, factor: float) -> float:
+    """A layer's saved bytes on the unfused stack: its per-MLP-kind `factor` on what the count may miss, not on
+    `exact`, the part counted from source (runner_gdn_bytes)."""
+    return exact + factor * (counted - exact)
+
+
 def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, tokens: float,
                               routed_rows_per_token: float) -> float:
     """Bytes of one [rows, ffn] bf16 tensor of the layer's SwiGLU MLP (routed rows and an expert's ffn for a MoE
@@ -199,10 +205,10 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
         else:
             factor = unfused[1] if mlp_kind == MOE else unfused[0]
             exact = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0
-            layer = exact + factor * (layer - exact + unfused_extra_bytes(
-                attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded))
-            whole = exact + factor * (whole - exact + unfused_extra_bytes(
-                attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded))
+            layer = unfused_scaled(layer + unfused_extra_bytes(
+                attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded), exact, factor)
+            whole = unfused_scaled(whole + unfused_extra_bytes(
+                attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded), exact, factor)
             # Beyond its saved bytes (already counted in `saved`), the layer running its backward holds what
             # recompute rebuilds and the eager backward's gradient temporaries.
             if mlp_kind == MOE:
