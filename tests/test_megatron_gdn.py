@@ -527,3 +527,21 @@ def test_cli_flags_for_gdn(capsys):
     assert "contradict" in capsys.readouterr().err
     assert suite.parse_suite({"trials": [{"name": "a", "gpus": 1, "layout": {}, "model": "qwen3.6-35b-a3b"}]})[0][
         0].replace_gdn is False
+
+
+def test_allocator_churn_is_counted_step_by_step_after_the_first_step():
+    # samples: after build, after the optimizer, then after steps 0-3; step 2 retried twice and remapped 3 GiB
+    retries = iter([0, 0, 1, 1, 3, 3])
+    mapped = iter([10, 20, 40, 40, 43, 43])
+    stats = lambda: {"num_alloc_retries": next(retries), "num_device_alloc": 5, "num_device_free": 0,  # noqa: E731
+                     "reserved_bytes.all.allocated": next(mapped) * memory.GIB, "reserved_bytes.all.freed": 0}
+    tracker = memory.MemoryTracker(lambda: (50 * memory.GIB, 80 * memory.GIB), lambda: 20 * memory.GIB, stats)
+    for _ in range(6):
+        tracker.sample()
+    report = memory.churn_report(tracker)
+    assert report["alloc_retries"] == [0.0, 2.0, 0.0] and report["reserved_gib_mapped"] == [0.0, 3.0, 0.0]
+    assert report["device_allocs"] == [0.0, 0.0, 0.0]
+    # stand-ins without counters keep none (and the report stays as it was)
+    plain = memory.MemoryTracker(lambda: (50 * memory.GIB, 80 * memory.GIB), lambda: 20 * memory.GIB)
+    plain.sample()
+    assert memory.churn_report(plain) == {} and memory.churn_report(None) == {}

@@ -24,24 +24,52 @@ OOM_FIGURES = {
 }
 
 
+# The caching allocator's own counters (torch.cuda.memory_stats), read after each step: a layout near the
+# limit can run with the allocator freeing its cache and retrying, or mapping and unmapping segments, every
+# micro-batch; those counters say whether it did, where the step time alone cannot.
+CHURN_COUNTERS = {"alloc_retries": "num_alloc_retries", "device_allocs": "num_device_alloc",
+                  "device_frees": "num_device_free"}
+CHURN_BYTES = {"reserved_gib_mapped": "reserved_bytes.all.allocated", "reserved_gib_released": "reserved_bytes.all.freed"}
+
+
 class MemoryTracker:
     """The device-level peak of one rank: the largest `total - free` over its samples (GiB), and the
-    largest part of it outside PyTorch's allocator (`total - free - memory_reserved`).
+    largest part of it outside PyTorch's allocator (`total - free - memory_reserved`); and, step by step,
+    how much the caching allocator retried, allocated, mapped and released (`churn`).
 
-    `mem_get_info` and `memory_reserved` are torch.cuda's unless given (the CPU tests pass stand-ins)."""
+    `mem_get_info`, `memory_reserved` and `memory_stats` are torch.cuda's unless given (the CPU tests pass
+    stand-ins; without a `memory_stats` stand-in no churn is kept)."""
 
-    def __init__(self, mem_get_info=None, memory_reserved=None):
+    def __init__(self, mem_get_info=None, memory_reserved=None, memory_stats=None):
         self._mem_get_info, self._memory_reserved = mem_get_info, memory_reserved
+        self._memory_stats = memory_stats if memory_stats is not None or mem_get_info is None else dict
         self.peak: float | None = None
         self.total: float | None = None
         self.outside: float | None = None
         self.samples: dict[str, float] = {}
+        self._counters: list[dict[str, float]] = []
+
+    def _read_counters(self) -> None:
+        stats = self._memory_stats() or {}
+        if not stats:
+            return
+        row = {k: float(stats.get(key, 0)) for k, key in CHURN_COUNTERS.items()}
+        row.update({k: float(stats.get(key, 0)) / GIB for k, key in CHURN_BYTES.items()})
+        self._counters.append(row)
+
+    @property
+    def churn(self) -> dict[str, list[float]]:
+        """Per step after the first sample: each counter's increase (GiB for the mapped/released bytes)."""
+        rows = self._counters
+        return {k: [round(b[k] - a[k], 3) for a, b in zip(rows, rows[1:])] for k in (rows[0] if rows else {})}
 
     def sample(self, label: str | None = None) -> float:
         if self._mem_get_info is None or self._memory_reserved is None:
             import torch
             self._mem_get_info = self._mem_get_info or torch.cuda.mem_get_info
             self._memory_reserved = self._memory_reserved or torch.cuda.memory_reserved
+            self._memory_stats = self._memory_stats or torch.cuda.memory_stats
+        self._read_counters()
         free, total = self._mem_get_info()
         used = (total - free) / GIB
         outside = used - self._memory_reserved() / GIB
@@ -66,6 +94,15 @@ def memory_report(after_build: float, after_optimizer: float, tracker: MemoryTra
         if "after_optimizer_first_step" in tracker.samples:
             out["device_after_optimizer_first_step"] = tracker.samples["after_optimizer_first_step"]
     return out
+
+
+def churn_report(tracker: MemoryTracker | None) -> dict:
+    """The allocator's work step by step (see CHURN_COUNTERS), from the sample after step 1 on: the first
+    steps' include building the cache. Empty where the tracker kept no counters."""
+    if tracker is None:
+        return {}
+    churn = tracker.churn
+    return {k: v[2:] for k, v in churn.items() if len(v) > 2}
 
 
 def failure_snapshot(tracker: MemoryTracker | None) -> dict:

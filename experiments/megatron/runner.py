@@ -381,10 +381,14 @@ def _memory_summary(ranks: dict) -> tuple[float, tuple, dict]:
     device = [m.get("device_peak") for m in mem.values()]
     measured = all(d is not None for d in device)
     peak = max(device) if measured else max(m["peak_allocated"] for m in mem.values())
-    return peak, allocated, {
+    details = {
         "memory_gib_per_rank": {str(r): {k: round(v, 2) for k, v in m.items()} for r, m in mem.items()},
         "max_memory_allocated_gib_per_rank": list(allocated),
         "peak_memory_basis": DEVICE_BASIS if measured else ALLOCATOR_BASIS}
+    churn = {str(r): ranks[r]["allocator_churn"] for r in sorted(ranks) if ranks[r].get("allocator_churn")}
+    if churn:   # per step from step 2 on (see experiments/megatron/memory.py churn_report)
+        details["allocator_churn_per_rank"] = churn
+    return peak, allocated, details
 
 
 def _kernels(r0: dict, run, replaced: bool) -> dict:

@@ -14,7 +14,7 @@ import os
 from cost_model.nouns.model_spec import LINEAR_ATTENTION
 from experiments.megatron.config import build_transformer_config
 from experiments.megatron.data import StepBatches, load_rows
-from experiments.megatron.memory import GIB, MemoryTracker, memory_report
+from experiments.megatron.memory import GIB, MemoryTracker, churn_report, memory_report
 from experiments.megatron.model_run import padded_vocab
 
 # The environment a rank reports back (what it actually ran with, whoever set it).
@@ -88,6 +88,7 @@ def run_phases(job: dict, send, state: dict, device_index: int) -> dict:
         "num_microbatches": batches.num_microbatches,
         "params_local": n_params,
         "memory_gib": memory_report(mem_built, mem_opt, memory),
+        "allocator_churn": churn_report(memory),
     }
 
 
