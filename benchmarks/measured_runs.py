@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime
+from experiments.megatron.memory import allocator_retries_per_step
 from experiments.megatron.runner import gpu_from_name
 from experiments.megatron.suite import SuiteTrial, parse_suite
 
@@ -42,6 +43,8 @@ class MeasuredRun:
     # whether the record's optimizer note says "first offload build collected" (runs from v12 on); before, the runner
     # left an offloaded optimizer's first build to the cyclic collector (only an offloaded layout's memory reads it)
     first_build_collected: bool = True
+    retries: list = field(default_factory=list)   # the allocator's retries per step of each valid measurement that
+                                                  # counted them (runs from v32 on: experiments/megatron/memory.py)
 
     @property
     def runtime(self) -> Runtime:
@@ -63,6 +66,11 @@ class MeasuredRun:
     @property
     def failure(self) -> str | None:
         return None if self.ok else (self.failures[0] if self.failures else "failed")
+
+    @property
+    def strained(self) -> bool:
+        """A measurement ran short of memory: the allocator retried every step (its time is partly the allocator's)."""
+        return any(r > 0 for r in self.retries)
 
     @property
     def spread(self) -> float | None:
@@ -143,6 +151,9 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
         if _valid(line, t):
             run.tokens.append(steady_tokens(line))
             run.peaks.append(float(line.get("peak_memory_gib") or 0.0))
+            retries = allocator_retries_per_step(line.get("details"))
+            if retries is not None:
+                run.retries.append(retries)
         else:
             run.failures.append(line.get("failure_class") or ("too_few_steps" if line.get("status") == "ok" else "failed"))
     return list(runs.values())

@@ -35,7 +35,7 @@ import math
 import random
 import statistics
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -113,6 +113,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h100-v28-a-2026-12-06.jsonl", "runner_grids_h100_v28_suite.json"),
            ("runner-grids-h200-v29-a-2026-12-06.jsonl", "runner_grids_h200_v29_suite.json"),
            ("runner-grids-h100-v31-a-2026-12-06.jsonl", "runner_grids_h100_v31_suite.json"),
+           ("runner-grids-h100-v32-a-2026-12-06.jsonl", "runner_grids_h100_v32_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -126,6 +127,7 @@ class Grid:
     spreads: list = None  # (max - min) / mean of each layout measured more than once
     repeated: set = None  # layout keys measured more than once
     prior_sd: float = 0.0  # the runner stack's prediction sd for this grid's model (what `tune` gives the agent)
+    strained: set = field(default_factory=set)  # layout keys whose allocator retried every step (as `tune` reads them)
 
     @property
     def best(self) -> float:
@@ -149,7 +151,7 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
         if len(runs) < min_layouts or not any(r.ok for r in runs):
             continue
         gpu = load_gpu(gpu_type)
-        cands, hours, spreads, repeated, figures = [], {}, [], set(), {}
+        cands, hours, spreads, repeated, figures, strained = [], {}, [], set(), {}, set()
         for run in runs:
             t = run.trial
             k = t.layout.key()
@@ -161,6 +163,8 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
                 cands.append(Candidate(t.layout, p))
                 hours[k] = run.seconds[0] * gpus / 3600
             figures.setdefault(k, []).extend([run.measured] if run.ok else [])
+            if run.strained:
+                strained.add(k)
             if run.spread is not None:
                 spreads.append(run.spread)
                 repeated.add(k)
@@ -171,7 +175,7 @@ def load_grids(min_layouts: int = 3) -> list[Grid]:
                 repeated.add(k)
         on = "" if gpu.name == "h200" else f" on {gpu.display_name}"
         name = f"{model} L{layers} x{gpus}{on} seq {seq} gb {gb} ({suite.removesuffix('_suite.json')})"
-        grids.append(Grid(name, cands, truth, hours, spreads, repeated, runner_stack_sd(model_run, gpu)))
+        grids.append(Grid(name, cands, truth, hours, spreads, repeated, runner_stack_sd(model_run, gpu), strained))
     return grids
 
 
@@ -221,6 +225,8 @@ def agent_order(grid: Grid, bands: list | None = None) -> list:
         h.tried.add(key)
         if key in grid.truth:
             h.measured_layouts.append((c.layout, grid.truth[key]))
+            if key in grid.strained:
+                h.strained.add(key)
         else:
             h.failed.append((key, "cuda_oom", c.prediction.peak_memory_gib))
     return order
@@ -377,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
           "Ministral-8B at 6) ran 2026-12-06, predictions committed before: held out; v29 (Qwen3.5-4B at 12 "
           "layers, Qwen3.5-27B at 6 layers seq 2k, both with real GDN) ran 2026-12-06, predictions committed "
           "before: held out; v31 (1 x H100: Qwen2.5-14B at 5 layers, Qwen1.5-MoE-A2.7B at 3, Qwen3.6 at 2 layers "
-          "seq 6k) ran 2026-12-06, predictions committed before: held out (--suite v19 ... v31 replays them alone)")
+          "seq 6k) ran 2026-12-06, predictions committed before: held out; v32 (1 x H100: Qwen2.5-32B at 2 layers, "
+          "Qwen2-57B-A14B at 1, Qwen3.6 at 2 layers seq 2k) ran 2026-12-06, predictions committed before: held out; "
+          "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
+          "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
                       "intervals": intervals}))
     return 0

@@ -545,3 +545,11 @@ def test_allocator_churn_is_counted_step_by_step_after_the_first_step():
     plain = memory.MemoryTracker(lambda: (50 * memory.GIB, 80 * memory.GIB), lambda: 20 * memory.GIB)
     plain.sample()
     assert memory.churn_report(plain) == {} and memory.churn_report(None) == {}
+
+
+def test_allocator_retries_per_step_reads_the_runner_details():
+    details = {"allocator_churn_per_rank": {"0": {"alloc_retries": [16.0, 17.0, 4.0]},
+                                            "1": {"alloc_retries": [0.0, 0.0, 0.0]}}}
+    assert memory.allocator_retries_per_step(details) == 16.0
+    assert memory.allocator_retries_per_step({"allocator_churn_per_rank": {"0": {"alloc_retries": [0.0, 0.0]}}}) == 0
+    assert memory.allocator_retries_per_step({}) is None and memory.allocator_retries_per_step(None) is None

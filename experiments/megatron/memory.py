@@ -105,6 +105,16 @@ def churn_report(tracker: MemoryTracker | None) -> dict:
     return {k: v[2:] for k, v in churn.items() if len(v) > 2}
 
 
+def allocator_retries_per_step(details: dict | None) -> float | None:
+    """The caching allocator's retries per step of a measured trial (the median over the steps counted, the largest
+    over the ranks); None where the runner kept no counters. More than 0: the step ran short of memory, each
+    retry freeing the cache and mapping it again, and its time is the allocator's as much as the layout's."""
+    churn = (details or {}).get("allocator_churn_per_rank") or {}
+    per_rank = [sorted(c["alloc_retries"])[len(c["alloc_retries"]) // 2]
+                for c in churn.values() if isinstance(c, dict) and c.get("alloc_retries")]
+    return max(per_rank) if per_rank else None
+
+
 def failure_snapshot(tracker: MemoryTracker | None) -> dict:
     """What a rank can still say about its memory when a step failed (best effort: never raises)."""
     out = {}
