@@ -205,3 +205,20 @@ def test_a_candidate_with_its_own_extra_sd_gets_a_wider_band_and_weighs_less_as_
     moved_plain = max(abs(m) for m in plain.belief(h).level_mean)
     moved_extra = max(abs(m) for m in extra.belief(h).level_mean)
     assert 0 < moved_extra < moved_plain
+
+
+def test_a_measurement_that_ran_short_of_memory_does_not_move_the_level(space):
+    """A layout measured with the allocator retrying every step (History.strained) keeps its figure as the best
+    measured, but the belief does not learn the model's level from it."""
+    agent = agent_for(space)
+    history = History()
+    c = chosen(agent, agent.propose(history))
+    history.tried.add(c.layout.key())
+    history.measured_layouts.append((c.layout, 0.5 * c.prediction.tokens_per_s_per_gpu))
+    history.strained.add(c.layout.key())
+    learnt = agent.after_trial(history)
+    assert "allocator retried" in learnt["learnt"]
+    assert agent.belief(history).measured == 0
+    assert agent.outlooks(history)[0].measured == 0
+    history.strained.clear()   # the same figure, not strained: it moves the level
+    assert agent.belief(history).measured == 1

@@ -307,3 +307,28 @@ def test_the_agent_proposes_from_the_studys_measurements(memory, config, scored)
     assert all(" rc " in r for r in [first, *later])   # the recompute a trial tests is named
     resumed = study_commands.make_proposer("agent", scored, config, runner)
     assert resumed.belief(history).measured == 3
+
+
+class StrainedRunner(BareMegatron):
+    """Every layout runs; the second trial's allocator retries every step (the runner's memory counters)."""
+
+    def run(self, spec):
+        self.ran.append(spec.case.layout.key())
+        retries = [16.0, 17.0, 16.0] if len(self.ran) == 2 else [0.0, 0.0, 0.0]
+        return TrialResult(status="ok", kind="measured", source="stub", tokens_per_s_per_gpu=900.0 + len(self.ran),
+                           step_time_s=1.0, runner=self.name,
+                           details={"allocator_churn_per_rank": {"0": {"alloc_retries": retries}}})
+
+
+def test_a_trial_that_ran_short_of_memory_is_kept_out_of_the_agents_level(memory, config, scored):
+    """A measured trial whose allocator retried every step is recorded (and counts as the best when it is), but
+    the agent learns no level from it, says so, and a resumed study reads it the same way."""
+    runner = StrainedRunner()
+    study = study_for(memory, config, figures="measured")
+    agent = study_commands.make_proposer("agent", scored, config, runner)
+    run_study(study, config, runner, agent, trials=3, progress=False)
+    history = history_of(study, backend=runner.name)
+    assert history.strained == {runner.ran[1]} and len(history.measured_layouts) == 3
+    assert "allocator retried" in study.trials[1].user_attrs["learnt"]
+    assert "level now" in study.trials[2].user_attrs["learnt"]
+    assert study_commands.make_proposer("agent", scored, config, runner).belief(history).measured == 2

@@ -233,10 +233,15 @@ class AgentProposer(Proposer):
 
     # -- what the study knows
     def _measured(self, history: History) -> list[tuple[int, float]]:
+        """The measurements the belief learns from. One that ran short of memory (the allocator retried every
+        step: History.strained) measured the allocator as much as the layout: it stays the layout's figure
+        (the best measured counts it) but says nothing of the model's level or family (13-30% slow on the runner,
+        runner-grids-h100-v32, the v31 probes)."""
         out = []
+        strained = getattr(history, "strained", set())
         for layout, value in getattr(history, "measured_layouts", []):
             c = self.by_key.get(layout.key())
-            if c is None:
+            if c is None or layout.key() in strained:
                 continue        # measured by another space (the study's options changed): not comparable
             out.append((self.table.ensure(c), value))
         return out
@@ -362,6 +367,11 @@ class AgentProposer(Proposer):
         """What the last trial taught: the weights and levels after it, against those before."""
         before = self.last
         after = self.belief(history)
+        latest = getattr(history, "measured_layouts", [])[-1:]
+        if latest and latest[0][0].key() in getattr(history, "strained", set()):
+            return {"learnt": "nothing of the model's level: the allocator retried every step (the layout ran short "
+                              "of memory); its figure stands for this layout alone",
+                    "hypothesis_weights_after": self.weights(after)}
         if before is None or after.measured == before.measured:
             return {"hypothesis_weights_after": self.weights(after)}
         moved = sorted(zip(self.table.hypotheses, before.weights, after.weights), key=lambda x: -abs(x[2] - x[1]))[:2]

@@ -41,6 +41,7 @@ class History:
     measured: list = field(default_factory=list)            # (family, measured tok/s, predicted tok/s)
     measured_layouts: list = field(default_factory=list)    # (Layout, measured tok/s)
     failed: list = field(default_factory=list)              # (layout key, failure_class, predicted peak GiB)
+    strained: set = field(default_factory=set)              # layout keys measured with allocator retries each step
     best_value: float | None = None
     peers: int = 1          # tuners working on the study now (this one included); >1 spreads the proposals
 

@@ -35,6 +35,7 @@ from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile
 from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload
+from experiments.megatron.memory import allocator_retries_per_step
 from experiments.runner import PERMANENT_FAILURES, RunnerError, TrialResult, TrialRunner, TrialSpec
 from search_space.enumerate import NARROWING_FIELDS, SpaceOptions
 from search_space.runner_space import RunnerSpace, narrow
@@ -347,6 +348,8 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
                 predicted = facts["prediction_for_model_run"]["tokens_per_s_per_gpu"]
             h.measured.append((family(layout), result.tokens_per_s_per_gpu, predicted))
             h.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
+            if allocator_retries_per_step(facts):
+                h.strained.add(layout.key())
     h.best_value = max(best) if best else None
     h.peers = _peers(study)
     return h
@@ -602,6 +605,8 @@ def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout,
     go on the study now)."""
     if result.status == "ok" and result.kind == "measured":
         history.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
+        if allocator_retries_per_step(result.details):
+            history.strained.add(layout.key())
     elif result.status != "ok":
         peak = (trial.user_attrs.get("prediction") or {}).get("peak_memory_gib")
         history.failed.append((layout.key(), result.failure_class, peak))
