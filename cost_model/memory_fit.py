@@ -43,10 +43,12 @@ def fit_label(verdict: str, p: float) -> str:
 
 
 # A MoE layer allocates routing-dependent sizes every micro-batch; with no room left for the allocator's cache it
-# frees and maps memory again each time. Measured on the megatron runner: Qwen1.5-MoE-A2.7B at 0.19 GiB under the
-# limit 26% slower than predicted (twice), the synthetic 32-expert MoE at 0.96 GiB under 14% (runner_accuracy.py).
+# frees its cache and maps memory again each time. Measured on the megatron runner (runner_accuracy.py): Qwen1.5-MoE-A2.7B
+# at 0.19 GiB under the limit 26-30% slower than predicted (3 runs; the allocator retried 8 times a step, mapping and
+# releasing 111 GiB), Qwen2-57B-A14B at 0.26 GiB under 13% (16 retries a step), the synthetic 32-expert MoE at 0.96 GiB
+# under 14%. Others as near ran at their predictions: the memory model's error cannot tell which will.
 MOE_NEAR_LIMIT_NOTE = ("; a MoE model this near the limit may also run slower than predicted (no room for the "
-                       "allocator's cache: 14-26% slower on 2 measured runner runs)")
+                       "allocator's cache: 13-30% slower on 3 measured runner layouts)")
 
 
 def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float, moe: bool = False) -> str:
