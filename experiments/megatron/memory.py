@@ -97,8 +97,9 @@ def memory_report(after_build: float, after_optimizer: float, tracker: MemoryTra
 
 
 def churn_report(tracker: MemoryTracker | None) -> dict:
-    """The allocator's work step by step (see CHURN_COUNTERS), from the sample after step 1 on: the first
-    steps' include building the cache. Empty where the tracker kept no counters."""
+    """The allocator's work in each step from the second on (see CHURN_COUNTERS; the samples are after the build,
+    after the optimizer, then after each step, and the first step maps the cache). Empty where the tracker kept no
+    counters."""
     if tracker is None:
         return {}
     churn = tracker.churn
