@@ -135,7 +135,8 @@ class Trainer:
     def _memory(self):
         rank, step = self._current
         allocated = (40 * 1024 + 64 * rank + 8 * step) * MIB
-        return allocated, allocated + 2048 * MIB, rank % self.args.actor_num_gpus_per_node
+        retries = step * int(os.environ.get("ATTUNE_STANDIN_RETRIES_PER_STEP", "0"))   # a run short of memory
+        return allocated, allocated + 2048 * MIB, rank % self.args.actor_num_gpus_per_node, retries
 
     def train(self, rollout_id: int, seq_lens: list[int]) -> int:
         args = self.args

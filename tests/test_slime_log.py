@@ -127,7 +127,7 @@ def test_other_lines_are_not_events():
 
 
 def test_peak_memory_line_round_trip(monkeypatch, capsys):
-    monkeypatch.setattr(hook_mod, "_memory_stats", lambda: (5 * 2 ** 30, 6 * 2 ** 30, 3))
+    monkeypatch.setattr(hook_mod, "_memory_stats", lambda: (5 * 2 ** 30, 6 * 2 ** 30, 3, 7))
     monkeypatch.setattr(hook_mod, "_rank", lambda: 11)
     args = SimpleNamespace(rollout_batch_size=256, n_samples_per_prompt=1, global_batch_size=128)
     line = hook_mod.record_peak_memory(args, 4, 1, None, None, None)
@@ -135,7 +135,10 @@ def test_peak_memory_line_round_trip(monkeypatch, capsys):
     e = parse_line(RAY_PREFIX + line)
     assert isinstance(e, PeakMemoryEvent)
     assert (e.rank, e.rollout, e.step_id, e.step, e.device) == (11, 4, 1, 9, 3)
-    assert (e.allocated_bytes, e.reserved_bytes) == (5 * 2 ** 30, 6 * 2 ** 30)
+    assert (e.allocated_bytes, e.reserved_bytes, e.alloc_retries) == (5 * 2 ** 30, 6 * 2 ** 30, 7)
+    # a line from a hook before the allocator's count: no retries field, read as unknown
+    old = parse_line(RAY_PREFIX + line.replace(" alloc_retries=7", ""))
+    assert old.alloc_retries is None and old.allocated_bytes == e.allocated_bytes
 
 
 def test_hook_without_cuda_prints_nothing(capsys):
@@ -509,3 +512,18 @@ def test_rollout_notices_a_rewritten_file(rows_file, tmp_path):
         f.write(json.dumps({"tokens": [5, 6, 7], "loss_mask": [0, 1, 1]}) + "\n")
     second = rollout_mod.generate_rollout(args, 0, None, sample_cls=StandInSample)
     assert first[0][0].tokens != second[0][0].tokens and second[1][0].tokens == [5, 6, 7]
+
+
+def test_allocator_retries_per_step_from_the_hook_lines():
+    """The hook's cumulative retry count, read before each step, gives each step's retries (from the second step
+    logged on); the summary puts them where the megatron runner does, so the tuner reads both alike."""
+    from experiments.megatron.memory import allocator_retries_per_step
+    lines = [RAY_PREFIX + hook_mod.format_line(rank, k, 0, k, 2 ** 30, 2 ** 31, rank, 16 * k if rank == 1 else 0)
+             for k in range(1, 6) for rank in range(2)]
+    log = SlimeLog.from_text("\n".join(lines) + "\n")
+    assert log.allocator_retries_per_rank() == {0: [0, 0, 0], 1: [16, 16, 16]}
+    details = {"allocator_churn_per_rank": {str(r): {"alloc_retries": [float(x) for x in v]}
+                                            for r, v in log.allocator_retries_per_rank().items()}}
+    assert allocator_retries_per_step(details) == 16.0
+    plain = SlimeLog.from_text(RAY_PREFIX + hook_mod.format_line(0, 1, 0, 1, 1, 2, 0) + "\n")
+    assert plain.allocator_retries_per_rank() == {}

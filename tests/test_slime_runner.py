@@ -28,6 +28,7 @@ import pytest
 
 from cost_model.nouns.case import Case
 from cost_model.nouns.workload import Workload
+from experiments.megatron.memory import allocator_retries_per_step
 from experiments.runner import FAILURE_CLASSES, TrialSpec
 from experiments.slime.cluster import ClusterConfig
 from experiments.slime.log import SlimeLog
@@ -622,6 +623,17 @@ def test_successful_trial_end_to_end(ray_cluster, fake_slime, small_spec):
     assert result.details["peak_reserved_gib_per_rank"]["0"] == pytest.approx((40 * 1024 + 56 + 2048) / 1024, abs=1e-3)
     assert result.gpu_hours > 0 and result.step_time_cv_percent is not None
     assert result.details["exit_code"] == 0
+    assert allocator_retries_per_step(result.details) == 0   # the hook counted the allocator's retries: none
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_slime_trial_short_of_memory_reports_its_allocator_retries(ray_cluster, fake_slime, small_spec):
+    """A run whose allocator retried every step says so in the runner's form (the tuner reads it as strained)."""
+    result, _ = _run(ray_cluster, fake_slime, small_spec, env={"ATTUNE_STANDIN_RETRIES_PER_STEP": "16"})
+    assert result.status == "ok", (result.failure_class, result.detail)
+    assert allocator_retries_per_step(result.details) == 16
+    assert set(result.details["allocator_churn_per_rank"]) == {str(r) for r in range(8)}
 
 
 @pytest.mark.ray

@@ -98,6 +98,7 @@ class PeakMemoryEvent(Event):
     allocated_bytes: int                 # torch.cuda.max_memory_allocated() so far (never reset)
     reserved_bytes: int                  # torch.cuda.max_memory_reserved() so far
     device: int | None = None
+    alloc_retries: int | None = None     # the caching allocator's retries so far (hook lines before it: None)
 
 
 def strip_prefixes(line: str) -> tuple[str, str | None]:
@@ -143,7 +144,8 @@ def parse_line(line: str) -> Event | None:
                     actor=actor, rank=int(fields["rank"]), step=_int_or_none(fields.get("step")),
                     rollout=_int_or_none(fields.get("rollout")), step_id=_int_or_none(fields.get("step_id")),
                     allocated_bytes=int(fields["allocated_bytes"]), reserved_bytes=int(fields["reserved_bytes"]),
-                    device=_int_or_none(fields.get("device")))
+                    device=_int_or_none(fields.get("device")),
+                    alloc_retries=_int_or_none(fields.get("alloc_retries")))
             except (KeyError, ValueError):
                 return None
     m = _LOGGER.match(text)
@@ -221,6 +223,7 @@ class SlimeLog:
     metrics: list[MetricsEvent] = field(default_factory=list)
     timers: list[TimerEvent] = field(default_factory=list)
     peak_memory: dict[int, PeakMemoryEvent] = field(default_factory=dict)  # per rank, its highest line
+    retries: dict[int, dict[int, int]] = field(default_factory=dict)   # per rank: step -> allocator retries before it
     lines: int = 0
     _pending: str = ""
 
@@ -252,6 +255,8 @@ class SlimeLog:
         elif isinstance(event, TimerEvent):
             self.timers.append(event)
         elif isinstance(event, PeakMemoryEvent):
+            if event.alloc_retries is not None and event.step is not None:
+                self.retries.setdefault(event.rank, {})[event.step] = event.alloc_retries
             old = self.peak_memory.get(event.rank)
             if old is not None:      # the figures never decrease; keep the highest of each, with the latest step
                 event = dataclasses.replace(event, allocated_bytes=max(event.allocated_bytes, old.allocated_bytes),
@@ -333,6 +338,17 @@ class SlimeLog:
     def peak_memory_gib_per_rank(self, reserved: bool = False) -> dict[int, float]:
         key = "reserved_bytes" if reserved else "allocated_bytes"
         return {rank: getattr(e, key) / GIB for rank, e in sorted(self.peak_memory.items())}
+
+    def allocator_retries_per_rank(self) -> dict[int, list[int]]:
+        """Per rank, the allocator's retries in each step between two hook lines of consecutive steps (the hook
+        reads the count before each step), from the second step logged on: the first builds the cache."""
+        out = {}
+        for rank, by_step in sorted(self.retries.items()):
+            steps = sorted(by_step)
+            deltas = [by_step[b] - by_step[a] for a, b in zip(steps, steps[1:]) if b == a + 1]
+            if len(deltas) > 1:
+                out[rank] = deltas[1:]
+        return out
 
     def peak_memory_gib(self, reserved: bool = False) -> float | None:
         per_rank = self.peak_memory_gib_per_rank(reserved)

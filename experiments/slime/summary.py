@@ -79,6 +79,10 @@ def _common_fields(log: SlimeLog, details: dict, *, source: str, runner: str, gp
                    peak_memory_ranks=len(per_rank))
     if per_rank:
         details["peak_memory_rank_ids"] = sorted(per_rank)
+    retries = log.allocator_retries_per_rank()
+    if retries:   # the runner's form (experiments.megatron.memory.allocator_retries_per_step reads both)
+        details["allocator_churn_per_rank"] = {str(r): {"alloc_retries": [float(x) for x in v]}
+                                               for r, v in retries.items()}
     return dict(kind="measured", source=source, runner=runner, losses=log.losses(),
                 peak_memory_gib=max(per_rank.values()) if per_rank else None,
                 peak_memory_gib_per_rank=tuple(per_rank[k] for k in sorted(per_rank)), gpu_hours=gpu_hours)

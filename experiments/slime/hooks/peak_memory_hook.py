@@ -9,10 +9,11 @@ directory, so the flag is `peak_memory_hook.record_peak_memory`.
 
 Each call prints one line (stdout, flushed; Ray forwards it with its `(MegatronTrainRayActor pid=N)` prefix):
 
-    attune-peak-memory rank=3 rollout=1 step_id=0 step=1 allocated_bytes=123 reserved_bytes=456 device=3
+    attune-peak-memory rank=3 rollout=1 step_id=0 step=1 allocated_bytes=123 reserved_bytes=456 device=3 alloc_retries=0
 
 `allocated_bytes` / `reserved_bytes` are `torch.cuda.max_memory_allocated()` / `max_memory_reserved()` of the
-current device. Nothing is reset, so each line is the peak since the process started up to the start of
+current device; `alloc_retries` is the caching allocator's count of allocations it retried after freeing its cache
+(`torch.cuda.memory_stats()["num_alloc_retries"]`, cumulative): a step that adds to it ran short of memory. Nothing is reset, so each line is the peak since the process started up to the start of
 step `step`: the line of the last step shows the peak of all steps but the last one. `step` is slime's
 accumulated step id (rollout_id x steps_per_rollout + step_id, as the `step N:` log lines count), with
 steps_per_rollout = rollout_batch_size x n_samples_per_prompt / global_batch_size.
@@ -29,8 +30,9 @@ TAG = "attune-peak-memory"
 HOOK_FUNCTION = "record_peak_memory"
 
 
-def _memory_stats() -> tuple[int, int, int] | None:
-    """(max allocated bytes, max reserved bytes, device index) of the current CUDA device, or None."""
+def _memory_stats() -> tuple[int, int, int, int | None] | None:
+    """(max allocated bytes, max reserved bytes, device index, allocator retries so far) of the current CUDA
+    device, or None."""
     try:
         import torch
     except ImportError:
@@ -39,8 +41,9 @@ def _memory_stats() -> tuple[int, int, int] | None:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return None
         device = torch.cuda.current_device()
+        retries = torch.cuda.memory_stats(device).get("num_alloc_retries")
         return (int(torch.cuda.max_memory_allocated(device)), int(torch.cuda.max_memory_reserved(device)),
-                int(device))
+                int(device), None if retries is None else int(retries))
     except Exception:                     # a broken CUDA context must not stop training
         return None
 
@@ -65,9 +68,10 @@ def _steps_per_rollout(args) -> int | None:
 
 
 def format_line(rank: int, rollout_id: int, step_id: int, step: int | None, allocated: int, reserved: int,
-                device: int | None) -> str:
+                device: int | None, alloc_retries: int | None = None) -> str:
     return (f"{TAG} rank={rank} rollout={rollout_id} step_id={step_id} step={'None' if step is None else step} "
-            f"allocated_bytes={allocated} reserved_bytes={reserved} device={'None' if device is None else device}")
+            f"allocated_bytes={allocated} reserved_bytes={reserved} device={'None' if device is None else device}"
+            + ("" if alloc_retries is None else f" alloc_retries={alloc_retries}"))
 
 
 def record_peak_memory(args, rollout_id, step_id, model=None, optimizer=None, opt_param_scheduler=None) -> str | None:
@@ -76,9 +80,9 @@ def record_peak_memory(args, rollout_id, step_id, model=None, optimizer=None, op
     stats = _memory_stats()
     if stats is None:
         return None
-    allocated, reserved, device = stats
+    allocated, reserved, device, retries = stats
     per_rollout = _steps_per_rollout(args)
     step = int(rollout_id) * per_rollout + int(step_id) if per_rollout else None
-    line = format_line(_rank(), int(rollout_id), int(step_id), step, allocated, reserved, device)
+    line = format_line(_rank(), int(rollout_id), int(step_id), step, allocated, reserved, device, retries)
     print(line, flush=True)
     return line
