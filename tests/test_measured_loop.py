@@ -332,3 +332,14 @@ def test_a_trial_that_ran_short_of_memory_is_kept_out_of_the_agents_level(memory
     assert "allocator retried" in study.trials[1].user_attrs["learnt"]
     assert "level now" in study.trials[2].user_attrs["learnt"]
     assert study_commands.make_proposer("agent", scored, config, runner).belief(history).measured == 2
+
+
+def test_the_table_says_which_measurement_ran_short_of_memory(memory, config, scored):
+    from tuner.report import format_table, ranked_rows
+    runner = StrainedRunner()
+    study = study_for(memory, config, figures="measured")
+    run_study(study, config, runner, study_commands.make_proposer("agent", scored, config, runner), trials=3,
+              progress=False)
+    rows = ranked_rows(study)
+    assert [r.short_of_memory for r in rows].count(True) == 1
+    assert format_table(rows).count("allocator retried every step") == 1

@@ -553,3 +553,5 @@ def test_allocator_retries_per_step_reads_the_runner_details():
     assert memory.allocator_retries_per_step(details) == 16.0
     assert memory.allocator_retries_per_step({"allocator_churn_per_rank": {"0": {"alloc_retries": [0.0, 0.0]}}}) == 0
     assert memory.allocator_retries_per_step({}) is None and memory.allocator_retries_per_step(None) is None
+    for junk in ("x", 5, {"0": 3}, {"0": {"alloc_retries": "16"}}, {"0": {"alloc_retries": [True]}}):
+        assert memory.allocator_retries_per_step({"allocator_churn_per_rank": junk}) is None

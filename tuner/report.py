@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import printable as printable_text
 from cost_model.memory_fit import fit_label
+from experiments.megatron.memory import allocator_retries_per_step
 from tuner.interval import Interval, number
 from tuner.trial_record import Predicted, TrialRecord, read_trials
 
@@ -31,6 +32,7 @@ class Row:
     predicted_high: float | None = None
     fit: str = "-"                          # the prediction's fit verdict: "fits", "borderline (61%)", ...
     breakdown: dict | None = None           # the prediction's seconds per term of the step
+    short_of_memory: bool = False           # measured with the allocator retrying every step (its figure is low)
 
 
 def ranked_rows(study: optuna.Study) -> list[Row]:
@@ -49,6 +51,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
             predicted_low=number(interval.low), predicted_high=number(interval.high),
             fit=fit_of(r.prediction), breakdown=r.prediction.breakdown if r.prediction else None,
+            short_of_memory=bool(allocator_retries_per_step(result.details)),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
@@ -73,7 +76,8 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
                     and r.predicted_high is not None else "-")
         lines.append((str(i), str(r.number), r.layout.long_label, f"{r.tokens_per_s_per_gpu:,.0f}", interval,
                       _fmt(r.peak_memory_gib, "{:.1f}"), r.fit, _fmt(r.mfu, "{:.1%}"),
-                      _fmt(r.usd_per_million_tokens, "{:.3f}"), r.kind))
+                      _fmt(r.usd_per_million_tokens, "{:.3f}"),
+                      r.kind + (" (allocator retried every step: short of memory)" if r.short_of_memory else "")))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(header)]
     right = {0, 1, 3, 4, 5, 7, 8}
 
