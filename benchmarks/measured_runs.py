@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime
-from experiments.megatron.memory import allocator_retries_per_step
+from experiments.runner import allocator_retries_per_step
 from experiments.megatron.runner import gpu_from_name
 from experiments.megatron.suite import SuiteTrial, parse_suite
 

@@ -101,6 +101,22 @@ class TrialResult:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def allocator_retries_per_step(details: dict | None) -> float | None:
+    """The caching allocator's retries per step of a measured trial: the median over the steps counted, the largest
+    over the ranks, from its details in the form both real runners store (`allocator_churn_per_rank`: rank ->
+    {"alloc_retries": [one count per step]}); None where the runner kept no counters. More than 0: the steps ran
+    short of memory, each retry freeing the cache and mapping it again, and their time is the allocator's as much
+    as the layout's."""
+    churn = details.get("allocator_churn_per_rank") if isinstance(details, dict) else None
+    per_rank = []
+    for c in (churn.values() if isinstance(churn, dict) else ()):
+        steps = c.get("alloc_retries") if isinstance(c, dict) else None
+        if isinstance(steps, list) and steps and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                      for x in steps):   # stored by a peer: anything else is no count
+            per_rank.append(sorted(steps)[len(steps) // 2])
+    return max(per_rank) if per_rank else None
+
+
 def _finite(value):
     """Non-finite floats as None (JSON has no NaN)."""
     if isinstance(value, dict):

@@ -548,10 +548,11 @@ def test_allocator_churn_is_counted_step_by_step_after_the_first_step():
 
 
 def test_allocator_retries_per_step_reads_the_runner_details():
+    from experiments.runner import allocator_retries_per_step
     details = {"allocator_churn_per_rank": {"0": {"alloc_retries": [16.0, 17.0, 4.0]},
                                             "1": {"alloc_retries": [0.0, 0.0, 0.0]}}}
-    assert memory.allocator_retries_per_step(details) == 16.0
-    assert memory.allocator_retries_per_step({"allocator_churn_per_rank": {"0": {"alloc_retries": [0.0, 0.0]}}}) == 0
-    assert memory.allocator_retries_per_step({}) is None and memory.allocator_retries_per_step(None) is None
+    assert allocator_retries_per_step(details) == 16.0
+    assert allocator_retries_per_step({"allocator_churn_per_rank": {"0": {"alloc_retries": [0.0, 0.0]}}}) == 0
+    assert allocator_retries_per_step({}) is None and allocator_retries_per_step(None) is None
     for junk in ("x", 5, {"0": 3}, {"0": {"alloc_retries": "16"}}, {"0": {"alloc_retries": [True]}}):
-        assert memory.allocator_retries_per_step({"allocator_churn_per_rank": junk}) is None
+        assert allocator_retries_per_step({"allocator_churn_per_rank": junk}) is None

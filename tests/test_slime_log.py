@@ -517,7 +517,7 @@ def test_rollout_notices_a_rewritten_file(rows_file, tmp_path):
 def test_allocator_retries_per_step_from_the_hook_lines():
     """The hook's cumulative retry count, read before each step, gives each step's retries (from the second step
     logged on); the summary puts them where the megatron runner does, so the tuner reads both alike."""
-    from experiments.megatron.memory import allocator_retries_per_step
+    from experiments.runner import allocator_retries_per_step
     lines = [RAY_PREFIX + hook_mod.format_line(rank, k, 0, k, 2 ** 30, 2 ** 31, rank, 16 * k if rank == 1 else 0)
              for k in range(1, 6) for rank in range(2)]
     log = SlimeLog.from_text("\n".join(lines) + "\n")

@@ -28,7 +28,7 @@ import pytest
 
 from cost_model.nouns.case import Case
 from cost_model.nouns.workload import Workload
-from experiments.megatron.memory import allocator_retries_per_step
+from experiments.runner import allocator_retries_per_step
 from experiments.runner import FAILURE_CLASSES, TrialSpec
 from experiments.slime.cluster import ClusterConfig
 from experiments.slime.log import SlimeLog

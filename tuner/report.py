@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import printable as printable_text
 from cost_model.memory_fit import fit_label
-from experiments.megatron.memory import allocator_retries_per_step
+from experiments.runner import allocator_retries_per_step
 from tuner.interval import Interval, number
 from tuner.trial_record import Predicted, TrialRecord, read_trials
 

@@ -35,8 +35,8 @@ from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile
 from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload
-from experiments.megatron.memory import allocator_retries_per_step
-from experiments.runner import PERMANENT_FAILURES, RunnerError, TrialResult, TrialRunner, TrialSpec
+from experiments.runner import (PERMANENT_FAILURES, RunnerError, TrialResult, TrialRunner, TrialSpec,
+                                allocator_retries_per_step)
 from search_space.enumerate import NARROWING_FIELDS, SpaceOptions
 from search_space.runner_space import RunnerSpace, narrow
 from cost_model.nouns.layout import InvalidLayout, Layout

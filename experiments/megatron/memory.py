@@ -106,20 +106,6 @@ def churn_report(tracker: MemoryTracker | None) -> dict:
     return {k: v[2:] for k, v in churn.items() if len(v) > 2}
 
 
-def allocator_retries_per_step(details: dict | None) -> float | None:
-    """The caching allocator's retries per step of a measured trial (the median over the steps counted, the largest
-    over the ranks); None where the runner kept no counters. More than 0: the step ran short of memory, each
-    retry freeing the cache and mapping it again, and its time is the allocator's as much as the layout's."""
-    churn = (details or {}).get("allocator_churn_per_rank") if isinstance(details, dict) else None
-    per_rank = []
-    for c in (churn.values() if isinstance(churn, dict) else ()):
-        steps = c.get("alloc_retries") if isinstance(c, dict) else None
-        if isinstance(steps, list) and steps and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                      for x in steps):   # stored by a peer: anything else is no count
-            per_rank.append(sorted(steps)[len(steps) // 2])
-    return max(per_rank) if per_rank else None
-
-
 def failure_snapshot(tracker: MemoryTracker | None) -> dict:
     """What a rank can still say about its memory when a step failed (best effort: never raises)."""
     out = {}

@@ -13,10 +13,11 @@ Each call prints one line (stdout, flushed; Ray forwards it with its `(MegatronT
 
 `allocated_bytes` / `reserved_bytes` are `torch.cuda.max_memory_allocated()` / `max_memory_reserved()` of the
 current device; `alloc_retries` is the caching allocator's count of allocations it retried after freeing its cache
-(`torch.cuda.memory_stats()["num_alloc_retries"]`, cumulative): a step that adds to it ran short of memory. Nothing is reset, so each line is the peak since the process started up to the start of
-step `step`: the line of the last step shows the peak of all steps but the last one. `step` is slime's
-accumulated step id (rollout_id x steps_per_rollout + step_id, as the `step N:` log lines count), with
-steps_per_rollout = rollout_batch_size x n_samples_per_prompt / global_batch_size.
+(`torch.cuda.memory_stats()["num_alloc_retries"]`, cumulative): a step that adds to it ran short of memory.
+Nothing is reset, so each line is the peak since the process started up to the start of step `step`: the line of
+the last step shows the peak of all steps but the last one. `step` is slime's accumulated step id (rollout_id x
+steps_per_rollout + step_id, as the `step N:` log lines count), with steps_per_rollout = rollout_batch_size x
+n_samples_per_prompt / global_batch_size.
 
 The module imports nothing outside the standard library at import time; without torch or CUDA the hook
 prints nothing. `experiments.slime.log` parses the line.
