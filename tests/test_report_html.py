@@ -183,3 +183,19 @@ def test_a_stored_script_is_shown_as_text(tmp_path):
     assert main(["report", "--study", name, "--storage", str(storage), "--out", str(out)]) == 0
     text = (out / "index.html").read_text()
     assert "<script" not in text.lower() and "&lt;script&gt;alert(1)" in text
+
+
+@pytest.mark.slow
+def test_the_report_leads_with_the_figure_the_table_prints(tmp_path, capsys):
+    """A predicted study: the page's best, its figures' best and the ranked table's first row are one figure (the
+    median over the hypotheses), not the cost model's single point estimate in some places."""
+    storage = tmp_path / "s.db"
+    assert main(["--model", "llama3-8b", "--gpu", "h200", "--trials", "4", "--storage", str(storage),
+                 "--study", "one", "--no-progress", "--top", "1"]) == 0
+    table = capsys.readouterr().out
+    first = re.search(r"\n\s*1\s+\d+\s+.+?\s{2}([\d,]+)\s", table).group(1)
+    out = tmp_path / "r"
+    assert main(["report", "--study", "one", "--storage", str(storage), "--out", str(out)]) == 0
+    text = (out / "index.html").read_text()
+    assert f"{first} tokens/s/GPU (predicted)" in text
+    assert f"best predicted {first} tokens/s/GPU" in text

@@ -85,7 +85,7 @@ def trial_facts(r: TrialRecord) -> TrialFacts:
         number=r.number, state=row["state"], kind=row["kind"], label=row["label"] or "",
         short_label=_short_label(r.layout), value=row["tokens_per_s_per_gpu"],
         peak_memory_gib=row["peak_memory_gib"], usd_per_million_tokens=row["usd_per_million_tokens"],
-        predicted=prediction.tokens_per_s_per_gpu,
+        predicted=r.predicted,   # the headline figure the table, `tune show` and the recipes print
         interval=interval if interval is not None and interval.complete else None,
         measured=result.tokens_per_s_per_gpu if measured else None,
         measured_step_s=result.step_time_s if measured else None, ran=result.recorded,
