@@ -311,3 +311,27 @@ def test_usage_errors_are_one_line(tmp_path, monkeypatch, capsys, argv):
     line = one_line_error(capsys, main(argv))
     assert "--help" in line and "usage:" not in line
     assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- an output path that cannot be written
+
+def test_a_bad_out_fails_before_any_scoring_naming_the_users_path(tmp_path, monkeypatch, capsys, no_scoring):
+    """The main job's recipe folder is checked first (it used to fail after every trial had run), and the line names
+    the user's path in words, not one of our temporary files or an errno."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    code = main([*TARGET, "--trials", "1", "--out", "afile/recipes", "--no-progress"])
+    line = one_line_error(capsys, code)
+    assert "cannot write 'afile/recipes'" in line and "Errno" not in line and ".tmp" not in line
+    code = main([*TARGET, "--trials", "1", "--out", "afile", "--no-progress"])
+    assert "cannot write 'afile': it exists and is not a folder" in one_line_error(capsys, code)
+
+
+def test_unwritable_outputs_read_as_words():
+    import errno
+
+    from tuner.options import unwritable
+    assert unwritable("imm", PermissionError(errno.EPERM, "Operation not permitted", "imm/.x.tmp")) == \
+        "cannot write 'imm': it is not writable (read-only or immutable)"
+    assert unwritable("out.yaml", OSError(errno.ENOSPC, "No space left")) == "cannot write 'out.yaml': it is on a full disk"
+    assert "Errno" not in unwritable("o", OSError(errno.EIO, "Input/output error"))

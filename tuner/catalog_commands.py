@@ -88,7 +88,7 @@ def cmd_profile(args) -> int:
         finally:
             for a in ahead:
                 a.close()
-    with writing_user_file():
+    with writing_user_file(args.out or "the profile file"):
         if args.json:
             with contextlib.redirect_stdout(sys.stderr):   # stdout holds the JSON object alone
                 path = report_written(profile, args.out)
@@ -131,7 +131,7 @@ def _derive(args) -> int:
         raise ProfileError(f"no shipped profile for {source.name} to derive from")
     derived = derive_profile(measured.raw, source, target)
     out = Path(args.out or f"profile-{target.name}.yaml")
-    with writing_user_file():
+    with writing_user_file(out):
         write_profile(derived, out)
     if args.json:
         print(json.dumps({"profile": str(out), "gpu_type": target.name, "derived_from": source.name}))

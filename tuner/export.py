@@ -36,7 +36,7 @@ def export_rows(rows, config, out: Path, study=None) -> list[Path]:
                 _record_measurement(recipe, row, record, config, study)
         # another run's recipe of the same layout name, or a stronger one, stays: this one goes beside it
         path = free_path(recipe, recipe_path(out, config.model, config.gpu, recipe_name(row.layout)))
-        with writing_user_file():
+        with writing_user_file(out):
             write_recipe(recipe, path, guard=False)   # free_path already chose a file it may replace
             write_launch(path, config, row.layout)
         paths.append(path)

@@ -6,11 +6,16 @@ act on what they parse.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+import os
 import re
+import tempfile
 from contextlib import contextmanager
+from pathlib import Path
 
 from cost_model.nouns.errors import AttuneError
+from recipes.files import LinkedTarget
 from cost_model.nouns.hardware import GpuSpec, load_gpu
 from cost_model.nouns.layout_codec import LAYOUT_KEYS
 from cost_model.nouns.model_spec import ModelSpec, load_model
@@ -113,13 +118,38 @@ def _shown(text: str) -> str:
 
 
 @contextmanager
-def writing_user_file():
-    """A file the user asked for that cannot be written (a read-only or clashing path) fails the command
-    in one line, with the OSError's own message."""
+def writing_user_file(path: str | os.PathLike | None = None):
+    """A file or folder the user asked for (`path`, as they gave it) that cannot be written fails the command in
+    one line that names their path, never a temporary file of ours."""
     try:
         yield
     except OSError as e:
-        raise CliError(str(e)) from None
+        raise CliError(unwritable(path, e)) from None
+
+
+def unwritable(path, e: OSError) -> str:
+    """One line for an output that could not be written: the user's path and why, in words."""
+    if path is None or isinstance(e, LinkedTarget):
+        return str(e)
+    why = {errno.EACCES: "is not writable", errno.EPERM: "is not writable (read-only or immutable)",
+           errno.EROFS: "is on a read-only file system", errno.ENOTDIR: "has a file where a folder is needed",
+           errno.EEXIST: "exists and is not a folder", errno.ENOENT: "is in a folder that does not exist",
+           errno.ENOSPC: "is on a full disk", errno.EISDIR: "is a folder, not a file"}.get(e.errno)
+    if e.errno == errno.ENOENT and Path(path).parent.is_dir():
+        why = "cannot be created in that folder"
+    return f"cannot write {_shown(str(path))}: it {why}" if why else f"cannot write {_shown(str(path))}: {e.strerror or e}"
+
+
+def check_output_folder(folder: str | os.PathLike) -> Path:
+    """Make `folder` (and its parents) and write and remove a file in it, before any work that ends in writing
+    there: a bad --out fails first, in one line, not after the trials ran."""
+    folder = Path(folder)
+    with writing_user_file(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".attune-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    return folder
 
 
 # ---------------------------------------------------------------- shared flags

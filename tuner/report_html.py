@@ -108,7 +108,7 @@ def cmd_report(args) -> int:
 
     study = open_existing(args)
     out = Path(args.out)
-    with writing_user_file():
+    with writing_user_file(out):
         out.mkdir(parents=True, exist_ok=True)
         page = write_report(study, out)
     print(json.dumps({"study": args.study, "page": str(page)}) if args.json else page)

@@ -21,7 +21,7 @@ from tuner.space_cache import SpaceCache
 from tuner.space_scoring import score_space
 from tuner.export import export_rows
 from tuner.gc_pause import kept_work
-from tuner.options import CliError, check_profile_gpu, flags_set, profile, target, workload
+from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, per_step_note, ranked_rows, trials_csv, trials_json
@@ -58,6 +58,8 @@ def cmd_run(args) -> int:
     url = storage_url(args.storage)
     # a storage it cannot use fails before the scoring; a new SQLite file is made only after it
     check_storage(url, allow_new_folder=args.storage is None)
+    if args.top > 0:   # the recipes' folder: a bad --out fails now, not after the trials ran
+        check_output_folder(args.out)
     new_file = url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists()
     storage = None if new_file else open_storage(url)
     if storage is not None:
@@ -386,7 +388,7 @@ def cmd_export(args) -> int:
     rows = ranked_rows(study)
     if not rows:
         raise CliError(f"study '{args.study}' has no completed trial to export")
-    paths = export_rows(rows[:args.top], config, Path(args.out), study)
+    paths = export_rows(rows[:args.top], config, check_output_folder(args.out), study)
     if args.json:
         print(json.dumps({"study": args.study, "recipes": [str(p) for p in paths]}))
     else:

@@ -63,7 +63,7 @@ def cmd_predict(args) -> int:
 
         recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction,
                               headline=headline(interval, prediction)[0])
-        with writing_user_file():
+        with writing_user_file(args.recipe_out):
             write_recipe(recipe, Path(args.recipe_out))
     if args.json:
         print(json.dumps(result_dict(case, prediction, interval)))
