@@ -442,8 +442,9 @@ class _Fields:
         return value
 
 
-def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> LoadedRecipe:
-    """Read a recipe and map it back to a Case: the catalog model and GPU, the workload and the Layout.
+def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None, model: ModelSpec | None = None) -> LoadedRecipe:
+    """Read a recipe and map it back to a Case: the catalog model (or `model`, a user's config.json the recipe was
+    exported from: the caller checks its digest) and GPU, the workload and the Layout.
 
     The layout is checked with `search_space.rules`: Megatron's and slime's rules always; the rules
     that depend on the training image (source `stack`) only when `stack` is given, since a recipe
@@ -460,7 +461,7 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None) -> Loade
             correctness_block(top.data)
         except CorrectnessError as e:
             top.fail(str(e))
-    model = _model(top)
+    model = model if model is not None else _model(top)
     gpu, world_size = _gpu(top)
     workload = _workload(top)
     layout_fields = top.mapping("layout")
@@ -536,8 +537,8 @@ def _model(top: _Fields) -> ModelSpec:
     key = _catalog_index().get(name.strip().lower())
     if key is None:
         shown = name if len(name) <= 60 else name[:57] + "..."
-        top.fail(f"field 'model': unknown model '{shown}'; known: "
-                 f"{', '.join(sorted({load_model(n).display_name for n in catalog_names()}))}")
+        top.fail(f"field 'model': unknown model '{shown}' (a recipe of your own config.json: pass that file with "
+                 f"--model PATH); known: {', '.join(sorted({load_model(n).display_name for n in catalog_names()}))}")
     try:
         return load_model(key)
     except ModelError as e:

@@ -14,6 +14,7 @@ from optuna.trial import TrialState
 from tuner.cli import main
 
 REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference_recipes"
+ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--no-progress"]
 # The main job's space (8 GPUs) is scored in about 12 s on 2 cores: test_tune_ranks_exports_and_resumes runs it as a
 # user does; the other studies here are made on 4 GPUs (about 2 s).
@@ -600,3 +601,23 @@ def test_a_global_batch_smaller_than_the_gpu_count_is_named_once():
     (note,) = small_batch_notes(small)
     assert "128 rows" in note and "4,096 GPUs" in note and "256 tokens a step" in note and "--global-batch" in note
     assert small_batch_notes(SimpleNamespace(workload=Workload(seq_len=8192, global_batch=128), world_size=64)) == ()
+
+
+@pytest.mark.slow
+def test_a_recipe_of_a_users_config_json_is_priced_with_that_file(tmp_path, capsys):
+    """A recipe exported from a config.json names a model the catalog lacks: --model PATH gives it, checked by the
+    architecture digest the recipe records (another config is refused in one line)."""
+    config = ROOT / "benchmarks" / "models" / "mixtral-8x7b" / "config.json"
+    storage, out = tmp_path / "s.db", tmp_path / "rec"
+    assert main(["--model", str(config), "--gpu", "h200", "--trials", "2", "--top", "1", "--no-progress",
+                 "--storage", str(storage), "--out", str(out)]) == 0
+    recipe = str(next(out.rglob("*.yaml")))
+    capsys.readouterr()
+    assert main(["predict", "--recipe", recipe]) == 2
+    assert "pass that file with --model PATH" in capsys.readouterr().err
+    assert main(["predict", "--recipe", recipe, "--model", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] in (True, False)
+    other = ROOT / "benchmarks" / "models" / "mixtral-8x22b" / "config.json"
+    assert main(["predict", "--recipe", recipe, "--model", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "exported from a model of architecture" in err[0]

@@ -78,7 +78,8 @@ def check_recipe_model(recipe: dict, model: ModelSpec, path) -> str | None:
     if str(recorded) != now:
         raise ModelIdentityError(
             f"{path}: field 'result.active_params.{RECIPE_FIELD}' says it was exported from a model of architecture "
-            f"{str(recorded)[:40]}, but its model '{str(recipe.get('model'))[:60]}' is the catalog's "
-            f"{model.display_name}, architecture {now} (a config.json named like it, or the catalog changed since): "
-            f"its figures are another model's; predict that config.json with --model PATH and the recipe's layout")
+            f"{str(recorded)[:40]}, but the model it would be priced as, {model.display_name} (for its model "
+            f"'{str(recipe.get('model'))[:60]}'), is architecture {now} (a config.json named like it, or the catalog "
+            f"changed since): its figures are another model's; pass the config.json it was exported from with "
+            f"--model PATH")
     return None

@@ -62,12 +62,12 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
     if request.get("recipe"):
         from recipes.recipe import load_recipe
 
-        extra = [k for k in CASE_KEYS if request.get(k) not in (None, {}, [])]
+        extra = [k for k in CASE_KEYS if k != "model" and request.get(k) not in (None, {}, [])]
         if extra:
             raise RequestError(f"a request with a recipe takes its model, GPUs, workload and layout from it; drop "
                                f"{', '.join(extra)}")
-
-        loaded = load_recipe(request["recipe"])
+        # a model given with a recipe is the config.json it was exported from (checked by digest below)
+        loaded = load_recipe(request["recipe"], model=load_model(request["model"]) if request.get("model") else None)
         case = loaded.case
         # the recipe's name loads the catalog's model: a recipe exported from another model of that name (a
         # config.json named like it) records that model's digest, and would be priced as the catalog's

@@ -26,11 +26,12 @@ from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CH
 def request_from_args(args) -> dict:
     """The flags as one request (tuner.predict_request), so flags and a batch line are answered alike."""
     if getattr(args, "recipe", None):
-        extra = flags_set(args, CASE_KEYS, "predict")   # what a recipe gives instead
+        extra = [f for f in flags_set(args, CASE_KEYS, "predict") if f != "--model"]   # what a recipe gives instead
         if extra:   # the recipe gives them; silently answering the recipe would ignore what was asked
             raise CliError(f"--recipe gives the model, GPUs, workload and layout; drop {', '.join(extra)} "
-                           f"(or leave out --recipe)")
-        return {"recipe": args.recipe, "usd_per_gpu_hour": args.usd_per_gpu_hour, "stack_fix": args.stack_fix}
+                           f"(or leave out --recipe; --model PATH names the config.json a recipe was exported from)")
+        return {"recipe": args.recipe, "model": args.model, "usd_per_gpu_hour": args.usd_per_gpu_hour,
+                "stack_fix": args.stack_fix}
     if not (args.model and args.gpu):
         raise CliError("give --recipe FILE, or --model, --gpu and --layout KEY=VALUE ...")
     return {"model": args.model, "gpu": args.gpu, "gpus": args.gpus, "seq_len": args.seq_len,
