@@ -335,3 +335,15 @@ def test_unwritable_outputs_read_as_words():
         "cannot write 'imm': it is not writable (read-only or immutable)"
     assert unwritable("out.yaml", OSError(errno.ENOSPC, "No space left")) == "cannot write 'out.yaml': it is on a full disk"
     assert "Errno" not in unwritable("o", OSError(errno.EIO, "Input/output error"))
+
+
+def test_no_fit_names_the_partial_offload_the_search_steps_over(tmp_path, monkeypatch, capsys):
+    """GPT-OSS-120B on 8 x H200: offload 1 overflows the host and 0.5 the GPUs, so no layout of the search fits;
+    the one line says which fraction between would, as a command that prices it, and that command does."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["--model", "gpt-oss-120b", "--gpu", "h200", "--trials", "1", "--no-progress"])
+    line = one_line_error(capsys, code)
+    assert "host memory" in line and "of the optimizer is predicted to fit" in line
+    command = line.split("does not try: tune ", 1)[1].split()
+    assert command[0] == "predict" and main([*command, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is True

@@ -54,7 +54,7 @@ def test_a_space_where_nothing_fits_names_the_same_nearest_layout():
         with pytest.raises(CliError) as info:
             score_space(config, runner)
         errors.append(str(info.value))
-    assert errors[0] == errors[1] == errors[2] and "smallest predicted peak" in errors[0]
+    assert errors[0] == errors[1] == errors[2] and "the nearest, " in errors[0] and "predicted peak" in errors[0]
 
 
 def _each_alone(config, runner):

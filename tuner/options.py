@@ -137,16 +137,21 @@ def unwritable(path, e: OSError) -> str:
            errno.ENOSPC: "is on a full disk", errno.EISDIR: "is a folder, not a file"}.get(e.errno)
     if e.errno == errno.ENOENT and Path(path).parent.is_dir():
         why = "cannot be created in that folder"
-    return f"cannot write {_shown(str(path))}: it {why}" if why else f"cannot write {_shown(str(path))}: {e.strerror or e}"
+    text = str(path)
+    shown = repr(text if len(text) <= 120 else "..." + text[-117:])   # a path's end names it
+    return f"cannot write {shown}: it {why}" if why else f"cannot write {shown}: {e.strerror or e}"
 
 
 def check_output_folder(folder: str | os.PathLike) -> Path:
-    """Make `folder` (and its parents) and write and remove a file in it, before any work that ends in writing
-    there: a bad --out fails first, in one line, not after the trials ran."""
+    """Before any work that ends in writing to `folder`: that it is, or can be made, a writable folder; nothing is
+    left behind (a file is written and removed in it, or in its nearest existing parent). A bad --out fails first,
+    in one line, not after the trials ran."""
     folder = Path(folder)
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
     with writing_user_file(folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".attune-probe-", dir=folder)
+        if not existing.is_dir():
+            raise OSError(errno.EEXIST if existing == folder else errno.ENOTDIR, "not a folder", str(existing))
+        fd, probe = tempfile.mkstemp(prefix=".attune-probe-", dir=existing)
         os.close(fd)
         os.unlink(probe)
     return folder

@@ -12,9 +12,11 @@ from __future__ import annotations
 import math
 import signal
 import time
+from dataclasses import fields, replace
 from operator import itemgetter
 
 from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.nouns.layout_codec import layout_values
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
@@ -137,9 +139,41 @@ class _Scoring:
             layout = self.least[0]
             nearest = self.prediction(layout)
             raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
-                           f"{config.gpu.display_name}: the smallest predicted peak is {nearest.peak_memory_gib:.1f} "
-                           f"GiB ({layout.long_label}), {nearest.reasons[0] if nearest.reasons else ''}")
+                           f"{config.gpu.display_name}: the nearest, {layout.long_label}, predicted peak "
+                           f"{nearest.peak_memory_gib:.1f} GiB per GPU: "
+                           f"{nearest.reasons[0] if nearest.reasons else 'does not fit'}{self._partial_offload(layout)}")
         return self.fitting
+
+    def _partial_offload(self, layout: Layout) -> str:
+        """Where the nearest layout offloads the whole optimizer and the host cannot hold it, the search's offload
+        fractions (SpaceOptions: 0, 0.5, 1) may step over one that fits: the largest such fraction, if any, as a
+        command to price it (`tune predict`), said with its figures."""
+        if layout.optimizer_offload_fraction < 1.0:
+            return ""
+        for fraction in PARTIAL_OFFLOADS:
+            try:
+                p = self.prediction(replace(layout, optimizer_offload_fraction=fraction))
+            except InvalidLayout:
+                return ""
+            if p.fits:
+                c = self.config
+                return (f"; but offloading {fraction:g} of the optimizer is predicted to fit (peak "
+                        f"{p.peak_memory_gib:.1f} GiB, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted), a "
+                        f"fraction the search does not try: tune predict --model {c.model.name} --gpu {c.gpu.name} "
+                        f"--gpus {c.world_size} --layout {' '.join(_pairs(replace(layout, optimizer_offload_fraction=fraction)))}")
+        return ""
+
+
+# Offload fractions between the search's 0.5 and 1 that a no-fit message tries, largest first (the least GPU memory)
+PARTIAL_OFFLOADS = (0.95, 0.9, 0.8, 0.7, 0.6)
+
+
+def _pairs(layout: Layout) -> list[str]:
+    """The layout as `--layout KEY=VALUE` pairs: the fields that differ from Layout's defaults."""
+    defaults = {f.name: f.default for f in fields(Layout) if f.name != "world_size"}
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in layout_values(layout).items()
+            if k in defaults and v != (",".join(defaults[k]) if isinstance(defaults[k], tuple) else defaults[k])
+            and v not in (None, "")]
 
 
 def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,
