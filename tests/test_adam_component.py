@@ -66,7 +66,7 @@ def test_adam_cli_on_cpu_from_a_model_config(tiny_moe_config, capsys):
     assert out["tensors"][0] == {"name": "expert0.fc1", "rows": 64, "cols": 64}
     assert adam.main(["--model", str(path), "--device", "cpu", "--ep", "3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: EP 3") and err.count("\n") == 1
+    assert err.startswith("tune: error: EP 3") and err.count("\n") == 1
 
 
 def test_adam_result_is_recorded_in_a_recipe_and_a_bad_recipe_stops_before_the_test(tmp_path, tiny_moe_config,
@@ -98,7 +98,7 @@ def test_adam_result_is_recorded_in_a_recipe_and_a_bad_recipe_stops_before_the_t
     capsys.readouterr()
     assert adam.main(["adam", "--model", str(model), "--device", "cpu", "--recipe", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "bad.yaml: malformed YAML" in err and err.count("\n") == 1
+    assert err.startswith("tune: error: ") and "bad.yaml: malformed YAML" in err and err.count("\n") == 1
     assert bad.read_text() == "model: [unclosed\n"
     assert adam.main(["adam", "--device", "cpu", "--recipe-out", str(out)]) == 2
 

@@ -285,7 +285,7 @@ def test_main_exit_codes(tmp_path, capsys):
         assert main(["--candidate", str(cand), "--reference", str(r)]) == 2
         captured = capsys.readouterr()
         assert captured.out == ""
-        assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
+        assert captured.err.startswith("tune: error: ") and captured.err.count("\n") == 1
     assert main(["--candidate", str(good), "--reference", str(r), "--skip-fraction", "1.5"]) == 2
     assert "skip_fraction" in capsys.readouterr().err
 

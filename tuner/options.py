@@ -209,8 +209,9 @@ def add_storage(p: argparse.ArgumentParser, named_by_target: bool = False):
 def add_backend(p: argparse.ArgumentParser, default: str | None = "predict"):
     choices = ("predict", "megatron", "slime")
     p.add_argument("--backend", choices=choices if default else choices[1:], default=default, required=not default,
-                   help="predict: the cost model answers (no GPU; figures labelled predicted); megatron: short "
-                        "megatron-core trials on this machine's GPUs; slime: slime jobs on a Ray cluster")
+                   help=("predict: the cost model answers (no GPU; figures labelled predicted); " if default else "")
+                        + "megatron: short megatron-core trials on this machine's GPUs; slime: slime jobs on a Ray "
+                          "cluster")
     p.add_argument("--steps", type=bounded_int(1, MAX_STEPS), default=20,
                    help=f"steps of a measured trial (default 20; at most {MAX_STEPS:,})")
     p.add_argument("--layers", type=bounded_int(1, MAX_LAYERS), default=None,

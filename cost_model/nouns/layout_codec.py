@@ -88,6 +88,8 @@ def text_layout_value(key: str, raw):
             return text in _TRUE
         return _integer(raw)
     except (ValueError, TypeError, OverflowError):
+        if isinstance(raw, str) and not raw.strip():
+            raise InvalidLayout(f"layout value {key}= has no value (KEY=VALUE)") from None
         raise InvalidLayout(f"layout value {key}={_short(raw)} has the wrong type") from None
 
 

@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ComponentTestError(f"--max-elements must be positive, got {args.max_elements}")
         result = run(TensorSet(args.model, ep=args.ep, max_elements=args.max_elements), args.device, seed=args.seed)
     except (ComponentTestError, RecipeError) as e:
-        print(f"error: {e.one_line()}", file=sys.stderr)   # a path may hold a newline or an escape
+        print(f"tune: error: {e.one_line()}", file=sys.stderr)   # a path may hold a newline or an escape
         return 2
     if recipe is not None:
         from recipes.correctness import record_component_test

@@ -438,10 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         reference = load_curve(args.reference)
         verdict = check(candidate, reference, thresholds)
     except CurveError as e:
-        print(f"error: {e.one_line()}", file=sys.stderr)   # a file name may hold a newline or an escape
+        print(f"tune: error: {e.one_line()}", file=sys.stderr)   # a file name may hold a newline or an escape
         return 2
     except ValueError as e:
-        print(f"error: {printable(' '.join(str(e).split()))}", file=sys.stderr)
+        print(f"tune: error: {printable(' '.join(str(e).split()))}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(verdict.to_dict(), indent=2))
