@@ -44,7 +44,7 @@ class MeasuredRun:
     # left an offloaded optimizer's first build to the cyclic collector (only an offloaded layout's memory reads it)
     first_build_collected: bool = True
     retries: list = field(default_factory=list)   # the allocator's retries per step of each valid measurement that
-                                                  # counted them (runs from v32 on: experiments/megatron/memory.py)
+                                                  # counted them (runs from v32 on: experiments.runner.allocator_retries_per_step)
 
     @property
     def runtime(self) -> Runtime:

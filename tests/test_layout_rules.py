@@ -48,6 +48,19 @@ def test_key_and_params_round_trip():
         layout_from_stored({"world_size": 8, "bogus": 1})
 
 
+def test_layout_pairs_are_what_parse_pairs_reads_back(qwen36):
+    """`--layout` pairs a message prints (tuner.space_scoring's partial-offload hint) give back the same layout."""
+    from cost_model.nouns.layout_codec import layout_from_values, layout_pairs, parse_pairs
+    workload = Workload(seq_len=4096, global_batch=64)
+    layouts = list(enumerate_layouts(qwen36, 8, workload, Stack()))[::97] + [Layout(8, tp=2, ep=4, etp=1)]
+    assert len(layouts) > 20
+    for layout in layouts:
+        assert layout_from_values(parse_pairs(layout_pairs(layout)), 8, workload.seq_len) == layout
+    assert layout_pairs(Layout(8)) == ["max_tokens_per_gpu=8192", "rows_per_microbatch=1"]
+    assert layout_pairs(Layout(8, ep=8, overlap_d2h_h2d=True, optimizer_offload_fraction=1.0))[:1] == ["ep=8"]
+    assert "overlap_d2h_h2d=true" in layout_pairs(Layout(8, ep=8, overlap_d2h_h2d=True, optimizer_offload_fraction=1.0))
+
+
 def rules_of(layout, model, workload=Workload(), stack=Stack()):
     return {v.rule for v in violations(layout, model, workload, stack)}
 

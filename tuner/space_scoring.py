@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import signal
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 from operator import itemgetter
 
 from cost_model.nouns.layout import InvalidLayout, Layout
-from cost_model.nouns.layout_codec import layout_values
+from cost_model.nouns.layout_codec import layout_pairs
 from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
@@ -151,8 +151,9 @@ class _Scoring:
         if layout.optimizer_offload_fraction < 1.0:
             return ""
         for fraction in PARTIAL_OFFLOADS:
+            partial = replace(layout, optimizer_offload_fraction=fraction)
             try:
-                p = self.prediction(replace(layout, optimizer_offload_fraction=fraction))
+                p = self.prediction(partial)
             except InvalidLayout:
                 return ""
             if p.fits:
@@ -160,20 +161,12 @@ class _Scoring:
                 return (f"; but offloading {fraction:g} of the optimizer is predicted to fit (peak "
                         f"{p.peak_memory_gib:.1f} GiB, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted), a "
                         f"fraction the search does not try: tune predict --model {c.model.name} --gpu {c.gpu.name} "
-                        f"--gpus {c.world_size} --layout {' '.join(_pairs(replace(layout, optimizer_offload_fraction=fraction)))}")
+                        f"--gpus {c.world_size} --layout {' '.join(layout_pairs(partial))}")
         return ""
 
 
 # Offload fractions between the search's 0.5 and 1 that a no-fit message tries, largest first (the least GPU memory)
 PARTIAL_OFFLOADS = (0.95, 0.9, 0.8, 0.7, 0.6)
-
-
-def _pairs(layout: Layout) -> list[str]:
-    """The layout as `--layout KEY=VALUE` pairs: the fields that differ from Layout's defaults."""
-    defaults = {f.name: f.default for f in fields(Layout) if f.name != "world_size"}
-    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in layout_values(layout).items()
-            if k in defaults and v != (",".join(defaults[k]) if isinstance(defaults[k], tuple) else defaults[k])
-            and v not in (None, "")]
 
 
 def score_space(config, runner: TrialRunner | None = None, space: RunnerSpace | None = None,

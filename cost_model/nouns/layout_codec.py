@@ -107,6 +107,16 @@ def parse_pairs(pairs: list[str]) -> dict:
     return values
 
 
+def layout_pairs(layout: Layout) -> list[str]:
+    """The layout as `--layout KEY=VALUE` pairs, parse_pairs' inverse: the fields that differ from their defaults
+    (ETP's is the layout's TP), and always the micro-batch's two sizes (a missing one is derived from the row
+    length, which need not give the layout's)."""
+    default = {**layout_values(Layout(world_size=layout.world_size)), "etp": layout.tp}
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
+            for key, value in layout_values(layout).items()
+            if value != default[key] or key in ("max_tokens_per_gpu", "rows_per_microbatch")]
+
+
 def layout_from_values(values: dict, world_size: int, seq_len: int) -> Layout:
     """A Layout from flat values; rows per micro-batch and max tokens per GPU each follow from the other."""
     if not isinstance(values, dict):

@@ -80,7 +80,7 @@ def _common_fields(log: SlimeLog, details: dict, *, source: str, runner: str, gp
     if per_rank:
         details["peak_memory_rank_ids"] = sorted(per_rank)
     retries = log.allocator_retries_per_rank()
-    if retries:   # the runner's form (experiments.megatron.memory.allocator_retries_per_step reads both)
+    if retries:   # the megatron runner's form (experiments.runner.allocator_retries_per_step reads both)
         details["allocator_churn_per_rank"] = {str(r): {"alloc_retries": [float(x) for x in v]}
                                                for r, v in retries.items()}
     return dict(kind="measured", source=source, runner=runner, losses=log.losses(),
