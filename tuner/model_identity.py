@@ -65,7 +65,8 @@ def recorded_before_digests(existing: dict, identity: dict) -> bool:
 
 
 def check_recipe_model(recipe: dict, model: ModelSpec, path) -> str | None:
-    """The model a recipe is priced with (`model`: the catalog's of its name) is the one it was exported from.
+    """The model a recipe is priced with (`model`: the catalog's of its name, or the config.json given with it) is the
+    one it was exported from.
     A recipe that records another architecture digest is refused (ModelIdentityError); one that records none
     (the leaderboard's, or exported before tune recorded it) is priced unchecked: the line saying so is returned."""
     result = recipe.get("result")
@@ -73,7 +74,7 @@ def check_recipe_model(recipe: dict, model: ModelSpec, path) -> str | None:
     recorded = block.get(RECIPE_FIELD) if isinstance(block, dict) else None
     if recorded is None:
         return (f"{path}: records no model architecture (a leaderboard recipe, or one exported before tune "
-                f"recorded it): priced as the catalog's {model.display_name}, not checked against it")
+                f"recorded it): priced as {model.display_name}, not checked against it")
     now = full_digest(model)
     if str(recorded) != now:
         raise ModelIdentityError(
