@@ -338,12 +338,41 @@ def test_unwritable_outputs_read_as_words():
 
 
 def test_no_fit_names_the_partial_offload_the_search_steps_over(tmp_path, monkeypatch, capsys):
-    """GPT-OSS-120B on 8 x H200: offload 1 overflows the host and 0.5 the GPUs, so no layout of the search fits;
-    the one line says which fraction between would, as a command that prices it, and that command does."""
+    """GPT-OSS-120B on 8 x H200: offload 1 overflows the host and 0.5 the GPUs, so no layout of a search kept to
+    those fractions fits; the one line says which fraction between would, as a command that prices it, and that
+    command does."""
     monkeypatch.chdir(tmp_path)
-    code = main(["--model", "gpt-oss-120b", "--gpu", "h200", "--trials", "1", "--no-progress"])
+    code = main(["--model", "gpt-oss-120b", "--gpu", "h200", "--trials", "1", "--no-progress",
+                 "--offload-fractions", "0,0.5,1"])
     line = one_line_error(capsys, code)
-    assert "host memory" in line and "of the optimizer is predicted to fit" in line
-    command = line.split("does not try: tune ", 1)[1].split()
+    assert "host memory" in line and "of the optimizer is predicted to fit" in line and "--offload-fractions" in line
+    command = line.split("does not try (--offload-fractions): tune ", 1)[1].split()
     assert command[0] == "predict" and main([*command, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is True
+
+
+def test_a_model_that_fits_only_at_a_partial_offload_is_searched_there(tmp_path, monkeypatch, capsys):
+    """The default search widens its offload fractions where only a partial offload fits, says so, and a resumed
+    study keeps the widened fractions (its recorded identity) with every trial it had."""
+    monkeypatch.chdir(tmp_path)
+    args = ["--model", "gpt-oss-120b", "--gpu", "h200", "--trials", "2", "--no-progress", "--top", "0", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "search space widened: no layout fits with optimizer offload 0, 0.5, 1, but 0.95" in out.err
+    trials = json.loads(out.out)["trials"]
+    offloads = [float(t["label"].split("| offload ")[1].split()[0]) for t in trials]
+    assert len(offloads) == 2 and all(0.5 < f < 1 for f in offloads)
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "optimizer offload fractions 0, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1, as study" in out.err
+    assert len(json.loads(out.out)["trials"]) == 4
+
+
+def test_offload_fractions_are_numbers_from_0_to_1():
+    import argparse
+
+    from tuner.options import offload_fractions
+    assert offload_fractions("1,0.5,0,0.5") == (0.0, 0.5, 1.0)
+    for bad in ("0,x", "1.5", "0,,1", "nan", "-0.1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            offload_fractions(bad)

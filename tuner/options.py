@@ -104,6 +104,21 @@ def stop_margin(text: str) -> float | None:
     return value
 
 
+def offload_fractions(text: str) -> tuple[float, ...]:
+    """An argparse type: the optimizer offload fractions a study searches, comma-separated numbers in [0, 1]."""
+    values = []
+    for part in text.split(",") if len(text) <= 200 else [text]:
+        try:
+            value = float(part) if part.strip() else float("nan")
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected numbers from 0 to 1 separated by commas, got "
+                                             f"{_shown(text)}") from None
+        if not (math.isfinite(value) and 0 <= value <= 1):
+            raise argparse.ArgumentTypeError(f"each fraction must be from 0 to 1, got {_shown(part)}")
+        values.append(value)
+    return tuple(sorted(set(values)))
+
+
 def study_name(text: str) -> str:
     """An argparse type: a study name is printed and stored; it must be non-empty printable text."""
     if not text.strip():
@@ -310,6 +325,9 @@ def run_parser():
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
                    help="print the result as one JSON object on stdout (the ranked trials and the recipes written)")
+    p.add_argument("--offload-fractions", type=offload_fractions, default=None, metavar="F,F,...",
+                   help="optimizer CPU offload fractions to search (default 0,0.5,1; where no layout fits with "
+                        "those but a larger partial offload does, 0.6-0.95 are added and said so)")
     p.add_argument("--verify-top", type=bounded_int(0, 1000), default=None,
                    help="measured backends: run the convergence arm for the K fastest measured layouts (default 3)")
     p.add_argument("--reference", nargs="*", default=None, metavar="KEY=VALUE",

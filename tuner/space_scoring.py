@@ -138,31 +138,47 @@ class _Scoring:
         if not self.fitting:
             layout = self.least[0]
             nearest = self.prediction(layout)
-            raise CliError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
-                           f"{config.gpu.display_name}: the nearest, {layout.long_label}, predicted peak "
-                           f"{nearest.peak_memory_gib:.1f} GiB per GPU: "
-                           f"{nearest.reasons[0] if nearest.reasons else 'does not fit'}{self._partial_offload(layout)}")
+            partial = self._partial_offload(layout)
+            raise NoFitError(f"no layout of {config.model.display_name} fits on {config.world_size} x "
+                             f"{config.gpu.display_name}: the nearest, {layout.long_label}, predicted peak "
+                             f"{nearest.peak_memory_gib:.1f} GiB per GPU: "
+                             f"{nearest.reasons[0] if nearest.reasons else 'does not fit'}"
+                             f"{self._partial_line(*partial) if partial else ''}",
+                             partial[0].optimizer_offload_fraction if partial else None)
         return self.fitting
 
-    def _partial_offload(self, layout: Layout) -> str:
+    def _partial_offload(self, layout: Layout) -> tuple[Layout, Prediction] | None:
         """Where the nearest layout offloads the whole optimizer and the host cannot hold it, the search's offload
-        fractions (SpaceOptions: 0, 0.5, 1) may step over one that fits: the largest such fraction, if any, as a
-        command to price it (`tune predict`), said with its figures."""
+        fractions may step over one that fits: the layout at the largest such fraction and its prediction."""
         if layout.optimizer_offload_fraction < 1.0:
-            return ""
+            return None
         for fraction in PARTIAL_OFFLOADS:
+            if fraction in self.config.options.offload_fractions:
+                continue   # searched: it did not fit
             partial = replace(layout, optimizer_offload_fraction=fraction)
             try:
                 p = self.prediction(partial)
             except InvalidLayout:
-                return ""
+                return None
             if p.fits:
-                c = self.config
-                return (f"; but offloading {fraction:g} of the optimizer is predicted to fit (peak "
-                        f"{p.peak_memory_gib:.1f} GiB, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted), a "
-                        f"fraction the search does not try: tune predict --model {c.model.name} --gpu {c.gpu.name} "
-                        f"--gpus {c.world_size} --layout {' '.join(layout_pairs(partial))}")
-        return ""
+                return partial, p
+        return None
+
+    def _partial_line(self, partial: Layout, p: Prediction) -> str:
+        c = self.config
+        return (f"; but offloading {partial.optimizer_offload_fraction:g} of the optimizer is predicted to fit (peak "
+                f"{p.peak_memory_gib:.1f} GiB, {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted), a fraction "
+                f"the search does not try (--offload-fractions): tune predict --model {c.model.name} --gpu "
+                f"{c.gpu.name} --gpus {c.world_size} --layout {' '.join(layout_pairs(partial))}")
+
+
+class NoFitError(CliError):
+    """No layout of the space fits; `partial`: the largest optimizer offload fraction, between the searched ones,
+    at which the nearest layout is predicted to fit (None: none does)."""
+
+    def __init__(self, message: str, partial: float | None = None):
+        super().__init__(message)
+        self.partial = partial
 
 
 # Offload fractions between the search's 0.5 and 1 that a no-fit message tries, largest first (the least GPU memory)

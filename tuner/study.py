@@ -271,6 +271,18 @@ def _differences(recorded: dict, asked: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def recorded_offload_fractions(storage: optuna.storages.BaseStorage, name: str) -> tuple[float, ...] | None:
+    """The optimizer offload fractions an existing study searched (None: no such study, or none recorded)."""
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
+    fractions = ((study.user_attrs.get("config") or {}).get("options") or {}).get("offload_fractions")
+    if not isinstance(fractions, list) or not all(isinstance(f, (int, float)) and 0 <= f <= 1 for f in fractions):
+        return None
+    return tuple(float(f) for f in fractions)
+
+
 def _recorded_config(study: optuna.Study, wait_s: float = 10.0) -> dict | None:
     """The study's recorded configuration; a study just created by another tuner gets it within moments."""
     import time

@@ -18,7 +18,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_opt
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
-from tuner.space_scoring import score_space
+from tuner.space_scoring import PARTIAL_OFFLOADS, NoFitError, score_space
 from tuner.export import export_rows
 from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
@@ -28,8 +28,8 @@ from tuner.report import counts_line, format_table, per_step_note, ranked_rows, 
 from tuner.model_identity import check_model_identity
 from tuner.sqlite_file import check_storage
 from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study,
-                         open_storage, recover_interrupted, run_study, runner_space, storage_errors, storage_url,
-                         study_names)
+                         open_storage, recorded_offload_fractions, recover_interrupted, run_study, runner_space,
+                         storage_errors, storage_url, study_names)
 
 def cmd_run(args) -> int:
     if args.trials < 1:
@@ -39,8 +39,9 @@ def cmd_run(args) -> int:
     storage_url(args.storage)   # a storage that could not keep the study is refused before any work
     model, gpu, gpus = target(args)
     trained = workload(args)
+    searched = {"offload_fractions": args.offload_fractions} if args.offload_fractions else {}
     config = StudyConfig(model, gpu, gpus, trained, Stack.with_fixes(args.stack_fix),
-                         workload_options(SpaceOptions(), trained), profile(args), steps=args.steps,
+                         workload_options(SpaceOptions(**searched), trained), profile(args), steps=args.steps,
                          window=measured_window(args.steps))
     check_profile_gpu(config.profile, gpu)
     runner = make_runner(args, config.profile)  # an unreachable cluster fails here, before the study is touched
@@ -62,12 +63,50 @@ def cmd_run(args) -> int:
         check_output_folder(args.out)
     new_file = url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists()
     storage = None if new_file else open_storage(url)
+    if storage is not None and not args.offload_fractions:
+        with storage_errors(url):   # a study whose search was widened resumes with its fractions
+            recorded = recorded_offload_fractions(storage, name)
+        if recorded and recorded != config.options.offload_fractions and config.options.offload_fractions != (0.0,):
+            config = _with_fractions(config, recorded)
+            space = runner_space(config, runner)
+            print(f"  search space: optimizer offload fractions {_listed(recorded)}, as study '{name}' recorded",
+                  file=sys.stderr)
+    progress = Progress(json_out=getattr(args, "json", False))
+    try:
+        candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
+    except NoFitError as e:
+        if e.partial is None or args.offload_fractions or e.partial in config.options.offload_fractions:
+            raise
+        config = _with_fractions(config, config.options.offload_fractions + PARTIAL_OFFLOADS)
+        space = runner_space(config, runner)
+        print(f"  search space widened: no layout fits with optimizer offload {_listed(SpaceOptions().offload_fractions)}"
+              f", but {e.partial:g} is predicted to fit: the search also tries {_listed(sorted(PARTIAL_OFFLOADS))}",
+              file=sys.stderr)
+        candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
+    reference = parse_reference(args.reference, config, space) if args.reference else None
+    storage = storage or open_storage(url, create_dirs=args.storage is None)
+    with storage_errors(url):
+        study = load_or_create(storage, name, config, runner.figures)
+        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache), progress)
+
+def _listed(fractions) -> str:
+    return ", ".join(f"{f:g}" for f in fractions)
+
+
+def _with_fractions(config: StudyConfig, fractions: tuple[float, ...] | None) -> StudyConfig:
+    if not fractions:
+        return config
+    return replace(config, options=replace(config.options, offload_fractions=tuple(sorted(set(fractions)))))
+
+
+def _scored(args, config: StudyConfig, runner: TrialRunner, space: RunnerSpace, url: str, storage, name: str,
+            progress: Progress) -> tuple[list, SpaceCache | None]:
+    """The study's scored space (from its cache where the same inputs scored it before) and that cache."""
     if storage is not None:
         with storage_errors(url):
             precheck_study(storage, name, config, runner.figures)
     cache = SpaceCache.for_study(url, config, runner, space)
     candidates = cache.load() if cache is not None and storage is not None else None
-    progress = Progress(json_out=getattr(args, "json", False))
     if candidates is None:
         with progress.step(f"scoring the search space of {config.describe()} ..."):
             # with the predict backend, --ray-address names a Ray cluster to score on (slime's is its Jobs API)
@@ -76,11 +115,8 @@ def cmd_run(args) -> int:
     else:
         print(f"the scored search space of {config.describe()}: read from the study's cache ({shown(str(cache.path))}; "
               f"the same inputs and code)", file=sys.stderr)
-    reference = parse_reference(args.reference, config, space) if args.reference else None
-    storage = storage or open_storage(url, create_dirs=args.storage is None)
-    with storage_errors(url):
-        study = load_or_create(storage, name, config, runner.figures)
-        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache), progress)
+    return candidates, cache
+
 
 @dataclass(frozen=True)
 class _Tune:
