@@ -343,3 +343,20 @@ def test_the_table_says_which_measurement_ran_short_of_memory(memory, config, sc
     rows = ranked_rows(study)
     assert [r.short_of_memory for r in rows].count(True) == 1
     assert format_table(rows).count("allocator retried every step") == 1
+
+
+def test_a_recipe_measured_short_of_memory_says_so(memory, config, scored, tmp_path):
+    """The exported recipe of a measurement whose allocator retried every step carries the retries in its
+    `measured` line; the others do not."""
+    import yaml
+
+    from tuner.export import export_rows
+    from tuner.report import ranked_rows
+    runner = StrainedRunner()
+    study = study_for(memory, config, figures="measured")
+    run_study(study, config, runner, study_commands.make_proposer("agent", scored, config, runner), trials=3,
+              progress=False)
+    paths = export_rows(ranked_rows(study), config, tmp_path, study)
+    measured = [yaml.safe_load(p.read_text())["result"]["measured"] for p in paths]
+    assert len(measured) == 3
+    assert sum("the allocator retried 16 times a step" in m for m in measured) == 1

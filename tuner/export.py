@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
+from experiments.runner import allocator_retries_per_step
 from tuner.interval import Interval
 from tuner.options import writing_user_file
 from tuner.trial_record import RunResult, TrialRecord, read_trial
@@ -168,6 +169,10 @@ def measured_run_fields(result: RunResult, config) -> dict:
     optimizer = detail.get("optimizer") or ""
     if "NOT applied" in optimizer:  # e.g. bf16 moments asked for, the standard optimizer ran
         notes.append(optimizer.split("; ")[-1])
+    retries = allocator_retries_per_step(detail)
+    if retries:   # its figure is the allocator's as much as the layout's: a user deploying it should know
+        notes.append(f"the allocator retried {retries:g} times a step (short of memory: each retry frees the cache "
+                     f"and maps it again; a smaller max_tokens_per_gpu may run faster)")
     run = (detail.get("model_run") or {}).get("name")
     measured = result.source or "measured"
     if notes:
