@@ -105,6 +105,26 @@ def test_predict_refuses_a_recipe_of_a_config_json_named_like_a_catalog_model(tm
     assert capsys.readouterr().out == ""
 
 
+def test_predict_takes_a_recipes_config_json_under_another_name_and_refuses_an_edited_one(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The same config.json copied to a Hugging Face-style folder of another name is the same model: the recipe is
+    priced, at the figure it records; the copy edited is still refused."""
+    monkeypatch.chdir(tmp_path)
+    config = four_layer_llama("mine")
+    path = recipe_of(load_model(str(config)), tmp_path / "r.yaml")
+    Path("Other-Name").mkdir()
+    Path("Other-Name", "config.json").write_text(config.read_text())
+    capsys.readouterr()
+    assert main(["predict", "--recipe", str(path), "--model", "Other-Name", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    recorded = yaml.safe_load(path.read_text())["result"]["predicted"]["tokens_per_s_per_gpu"]
+    assert answer["model"] == "mine" and answer["tokens_per_s_per_gpu"] == pytest.approx(recorded, rel=1e-5)
+    data = json.loads(config.read_text())
+    Path("Other-Name", "config.json").write_text(json.dumps(dict(data, num_hidden_layers=8)))
+    assert main(["predict", "--recipe", str(path), "--model", "Other-Name"]) == 2
+    assert "another model's" in one_line(capsys)
+
+
 def test_predict_batch_answers_a_mismatched_recipe_with_an_error_object(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = recipe_of(load_model(str(four_layer_llama())), tmp_path / "small.yaml")

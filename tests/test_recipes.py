@@ -458,3 +458,23 @@ def test_yaml_merge_keys_are_refused_and_a_key_twice_still_named():
         parse_yaml(text, "r.yaml", ValueError)
     with pytest.raises(ValueError, match="duplicate key 'tp'"):
         parse_yaml("layout:\n  <<: {ep: 8}\n  tp: 1\n  tp: 2\n", "r.yaml", ValueError)
+
+
+def test_a_predicted_recipe_says_which_of_its_two_tokens_per_s_is_its_headline(tmp_path):
+    """`tune predict --recipe-out` leads with the hypotheses' median, as export does: its result.predicted (the shipped
+    model's own figure) says it is not the headline, and the interval the headline is the median of is written."""
+    from tuner.cli import main
+
+    out = tmp_path / "r.yaml"
+    assert main(["predict", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--layout", "ep=8",
+                 "max_tokens_per_gpu=32768", "recompute_granularity=full", "recompute_method=uniform",
+                 "recompute_num_layers=4", "--recipe-out", str(out)]) == 0
+    result = yaml.safe_load(out.read_text())["result"]
+    own, head = result["predicted"]["tokens_per_s_per_gpu"], result["tokens_per_s_per_gpu"]
+    assert abs(own - head) > 1   # two figures: one must say which it is
+    assert f"{own:,.0f} tokens/s/GPU" in result["predicted"]["note"] and f"({head:,.0f} tokens/s/GPU)" in \
+        result["predicted"]["note"]
+    assert result["predicted_interval"]["tokens_per_s_per_gpu_median"] == round(head)
+    model, gpu, workload = load_model("llama3-8b"), load_gpu("h100"), Workload()
+    plain = build_recipe(model, gpu, workload, Layout(8), predict(model, gpu, workload, Layout(8)))
+    assert "note" not in plain["result"]["predicted"]   # no headline given: one figure, nothing to tell apart

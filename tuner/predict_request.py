@@ -44,6 +44,17 @@ CASE_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "ro
              "peft", "images_per_row", "image_size", "layout")
 
 
+def _named_as_recipe(model, name):
+    """A config.json is named by its file or folder: the same file under another name (a Hugging Face folder
+    `Llama-3.1-70B/config.json` for a recipe exported from `llama31-70b.json`) is the same model, so it takes the
+    recipe's model name before its digest is compared, as `tune export --model PATH` does for a study."""
+    from dataclasses import replace
+
+    if isinstance(name, str) and name and model.display_name == model.name and name != model.name:
+        return replace(model, name=name, display_name=name)
+    return model
+
+
 def resolve(request: dict, notes: list[str] | None = None) -> Case:
     """The case a request asks about; `notes` gets what the answer's reader must know (a recipe whose model
     could not be checked)."""
@@ -69,6 +80,8 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
         # a model given with a recipe is the config.json it was exported from (checked by digest below)
         loaded = load_recipe(request["recipe"], model=load_model(request["model"]) if request.get("model") else None)
         case = loaded.case
+        if request.get("model"):
+            case = case.replace(model=_named_as_recipe(case.model, loaded.data.get("model")))
         # the recipe's name loads the catalog's model: a recipe exported from another model of that name (a
         # config.json named like it) records that model's digest, and would be priced as the catalog's
         note = check_recipe_model(loaded.data, case.model, request["recipe"])

@@ -60,12 +60,7 @@ def cmd_predict(args) -> int:
         _say([f"no --layout given, so this is the default layout ({case.layout.label}); `tune --model "
               f"{shlex.quote(args.model)} --gpu {shlex.quote(args.gpu)}{gpus}` searches every layout for one that fits"])
     if args.recipe_out:
-        from recipes.recipe import build_recipe, write_recipe
-
-        recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction,
-                              headline=headline(interval, prediction)[0])
-        with writing_user_file(args.recipe_out):
-            write_recipe(recipe, Path(args.recipe_out))
+        _write_recipe(args.recipe_out, case, prediction, interval)
     if args.json:
         print(json.dumps(result_dict(case, prediction, interval)))
     elif args.explain:
@@ -73,6 +68,21 @@ def cmd_predict(args) -> int:
     else:
         print(summary_line(case.model, case.gpu, case.layout, prediction, interval))
     return 0
+
+
+def _write_recipe(out: str, case, prediction: Prediction, interval) -> None:
+    """--recipe-out: the layout's recipe, led by the figure the line printed; where that is the hypotheses' median,
+    with their interval (result.predicted_interval) as `tune export` writes it."""
+    from recipes.recipe import build_recipe, write_recipe
+    from tuner.export import interval_block
+    from tuner.interval import Interval
+
+    recipe = build_recipe(case.model, case.gpu, case.workload, case.layout, prediction,
+                          headline=headline(interval, prediction)[0])
+    if leads_with_median(interval, prediction):
+        recipe["result"]["predicted_interval"] = interval_block(Interval.of_hypotheses(interval))
+    with writing_user_file(out):
+        write_recipe(recipe, Path(out))
 
 
 def _say(notes: list[str]) -> None:
