@@ -360,3 +360,21 @@ def test_a_recipe_measured_short_of_memory_says_so(memory, config, scored, tmp_p
     measured = [yaml.safe_load(p.read_text())["result"]["measured"] for p in paths]
     assert len(measured) == 3
     assert sum("the allocator retried 16 times a step" in m for m in measured) == 1
+
+
+def test_a_borderline_prediction_ranks_by_its_figure_times_its_chance_to_fit():
+    """A predicted borderline layout 10% faster than a plain fit but with a 50% chance to fit ranks below it (what
+    the agent weighs: an out-of-memory run delivers nothing), and the table says why; a measured row ranks by its
+    figure alone."""
+    from cost_model.nouns.layout import Layout
+    from tuner.report import Row, format_table
+
+    def row(n, tokens, p_fit, kind="predicted"):
+        return Row(number=n, layout=Layout(8), tokens_per_s_per_gpu=tokens, peak_memory_gib=70.0, mfu=0.1,
+                   usd_per_million_tokens=1.0, kind=kind, source="s", predicted_tokens_per_s_per_gpu=tokens,
+                   rationale="", p_fit=p_fit)
+    rows = sorted([row(0, 1000.0, None), row(1, 1100.0, 0.5), row(2, 1100.0, 0.95)],
+                  key=lambda r: -r.expected_tokens_per_s_per_gpu)
+    assert [r.number for r in rows] == [2, 0, 1]
+    assert row(3, 1100.0, 0.5, kind="measured").expected_tokens_per_s_per_gpu == 1100.0
+    assert "its chance to fit" in format_table(rows)

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import printable as printable_text
-from cost_model.memory_fit import fit_label
+from cost_model.memory_fit import BORDERLINE, fit_label
 from experiments.runner import allocator_retries_per_step
 from tuner.interval import Interval, number
 from tuner.trial_record import Predicted, TrialRecord, read_trials
@@ -33,6 +33,15 @@ class Row:
     fit: str = "-"                          # the prediction's fit verdict: "fits", "borderline (61%)", ...
     breakdown: dict | None = None           # the prediction's seconds per term of the step
     short_of_memory: bool = False           # measured with the allocator retrying every step (its figure is low)
+    p_fit: float | None = None              # the prediction's chance to fit, where it is borderline
+
+    @property
+    def expected_tokens_per_s_per_gpu(self) -> float:
+        """What the row is ranked by: a predicted borderline layout's figure times its chance to fit (an
+        out-of-memory run delivers nothing: the agent's own rule, tuner.agent), every other row's figure."""
+        if self.kind != "measured" and self.p_fit is not None:
+            return self.tokens_per_s_per_gpu * self.p_fit
+        return self.tokens_per_s_per_gpu
 
 
 def ranked_rows(study: optuna.Study) -> list[Row]:
@@ -52,9 +61,18 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             predicted_low=number(interval.low), predicted_high=number(interval.high),
             fit=fit_of(r.prediction), breakdown=r.prediction.breakdown if r.prediction else None,
             short_of_memory=bool(allocator_retries_per_step(result.details)),
+            p_fit=_borderline_p(r.prediction),
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
-    return sorted(rows, key=lambda r: (-r.tokens_per_s_per_gpu, r.kind != "measured"))
+    return sorted(rows, key=lambda r: (-r.expected_tokens_per_s_per_gpu, r.kind != "measured"))
+
+
+def _borderline_p(prediction: Predicted | None) -> float | None:
+    """A borderline prediction's chance to fit (None for a plain fit or a verdict recorded without one)."""
+    if prediction is None or prediction.fit_verdict != BORDERLINE:
+        return None
+    p = number(prediction.fit_probability)
+    return p if p is not None and 0.0 <= p <= 1.0 else None
 
 
 def fit_of(prediction: Predicted) -> str:
@@ -88,6 +106,9 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
     sources = sorted({r.source for r in rows[:limit] if r.source} if limit else {r.source for r in rows if r.source})
     for s in sources:
         out.append(f"figures from: {s}")
+    if any(r.expected_tokens_per_s_per_gpu != r.tokens_per_s_per_gpu for r in (rows[:limit] if limit else rows)):
+        out.append("ranked by tokens/s/GPU, a predicted borderline layout's times its chance to fit (an out-of-memory "
+                   "run delivers nothing)")
     return "\n".join(out)
 
 
