@@ -318,6 +318,11 @@ def _outliers(residuals: list[float], sigma: float) -> int:
     return sum(1 for r in residuals if not math.isfinite(r))
 
 
+# Fewer compared points make the rules vacuous: two points always correlate perfectly, and a 0.95 correlation of
+# 8 is already unlikely by chance (p < 0.001); the recipes' curves have 20 steps, 16 compared.
+MIN_COMPARED_STEPS = 8
+
+
 def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Thresholds()) -> Verdict:
     """Compare a candidate loss curve with a reference curve under validate_convergence's rules."""
     if candidate.steps != reference.steps:
@@ -326,9 +331,9 @@ def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Threshold
     n = len(reference)
     # evaluate.py L197: int(n * fraction), i.e. the floor.
     n_skip = max(0, int(n * t.skip_fraction))
-    if n - n_skip < 2:
+    if n - n_skip < MIN_COMPARED_STEPS:
         raise CurveError(f"too few steps to compare: {n} steps, {n_skip} skipped by skip fraction "
-                         f"{t.skip_fraction:g}, at least 2 must remain")
+                         f"{t.skip_fraction:g}, at least {MIN_COMPARED_STEPS} must remain")
     steps = candidate.steps
     skipped = steps[:n_skip]
     compared = steps[n_skip:]
