@@ -93,7 +93,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-a-2026-12-06.jsonl"),
            (B / "runner_grids_h200_v29_suite.json", R / "runner-grids-h200-v29-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v31_suite.json", R / "runner-grids-h100-v31-a-2026-12-06.jsonl"),
-           (B / "runner_grids_h100_v32_suite.json", R / "runner-grids-h100-v32-a-2026-12-06.jsonl")]
+           (B / "runner_grids_h100_v32_suite.json", R / "runner-grids-h100-v32-a-2026-12-06.jsonl"),
+           (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-qn-2026-12-06.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -254,6 +255,9 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # v32 (1 x H100, when no H200 could be had for v30: Qwen2.5-32B at 2 layers, Qwen2-57B-A14B at 1, neither ever run;
 # Qwen3.6 with its real GDN at 2 layers seq 2k) ran on 2026-12-06 with predictions committed before, at the code that
 # followed v31's changes (runner-grids-h100-v32-predicted-before.txt): held out.
+# v28's Qwen3-Next-80B-A3B trials (1 layer, real GDN; registered with the rest of v28, never run: they needed the
+# TileLang wheels) ran on 2026-12-06 in the seventh session, no constant changed since any H100 Qwen3-Next run was
+# seen (none was): held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # v29's dense Qwen3.5 peaks (3.5-9% over) then led to counting megatron-core's Gated DeltaNet block tensor by tensor
 # from its source (cost_model.activations.runner_gdn_bytes: fla's conv keeps the in_proj output, not a copy of its own;
