@@ -9,7 +9,8 @@ needs plus the allocator's gap where the card has room: cost_model.memory.alloca
 against what happened (a run predicted to fit that ran out of memory is a false fit). The prediction the
 run recorded when it ran (the model of that day) is printed beside it.
 
-Usage: python benchmarks/runner_accuracy.py [SUITE.json RESULTS.jsonl ...]
+Usage: python benchmarks/runner_accuracy.py [--profile PROFILE.yaml] [SUITE.json RESULTS.jsonl ...]
+  (--profile: the runs on its GPU type predicted from that profile, a `tune profile` of the type, not the shipped one)
 """
 from __future__ import annotations
 
@@ -303,18 +304,20 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return num / den if den else float("nan")
 
 
-def trial_prediction(t, gpu, runtime=None):
+def trial_prediction(t, gpu, runtime=None, profile=None):
     """(the model a suite trial trains, the cost model's prediction for it on the runner's stack: today's, or
-    `runtime`, the one a stored run ran on)."""
+    `runtime`, the one a stored run ran on; from the shipped profile of its GPU type, or `profile` where it is
+    that type's)."""
     model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-    return model, predict_run(Case(model, gpu, t.workload, t.layout), runtime)
+    own = profile if profile is not None and profile.gpu_type == gpu.name else None
+    return model, predict_run(Case(model, gpu, t.workload, t.layout), runtime, own)
 
 
-def rows(suite_path: Path, results_path: Path) -> list[dict]:
+def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
     out = []
     for run in load_runs(suite_path, results_path):
         t, gpu = run.trial, load_gpu(run.gpu)
-        model, p = trial_prediction(t, gpu, run.runtime)
+        model, p = trial_prediction(t, gpu, run.runtime, profile)
         own = measures_layers(model, gpu)
         # a grid is a suite's layouts of one model run on one GPU type, over however many device calls measured them
         on = "" if gpu.name == "h200" else f" on {gpu.display_name}"
@@ -451,16 +454,23 @@ def _strained(rs: list[dict]) -> dict | None:
 
 
 def main(argv: list[str]) -> int:
+    profile = None
+    if argv[:1] == ["--profile"] and len(argv) > 1:
+        # the runs on that profile's GPU type predicted from it (a `tune profile` of that type) instead of the shipped
+        from cost_model.profile import load_profile
+        profile, argv = load_profile(argv[1]), argv[2:]
+        print(f"runs on {profile.gpu_type} predicted from the profile {profile.source} "
+              f"({profile.date}), not the shipped one")
     if len(argv) % 2 or any(a.startswith("-") for a in argv):
-        print("usage: python benchmarks/runner_accuracy.py [SUITE.json RESULTS.jsonl ...] (default: every stored grid)",
-              file=sys.stderr)
+        print("usage: python benchmarks/runner_accuracy.py [--profile PROFILE.yaml] [SUITE.json RESULTS.jsonl ...] "
+              "(default: every stored grid)", file=sys.stderr)
         return 2
     pairs = [(Path(argv[i]), Path(argv[i + 1])) for i in range(0, len(argv), 2)] if argv else DEFAULT
     missing = [str(r) for _, r in pairs if not r.exists()]
     if missing:
         print(f"not measured yet (skipped): {', '.join(missing)}")
     pairs = [(s, r) for s, r in pairs if r.exists()]
-    table = [row for s, r in pairs for row in rows(s, r)]
+    table = [row for s, r in pairs for row in rows(s, r, profile)]
     in_sample = sorted({p[1].name for p in pairs if p[1].name in IN_SAMPLE_FILES})
     print(f"{len(table)} runs; in sample (looked at when the profile's method changed): {in_sample or 'none'}")
     print(f"{'trial':22} {'measured':>9} {'n':>2} {'predicted':>9} {'err%':>7} {'then':>8} {'peak':>6} {'pred':>6} verdict")

@@ -61,15 +61,17 @@ def trial_model_notes(model: ModelSpec, run: ModelSpec, how: str = "") -> list[s
     return notes
 
 
-def predict_run(case: Case, runtime=None):
+def predict_run(case: Case, runtime=None, profile=None):
     """The prediction for what this runner runs: without Transformer Engine there is no precision-aware
     optimizer, so the optimizer shard holds fp32 master weights and moments. `runtime`: the stack a stored run
-    ran on, when it is not today's runner (benchmarks.measured_runs.MeasuredRun.runtime)."""
+    ran on, when it is not today's runner (benchmarks.measured_runs.MeasuredRun.runtime); `profile`: a hardware
+    profile other than the one shipped for the GPU type (a user's `tune profile`)."""
     import importlib.util
 
     from cost_model.predict import predict
     te = importlib.util.find_spec("transformer_engine") is not None
-    return predict(case.model, case.gpu, case.workload, case.layout, precision_aware_optimizer=te, runtime=runtime)
+    return predict(case.model, case.gpu, case.workload, case.layout, precision_aware_optimizer=te, runtime=runtime,
+                   profile=profile)
 
 
 def auto_layers(case: Case, replace_gdn: bool = False) -> tuple[int, str]:
