@@ -243,9 +243,12 @@ from experiments.checks import device_memory as dm  # noqa: E402
 from experiments.checks import nccl_memory  # noqa: E402
 
 
-def test_gdn_series_measures_the_models_heads_and_megatrons_call():
-    assert compute_mod.gdn_series(dict(qk_heads=16, v_heads=32)) == [(16, 32), (32, 32)]
+def test_gdn_series_measures_megatrons_call_the_one_the_cost_model_reads():
+    assert compute_mod.gdn_series(dict(qk_heads=16, v_heads=32)) == [(32, 32)]
     assert compute_mod.gdn_series(dict(qk_heads=8, v_heads=8)) == [(8, 8)]
+    from cost_model.profile import shipped_profile
+    gdn = shipped_profile("h200").gdn   # measured with both series: the cost model reads the repeated one
+    assert (gdn.series_for(32).qk_heads, gdn.series_for(32).v_heads) == (32, 32)
 
 
 def test_fla_tilelang_is_asked_for_on_hopper_only(monkeypatch):

@@ -374,8 +374,10 @@ def _summary_linear_and_device(profile: dict) -> list[str]:
     lines = []
     la = profile.get("linear_attention") or {}
     if la:
-        points = ", ".join(f"{p['tokens']}: {p['fwd_ms']}/{p['fwd_bwd_ms']} ms" for p in la.get("points") or []
-                           if p.get("qk_heads") == la.get("qk_heads"))
+        measured = la.get("points") or []
+        heads = max((p.get("qk_heads") for p in measured), default=None)   # the series the cost model reads
+        points = ", ".join(f"{p['tokens']}: {p['fwd_ms']}/{p['fwd_bwd_ms']} ms" for p in measured
+                           if p.get("qk_heads") == heads)
         lines.append(f"linear attention: {la.get('kind')}, efficiency {la.get('efficiency')}"
                      + (f"; fla {la.get('fla')}, fwd/fwd+bwd {points}" if points else "")
                      + (f"; {la['backend_problem']}" if la.get("backend_problem") else ""))
