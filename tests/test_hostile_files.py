@@ -268,9 +268,9 @@ def test_curve_with_an_oversized_csv_field_is_one_line(tmp_path, capsys):
 
 def test_curve_integer_past_float_range_is_data_not_a_traceback(tmp_path, capsys):
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"steps": [1, 2, 3], "losses": [3.0, 2.5, 2.0]}))
+    good.write_text(json.dumps({"steps": [1, 2, 3, 4, 5, 6], "losses": [3.0, 2.8, 2.6, 2.4, 2.2, 2.0]}))
     huge = tmp_path / "huge.json"
-    huge.write_text('{"steps": [1, 2, 3], "losses": [3.0, 2.5, ' + "9" * 400 + "]}")
+    huge.write_text('{"steps": [1, 2, 3, 4, 5, 6], "losses": [3.0, 2.8, 2.6, 2.4, 2.2, ' + "9" * 400 + "]}")
     assert main(["check-convergence", "--candidate", str(huge), "--reference", str(good)]) == 1
     assert "inf" in capsys.readouterr().out.lower()
 

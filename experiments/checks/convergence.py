@@ -318,9 +318,9 @@ def _outliers(residuals: list[float], sigma: float) -> int:
     return sum(1 for r in residuals if not math.isfinite(r))
 
 
-# Fewer compared points make the rules vacuous: two points always correlate perfectly, and a 0.95 correlation of
-# 8 is already unlikely by chance (p < 0.001); the recipes' curves have 20 steps, 16 compared.
-MIN_COMPARED_STEPS = 8
+# Fewer compared points make the rules vacuous: two points always correlate perfectly, while a 0.95 correlation of
+# 5 is unlikely by chance (p about 0.01); the recipes' curves have 20 steps, 16 compared (`--steps 8`: 7).
+MIN_COMPARED_STEPS = 5
 
 
 def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Thresholds()) -> Verdict:
