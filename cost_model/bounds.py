@@ -38,7 +38,7 @@ from cost_model.nouns.model_spec import ModelSpec
 from cost_model.predict import _step_context, microbatches
 from cost_model.profile import HardwareProfile, shipped_profile
 from cost_model.nouns.runtime import default_runtime
-from cost_model.step_time import step_breakdown
+from cost_model.step_time import layer_launch_s, pass_launch_s, slowest_launch_passes, step_breakdown
 from cost_model.nouns.workload import Workload
 
 # A ceiling is compared with figures summed in another order: a relative margin far above rounding.
@@ -69,14 +69,41 @@ def step_floor_s(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     return sum(v for k, v in step_breakdown(ctx).items() if k != "offload")
 
 
-def ceilings_of(floors: list[float], fastest: list[Layout], workload: Workload, hypothesis=None) -> list[float]:
+def launch_parts(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, constants: Constants,
+                 profile: HardwareProfile | None = None) -> tuple | None:
+    """What `launch_floor_s` reads of `layout`'s step floor under `constants`: the weight of its slowest rank's
+    micro-batch in the step (the micro-batches and the bubble's share), that rank's launch passes and the launch time
+    per pass they were priced at. None for a step composed from a runner's measured components."""
+    profile = profile or shipped_profile(gpu.name)
+    ctx = _step_context(model, gpu, workload, layout, constants, profile, default_runtime(workload.framework, True))
+    if ctx.runner is not None:
+        return None
+    return ctx.num_microbatches + (layout.pp - 1) / layout.vpp, slowest_launch_passes(ctx), layer_launch_s(ctx)
+
+
+def launch_floor_s(floor: float, parts: tuple, constants: Constants, layout: Layout, workload: Workload) -> float:
+    """Below `layout`'s step_floor_s under `constants`, from its `floor` under constants that differ only in the
+    launch time per layer pass and the flex factor on it (`parts`: launch_parts under those). No other term reads
+    the launch time, and the rank slowest there is at least as slow here: its launch term grows by its passes'
+    exposed launch time here over there (micro_batch_constants.with_launch), times its weight in the step. Summed in
+    another order than the floor: the margin keeps it below."""
+    weight, passes, at = parts
+    launch = pass_launch_s(constants, workload.framework, workload.cuda_graphs, layout.dispatcher)
+    gain = sum(n * p * (max(0.0, launch - gpu_pass) - max(0.0, at - gpu_pass)) for n, p, gpu_pass in passes)
+    return (floor + weight * gain) * (1 - ROUNDING_MARGIN)
+
+
+def ceilings_of(floors: list[float], fastest: list[Layout], workload: Workload, hypothesis=None,
+                counts: list[int] | None = None) -> list[float]:
     """Tokens/s/GPU above any layout of a shape with the micro-batch size and dispatcher of each of `fastest` (its
     layouts without recompute at the largest offloaded fraction); `floors` their step_floor_s under constants no
     judge undercuts (optimistic_constants) or under one hypothesis's (Hypothesis.constants), then with its extra
-    term (Hypothesis.extra_s: it reads the layout only through its micro-batches, shape and dispatcher)."""
+    term (Hypothesis.extra_s: it reads the layout only through its micro-batches, shape and dispatcher). `counts`:
+    the layouts' micro-batches per step where the caller has them (a shape's are asked under every hypothesis)."""
+    if hypothesis is not None and counts is None:
+        counts = [microbatches(layout, workload)[1] for layout in fastest]
     seconds = floors if hypothesis is None else [
-        floor + hypothesis.extra_s(microbatches(layout, workload)[1], layout, workload)
-        for floor, layout in zip(floors, fastest)]
+        floor + hypothesis.extra_s(n_mb, layout, workload) for floor, layout, n_mb in zip(floors, fastest, counts)]
     return [workload.tokens_per_step / s / layout.world_size * (1 + ROUNDING_MARGIN)
             for s, layout in zip(seconds, fastest)]
 

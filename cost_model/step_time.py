@@ -190,12 +190,16 @@ _RANK_MEMO = IdentityMemo(100_000)
 
 def layer_launch_s(ctx: StepContext) -> float:
     """The host's launch time per layer pass that a pass's GPU work must cover (0 under a whole-step CUDA graph)."""
-    c = ctx.c
+    return pass_launch_s(ctx.c, ctx.framework, ctx.cuda_graphs, ctx.layout.dispatcher)
+
+
+def pass_launch_s(c: Constants, framework: str, cuda_graphs: str, dispatcher: str) -> float:
+    """`layer_launch_s` from what it reads."""
     # A whole-iteration CUDA graph replays every kernel, the experts' GEMMs included: the host launches nothing.
-    if ctx.cuda_graphs == "full":
+    if cuda_graphs == "full":
         return 0.0
-    return (c.layer_launch_overhead_s if ctx.framework == "slime" else c.megatron_layer_launch_overhead_s) * (
-        c.flex_overhead_factor if ctx.layout.dispatcher == "flex" else 1.0)
+    return (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
+        c.flex_overhead_factor if dispatcher == "flex" else 1.0)
 
 
 def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float = 0.0) -> dict[str, float]:
@@ -289,28 +293,38 @@ _PIPELINE_MEMO = IdentityMemo(50_000)
 def pipeline_terms(ctx: StepContext) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages (a new dict:
     the caller adds the step's terms to it)."""
+    return dict(_pipeline_entry(ctx)[0])
+
+
+def slowest_launch_passes(ctx: StepContext) -> tuple:
+    """The launch passes (micro_batch_constants.with_launch's) of the rank whose micro-batches `pipeline_terms`
+    counts: per layer kind, (layers, passes, one pass's GPU seconds)."""
+    return _pipeline_entry(ctx)[1]
+
+
+def _pipeline_entry(ctx: StepContext) -> tuple[dict[str, float], tuple]:
     c, rates = time_twin(ctx.c, ctx.rates)   # what else they read of the constants and rates is the twin's
     held = (ctx.ranks, ctx.model, rates, c, ctx.vision)
     key = (tuple(map(id, held)), _pipeline_fields(ctx.layout), ctx.tokens, ctx.num_microbatches, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
            layer_launch_s(ctx))
     hit = _PIPELINE_MEMO.get(key) or _PIPELINE_MEMO.put(key, held, _pipeline_terms(ctx))
-    return dict(hit[1])
+    return hit[1]
 
 
-def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
+def _pipeline_terms(ctx: StepContext) -> tuple[dict[str, float], tuple]:
     layout, num_microbatches = ctx.layout, ctx.num_microbatches
     price = _rank_pricer(ctx, ep_overlap_share(layout, num_microbatches))
     # the first rank of the largest micro-batch sum, each distinct rank priced and summed once (equal ranks are one
     # object: stages.rank_layers); a repeat cannot be larger than its first
-    seen, slowest, slowest_mb = set(), None, None
+    seen, slowest, slowest_mb, launches = set(), None, None, None
     for r in ctx.ranks[:layout.pp]:
         if id(r) not in seen:
             seen.add(id(r))
-            t = price(r)[0]
+            t, passes = price(r)
             mb = sum(t.values())
             if slowest is None or mb > slowest_mb:
-                slowest, slowest_mb = t, mb
+                slowest, slowest_mb, launches = t, mb, passes
     terms = {k: v * num_microbatches for k, v in slowest.items()}
     # (PP - 1) / VPP x the slowest stage: the fitted constants were fitted with it (the runner's per-stage fill and
     # drain, pipeline_bubble_s, puts the published rows' nested cold-start error at 20.0% instead of 16.5%)
@@ -322,7 +336,7 @@ def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
     terms["pp_p2p"] = pipeline_p2p_time(ctx.model, layout, ctx.rates, ctx.tokens, num_microbatches) + \
         chunks * ctx.c.pipeline_chunk_overhead_s
     terms["pp_bubble"] = bubble
-    return terms
+    return terms, launches
 
 
 def _per_distinct_rank(ranks, price) -> list:
