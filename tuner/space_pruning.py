@@ -13,10 +13,12 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Iterator
 
 from cost_model.nouns.batching import max_tokens_per_gpu
-from cost_model.bounds import (cannot_fit, ceilings_of, launch_floor_s, launch_key, launch_parts, memory_floor_gib,
-                               optimistic_constants, step_floor_s)
+from cost_model.bounds import (cannot_fit, ceilings_of, floors_below, launch_floor_s, launch_key, launch_parts,
+                               memory_floor_gib, optimistic_constants, step_floor_s)
 from cost_model.constants import default_constants
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.predict import microbatches
@@ -139,18 +141,25 @@ def _push(heap: list, value: float, keep: int) -> None:
 class ShapeBounds:
     """One shape's fastest layouts (cost_model.bounds), one per micro-batch size and dispatcher ("rep"), and their
     ceilings: a layout of the shape is at most its rep's ceiling, under every judge at once (optimistic_constants)
-    or under one judge. A judge's ceiling is first bounded from the optimistic
+    or under one judge. The shape's ceiling is bounded before its floors are priced (`ceiling_bound`), and they are
+    priced only when that bound comes first (highest_first). A judge's ceiling is first bounded from the optimistic
     floor (`cheap`), then from it and the launch time the judge adds (`_launch_ceiling`), and worked out only where
     neither settles it. Floors are shared by the judges that read the same launch time."""
 
-    def __init__(self, shape: dict, config, options, offload: dict, optimistic):
+    def __init__(self, shape: dict, config, options, offload: dict, optimistic, memo: dict | None = None):
         self.config, self.optimistic, self.shape, self.options = config, optimistic, shape, options
         self.fastest = _fastest(shape, config, options, offload)
         self.rep = {} if self.fastest is None else {
             (layout.max_tokens_per_gpu, layout.dispatcher): r for r, layout in enumerate(self.fastest)}
         self.floors, self.cheap, self.exact, self.counts = {}, {}, {}, None
         self.launch_ceilings, self.launch_parts = {}, {}   # per (judge, rep); per rep
-        self.opt = self._floors(optimistic)
+        self.memo = memo   # the scoring's for floors_below
+
+    @cached_property
+    def opt(self) -> list[float] | None:
+        """Per rep, its floor under the optimistic constants, priced when first asked (a shape whose bound is below
+        the bars needs none)."""
+        return self._floors(self.optimistic)
 
     def _floors(self, constants) -> list[float] | None:
         """Per rep, its floor under `constants` (None where the shape cannot be bounded: it is scored whole)."""
@@ -199,6 +208,18 @@ class ShapeBounds:
         if self.opt is None:
             return math.inf
         return max(ceilings_of(self.opt, self.fastest, self.config.workload), default=0.0)
+
+    def ceiling_bound(self) -> float:
+        """At or above `ceiling`, cheaper (cost_model.bounds.floors_below); math.inf where that does not hold."""
+        if not self.fastest:
+            return math.inf if self.fastest is None else 0.0
+        config = self.config
+        try:
+            floors = floors_below(self.fastest, config.model, config.gpu, config.workload, self.optimistic,
+                                  config.profile, self.memo)
+        except (InvalidLayout, ValueError):
+            return math.inf
+        return math.inf if floors is None else max(ceilings_of(floors, self.fastest, config.workload))
 
     def _cheap(self, k: int, judge: Judge) -> list[float]:
         hit = self.cheap.get(k)
@@ -321,12 +342,37 @@ class ShapeBounds:
 
 def shape_bounds(shapes: list[dict], config, options, judges: list[Judge]) -> tuple[list[ShapeBounds], list[float]]:
     """Per shape, its bounds and its ceiling under every judge at once (math.inf where it cannot be bounded)."""
+    bounds = bounds_of(shapes, config, options, judges)
+    return bounds, [b.ceiling() for b in bounds]
+
+
+def bounds_of(shapes: list[dict], config, options, judges: list[Judge]) -> list[ShapeBounds]:
+    """Per shape, its bounds, their floors priced when first asked."""
     c = optimistic_constants(default_constants(), [j.hypothesis for j in judges if j.hypothesis is not None])
     offs = offload_choices(options)
     top = max(o["optimizer_offload_fraction"] for o in offs)
     offload = next(o for o in offs if o["optimizer_offload_fraction"] == top)
-    bounds = [ShapeBounds(shape, config, options, offload, c) for shape in shapes]
-    return bounds, [b.ceiling() for b in bounds]
+    memo: dict = {}
+    return [ShapeBounds(shape, config, options, offload, c, memo) for shape in shapes]
+
+
+def highest_first(bounds: list[ShapeBounds], bars: Bars, skipped: list) -> Iterator[int]:
+    """The shapes by ceiling, highest first (ties: the earlier shape), as sorting their ceilings orders them: a shape
+    waits on its bound (ShapeBounds.ceiling_bound, at or above its ceiling) and its ceiling is priced when that bound
+    comes first. Once the first is below every judge's bar, so is every later one's ceiling: they go to `skipped`."""
+    heap = [(-b.ceiling_bound(), i, False) for i, b in enumerate(bounds)]
+    heapq.heapify(heap)
+    while heap:
+        top, i, exact = heapq.heappop(heap)
+        if -top < bars.lowest():
+            skipped += [i] + [j for _, j, _ in heap]
+            return
+        if exact:
+            yield i
+            continue
+        ceiling = bounds[i].ceiling()
+        assert ceiling <= -top, f"shape {i}: its ceiling {ceiling} is above its bound {-top}"
+        heapq.heappush(heap, (-ceiling, i, True))
 
 
 def _fastest(shape: dict, config, options, offload: dict) -> list[Layout] | None:
