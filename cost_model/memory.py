@@ -332,9 +332,21 @@ def _rank_offload_split(model: ModelSpec, layout: Layout, ranks: tuple[RankLayer
     return hit[1]
 
 
+# A space's thousands of shapes split a few hundred distinct buffers, each walked over up to 4,096 shards at each
+# call: memoized by value (a tuple of floats and three numbers; no object held).
+_SHARD_MEMO = IdentityMemo(20_000)
+
+
 def _shard_split(buffer_order: tuple, rest: float, fraction: float, shards: int) -> tuple[float, float]:
     """(the most any DP rank's shard keeps on the GPU, the most any moves to the CPU): each rank holds 1/shards of
     the buffer (the tensors in buffer order, then the norm group), as pieces of the tensors it cuts."""
+    key = (buffer_order, rest, fraction, shards)
+    hit = _SHARD_MEMO.get(key) or _SHARD_MEMO.put(key, None, _walk_shards(buffer_order, rest, fraction, shards))
+    return hit[1]
+
+
+def _walk_shards(buffer_order: tuple, rest: float, fraction: float, shards: int) -> tuple[float, float]:
+    """`_shard_split`, worked out."""
     total = sum(buffer_order) + rest
     if shards <= 1:
         kept = _kept_on_gpu(list(buffer_order), rest, fraction)

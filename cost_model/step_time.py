@@ -180,21 +180,26 @@ def exposed_expert_calls(lt: LayerTime, model: ModelSpec, layout: Layout, c: Con
 
 # Scoring a space prices the same rank at the same micro-batch for the thousands of layouts that differ only in
 # what a micro-batch does not see (DP, PP splits elsewhere, offload, the optimizer...). A rank's micro-batch
-# terms depend on the layout only through these fields (layer_time's, recompute's and the launch's).
-_RANK_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher", "selective_modules", "recompute_granularity",
-                "recompute_method", "recompute_num_layers", "vpp")
+# terms depend on the layout only through these fields (layer_time's, selective recompute's and the launch's) and
+# the share of a layer full recompute reruns; on the rank only through its layers' kinds, its heads and vision.
+# Keyed on those: the ranks of shapes that differ in PP, VPP or where the embedding sits share their terms.
+_RANK_FIELDS = ("tp", "cp", "ep", "etp", "dispatcher", "selective_modules")
 _rank_fields = attrgetter(*_RANK_FIELDS)   # a tuple of them, read in C (a memo key per call)
 _RANK_MEMO = IdentityMemo(100_000)
 
 
 def layer_launch_s(ctx: StepContext) -> float:
     """The host's launch time per layer pass that a pass's GPU work must cover (0 under a whole-step CUDA graph)."""
-    c = ctx.c
+    return pass_launch_s(ctx.c, ctx.framework, ctx.cuda_graphs, ctx.layout.dispatcher)
+
+
+def pass_launch_s(c: Constants, framework: str, cuda_graphs: str, dispatcher: str) -> float:
+    """`layer_launch_s` from what it reads."""
     # A whole-iteration CUDA graph replays every kernel, the experts' GEMMs included: the host launches nothing.
-    if ctx.cuda_graphs == "full":
+    if cuda_graphs == "full":
         return 0.0
-    return (c.layer_launch_overhead_s if ctx.framework == "slime" else c.megatron_layer_launch_overhead_s) * (
-        c.flex_overhead_factor if ctx.layout.dispatcher == "flex" else 1.0)
+    return (c.layer_launch_overhead_s if framework == "slime" else c.megatron_layer_launch_overhead_s) * (
+        c.flex_overhead_factor if dispatcher == "flex" else 1.0)
 
 
 def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float = 0.0) -> dict[str, float]:
@@ -203,19 +208,28 @@ def rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float 
     Memoized on its inputs (objects by identity, held by the memo): the dict is shared, not to be changed. The
     terms but the launch's are shared by the constants that differ only in what prices the launch
     (cost_model.micro_batch_constants)."""
+    return _rank_pricer(ctx, ep_overlap)(rank)[0]
+
+
+def _rank_pricer(ctx: StepContext, ep_overlap: float):
+    """rank_microbatch_terms of `ctx` as a function of the rank, with the rank's launch passes (with_launch's): what
+    its memo key reads of the context is read once for all the ranks of a pipeline."""
     c, rates = time_twin(ctx.c, ctx.rates)
-    launch = layer_launch_s(ctx)
+    launch, layout = layer_launch_s(ctx), ctx.layout
     held = (ctx.model, rates, c, ctx.vision)
-    key = (tuple(map(id, held)), _rank_fields(ctx.layout), ctx.tokens, ctx.seq_len,
-           ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
-           rank, ep_overlap)
-    hit = _RANK_MEMO.get(key + (launch,))
-    if hit is None:
-        base = _BASE_MEMO.get(key)
-        if base is None:
-            base = _BASE_MEMO.put(key, held, _rank_microbatch_terms(ctx, rank, ep_overlap, c, rates))
-        hit = _RANK_MEMO.put(key + (launch,), held, with_launch(*base[1], launch))
-    return hit[1]
+    head = (tuple(map(id, held)), _rank_fields(layout), ctx.tokens, ctx.seq_len, ctx.imbalance, ctx.framework,
+            ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls, ep_overlap)
+
+    def price(rank: RankLayers) -> tuple[dict[str, float], tuple]:
+        key = head + (full_recompute_fraction(rank, layout), rank.kinds, rank.has_head, rank.mtp_layers, rank.vision)
+        hit = _RANK_MEMO.get(key + (launch,))
+        if hit is None:
+            base = _BASE_MEMO.get(key)
+            if base is None:
+                base = _BASE_MEMO.put(key, held, _rank_microbatch_terms(ctx, rank, ep_overlap, c, rates))
+            hit = _RANK_MEMO.put(key + (launch,), held, (with_launch(*base[1], launch), base[1][1]))
+        return hit[1]
+    return price
 
 
 # a rank's terms without the launch term, and what prices it (micro_batch_constants.with_launch)
@@ -270,7 +284,8 @@ def _rank_microbatch_terms(ctx: StepContext, rank: RankLayers, ep_overlap: float
 # The layouts of a shape that differ only in what the pipeline does not see (offload, the optimizer's dtype) share
 # their pipeline terms: they read the layout through the ranks' fields and these, and the context through the rest
 # of the key (objects by identity, held by the memo).
-_PIPELINE_FIELDS = _RANK_FIELDS + ("pp", "world_size", "overlap_moe_expert_parallel_comm")
+_PIPELINE_FIELDS = _RANK_FIELDS + ("recompute_granularity", "recompute_method", "recompute_num_layers", "vpp", "pp",
+                                   "world_size", "overlap_moe_expert_parallel_comm")
 _pipeline_fields = attrgetter(*_PIPELINE_FIELDS)
 _PIPELINE_MEMO = IdentityMemo(50_000)
 
@@ -278,25 +293,42 @@ _PIPELINE_MEMO = IdentityMemo(50_000)
 def pipeline_terms(ctx: StepContext) -> dict[str, float]:
     """The slowest rank's micro-batches, the pipeline bubble it sets, and the sends between stages (a new dict:
     the caller adds the step's terms to it)."""
+    return dict(_pipeline_entry(ctx)[0])
+
+
+def slowest_launch_passes(ctx: StepContext) -> tuple:
+    """The launch passes (micro_batch_constants.with_launch's) of the rank whose micro-batches `pipeline_terms`
+    counts: per layer kind, (layers, passes, one pass's GPU seconds)."""
+    return _pipeline_entry(ctx)[1]
+
+
+def _pipeline_entry(ctx: StepContext) -> tuple[dict[str, float], tuple]:
     c, rates = time_twin(ctx.c, ctx.rates)   # what else they read of the constants and rates is the twin's
     held = (ctx.ranks, ctx.model, rates, c, ctx.vision)
     key = (tuple(map(id, held)), _pipeline_fields(ctx.layout), ctx.tokens, ctx.num_microbatches, ctx.seq_len,
            ctx.imbalance, ctx.framework, ctx.gdn_sharded, ctx.cuda_graphs, ctx.frozen_weights, ctx.expert_calls,
            layer_launch_s(ctx))
     hit = _PIPELINE_MEMO.get(key) or _PIPELINE_MEMO.put(key, held, _pipeline_terms(ctx))
-    return dict(hit[1])
+    return hit[1]
 
 
-def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
+def _pipeline_terms(ctx: StepContext) -> tuple[dict[str, float], tuple]:
     layout, num_microbatches = ctx.layout, ctx.num_microbatches
-    overlap = ep_overlap_share(layout, num_microbatches)
-    per_rank_terms = _per_distinct_rank(ctx.ranks, lambda r: rank_microbatch_terms(ctx, r, overlap))
-    per_rank_mb = [sum(t.values()) for t in per_rank_terms]
-    slowest = max(range(layout.pp), key=per_rank_mb.__getitem__)
-    terms = {k: v * num_microbatches for k, v in per_rank_terms[slowest].items()}
+    price = _rank_pricer(ctx, ep_overlap_share(layout, num_microbatches))
+    # the first rank of the largest micro-batch sum, each distinct rank priced and summed once (equal ranks are one
+    # object: stages.rank_layers); a repeat cannot be larger than its first
+    seen, slowest, slowest_mb, launches = set(), None, None, None
+    for r in ctx.ranks[:layout.pp]:
+        if id(r) not in seen:
+            seen.add(id(r))
+            t, passes = price(r)
+            mb = sum(t.values())
+            if slowest is None or mb > slowest_mb:
+                slowest, slowest_mb, launches = t, mb, passes
+    terms = {k: v * num_microbatches for k, v in slowest.items()}
     # (PP - 1) / VPP x the slowest stage: the fitted constants were fitted with it (the runner's per-stage fill and
     # drain, pipeline_bubble_s, puts the published rows' nested cold-start error at 20.0% instead of 16.5%)
-    bubble = (layout.pp - 1) / layout.vpp * per_rank_mb[slowest]
+    bubble = (layout.pp - 1) / layout.vpp * slowest_mb
     # Each virtual stage of each micro-batch is one more scheduled chunk (sends posted, waited on, switched to):
     # a cost per chunk, so interleaving trades a smaller bubble for more of it.
     chunks = num_microbatches * layout.vpp if layout.pp > 1 else 0
@@ -304,7 +336,7 @@ def _pipeline_terms(ctx: StepContext) -> dict[str, float]:
     terms["pp_p2p"] = pipeline_p2p_time(ctx.model, layout, ctx.rates, ctx.tokens, num_microbatches) + \
         chunks * ctx.c.pipeline_chunk_overhead_s
     terms["pp_bubble"] = bubble
-    return terms
+    return terms, launches
 
 
 def _per_distinct_rank(ranks, price) -> list:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Iterator
 
 from cost_model.nouns.batching import max_tokens_per_gpu
-from cost_model.bounds import (cannot_fit, ceilings_of, launch_key, memory_floor_gib, optimistic_constants,
-                               step_floor_s)
+from cost_model.bounds import (cannot_fit, ceilings_of, floors_below, launch_floor_s, launch_key, launch_parts,
+                               memory_floor_gib, optimistic_constants, step_floor_s)
 from cost_model.constants import default_constants
 from cost_model.nouns.layout import InvalidLayout, Layout
+from cost_model.predict import microbatches
 from search_space.enumerate import offload_choices, rows_choices, shape_dispatchers, shape_dp
 
 # Spaces up to this many layouts are scored whole; above it (the default job's 104,316 among them), pruned: the
@@ -138,34 +141,48 @@ def _push(heap: list, value: float, keep: int) -> None:
 class ShapeBounds:
     """One shape's fastest layouts (cost_model.bounds), one per micro-batch size and dispatcher ("rep"), and their
     ceilings: a layout of the shape is at most its rep's ceiling, under every judge at once (optimistic_constants)
-    or under one judge. A judge's ceiling is first bounded from the optimistic floor (`cheap`), and worked out
-    only where that bound does not settle it. Floors are shared by the judges that read the same launch time."""
+    or under one judge. The shape's ceiling is bounded before its floors are priced (`ceiling_bound`), and they are
+    priced only when that bound comes first (highest_first). A judge's ceiling is first bounded from the optimistic
+    floor (`cheap`), then from it and the launch time the judge adds (`_launch_ceiling`), and worked out only where
+    neither settles it. Floors are shared by the judges that read the same launch time."""
 
-    def __init__(self, shape: dict, config, options, offload: dict, optimistic):
+    def __init__(self, shape: dict, config, options, offload: dict, optimistic, memo: dict | None = None):
         self.config, self.optimistic, self.shape, self.options = config, optimistic, shape, options
         self.fastest = _fastest(shape, config, options, offload)
         self.rep = {} if self.fastest is None else {
             (layout.max_tokens_per_gpu, layout.dispatcher): r for r, layout in enumerate(self.fastest)}
-        self.floors, self.cheap, self.exact = {}, {}, {}
-        self.opt = self._floors(optimistic)
+        self.floors, self.cheap, self.exact, self.counts = {}, {}, {}, None
+        self.launch_ceilings, self.launch_parts = {}, {}   # per (judge, rep); per rep
+        self.memo = memo   # the scoring's for floors_below
+
+    @cached_property
+    def opt(self) -> list[float] | None:
+        """Per rep, its floor under the optimistic constants, priced when first asked (a shape whose bound is below
+        the bars needs none)."""
+        return self._floors(self.optimistic)
 
     def _floors(self, constants) -> list[float] | None:
         """Per rep, its floor under `constants` (None where the shape cannot be bounded: it is scored whole)."""
         if self.fastest is None:
             return None
-        config, out = self.config, []
         try:
-            for layout in self.fastest:
-                key = (launch_key(constants, layout, config.workload), layout.max_tokens_per_gpu, layout.dispatcher)
-                floor = self.floors.get(key)
-                if floor is None:
-                    floor = self.floors[key] = step_floor_s(config.model, config.gpu, config.workload, layout,
-                                                            constants, config.profile)
-                out.append(floor)
+            return [self._floor(constants, r) for r in range(len(self.fastest))]
         except (InvalidLayout, ValueError):
             self.fastest = None
             return None
-        return out
+
+    def _floor_key(self, constants, r: int) -> tuple:
+        layout = self.fastest[r]
+        return launch_key(constants, layout, self.config.workload), layout.max_tokens_per_gpu, layout.dispatcher
+
+    def _floor(self, constants, r: int) -> float:
+        """Rep `r`'s floor under `constants`, shared by the constants that price its launch alike."""
+        config, layout, key = self.config, self.fastest[r], self._floor_key(constants, r)
+        floor = self.floors.get(key)
+        if floor is None:
+            floor = self.floors[key] = step_floor_s(config.model, config.gpu, config.workload, layout, constants,
+                                                    config.profile)
+        return floor
 
     def cannot_fit(self) -> bool:
         """Whether no layout of the shape may fit: under each dispatcher and optimizer choice its memory floor
@@ -192,25 +209,83 @@ class ShapeBounds:
             return math.inf
         return max(ceilings_of(self.opt, self.fastest, self.config.workload), default=0.0)
 
+    def ceiling_bound(self) -> float:
+        """At or above `ceiling`, cheaper (cost_model.bounds.floors_below); math.inf where that does not hold."""
+        if not self.fastest:
+            return math.inf if self.fastest is None else 0.0
+        config = self.config
+        try:
+            floors = floors_below(self.fastest, config.model, config.gpu, config.workload, self.optimistic,
+                                  config.profile, self.memo)
+        except (InvalidLayout, ValueError):
+            return math.inf
+        return math.inf if floors is None else max(ceilings_of(floors, self.fastest, config.workload))
+
     def _cheap(self, k: int, judge: Judge) -> list[float]:
         hit = self.cheap.get(k)
         if hit is None:
-            hit = self.cheap[k] = ceilings_of(self.opt, self.fastest, self.config.workload, judge.hypothesis)
+            hit = self.cheap[k] = ceilings_of(self.opt, self.fastest, self.config.workload, judge.hypothesis,
+                                              self._counts())
         return hit
 
+    def _counts(self) -> list[int]:
+        """Per rep, its micro-batches per step (what a hypothesis's extra term reads), worked out once."""
+        if self.counts is None:
+            self.counts = [microbatches(layout, self.config.workload)[1] for layout in self.fastest]
+        return self.counts
+
     def _exact(self, k: int, judge: Judge) -> list[float] | None:
-        if k not in self.exact:
-            floors = self._floors(judge.constants)
-            self.exact[k] = None if floors is None else ceilings_of(floors, self.fastest, self.config.workload,
-                                                                     judge.hypothesis)
-        return self.exact[k]
+        """Per rep, its ceiling under judge `k` (None where the shape cannot be bounded)."""
+        if self.fastest is None:
+            return None
+        out = [self._exact_at(k, judge, r) for r in range(len(self.fastest))]
+        return None if None in out else out
+
+    def _exact_at(self, k: int, judge: Judge, r: int) -> float | None:
+        """Rep `r`'s ceiling under judge `k`, worked out once and only where asked (most reps are settled by the
+        cheap bound or by another judge: their floors under this judge's constants are never priced)."""
+        if self.fastest is None:
+            return None
+        known = self.exact.setdefault(k, {})
+        if r not in known:
+            try:
+                floor = self._floor(judge.constants, r)
+            except (InvalidLayout, ValueError):
+                self.fastest, known[r] = None, None
+                return None
+            known[r] = ceilings_of([floor], [self.fastest[r]], self.config.workload, judge.hypothesis,
+                                   [self._counts()[r]])[0]
+        return known[r]
+
+    def _launch_ceiling(self, k: int, judge: Judge, r: int) -> float:
+        """Rep `r`'s ceiling under judge `k` bounded from its optimistic floor and the launch time the judge's
+        constants add (cost_model.bounds.launch_floor_s): above the exact one, and near it. The optimistic floor's
+        layout priced without error: so does the judge's (only the launch constants differ)."""
+        hit = self.launch_ceilings.get((k, r))
+        if hit is None:
+            config, layout = self.config, self.fastest[r]
+            if r not in self.launch_parts:
+                try:
+                    self.launch_parts[r] = launch_parts(config.model, config.gpu, config.workload, layout,
+                                                        self.optimistic, config.profile)
+                except (InvalidLayout, ValueError):
+                    self.launch_parts[r] = None
+            parts = self.launch_parts[r]
+            hit = self.launch_ceilings[(k, r)] = math.inf if parts is None else ceilings_of(
+                [launch_floor_s(self.opt[r], parts, judge.constants, layout, config.workload)], [layout],
+                config.workload, judge.hypothesis, [self._counts()[r]])[0]
+        return hit
 
     def above(self, k: int, judge: Judge, r: int, bar: float) -> bool:
-        """Whether rep `r`'s ceiling under judge `k` reaches `bar`."""
+        """Whether rep `r`'s ceiling under judge `k` reaches `bar`: its cheap ceiling asked first, then (where its
+        floor under the judge's constants is not priced yet) its launch ceiling, then the exact one."""
         if self._cheap(k, judge)[r] < bar:
             return False
-        exact = self._exact(k, judge)
-        return exact is None or exact[r] >= bar
+        if (self.fastest is not None and self._floor_key(judge.constants, r) not in self.floors
+                and self._launch_ceiling(k, judge, r) < bar):
+            return False
+        exact = self._exact_at(k, judge, r)
+        return exact is None or exact >= bar
 
     def below(self, k: int, judge: Judge, key: tuple, bar: float) -> bool:
         """Whether every layout of rep `key` (micro-batch size, dispatcher) is below `bar` under judge `k`, by the
@@ -218,10 +293,10 @@ class ShapeBounds:
         r = self.rep.get(key)
         if self.opt is None or r is None or bar <= 0.0:
             return False
-        if self._cheap(k, judge)[r] < bar:
+        if self._cheap(k, judge)[r] < bar or self.launch_ceilings.get((k, r), math.inf) < bar:
             return True
-        exact = self.exact.get(k)
-        return exact is not None and exact[r] < bar
+        exact = self.exact.get(k, {}).get(r)
+        return exact is not None and exact < bar
 
     def shape_ceilings(self, judges: list[Judge]) -> list[float]:
         """Per judge, a bound above every layout of the shape (the cheap one)."""
@@ -234,8 +309,10 @@ class ShapeBounds:
         if self.opt is None:
             return None
         levels = [bars.bar(k) for k in range(len(judges))]   # read once: the bars do not move while this runs
-        out = {key for key, r in self.rep.items()
-               if any(self.above(k, j, r, levels[k]) for k, j in enumerate(judges))}
+        cheap = [self._cheap(k, j) for k, j in enumerate(judges)]
+        # `above` per judge in turn, its cheap test read here first (most reps of most shapes fail it under all)
+        out = {key for key, r in self.rep.items() if any(
+            self.above(k, judges[k], r, levels[k]) for k in range(len(judges)) if not cheap[k][r] < levels[k])}
         return None if self.fastest is None else out
 
     def matters(self, layout: Layout, prediction, judges: list[Judge], bars: Bars) -> bool:
@@ -265,12 +342,37 @@ class ShapeBounds:
 
 def shape_bounds(shapes: list[dict], config, options, judges: list[Judge]) -> tuple[list[ShapeBounds], list[float]]:
     """Per shape, its bounds and its ceiling under every judge at once (math.inf where it cannot be bounded)."""
+    bounds = bounds_of(shapes, config, options, judges)
+    return bounds, [b.ceiling() for b in bounds]
+
+
+def bounds_of(shapes: list[dict], config, options, judges: list[Judge]) -> list[ShapeBounds]:
+    """Per shape, its bounds, their floors priced when first asked."""
     c = optimistic_constants(default_constants(), [j.hypothesis for j in judges if j.hypothesis is not None])
     offs = offload_choices(options)
     top = max(o["optimizer_offload_fraction"] for o in offs)
     offload = next(o for o in offs if o["optimizer_offload_fraction"] == top)
-    bounds = [ShapeBounds(shape, config, options, offload, c) for shape in shapes]
-    return bounds, [b.ceiling() for b in bounds]
+    memo: dict = {}
+    return [ShapeBounds(shape, config, options, offload, c, memo) for shape in shapes]
+
+
+def highest_first(bounds: list[ShapeBounds], bars: Bars, skipped: list) -> Iterator[int]:
+    """The shapes by ceiling, highest first (ties: the earlier shape), as sorting their ceilings orders them: a shape
+    waits on its bound (ShapeBounds.ceiling_bound, at or above its ceiling) and its ceiling is priced when that bound
+    comes first. Once the first is below every judge's bar, so is every later one's ceiling: they go to `skipped`."""
+    heap = [(-b.ceiling_bound(), i, False) for i, b in enumerate(bounds)]
+    heapq.heapify(heap)
+    while heap:
+        top, i, exact = heapq.heappop(heap)
+        if -top < bars.lowest():
+            skipped += [i] + [j for _, j, _ in heap]
+            return
+        if exact:
+            yield i
+            continue
+        ceiling = bounds[i].ceiling()
+        assert ceiling <= -top, f"shape {i}: its ceiling {ceiling} is above its bound {-top}"
+        heapq.heappush(heap, (-ceiling, i, True))
 
 
 def _fastest(shape: dict, config, options, offload: dict) -> list[Layout] | None:

@@ -26,7 +26,7 @@ from tuner.gc_pause import kept_work
 from tuner.options import CliError
 from tuner.progress import PROGRESS_AFTER_S, Counter, Progress
 from tuner import space_pruning
-from tuner.space_pruning import PRUNE_ABOVE, Bars, Pruned, judges, prunable, shape_bounds
+from tuner.space_pruning import PRUNE_ABOVE, Bars, Pruned, bounds_of, highest_first, judges, prunable
 
 _first = itemgetter(0)
 
@@ -230,8 +230,7 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
     (tuner.space_pruning), the scored ones that cannot either dropped at the end; the candidates in the
     enumeration's order all the same. SpaceTooLarge past MAX_SPACE_LAYOUTS scored."""
     every, predict_h = judges(config, runner)
-    bounds, ceilings = shape_bounds(shapes, config, options, every)
-    order = sorted(range(len(shapes)), key=lambda i: -ceilings[i])
+    bounds = bounds_of(shapes, config, options, every)
     keep = space_pruning.KEEP   # read here: a test narrows it
     bars, skipped, no_fit, pruned = Bars(every, predict_h, keep), [], [], Pruned(keep=keep)
     scoring = _Scoring(config, runner, progress)
@@ -239,10 +238,7 @@ def _pruned(config, runner, options, shapes: list[dict], progress) -> tuple[_Sco
                                    f"shapes and {pruned.layouts:,} layouts of others left unscored; still enumerating")
     parts = {}
     with kept_work():
-        for at, i in enumerate(order):
-            if ceilings[i] < bars.lowest():   # every later shape's too: the order is by this ceiling
-                skipped += order[at:]
-                break
+        for i in highest_first(bounds, bars, skipped):   # the shapes below every bar go to `skipped`
             live = bounds[i].live(every, bars)
             if live is not None and not live:
                 skipped.append(i)
