@@ -77,12 +77,48 @@ def _with(profile, d):
     raw = copy.deepcopy(profile.raw)
     raw["runner_components"]["derived"] = {"compute": d.compute, "hbm": d.hbm, "rest": d.rest, "cpu": d.cpu,
                                            "basis": d.basis,
-                                           "calibration": d.calibration, "calibration_sd": d.calibration_sd}
+                                           "calibration": d.calibration, "calibration_sd": d.calibration_sd,
+                                           "rest_linear": d.rest_linear, "calibration_linear": d.calibration_linear}
     return profile_from_dict(raw, "calibration")
 
 
 def _rms(rows, key="step_ratio") -> float:
     return math.sqrt(statistics.fmean(math.log(r[key]) ** 2 for r in rows))
+
+
+def _golden(error, lo: float = math.log(0.3), hi: float = math.log(3.0)) -> float:
+    """The minimum of `error` over [lo, hi] by golden section (each step keeps one inner point and its error and
+    prices only the new one)."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = error(a), error(b)
+    for _ in range(40):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = error(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = error(b)
+    return (lo + hi) / 2
+
+
+def calibrate_linear(measured, derived, gpu) -> tuple:
+    """The derivation with only `rest_linear` fitted, to a Gated DeltaNet model's builds measured on the target: the
+    rest ratio of its GDN layers that prices its layers best (the ends hold no GDN layer), every other ratio held
+    (the attention kinds' rest stays what the other model's builds fitted)."""
+    d = derived.runner.derived
+    models = sorted({c.model for c in measured.runner.layers.values() if not c.borrowed})
+
+    def error(log_rest: float) -> float:
+        trial = dataclasses.replace(d, rest_linear=math.exp(log_rest))
+        return _rms(compare(measured, _with(derived, trial), gpu), "layers_ratio")
+
+    fitted = dataclasses.replace(d, rest_linear=round(math.exp(_golden(error)), 4),
+                                 calibration_linear=f"{', '.join(models)} builds measured on {measured.device} "
+                                                    f"({measured.date})")
+    return fitted, compare(measured, _with(derived, fitted), gpu)
 
 
 def calibrate(measured, derived, gpu) -> tuple:
@@ -99,20 +135,7 @@ def calibrate(measured, derived, gpu) -> tuple:
         trial = dataclasses.replace(d, hbm=hbm, rest=math.exp(log_rest), cpu=cpu)
         return _rms(compare(measured, _with(derived, trial), gpu), "work_ratio")
 
-    # golden section: each step keeps one inner point and its error, and prices only the new one
-    lo, hi, g = math.log(0.3), math.log(3.0), (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    fa, fb = error(a), error(b)
-    for _ in range(40):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - g * (hi - lo)
-            fa = error(a)
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + g * (hi - lo)
-            fb = error(b)
-    rest = math.exp((lo + hi) / 2)
+    rest = math.exp(_golden(error))
     models = sorted({c.model for c in measured.runner.layers.values() if not c.borrowed})   # its own builds
     fitted = dataclasses.replace(
         d, hbm=round(hbm, 4), rest=round(rest, 4), cpu=cpu, basis=d.basis.replace("by datasheet ratios", "by calibrated ratios"),
@@ -125,13 +148,42 @@ def write_derivation(path: str, d) -> None:
     """Replace the runner_components.derived block of a profile YAML in place (the rest of the file as it is)."""
     text = Path(path).read_text()
     cpu = "" if d.cpu is None else f"cpu: {d.cpu}, "
+    linear = ("" if d.rest_linear is None else
+              f",\n    rest_linear: {d.rest_linear}, calibration_linear: {json.dumps(d.calibration_linear)}")
     block = (f"  derived: {{compute: {d.compute}, hbm: {d.hbm}, rest: {d.rest}, {cpu}"
              f"calibration_sd: {d.calibration_sd},\n"
-             f"    basis: {json.dumps(d.basis)},\n    calibration: {json.dumps(d.calibration)}}}\n")
+             f"    basis: {json.dumps(d.basis)},\n    calibration: {json.dumps(d.calibration)}{linear}}}\n")
     new, n = re.subn(r"^  derived: \{.*?\}\n", block, text, count=1, flags=re.M | re.S)
     if n != 1:
         raise SystemExit(f"derivation_check: {path} has no runner_components.derived block to replace")
     Path(path).write_text(new)
+
+
+def _calibrated(args, measured, derived, gpu):
+    """The derived profile with its derivation fitted (--calibrate: hbm and rest; --calibrate-linear: rest_linear
+    alone), printed, and written with --write; None where no model was priced from both profiles' builds."""
+    before = compare(measured, derived, gpu)
+    if not before:
+        print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)
+        return None
+    if args.calibrate_linear:
+        fitted, rows = calibrate_linear(measured, derived, gpu)
+        print(f"calibrated on {fitted.calibration_linear}: a Gated DeltaNet layer's rest x{fitted.rest_linear} (the "
+              f"rest held: hbm x{fitted.hbm}, rest x{fitted.rest_ratio}); step rms log error {_rms(before):.3f} -> "
+              f"{_rms(rows):.3f} on these builds (in sample)")
+    else:
+        fitted, rows = calibrate(measured, derived, gpu)
+        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}, the CPU "
+              f"optimizer as the source's host ran it (this host's is not the GPU type's); step rms log "
+              f"error {_rms(before):.3f} -> {fitted.calibration_sd:.3f} on these builds (in sample); error_sd "
+              f"{derived.runner.derived.error_sd:.3f} -> {fitted.error_sd:.3f}")
+    if args.write:
+        target = args.derived or str(Path(__file__).resolve().parents[1] / "cost_model/data/profiles"
+                                     / f"{measured.gpu_type}.yaml")
+        write_derivation(target, fitted)
+        load_profile(target)   # what was written parses
+        print(f"written to {target}")
+    return _with(derived, fitted)
 
 
 def main(argv: list[str]) -> int:
@@ -139,8 +191,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("measured")
     ap.add_argument("--derived")
     ap.add_argument("--calibrate", action="store_true", help="fit the derivation to the measured builds")
-    ap.add_argument("--write", action="store_true", help="with --calibrate: write the fitted block into the "
-                                                          "derived profile (--derived, or the shipped one)")
+    ap.add_argument("--calibrate-linear", action="store_true",
+                    help="fit only the Gated DeltaNet layers' rest ratio to a GDN model's builds, the rest held")
+    ap.add_argument("--write", action="store_true", help="with --calibrate or --calibrate-linear: write the fitted "
+                                                          "block into the derived profile (--derived, or the shipped one)")
     args = ap.parse_args(argv)
     try:
         measured = load_profile(args.measured)
@@ -156,23 +210,10 @@ def main(argv: list[str]) -> int:
         print("derivation_check: the profile to judge has no derived runner components", file=sys.stderr)
         return 2
     gpu = load_gpu(measured.gpu_type)
-    if args.calibrate:
-        before = compare(measured, derived, gpu)
-        if not before:
-            print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)
+    if args.calibrate or args.calibrate_linear:
+        derived = _calibrated(args, measured, derived, gpu)
+        if derived is None:
             return 1
-        fitted, rows = calibrate(measured, derived, gpu)
-        print(f"calibrated on {fitted.calibration}: hbm x{fitted.hbm} (optimizer), rest x{fitted.rest}, the CPU "
-              f"optimizer as the source's host ran it (this host's is not the GPU type's); step rms log "
-              f"error {_rms(before):.3f} -> {fitted.calibration_sd:.3f} on these builds (in sample); error_sd "
-              f"{derived.runner.derived.error_sd:.3f} -> {fitted.error_sd:.3f}")
-        if args.write:
-            target = args.derived or str(Path(__file__).resolve().parents[1] / "cost_model/data/profiles"
-                                         / f"{measured.gpu_type}.yaml")
-            write_derivation(target, fitted)
-            load_profile(target)   # what was written parses
-            print(f"written to {target}")
-        derived = _with(derived, fitted)
     rows = compare(measured, derived, gpu)
     if not rows:
         print("derivation_check: no model priced from the runner builds of both profiles", file=sys.stderr)

@@ -161,7 +161,10 @@ class Derivation:
     From datasheets alone `rest` is the HBM ratio (the rest taken as memory-bound). Where one model's builds were
     measured on both types (benchmarks/derivation_check.py --calibrate), `hbm` is their optimizers' ratio and
     `rest` the ratio that prices the builds measured on the target best, `cpu` their offloaded optimizer steps'
-    ratio, `calibration` says which builds, and `calibration_sd` is the rms log error left on them."""
+    ratio, `calibration` says which builds, and `calibration_sd` is the rms log error left on them. A Gated DeltaNet
+    layer's rest (its chunked delta-rule recurrence, gated norm and conv: memory-bound passes of its own) can run at
+    another ratio than an attention layer's: `rest_linear`, fitted to a GDN model's builds measured on both types
+    with the other ratios held (benchmarks/derivation_check.py --calibrate-linear)."""
 
     compute: float        # target / source dense bf16 peak
     hbm: float            # target / source HBM bandwidth (the optimizer's memory-bound passes)
@@ -170,9 +173,11 @@ class Derivation:
     cpu: float | None = None      # the target's host over the source's for the CPU optimizer (None: as measured there)
     calibration: str = ""         # the builds measured on both types that `hbm` and `rest` were fitted to
     calibration_sd: float = 0.0   # rms log error of the step on those builds after the fit
+    rest_linear: float | None = None   # `rest` for a Gated DeltaNet layer kind (None: rest)
+    calibration_linear: str = ""       # the GDN builds measured on both types that `rest_linear` was fitted to
 
     def __post_init__(self):
-        for name in ("compute", "hbm") + tuple(n for n in ("rest", "cpu") if getattr(self, n) is not None):
+        for name in ("compute", "hbm") + tuple(n for n in ("rest", "cpu", "rest_linear") if getattr(self, n) is not None):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"runner_components.derived.{name} must be a positive number, got {value!r}")
@@ -183,6 +188,10 @@ class Derivation:
     @property
     def rest_ratio(self) -> float:
         return self.hbm if self.rest is None else self.rest
+
+    def rest_for(self, linear: bool) -> float:
+        """The rest ratio of a layer: a Gated DeltaNet kind's own where one was fitted."""
+        return self.rest_linear if linear and self.rest_linear is not None else self.rest_ratio
 
     @property
     def error_sd(self) -> float:
@@ -196,6 +205,9 @@ class Derivation:
     def note(self) -> str:
         fitted = (f" (fitted to {self.calibration}, rms log error {self.calibration_sd:.3f} there)"
                   if self.calibration else "")
+        if self.rest_linear is not None:
+            fitted += (f", a Gated DeltaNet layer's rest at x{self.rest_linear:.3f}"
+                       + (f" (fitted to {self.calibration_linear})" if self.calibration_linear else ""))
         cpu = ("the CPU optimizer as measured there" if self.cpu is None
                else f"the CPU optimizer at x{self.cpu:.3f} (a host measured with this GPU type)")
         return (f"{self.basis}; the runner's builds priced at the compute ratio x{self.compute:.3f} for "
@@ -204,11 +216,12 @@ class Derivation:
                 f"as measured there, {cpu}; not measured on this GPU type for this model "
                 f"(`tune profile --model M` on one measures them)")
 
-    def seconds(self, measured_s: float, compute_s: float) -> float:
+    def seconds(self, measured_s: float, compute_s: float, linear: bool = False) -> float:
         """The target GPU's seconds for a part measured as `measured_s` on the source GPU, of which `compute_s`
-        (source seconds, modelled) is GEMM/attention work: that at the compute ratio, the rest at the rest ratio."""
+        (source seconds, modelled) is GEMM/attention work: that at the compute ratio, the rest at the rest ratio
+        (`linear`: a Gated DeltaNet layer's, `rest_for`)."""
         compute = min(max(compute_s, 0.0), measured_s)
-        return compute / self.compute + (measured_s - compute) / self.rest_ratio
+        return compute / self.compute + (measured_s - compute) / self.rest_for(linear)
 
 
 @dataclass(frozen=True)
@@ -454,7 +467,9 @@ def parse_runner_components(section: dict, hbm_bytes_per_s: float | None = None)
         derived = Derivation(float(derived["compute"]), float(derived["hbm"]), str(derived["basis"]),
                              None if derived.get("rest") is None else float(derived["rest"]),
                              None if derived.get("cpu") is None else float(derived["cpu"]),
-                             str(derived.get("calibration") or ""), float(derived.get("calibration_sd") or 0.0))
+                             str(derived.get("calibration") or ""), float(derived.get("calibration_sd") or 0.0),
+                             None if derived.get("rest_linear") is None else float(derived["rest_linear"]),
+                             str(derived.get("calibration_linear") or ""))
     if derived is not None and hbm_bytes_per_s:
         hbm_bytes_per_s /= derived.hbm    # the builds ran on the source GPU: its copy rate bounds their fixed costs
     accumulate = GRAD_ACCUMULATION_BYTES / hbm_bytes_per_s if hbm_bytes_per_s else 0.0

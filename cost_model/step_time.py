@@ -19,7 +19,7 @@ from cost_model.layer_time import LayerInputs, LayerTime, layer_time
 from cost_model.nouns.layout import Layout
 from cost_model.memory import backup_bytes, offloaded_params, sharded_params
 from cost_model.micro_batch_constants import time_twin, with_launch
-from cost_model.nouns.model_spec import FULL_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.rates import Rates
 from cost_model.runner_components import (GRAD_ACCUMULATION_BYTES, Derivation, HostFloor, RunnerComponents,
                                          signature_model)
@@ -471,7 +471,7 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
             # another model's layer: its measured time scales as the modelled work ratio to a fitted power (a
             # smaller layer's kernels run less efficiently than the GEMM table says; runner_scaled_work_exponent)
             ratio **= ctx.c.runner_scaled_work_exponent
-    on, on_full = _on_target(ctx.runner.derivation_of(curves), lt)
+    on, on_full = _on_target(ctx.runner.derivation_of(curves), lt, attn_kind == LINEAR_ATTENTION)
     base = curves.none(ctx.tokens, ratio, on)
     full_extra = (curves.full(ctx.tokens, ratio, on_full) - base) if curves.full is not None else None
     if ratio != 1.0:
@@ -498,16 +498,16 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     return terms, "measured" + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def _on_target(derived: Derivation | None, lt) -> tuple:
+def _on_target(derived: Derivation | None, lt, linear: bool = False) -> tuple:
     """For a layer measured on another GPU type (`derived`: its components' `Derivation`): the functions that take
     its measured GPU seconds, without and with full recompute, to this GPU's, its modelled GEMM, attention and
-    delta-rule work (at this GPU's rates, back to the source's by the compute ratio) split from the rest; (None, None)
-    otherwise."""
+    delta-rule work (at this GPU's rates, back to the source's by the compute ratio) split from the rest (`linear`: a
+    Gated DeltaNet layer's rest, at its own ratio where one was fitted); (None, None) otherwise."""
     if derived is None:
         return None, None
     compute = (lt.attention + lt.linear_attention + lt.mlp + lt.experts) * derived.compute
     again = compute * (1 + 1 / lt.weight_passes)        # full recompute runs the forward's share once more
-    return (lambda s: derived.seconds(s, compute)), (lambda s: derived.seconds(s, again))
+    return (lambda s: derived.seconds(s, compute, linear)), (lambda s: derived.seconds(s, again, linear))
 
 
 def lm_head_seconds(ctx: StepContext, hidden: int, vocab: int) -> float:

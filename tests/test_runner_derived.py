@@ -45,6 +45,13 @@ def test_the_derivation_prices_compute_at_the_compute_ratio_and_the_rest_at_the_
     assert "fitted to x builds" in c.note
     with pytest.raises(ValueError, match="rest"):
         Derivation(1.0, 1.0, "x", rest=-1.0)
+    # a Gated DeltaNet layer's rest at its own ratio where one was fitted, every other part at `rest`
+    g = Derivation(compute=2.0, hbm=0.5, basis="test", rest=0.8, rest_linear=0.4, calibration_linear="gdn builds")
+    assert g.seconds(10.0, 4.0, linear=True) == pytest.approx(4.0 / 2.0 + 6.0 / 0.4)
+    assert g.seconds(10.0, 4.0) == pytest.approx(c.seconds(10.0, 4.0))
+    assert "Gated DeltaNet layer's rest at x0.400 (fitted to gdn builds)" in g.note
+    with pytest.raises(ValueError, match="rest_linear"):
+        Derivation(1.0, 1.0, "x", rest_linear=0.0)
     with pytest.raises(ValueError, match="cpu"):
         Derivation(1.0, 1.0, "x", cpu=0.0)
 
@@ -122,6 +129,32 @@ def test_the_h100_derivation_is_what_derivation_check_fits_to_the_stored_h100_bu
     before = compare(measured, _with(shipped, datasheet), H100)
     rms = lambda rs: math.sqrt(sum(math.log(r["step_ratio"]) ** 2 for r in rs) / len(rs))  # noqa: E731
     assert rms(rows) == pytest.approx(d.calibration_sd, abs=1e-4) and rms(rows) < rms(before) / 2
+
+
+def test_the_h100_gdn_rest_ratio_is_what_derivation_check_fits_to_the_stored_qwen36_builds():
+    """The shipped H100 derivation's Gated DeltaNet rest ratio is reproducible: calibrate_linear() on the stored
+    `tune profile --model qwen3.6-35b-a3b` of an H100 (2026-12-06) gives it back with every other ratio held; it
+    prices Qwen3.6's layers closer to those builds than the attention kinds' ratio did, and leaves a model without
+    GDN layers (Qwen3-30B-A3B) as it was."""
+    import dataclasses
+
+    from benchmarks.derivation_check import _with, calibrate_linear, compare
+    from cost_model.profile import load_profile
+
+    measured = load_profile(Path(__file__).resolve().parents[1]
+                            / "benchmarks/results/profile-h100-qwen3.6-35b-a3b-2026-12-06.yaml")
+    shipped = shipped_profile("h100")
+    d = shipped.runner.derived
+    fitted, rows = calibrate_linear(measured, shipped, H100)
+    assert fitted.rest_linear == d.rest_linear and (fitted.hbm, fitted.rest) == (d.hbm, d.rest)
+    assert "qwen3.6-35b-a3b builds measured on NVIDIA H100" in d.calibration_linear
+    without = _with(shipped, dataclasses.replace(d, rest_linear=None))
+    rms = lambda rs: math.sqrt(sum(math.log(r["layers_ratio"]) ** 2 for r in rs) / len(rs))  # noqa: E731
+    assert rms(rows) < rms(compare(measured, without, H100)) / 2
+    layout = Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+    q36, q30 = trial_model(load_model("qwen3.6-35b-a3b"), 2), trial_model(load_model("qwen3-30b-a3b"), 2)
+    assert runner(q36, H100, layout).step_time_s > runner(q36, H100, layout, without).step_time_s
+    assert runner(q30, H100, layout).step_time_s == runner(q30, H100, layout, without).step_time_s
 
 
 def test_a_profile_measured_on_one_gpu_takes_its_collectives_from_the_shipped_profile_and_says_so():
