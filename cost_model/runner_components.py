@@ -284,11 +284,13 @@ class RunnerComponents:
     def with_layers_of(self, other: RunnerComponents, where: str) -> RunnerComponents:
         """These components, with `other`'s measured layers and host floors of the kinds these lack (a user's
         `tune profile --model A` priced against model B: B's layer kinds from the shipped profile of the GPU type
-        rather than from the fitted terms), each marked as borrowed from `where` and priced by `other`'s
-        derivation where it has one. These components' own measurements win wherever both have a kind."""
-        own_kinds = {sig.split("|")[0] for sig in self.layers}
+        rather than from the fitted terms), and `other`'s layers of B's own shape where these have its kind only
+        from another model (B's own layer, derived, rather than A's scaled to B: Mixtral-8x7B's H100 runs from the
+        Qwen3.6 profile of that H100 came out 12.9% off, 2.8% from its own derived builds), each marked as borrowed
+        from `where` and priced by `other`'s derivation where it has one. These components' own measurements win
+        wherever both have a layer, and in a kind they measured they alone price a layer neither ran (same_kind)."""
         borrowed = {sig: replace(c, borrowed=c.borrowed or where, derived=other.derivation_of(c))
-                    for sig, c in other.layers.items() if sig.split("|")[0] not in own_kinds}
+                    for sig, c in other.layers.items() if sig not in self.layers}
         floors = {k: replace(f, borrowed=f.borrowed or where) for k, f in other.host_floors.items()
                   if k not in self.host_floors}
         if not borrowed and not floors:
@@ -357,6 +359,8 @@ class RunnerComponents:
         out on the H200 builds, benchmarks/layer_transfer.py: Mixtral-8x7B at 4k tokens 55% over without)."""
         prefix = f"{attn_kind}+{mlp_kind}|"
         found = [(sig, c) for sig, c in self.layers.items() if sig.startswith(prefix)]
+        own = [(sig, c) for sig, c in found if not c.borrowed]
+        found = own or found    # a kind measured here is priced from these measurements, not a borrowed layer
         if not found:
             return None
         sig, curves = min(found, key=lambda sc: _layer_distance(signature_dims(sc[0]), model))

@@ -291,3 +291,26 @@ def test_a_users_profile_of_one_model_prices_another_models_kinds_from_the_shipp
     llama = trial_model(load_model("llama3-8b"), 2)
     assert "from the shipped" not in runner(llama, H100, layout, user).term_sources["layers"]
     assert runner_stack_sd(llama, H100, user) < runner_stack_sd(llama, H100)   # measured here: no derivation
+
+
+def test_a_users_profile_prices_a_model_the_shipped_profile_ran_from_its_own_builds_not_another_models():
+    """`tune profile --model qwen3.6-35b-a3b` on an H100 (stored, 2026-12-06) measured Qwen3.6's MoE kinds; Mixtral-8x7B,
+    whose own layer the shipped H100 profile holds (the H200's build, derived), is priced from that build, borrowed,
+    not from Qwen3.6's layer scaled to it (12.9% off Mixtral's v28 H100 runs, 3.1% from its own); a model neither
+    profile ran still takes the user's measured layer of its kind."""
+    from cost_model.profile import load_profile
+
+    user = load_profile(Path(__file__).resolve().parents[1]
+                        / "benchmarks/results/profile-h100-qwen3.6-35b-a3b-2026-12-06.yaml")
+    layout = Layout(1, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+    mixtral = trial_model(load_model(str(Path(__file__).resolve().parents[1]
+                                         / "benchmarks/models/mixtral-8x7b/config.json")), 1)
+    found = user.runner.layer_for(mixtral, "full_attention", "moe")
+    assert found[0] is None and found[1].borrowed.startswith("the shipped h100 profile (derived")
+    assert "from the shipped h100 profile (derived" in runner(mixtral, H100, layout, user).term_sources["layers"]
+    synthetic = trial_model(load_model(str(Path(__file__).resolve().parents[1]
+                                           / "benchmarks/models/synthetic-moe-32x4/config.json")), 1)
+    sig, curves = user.runner.layer_for(synthetic, "full_attention", "moe")
+    assert sig.startswith("full_attention+moe|") and not curves.borrowed   # the user's measurement of the kind
+    q36 = trial_model(load_model("qwen3.6-35b-a3b"), 2)
+    assert all(not user.runner.layer_for(q36, a, m)[1].borrowed for a, m in set(zip(q36.layer_types, q36.mlp_types)))
