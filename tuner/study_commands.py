@@ -89,6 +89,7 @@ def cmd_run(args) -> int:
         study = load_or_create(storage, name, config, runner.figures)
         return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache), progress)
 
+
 def _listed(fractions) -> str:
     return ", ".join(f"{f:g}" for f in fractions)
 
