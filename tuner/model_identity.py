@@ -64,6 +64,18 @@ def recorded_before_digests(existing: dict, identity: dict) -> bool:
     return {k: v for k, v in identity.items() if k != "architecture"} == existing
 
 
+def as_recorded_name(model: ModelSpec, name) -> ModelSpec:
+    """A config.json is named by its file or folder: the same file under another name (a Hugging Face folder
+    `Llama-3.1-70B/config.json` for a study or recipe made from `llama31-70b.json`) is the same model, so it takes the
+    recorded name before its digest is compared. A model named otherwise (a catalog model, an `_attune` display
+    name) keeps its own."""
+    from dataclasses import replace
+
+    if isinstance(name, str) and name and model.display_name == model.name and name != model.name:
+        return replace(model, name=name, display_name=name)
+    return model
+
+
 def check_recipe_model(recipe: dict, model: ModelSpec, path) -> str | None:
     """The model a recipe is priced with (`model`: the catalog's of its name, or the config.json given with it) is the
     one it was exported from.

@@ -24,7 +24,7 @@ from cost_model.nouns.stack import STACK_FIXES, STACK_NAMES, Stack
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.names import shown, shown_name
 from tuner.interval import Interval
-from tuner.model_identity import check_recipe_model
+from tuner.model_identity import as_recorded_name, check_recipe_model
 
 REQUEST_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
                 "peft", "images_per_row", "image_size", "usd_per_gpu_hour", "stack_fix", "stack", "layout", "recipe")
@@ -42,17 +42,6 @@ class RequestError(AttuneError, ValueError):
 
 CASE_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "routing", "framework", "cuda_graphs",
              "peft", "images_per_row", "image_size", "layout")
-
-
-def _named_as_recipe(model, name):
-    """A config.json is named by its file or folder: the same file under another name (a Hugging Face folder
-    `Llama-3.1-70B/config.json` for a recipe exported from `llama31-70b.json`) is the same model, so it takes the
-    recipe's model name before its digest is compared, as `tune export --model PATH` does for a study."""
-    from dataclasses import replace
-
-    if isinstance(name, str) and name and model.display_name == model.name and name != model.name:
-        return replace(model, name=name, display_name=name)
-    return model
 
 
 def resolve(request: dict, notes: list[str] | None = None) -> Case:
@@ -81,7 +70,7 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
         loaded = load_recipe(request["recipe"], model=load_model(request["model"]) if request.get("model") else None)
         case = loaded.case
         if request.get("model"):
-            case = case.replace(model=_named_as_recipe(case.model, loaded.data.get("model")))
+            case = case.replace(model=as_recorded_name(case.model, loaded.data.get("model")))
         # the recipe's name loads the catalog's model: a recipe exported from another model of that name (a
         # config.json named like it) records that model's digest, and would be priced as the catalog's
         note = check_recipe_model(loaded.data, case.model, request["recipe"])

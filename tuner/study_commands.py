@@ -25,7 +25,7 @@ from tuner.options import CliError, check_output_folder, check_profile_gpu, flag
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
 from tuner.report import counts_line, format_table, per_step_note, ranked_rows, trials_csv, trials_json
-from tuner.model_identity import check_model_identity
+from tuner.model_identity import as_recorded_name, check_model_identity
 from tuner.sqlite_file import check_storage
 from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study,
                          open_storage, recorded_offload_fractions, recover_interrupted, run_study, runner_space,
@@ -370,11 +370,7 @@ def cmd_show(args) -> int:
 def _study_model(args, identity: dict):
     """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key)."""
     if getattr(args, "model", None):
-        model = load_model(args.model)
-        if model.name != identity["model"] and model.display_name == model.name:
-            # a config.json is named by its folder: the same file in another folder is the same model
-            model = replace(model, name=identity["model"], display_name=identity["model"])
-        return model
+        return as_recorded_name(load_model(args.model), identity["model"])
     try:
         return load_model(identity["model"])   # a catalog key, or the config.json folder of that name here
     except ModelError:
