@@ -277,7 +277,7 @@ def recorded_offload_fractions(storage: optuna.storages.BaseStorage, name: str) 
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         return None
-    fractions = ((study.user_attrs.get("config") or {}).get("options") or {}).get("offload_fractions")
+    fractions = ((_recorded_config(study, wait_s=0.0) or {}).get("options") or {}).get("offload_fractions")
     if not isinstance(fractions, list) or not all(isinstance(f, (int, float)) and 0 <= f <= 1 for f in fractions):
         return None
     return tuple(float(f) for f in fractions)
