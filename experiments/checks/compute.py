@@ -162,6 +162,12 @@ def measure_attention(points: list[dict], device, repeats: int, notes: list) -> 
     return rows
 
 
+# Triton keeps a kernel's autotuning result on disk (as it keeps compiled kernels): the profile's Gated DeltaNet
+# timings and the runner builds after them run fla's kernels at the same shapes in two processes, and without it the
+# second tunes every kernel again.
+TRITON_AUTOTUNE_CACHE = {"TRITON_CACHE_AUTOTUNING": "1"}
+
+
 def configure_fla_env(capability: tuple[int, int]) -> str:
     """Before fla's first call: on Hopper, fla 0.6.0's Triton chunk_bwd_dqkwg is wrong with Triton 3.4 to
     3.7.0 (fla #640) and its TileLang backend replaces it (fla.ops.common.backends.tilelang, enabled by
@@ -318,6 +324,8 @@ def measure_linear_attention(shape: dict, repeats: int, gpu_type: str,
     if importlib.util.find_spec("fla") is None:
         return estimate
     import multiprocessing as mp
+    for key, value in TRITON_AUTOTUNE_CACHE.items():
+        os.environ.setdefault(key, value)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_linear_attention_worker, args=(shape, repeats, queue), daemon=True)

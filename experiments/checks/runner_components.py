@@ -559,8 +559,11 @@ def build_plan(model) -> list[tuple[tuple[str, str], int, str]]:
 
 
 def build_env() -> dict:
-    """The environment of a build's process: the runner's (one NCCL setting, no torch.compile, expandable segments)."""
-    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
+    """The environment of a build's process: the runner's (one NCCL setting, no torch.compile, expandable segments),
+    with Triton's autotuning kept on disk (the profile's kernel timings tuned the same shapes)."""
+    from experiments.checks.compute import TRITON_AUTOTUNE_CACHE
+
+    return {**TRITON_AUTOTUNE_CACHE, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
             "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
