@@ -95,7 +95,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h200_v29_suite.json", R / "runner-grids-h200-v29-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v31_suite.json", R / "runner-grids-h100-v31-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v32_suite.json", R / "runner-grids-h100-v32-a-2026-12-06.jsonl"),
-           (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-qn-2026-12-06.jsonl")]
+           (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-qn-2026-12-06.jsonl"),
+           (B / "runner_grids_h100_v33_suite.json", R / "runner-grids-h100-v33-2026-12-06.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -259,6 +260,8 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # v28's Qwen3-Next-80B-A3B trials (1 layer, real GDN; registered with the rest of v28, never run: they needed the
 # TileLang wheels) ran on 2026-12-06 in the seventh session, no constant changed since any H100 Qwen3-Next run was
 # seen (none was): held out.
+# v33 (1 x H100: Qwen3-14B at 2 layers, run before only on H200) ran on 2026-12-06 in the ninth session with predictions
+# committed at the end of the eighth (runner-grids-h100-v33-predicted-before.txt; it still reproduced): held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
