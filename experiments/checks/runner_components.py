@@ -543,7 +543,9 @@ def section_from_builds(builds: list[dict], meta: dict) -> dict:
                     "vocab": b["vocab"], "hidden_size": int(signature_dims(b["signature"])["hidden_size"]), "params": b["params"],
                     "microbatches": b.get("microbatches", meta.get("microbatches", MICROBATCHES)),
                     **({"offload": 1.0} if b.get("offload") else {}),
-                    **({"host_floor": True} if b.get("host_floor") else {}), "points": points})
+                    **({"host_floor": True} if b.get("host_floor") else {}), "points": points,
+                    # where a profile's minutes go (a first Gated DeltaNet build compiles its kernels)
+                    **{k: b[k] for k in ("build_s", "wall_s") if k in b}})
     return {"provenance": "measured", **meta, "builds": out}
 
 
