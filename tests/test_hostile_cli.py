@@ -215,7 +215,7 @@ def test_first_output_for_1024_gpus_within_seconds(tmp_path):
     """The space of 1,024 GPUs takes minutes to score; the command says what it is doing before it scores (how soon,
     about 2 s on an idle machine, is benchmarks/scale.py's to print: this verdict does not depend on the speed)."""
     p = subprocess.Popen([sys.executable, "-m", "tuner", *TARGET, "--gpus", "1024", "--trials", "1", "--storage",
-                          str(tmp_path / "s.db"), "--no-progress"], cwd=ROOT, text=True,
+                          str(tmp_path / "s.db")], cwd=ROOT, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:   # progress is on stdout when stderr is no terminal (tuner.progress): stderr is for the one error line
         ready, _, _ = select.select([p.stdout], [], [], 300)    # a guard against a hang only

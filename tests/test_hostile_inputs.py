@@ -191,7 +191,7 @@ def test_batch_answers_every_line(tmp_path, capsys):
 
 def test_gpu_count_1024_prints_within_seconds(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "tuner", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus",
-                          "1024", "--trials", "1", "--storage", str(tmp_path / "s.db"), "--no-progress"],
+                          "1024", "--trials", "1", "--storage", str(tmp_path / "s.db")],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)
     import select
     try:   # progress is on stdout when stderr is no terminal (tuner.progress): stderr is for the one error line

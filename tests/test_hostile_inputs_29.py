@@ -168,7 +168,7 @@ def test_a_huge_space_shows_counts_and_rate_within_seconds(tmp_path):
 
     start = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "tuner", "--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus",
-                          "4096", "--trials", "1", "--storage", str(tmp_path / "s.db"), "--no-progress"],
+                          "4096", "--trials", "1", "--storage", str(tmp_path / "s.db")],
                          cwd=tmp_path, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     lines = []
     try:
@@ -227,3 +227,20 @@ def test_weighing_a_space_reports_progress(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "predictions under the hypotheses: " in out and "/s)" in out, out
     assert agent.total_candidates == len(scored)
+
+
+def test_no_progress_prints_no_progress(monkeypatch, capsys):
+    """--no-progress: a scripted `tune ... > result.txt` gets the result alone, no scoring lines among it."""
+    from tuner import progress
+
+    for name in ("PROGRESS_AFTER_S", "PROGRESS_LOG_EVERY_S", "PROGRESS_EVERY_S"):
+        monkeypatch.setattr(progress, name, 0.0)
+    quiet, loud = progress.Progress(quiet=True), progress.Progress()
+    for p in (quiet, loud):
+        with p.step("scoring the search space of X ...", after_s=0.0):
+            progress.Counter(p, "layouts scored").add(64)
+    out = capsys.readouterr()
+    assert "layouts scored" in out.out + out.err          # the loud one spoke
+    quiet_only = progress.Progress(quiet=True)
+    quiet_only("a line", now=True)
+    assert capsys.readouterr() == ("", "")

@@ -322,7 +322,9 @@ def run_parser():
     p.add_argument("--top", type=bounded_int(0, 1000), default=3,
                    help="recipes to export for the best layouts (default 3; 0: none; at most 1,000)")
     p.add_argument("--out", default="studies/recipes", help="folder for exported recipes (default studies/recipes)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress: neither the trials' bar nor the scoring's lines (on stdout when stderr is no "
+                        "terminal), so stdout holds the result alone")
     p.add_argument("--json", action="store_true",
                    help="print the result as one JSON object on stdout (the ranked trials and the recipes written)")
     p.add_argument("--offload-fractions", type=offload_fractions, default=None, metavar="F,F,...",

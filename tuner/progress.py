@@ -5,7 +5,7 @@ A large space (thousands of GPUs) takes minutes; it says what it is doing within
 and a rate. On a terminal the progress is one line on stderr, rewritten in place and erased when the step ends,
 so an error found after it (no layout fits) is the only line left. Elsewhere (a log, a pipe) progress lines go
 to stdout, one every PROGRESS_LOG_EVERY_S, so stderr still holds one line per error; with --json stdout holds the
-JSON alone, and they go to stderr.
+JSON alone, and they go to stderr. --no-progress: none at all (stdout then holds the result alone).
 """
 from __future__ import annotations
 
@@ -22,15 +22,18 @@ _ERASE = "\r\x1b[K"          # to the line's start, then erase it
 
 
 class Progress:
-    def __init__(self, json_out: bool = False):
+    def __init__(self, json_out: bool = False, quiet: bool = False):
         self.tty = sys.stderr.isatty()
         self.stream = sys.stderr if self.tty or json_out else sys.stdout
+        self.quiet = quiet
         self.last, self.open = -float("inf"), False
         self.lock = threading.Lock()     # an announcement comes from a timer thread
 
     def __call__(self, line: str, now: bool = False) -> None:
         """`line` as progress; at most one every PROGRESS_EVERY_S (terminal) or PROGRESS_LOG_EVERY_S (log),
         unless `now`."""
+        if self.quiet:
+            return
         with self.lock:
             t = time.monotonic()
             if not now and t - self.last < (PROGRESS_EVERY_S if self.tty else PROGRESS_LOG_EVERY_S):

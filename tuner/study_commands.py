@@ -71,7 +71,7 @@ def cmd_run(args) -> int:
             space = runner_space(config, runner)
             print(f"  search space: optimizer offload fractions {_listed(recorded)}, as study '{name}' recorded",
                   file=sys.stderr)
-    progress = Progress(json_out=getattr(args, "json", False))
+    progress = Progress(json_out=getattr(args, "json", False), quiet=getattr(args, "no_progress", False))
     try:
         candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
     except NoFitError as e:
