@@ -344,14 +344,18 @@ class AgentProposer(Proposer):
     def _explain(self, c: Candidate, o: Outlook, b: Belief, best: float) -> str:
         disc_part = self.discriminate * o.mean * o.spread
         if b.measured == 0:
-            why = "nothing measured yet: the highest expected tokens/s over the hypotheses among untried layouts"
+            # what it ranked on (the figure after "expects" is the posterior median, which may rank otherwise)
+            why = (f"nothing measured yet: the highest value among untried layouts, its mean over the hypotheses "
+                   f"({o.mean:,.0f} tokens/s/GPU) times P(fits), with a share for how far they disagree on it "
+                   f"({o.spread:.0%} log sd)")
         elif disc_part > o.ei:
             why = (f"tells hypotheses apart: their predictions for it spread {o.spread:.0%} (log sd) and they "
                    f"disagree on the best layout")
         else:
             why = f"highest expected improvement ({o.ei:,.0f} tokens/s/GPU over the best measured {best:,.0f})"
         heavy = sorted(zip(b.weights, self.table.hypotheses), key=lambda x: -x[0])[:3]
-        weights = ", ".join(f"{h.name} {w:.0%}" for w, h in heavy)
+        weights = (f"weights equal ({len(b.weights)} hypotheses)" if max(b.weights) - min(b.weights) < 1e-3 else
+                   "weights " + ", ".join(f"{h.name} {w:.0%}" for w, h in heavy))
         p = c.prediction
         terms = sorted(p.breakdown.items(), key=lambda kv: -kv[1])[:2]
         top = ", ".join(f"{k} {v / p.step_time_s:.0%}" for k, v in terms)
@@ -361,7 +365,7 @@ class AgentProposer(Proposer):
         # the whole layout: two candidates may differ only in their offload or Adam moments' dtype
         return (f"{why}; {c.layout.long_label}{fam}: expects {o.median:,.0f} "
                 f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU (posterior median, 90%), P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
-                f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); weights {weights}; largest terms {top}")
+                f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); {weights}; largest terms {top}")
 
     def after_trial(self, history: History) -> dict:
         """What the last trial taught: the weights and levels after it, against those before."""
