@@ -1048,3 +1048,15 @@ def test_tune_profile_starts_its_builds_process_once_the_gpu_is_shared_and_stops
         main(["profile", "--model", "llama3-8b", "--out", str(tmp_path / "p.yaml")])
     assert events == ["early parts", "timed sections", ("builds", ["llama3-8b"], "BuildsAhead", None)]
     assert started[0].proc.poll() is not None   # stopped, not left waiting
+
+
+def test_a_default_image_size_is_no_difference():
+    """A study without images asked again with images: the images are the difference, not the default image size
+    their record carries."""
+    from tuner.study import _differences
+
+    recorded = {"model": "m", "workload": {"seq_len": 4096}}
+    asked = {"model": "m", "workload": {"seq_len": 4096, "images_per_row": 1, "image_size": 448}}
+    assert _differences(recorded, asked) == ["workload.images_per_row: default recorded, 1 asked"]
+    bigger = {"model": "m", "workload": {"seq_len": 4096, "images_per_row": 1, "image_size": 896}}
+    assert "workload.image_size: default recorded, 896 asked" in _differences(recorded, bigger)

@@ -266,9 +266,17 @@ def _differences(recorded: dict, asked: dict, prefix: str = "") -> list[str]:
         a, b = recorded.get(key, "default"), asked.get(key, "default")
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
+        elif a != b and not _at_default(f"{prefix}{key}", a, b):
             out.append(f"{prefix}{key}: {a} recorded, {b} asked")
     return out
+
+
+def _at_default(key: str, a, b) -> bool:
+    """One side left a workload option out (its default) and the other holds that default: no difference (an
+    image size of 448 recorded with images asked of a study without them)."""
+    defaults = {**STEP_OPTION_DEFAULTS, "image_size": Workload().image_size}
+    name = key.removeprefix("workload.")
+    return key.startswith("workload.") and name in defaults and "default" in (a, b) and defaults[name] in (a, b)
 
 
 def recorded_offload_fractions(storage: optuna.storages.BaseStorage, name: str) -> tuple[float, ...] | None:
