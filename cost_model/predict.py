@@ -145,8 +145,9 @@ def vision_work(model: ModelSpec, workload: Workload, layout: Layout) -> VisionW
     if not workload.images_per_row:
         return None
     if model.vision is None:
-        raise WorkloadError(f"{model.display_name} has no vision encoder (no vision_config): images_per_row must "
-                            f"be 0, got {workload.images_per_row}")
+        raise WorkloadError(f"{model.display_name} has no vision encoder attune models (a Qwen-VL-style "
+                            f"vision_config, with 'depth'; another encoder's is not read and only the language model "
+                            f"is priced): images_per_row must be 0, got {workload.images_per_row}")
     v = model.vision
     if workload.image_size < v.patch_size:
         raise WorkloadError(f"image_size {workload.image_size} px is smaller than one {v.patch_size}-px patch of "
