@@ -96,7 +96,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h100_v31_suite.json", R / "runner-grids-h100-v31-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v32_suite.json", R / "runner-grids-h100-v32-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-qn-2026-12-06.jsonl"),
-           (B / "runner_grids_h100_v33_suite.json", R / "runner-grids-h100-v33-2026-12-06.jsonl")]
+           (B / "runner_grids_h100_v33_suite.json", R / "runner-grids-h100-v33-2026-12-06.jsonl"),
+           (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-2026-12-06.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -262,6 +263,9 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # seen (none was): held out.
 # v33 (1 x H100: Qwen3-14B at 2 layers, run before only on H200) ran on 2026-12-06 in the ninth session with predictions
 # committed at the end of the eighth (runner-grids-h100-v33-predicted-before.txt; it still reproduced): held out.
+# v34 (1 x H100: four borderline MoE layouts, one run each, a test of which run short of memory every step, registered
+# with its hypothesis before it ran: runner-grids-h100-v34-predicted-before.txt) ran the same day: held out. Its
+# hypothesis failed (Qwen3-30B-A3B's 128 experts retried and ran 26% slow; Phi-3.5-MoE's 16 retried at its prediction).
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
