@@ -26,7 +26,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, fields, replace
 
-from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS, at_later_default
+from cost_model.nouns.model_spec import LATER_FIELD_DEFAULTS, LAUNCH_ONLY_FIELDS, at_later_default
 
 # Attention kinds a measured layer of another may price (same MLP kind, GPU work ratio modelled): the pair the
 # transfer was tried on both ways (benchmarks/layer_transfer.py); MLA and sliding windows are left to the fitted terms.
@@ -34,7 +34,8 @@ ACROSS_KINDS = ("full_attention", "linear_attention")
 
 # ModelSpec fields that do not change what one decoder layer computes.
 _NOT_LAYER = {"name", "display_name", "model_type", "num_hidden_layers", "vocab_size", "tie_word_embeddings",
-              "layer_types", "mlp_types", "hf_repo", "sources", "num_nextn_predict_layers", "vision"}
+              "layer_types", "mlp_types", "hf_repo", "sources", "num_nextn_predict_layers", "vision",
+              *LAUNCH_ONLY_FIELDS}
 
 
 def _written(name: str, value) -> bool:

@@ -27,8 +27,8 @@ from cost_model.nouns.model_spec import ModelSpec
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import clean_name
-from search_space.megatron_args import (batch_args, dispatcher_args, moment_args, offload_args, parallel_args,
-                                        recompute_args)
+from search_space.megatron_args import (batch_args, dispatcher_args, launch_model_args, moment_args, offload_args,
+                                        parallel_args, recompute_args)
 
 ENTRY_MODULE = "<slime entry module>"
 
@@ -224,10 +224,13 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     script = slime_model_script(model)
     if script:
         comment = f"# MODEL_ARGS: source <slime>/{script}"
+    elif launch_model_args(model)[0] is not None:
+        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {clean_name(model.display_name)}; built "
+                   "from its config: " + " ".join(shlex.quote(a) for a in launch_model_args(model)[0]))
     else:
         # the display name comes from a user's config.json: one printable line, never a shell line of its own
         comment = (f"# MODEL_ARGS: slime has no scripts/models script for {clean_name(model.display_name)}; "
-                   f"define MODEL_ARGS (see search_space.megatron_args.model_args)")
+                   f"define MODEL_ARGS ({launch_model_args(model)[1]})")
     out = [comment]
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
@@ -275,10 +278,14 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     out += [SHELL_ENV_INPUTS[v] for v in dict.fromkeys(env.values()) if v in SHELL_ENV_INPUTS]
     out += [f"export {name}={_env_value(value)}" for name, value in env.items()]
     script = slime_model_script(model)
-    if script is None:
-        out.append("echo 'slime has no scripts/models script for this model: define MODEL_ARGS here' >&2; exit 2")
-    else:
+    built, missing = launch_model_args(model)
+    if script is not None:
         out.append(f"source {shlex.quote(script)}   # MODEL_ARGS")
+    elif built is not None:   # slime's scripts/models/*.sh define this array; here it is built from the config
+        out.append("MODEL_ARGS=(" + " ".join(shlex.quote(a) for a in built) + ")   # from the model's config.json")
+    else:
+        out.append(f"echo {shlex.quote(f'slime has no scripts/models script for this model and {missing}: define MODEL_ARGS here')} "
+                   ">&2; exit 2")
     lines = [tuple(job_flags(list(line))[0]) for line in slime_flag_lines(model, gpu, workload, layout,
                                                                          num_rollout=num_rollout)]
     return _script(out + _command_block(job_entry_words("python3"), lines), "launch")

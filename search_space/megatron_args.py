@@ -89,9 +89,10 @@ def model_args(model: ModelSpec) -> list[str]:
     (`THUDM/slime:scripts/models/*.sh`), built from the architecture alone.
 
     Only what ModelSpec knows is emitted: sizes, attention kind (GQA/MHA, MLA, output gate,
-    sliding window, sinks), MoE shape and layer pattern, biases, norm and activation. RoPE base and
-    scaling, norm epsilon, router score function and load balancing, MTP and slime's `--spec` (the
-    Qwen3.5/Next linear-attention plugin) are not part of ModelSpec and are left to the recipe.
+    sliding window, sinks), MoE shape and layer pattern, biases, norm and activation, and where the
+    config gave them the RoPE base, Llama 3.1's RoPE scaling, the norm epsilon and Qwen's pre-softmax
+    routing. Sigmoid routing and load balancing, MTP and slime's `--spec` (the Qwen3.5/Next
+    linear-attention plugin) are not part of ModelSpec and are left to slime's scripts.
     The MoE dispatcher is alltoall, as in slime's scripts; `dispatcher_args` overrides it.
     """
     mla = model.count(MLA) > 0
@@ -129,7 +130,10 @@ def model_args(model: ModelSpec) -> list[str]:
     args += ["--position-embedding-type", "rope"]
     if model.partial_rotary_factor != 1.0:
         args += ["--rotary-percent", f"{model.partial_rotary_factor:g}"]
+    args += _rope_args(model)
     args += ["--normalization", "RMSNorm"]
+    if model.norm_epsilon:
+        args += ["--norm-epsilon", _plain(model.norm_epsilon)]
     if model.model_type == "gpt_oss":
         # GPT-OSS: clamped SwiGLU with a +1 linear offset (Megatron-Bridge's gpt_oss provider).
         args += ["--quick-geglu", "--glu-linear-offset", "1.0", "--activation-func-clamp-value", "7.0"]
@@ -153,7 +157,45 @@ def model_args(model: ModelSpec) -> list[str]:
         args += ["--moe-layer-freq", _pattern(1 if t == MOE else 0 for t in model.mlp_types),
                  "--moe-grouped-gemm",
                  "--moe-token-dispatcher-type", "alltoall"]
+        if model.router_pre_softmax:
+            args.append("--moe-router-pre-softmax")
     return args
+
+
+def _plain(x: float) -> str:
+    """A number as slime's scripts write it: 1000000, 1e-06."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _rope_args(model: ModelSpec) -> list[str]:
+    """RoPE base and Llama 3.1's scaling where the config gave them (ModelSpec.rope_theta, rope_scaling)."""
+    args = ["--rotary-base", _plain(model.rope_theta)] if model.rope_theta and model.count(MLA) == 0 else []
+    if model.rope_scaling.startswith("llama3 "):
+        args += ["--use-rope-scaling", "--rope-scaling-factor", model.rope_scaling.split()[1]]
+    return args
+
+
+# The model families whose MODEL_ARGS `model_args` builds whole for a launch (`launch_model_args`): softmax GQA/MHA
+# layers, dense or with softmax-routed experts. MLA (YaRN, sigmoid routing with a bias), Gated DeltaNet (slime's
+# --spec plugin), GPT-OSS and GLM routing are left to slime's own scripts.
+_LAUNCH_FAMILIES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+
+
+def launch_model_args(model: ModelSpec) -> tuple[list[str] | None, str]:
+    """(MODEL_ARGS for a launch, "") where `model_args` holds everything such a model's launch needs, else (None,
+    what is missing)."""
+    if model.model_type not in _LAUNCH_FAMILIES:
+        return None, f"MODEL_ARGS are built for {', '.join(sorted(_LAUNCH_FAMILIES))} models, not {model.model_type}"
+    missing = [name for name, value in (("rope_theta", model.rope_theta), ("rms_norm_eps", model.norm_epsilon))
+               if not value]
+    if missing:
+        return None, f"the config does not give {' or '.join(missing)}"
+    if model.rope_scaling and not model.rope_scaling.startswith("llama3 "):
+        return None, (f"its RoPE scaling ({model.rope_scaling}) is not one Megatron's GPT arguments take "
+                      "(Llama 3.1's only)")
+    if model.sliding_window:
+        return None, "a sliding-window model's launch is not built"
+    return model_args(model), ""
 
 
 def _pattern(flags) -> str:

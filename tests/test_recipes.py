@@ -1,6 +1,7 @@
 """Recipe export and loading, checked against the two reference recipes of the leaderboard."""
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
@@ -266,7 +267,8 @@ def test_model_scripts_and_env():
     assert slime_model_script(load_model("llama3-70b")) is None
     llama = slime_run(load_model("llama3-70b"), load_gpu("h200"), Workload(),
                       Layout(world_size=8, tp=8, etp=8, **FULL))
-    assert llama.startswith("# MODEL_ARGS: slime has no scripts/models script for Llama3-70B")
+    assert llama.startswith("# MODEL_ARGS: slime has no scripts/models script for Llama3-70B; built from its config:")
+    assert "--rotary-base 500000 " in llama.splitlines()[0] and "--norm-epsilon 1e-05 " in llama.splitlines()[0]
     env = slime_env(LAYOUTS["tp2"], load_gpu("h200"))
     assert list(env) == ["CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "TORCHINDUCTOR_COMPILE_THREADS",
                          "NCCL_NVLS_ENABLE"]
@@ -478,3 +480,26 @@ def test_a_predicted_recipe_says_which_of_its_two_tokens_per_s_is_its_headline(t
     model, gpu, workload = load_model("llama3-8b"), load_gpu("h100"), Workload()
     plain = build_recipe(model, gpu, workload, Layout(8), predict(model, gpu, workload, Layout(8)))
     assert "note" not in plain["result"]["predicted"]   # no headline given: one figure, nothing to tell apart
+
+
+def test_a_config_models_launch_builds_its_model_args(tmp_path):
+    """A model slime has no script for: the launch defines MODEL_ARGS from its config (RoPE base, norm epsilon,
+    Qwen2-MoE's pre-softmax routing) where every flag is known, and stops naming what is missing where not."""
+    from recipes.slime_command import slime_launch
+    from search_space.megatron_args import launch_model_args
+
+    gpu, workload = load_gpu("h200"), Workload()
+    qwen2_moe = load_model("benchmarks/models/qwen2-57b-a14b/config.json")
+    launch = slime_launch(qwen2_moe, gpu, workload, Layout(world_size=8, ep=8))
+    line = next(l for l in launch.splitlines() if l.startswith("MODEL_ARGS=("))
+    for flag in ("--rotary-base 1000000", "--norm-epsilon 1e-06", "--moe-router-pre-softmax",
+                 "--moe-shared-expert-gate", "--add-qkv-bias"):
+        assert flag in line, (flag, line)
+    assert "define MODEL_ARGS" not in launch
+    cfg = json.loads(Path("benchmarks/models/qwen2-57b-a14b/config.json").read_text())
+    del cfg["rope_theta"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    no_base = load_model(str(tmp_path / "config.json"))
+    assert launch_model_args(no_base)[0] is None and "rope_theta" in launch_model_args(no_base)[1]
+    stops = slime_launch(no_base, gpu, workload, Layout(world_size=8, ep=8))
+    assert "rope_theta" in stops and "define MODEL_ARGS here' >&2; exit 2" in stops and "MODEL_ARGS=(" not in stops

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 
 from cost_model.nouns.errors import AttuneError
-from cost_model.nouns.model_spec import ModelSpec, at_later_default
+from cost_model.nouns.model_spec import LAUNCH_ONLY_FIELDS, ModelSpec, at_later_default
 
 # Where a recipe records its model's architecture digest (recipes/recipe.py writes it under result.active_params,
 # an extension of the format like workload.routing; the leaderboard's recipes have none).
@@ -26,7 +26,8 @@ def full_digest(model: ModelSpec) -> str:
     """The digest of every architecture field (a catalog model's too: a recipe records it for either kind)."""
     import hashlib
 
-    fields = {k: v for k, v in asdict(model).items() if k != "sources" and not at_later_default(k, v)}
+    fields = {k: v for k, v in asdict(model).items()
+              if k != "sources" and k not in LAUNCH_ONLY_FIELDS and not at_later_default(k, v)}
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -145,13 +145,22 @@ def _qwen_mlp_types(r: _Reader, n: int, num_experts: int) -> tuple[str, ...]:
     )
 
 
+def _pre_softmax(r: _Reader) -> bool:
+    """Qwen's router: norm_topk_prob false (Qwen1.5/Qwen2-MoE) takes the top-k of a softmax over every expert without
+    renormalising (Megatron's --moe-router-pre-softmax); true renormalises, as Megatron's default. Only a config that
+    says false is read as such (the families' defaults differ)."""
+    r.bool("norm_topk_prob", True)   # a non-boolean is an error
+    return r.cfg.get("norm_topk_prob") is False
+
+
 def _qwen_experts(r: _Reader, num_experts: int) -> dict[str, Any]:
     """Qwen's MoE fields (Qwen2-MoE, Qwen3.5, Qwen3-Next): routed experts and one shared expert with a sigmoid gate."""
     shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
     return dict(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
                 moe_intermediate_size=r.int("moe_intermediate_size"),
                 shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
-                num_shared_experts=1 if shared else 0)
+                num_shared_experts=1 if shared else 0,
+                router_pre_softmax=_pre_softmax(r))
 
 
 def _shared_expert_moe(r: _Reader, num_experts: int, n_shared: int, router_bias: bool) -> dict[str, Any]:
@@ -199,7 +208,8 @@ def _qwen3_moe(r: _Reader, n: int) -> dict[str, Any]:
     )
     if num_experts:
         kw.update(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
-                  moe_intermediate_size=r.int("moe_intermediate_size"))
+                  moe_intermediate_size=r.int("moe_intermediate_size"),
+                  router_pre_softmax=_pre_softmax(r))
     return kw
 
 
@@ -369,8 +379,40 @@ def _family(config: dict, cfg: dict, prefix: str, origin: str) -> tuple[str, str
     return model_type, family
 
 
+def _rope_params(r: _Reader) -> _Reader:
+    """The reader of the RoPE fields: the config's own, or its rope_parameters (newer configs)."""
+    rope = r.cfg.get("rope_parameters")
+    return _Reader(rope, r.origin, f"{r.prefix}rope_parameters.") if isinstance(rope, dict) else r
+
+
+def _rope_scaling(r: _Reader) -> str:
+    """"" (none), "llama3 F" (Llama 3.1's frequency scaling with Megatron's fixed low/high factors 1 and 4 and
+    original length 8192), or another scaling's type (a launch of it is not built)."""
+    scaling = r.cfg.get("rope_scaling")
+    if scaling is None:
+        scaling = r.cfg.get("rope_parameters")
+    if not isinstance(scaling, dict):
+        return ""
+    kind = str(scaling.get("rope_type") or scaling.get("type") or "default")
+    if kind == "default":
+        return ""
+    if kind == "llama3" and (scaling.get("low_freq_factor"), scaling.get("high_freq_factor"),
+                             scaling.get("original_max_position_embeddings")) == (1, 4, 8192):
+        factor = scaling.get("factor")
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor) and factor > 0:
+            return f"llama3 {factor:g}"
+    return clean_name(kind)[:40] or "unknown"
+
+
+def _launch_fields(r: _Reader) -> dict[str, Any]:
+    """What a launch needs and no cost reads (ModelSpec.LAUNCH_ONLY_FIELDS); 0 where the config does not say."""
+    return dict(rope_theta=_rope_params(r).float("rope_theta", 0.0), norm_epsilon=r.float("rms_norm_eps", 0.0),
+                rope_scaling=_rope_scaling(r))
+
+
 def _common_fields(r: _Reader, config: dict, model_type: str) -> dict[str, Any]:
-    """The fields every family has: sizes, vocabulary, tying, attention bias, rotary fraction."""
+    """The fields every family has: sizes, vocabulary, tying, attention bias, rotary fraction, and what a launch
+    needs (RoPE base and scaling, norm epsilon)."""
     h = r.int("hidden_size")
     n = r.int("num_hidden_layers", maximum=MAX_LAYERS)
     heads = r.int("num_attention_heads")
@@ -384,6 +426,7 @@ def _common_fields(r: _Reader, config: dict, model_type: str) -> dict[str, Any]:
         model_type=top_type, hidden_size=h, num_hidden_layers=n, num_attention_heads=heads,
         num_key_value_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, tie_word_embeddings=tie,
         attention_bias=r.bool("attention_bias", False), partial_rotary_factor=_rope_factor(r),
+        **_launch_fields(r),
     )
 
 

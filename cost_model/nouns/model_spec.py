@@ -118,6 +118,10 @@ class ParamCounts:
 # default, so what was recorded before them still matches.
 LATER_FIELD_DEFAULTS = {"attention_output_bias": True}
 
+# Fields a launch's MODEL_ARGS need that change no figure: left out of architecture digests and layer signatures
+# (two configs that differ only in them are priced and recorded alike).
+LAUNCH_ONLY_FIELDS = frozenset({"rope_theta", "norm_epsilon", "rope_scaling", "router_pre_softmax"})
+
 
 def at_later_default(name: str, value) -> bool:
     """Whether `name` is a field added later (LATER_FIELD_DEFAULTS) holding its default: left out of what is recorded."""
@@ -175,6 +179,13 @@ class ModelSpec:
     vision: VisionSpec | None = None           # a VLM's vision encoder (HF vision_config); None: text only
     attention_output_bias: bool = True         # with attention_bias, o_proj's bias too (GPT-OSS); Qwen2 and GLM
                                                # bias q, k and v only (Megatron's --add-qkv-bias)
+    # --- what a launch needs and no cost reads (LAUNCH_ONLY_FIELDS); 0 / "": the config did not say
+    rope_theta: float = 0.0                    # RoPE base (--rotary-base)
+    norm_epsilon: float = 0.0                  # RMSNorm epsilon (--norm-epsilon)
+    rope_scaling: str = ""                     # "": none; "llama3 F": Llama 3.1's (Megatron's --use-rope-scaling);
+                                               # any other: its rope_type, which Megatron's GPT arguments do not take
+    router_pre_softmax: bool = False           # softmax over every expert before the top-k, not renormalised
+                                               # (Qwen2-MoE's norm_topk_prob false: --moe-router-pre-softmax)
 
     @property
     def is_moe(self) -> bool:

@@ -55,7 +55,7 @@ from experiments.slime.summary import RunEnd, summarize
 from experiments.slime.watch import STARTUP_GRACE_S, JobWatch, Limits, one_line
 from recipes.slime_command import (ASYNC_ENTRY, MODEL_ARGS, SHELL_ENV_INPUTS, flat, job_entry_words, job_flags,
                                    slime_env, slime_flag_lines, slime_model_script)
-from search_space.megatron_args import model_args
+from search_space.megatron_args import launch_model_args, model_args
 
 # Seconds a submission waits for the head node's job agent (Ray answers 500 'No available agent' until it is up).
 SUBMIT_AGENT_WAIT_S = 60.0
@@ -258,9 +258,10 @@ class SlimeRunner(TrialRunner):
         script = slime_model_script(model)
         if script:
             return os.path.join(self.slime_dir, script), (), []
+        built, missing = launch_model_args(model)
         return None, tuple(model_args(model)), [
-            f"slime has no scripts/models script for {model.display_name}: MODEL_ARGS from "
-            f"search_space.megatron_args.model_args (no --spec, RoPE base or router options)"]
+            f"slime has no scripts/models script for {model.display_name}: MODEL_ARGS from its config "
+            f"(search_space.megatron_args.model_args)" + ("" if built is not None else f"; incomplete: {missing}")]
 
     def job_env(self, spec: TrialSpec) -> tuple[dict, dict, list[str]]:
         """(Ray's env_vars, the values computed on the cluster, notes): `slime_env` with each shell value of
