@@ -222,15 +222,16 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     """The exact shell command of the recipe's `run` (ends with a newline)."""
     lines = slime_flag_lines(model, gpu, workload, layout, num_rollout=num_rollout)
     script = slime_model_script(model)
+    built, missing = (None, "") if script else launch_model_args(model)
+    # the display name comes from a user's config.json: one printable line, never a shell line of its own
+    name = clean_name(model.display_name)
     if script:
         comment = f"# MODEL_ARGS: source <slime>/{script}"
-    elif launch_model_args(model)[0] is not None:
-        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {clean_name(model.display_name)}; built "
-                   "from its config: " + " ".join(shlex.quote(a) for a in launch_model_args(model)[0]))
+    elif built is not None:
+        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {name}; built from its config: "
+                   + " ".join(shlex.quote(a) for a in built))
     else:
-        # the display name comes from a user's config.json: one printable line, never a shell line of its own
-        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {clean_name(model.display_name)}; "
-                   f"define MODEL_ARGS ({launch_model_args(model)[1]})")
+        comment = f"# MODEL_ARGS: slime has no scripts/models script for {name}; define MODEL_ARGS ({missing})"
     out = [comment]
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
@@ -284,8 +285,8 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     elif built is not None:   # slime's scripts/models/*.sh define this array; here it is built from the config
         out.append("MODEL_ARGS=(" + " ".join(shlex.quote(a) for a in built) + ")   # from the model's config.json")
     else:
-        out.append(f"echo {shlex.quote(f'slime has no scripts/models script for this model and {missing}: define MODEL_ARGS here')} "
-                   ">&2; exit 2")
+        why = f"slime has no scripts/models script for this model and {missing}: define MODEL_ARGS here"
+        out.append(f"echo {shlex.quote(why)} >&2; exit 2")
     lines = [tuple(job_flags(list(line))[0]) for line in slime_flag_lines(model, gpu, workload, layout,
                                                                          num_rollout=num_rollout)]
     return _script(out + _command_block(job_entry_words("python3"), lines), "launch")

@@ -565,8 +565,8 @@ def build_env() -> dict:
     with Triton's autotuning kept on disk (the profile's kernel timings tuned the same shapes)."""
     from experiments.checks.compute import TRITON_AUTOTUNE_CACHE
 
-    return {**TRITON_AUTOTUNE_CACHE, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"), "NCCL_NVLS_ENABLE": "0",
-            "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
+    return {**TRITON_AUTOTUNE_CACHE, **os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4"),
+            "NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "TORCHDYNAMO_DISABLE": "1",
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
