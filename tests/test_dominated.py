@@ -22,6 +22,10 @@ def test_recompute_or_offload_added_is_more_work_and_nothing_else_is():
     # recompute added on top of an offloaded layout, offload kept: more work; another fraction: not comparable
     off = BASE.replace(optimizer_offload_fraction=0.5)
     assert adds_work(off.replace(**FULL), off) and not adds_work(off.replace(optimizer_offload_fraction=1.0, **FULL), off)
+    # fp32 Adam moments where bf16 ran: twice the bytes Adam moves; the other way round may run faster
+    bf16 = BASE.replace(exp_avg_dtype="bf16")
+    assert adds_work(BASE, bf16) and adds_work(BASE.replace(**FULL), bf16) and adds_work(off, bf16)
+    assert not adds_work(bf16, BASE) and not adds_work(bf16.replace(**FULL), BASE)
 
 
 def test_the_agent_tries_no_layout_that_only_adds_work_to_a_measured_plain_fit(space):  # noqa: F811
@@ -40,3 +44,18 @@ def test_the_agent_tries_no_layout_that_only_adds_work_to_a_measured_plain_fit(s
     _, outs, _ = agent.outlooks(history)
     left = {agent.table.candidates[o.index].layout.key() for o in outs}
     assert not left & {c.layout.key() for c in variants} and left
+
+
+def test_the_exported_recipes_are_distinct_choices():
+    """`--top N` exports N layouts that are each a choice: a twin that only adds work to one taken (its fp32-moments or
+    recompute variant) is passed over for the next row."""
+    from types import SimpleNamespace
+
+    from tuner.export import distinct_top
+
+    bf16 = BASE.replace(exp_avg_dtype="bf16")
+    rows = [SimpleNamespace(layout=bf16), SimpleNamespace(layout=BASE), SimpleNamespace(layout=BASE.replace(**FULL)),
+            SimpleNamespace(layout=BASE.replace(max_tokens_per_gpu=16384)), SimpleNamespace(layout=BASE.replace(tp=4))]
+    assert [r.layout for r in distinct_top(rows, 3)] == [bf16, BASE.replace(max_tokens_per_gpu=16384),
+                                                         BASE.replace(tp=4)]
+    assert distinct_top(rows, 1) == rows[:1] and distinct_top(rows, 0) == []

@@ -265,10 +265,12 @@ class AgentProposer(Proposer):
         return c.prediction.fit_probability
 
     def _dominated(self, history: History) -> set[int]:
-        """Candidates that add recompute or offload to a layout measured to run that was predicted a plain fit
-        (tuner.dominated): they cannot run faster, so no trial goes to them."""
-        measured = [layout for layout, _ in getattr(history, "measured_layouts", [])
-                    if (c := self.by_key.get(layout.key())) is not None and c.prediction.fits]
+        """Candidates that add recompute, offload or fp32 moments to a layout that ran (measured, or predicted by
+        the cost model's runner) and was predicted a plain fit (tuner.dominated): they cannot run faster, so no trial
+        goes to them."""
+        keys = [layout.key() for layout, _ in getattr(history, "measured_layouts", [])]
+        keys += sorted(getattr(history, "ran", set()) - set(keys))
+        measured = [c.layout for k in keys if (c := self.by_key.get(k)) is not None and c.prediction.fits]
         if not measured:
             return set()
         if self._by_base is None or self._by_base[0] != len(self.table.candidates):
@@ -322,7 +324,9 @@ class AgentProposer(Proposer):
                 self.stop_reason = (f"stopped: no untried layout's 95% upper bound ({top:,.0f}) beats the best measured "
                                     f"({best:,.0f} tokens/s/GPU) by more than {self.stop_margin:.0%}")
                 return None
-        choice = max(outs, key=lambda o: o.value)
+        # of two equal in value (a layout and its bf16-moments twin), the one needing less memory: once it has run,
+        # the other only adds work (tuner.dominated)
+        choice = max(outs, key=lambda o: (o.value, -self.table.candidates[o.index].prediction.peak_memory_gib))
         peers = getattr(history, "peers", 1)
         if peers > 1:
             # several tuners propose at once from the same posterior: each takes one of the best `peers`

@@ -8,9 +8,23 @@ from pathlib import Path
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.predict import predict
 from experiments.runner import allocator_retries_per_step
+from tuner.dominated import adds_work
 from tuner.interval import Interval
 from tuner.options import writing_user_file
 from tuner.trial_record import RunResult, TrialRecord, read_trial
+
+
+def distinct_top(rows, n: int) -> list:
+    """The first `n` rows, leaving out a row whose layout only adds work to one already taken (recompute, offload or
+    fp32 Adam moments added: tuner.dominated): a recipe of it cannot run faster, so it is not another choice."""
+    out = []
+    for row in rows:
+        if len(out) == n:
+            break
+        if row.layout is not None and any(t.layout is not None and adds_work(row.layout, t.layout) for t in out):
+            continue
+        out.append(row)
+    return out
 
 
 def export_rows(rows, config, out: Path, study=None) -> list[Path]:

@@ -42,6 +42,8 @@ class History:
     measured_layouts: list = field(default_factory=list)    # (Layout, measured tok/s)
     failed: list = field(default_factory=list)              # (layout key, failure_class, predicted peak GiB)
     strained: set = field(default_factory=set)              # layout keys measured with allocator retries each step
+    ran: set = field(default_factory=set)                   # layout keys of trials that completed (measured or
+                                                            # predicted): their twins that only add work are not tried
     best_value: float | None = None
     peers: int = 1          # tuners working on the study now (this one included); >1 spreads the proposals
 

@@ -359,6 +359,8 @@ def history_of(study: optuna.Study, skip_interrupted: bool = False, backend: str
                 h.tried.add(key)
         if t.state == TrialState.COMPLETE and number(r.value) is not None:
             best.append(r.value)
+            if key:
+                h.ran.add(key)
         if t.state == TrialState.COMPLETE and result.kind == "measured" and r.rankable:
             layout = r.parsed_layout()
             predicted = r.prediction.tokens_per_s_per_gpu
@@ -623,6 +625,8 @@ def _learn(study: optuna.Study, trial: optuna.Trial, proposer: Proposer, layout,
            history: History) -> dict:
     """What the trial's result taught the proposer: the trial's attributes to record before it ends (the weights
     go on the study now)."""
+    if result.status == "ok":
+        history.ran.add(layout.key())
     if result.status == "ok" and result.kind == "measured":
         history.measured_layouts.append((layout, result.tokens_per_s_per_gpu))
         if allocator_retries_per_step(result.details):

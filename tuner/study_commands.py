@@ -19,7 +19,7 @@ from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
 from tuner.space_scoring import PARTIAL_OFFLOADS, NoFitError, score_space
-from tuner.export import export_rows
+from tuner.export import distinct_top, export_rows
 from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
@@ -185,7 +185,7 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
         failed = history_of(study, backend=runner.name).failed
         _verify(study, config, runner, verify_top, reference or default_reference_of(candidates, gpus, failed))
         rows = ranked_rows(study)
-    paths = export_rows(rows[:args.top], config, Path(args.out), study) if rows and args.top > 0 else []
+    paths = export_rows(distinct_top(rows, args.top), config, Path(args.out), study) if rows and args.top > 0 else []
     if paths:
         print("recipes (status predicted, measured or verified):", file=out)
         for path in paths:
@@ -421,7 +421,7 @@ def cmd_export(args) -> int:
     rows = ranked_rows(study)
     if not rows:
         raise CliError(f"study '{args.study}' has no completed trial to export")
-    paths = export_rows(rows[:args.top], config, check_output_folder(args.out), study)
+    paths = export_rows(distinct_top(rows, args.top), config, check_output_folder(args.out), study)
     if args.json:
         print(json.dumps({"study": args.study, "recipes": [str(p) for p in paths]}))
     else:
