@@ -378,3 +378,16 @@ def test_a_borderline_prediction_ranks_by_its_figure_times_its_chance_to_fit():
     assert [r.number for r in rows] == [2, 0, 1]
     assert row(3, 1100.0, 0.5, kind="measured").expected_tokens_per_s_per_gpu == 1100.0
     assert "its chance to fit" in format_table(rows)
+
+
+def test_an_fp8_tables_mfu_says_which_peak():
+    """MFU is of the workload's peak (fp8's is twice bf16's on Hopper): an fp8 study's table says so, since the
+    leaderboard's MFU divides by the bf16 peak; a bf16 table needs no such line."""
+    from cost_model.nouns.layout import Layout
+    from tuner.report import Row, format_table
+
+    rows = [Row(number=0, layout=Layout(8), tokens_per_s_per_gpu=1000.0, peak_memory_gib=70.0, mfu=0.07,
+                usd_per_million_tokens=1.0, kind="predicted", source="s", predicted_tokens_per_s_per_gpu=1000.0,
+                rationale="")]
+    assert "MFU: of the GPU's dense fp8 peak" in format_table(rows, precision="fp8")
+    assert "MFU: of" not in format_table(rows)

@@ -85,7 +85,9 @@ def fit_of(prediction: Predicted) -> str:
     return printable(fit_label(str(verdict), probability or 0.0))
 
 
-def format_table(rows: list[Row], limit: int | None = None) -> str:
+def format_table(rows: list[Row], limit: int | None = None, precision: str = "bf16") -> str:
+    """The ranked rows as a text table, with what its figures come from; `precision`: the workload's (an fp8 run's
+    MFU is of the fp8 peak, which the table says)."""
     header = ("#", "trial", "layout", "tokens/s/GPU", "predicted 90%", "peak GiB", "fit", "MFU", "$/1M tok",
               "figures")
     lines = []
@@ -106,6 +108,8 @@ def format_table(rows: list[Row], limit: int | None = None) -> str:
     sources = sorted({r.source for r in rows[:limit] if r.source} if limit else {r.source for r in rows if r.source})
     for s in sources:
         out.append(f"figures from: {s}")
+    if precision != "bf16":
+        out.append(f"MFU: of the GPU's dense {precision} peak (the leaderboard's MFU divides by the dense bf16 peak)")
     if any(r.expected_tokens_per_s_per_gpu != r.tokens_per_s_per_gpu for r in (rows[:limit] if limit else rows)):
         out.append("ranked by tokens/s/GPU, a predicted borderline layout's times its chance to fit (an out-of-memory "
                    "run delivers nothing)")

@@ -175,7 +175,7 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     as_json = getattr(args, "json", False)
     out = sys.stderr if as_json else sys.stdout   # with --json, stdout holds the JSON object alone
     print(counts_line(study), file=out)
-    print(format_table(rows, limit=10), file=out)
+    print(format_table(rows, limit=10, precision=config.workload.precision), file=out)
     note = rows and per_step_note(rows[0].breakdown, config.workload.global_batch, config.workload.seq_len,
                                   config.world_size)
     if note:
@@ -364,7 +364,10 @@ def cmd_show(args) -> int:
         print(trials_json(study, limit=args.limit))
     else:
         print(counts_line(study))
-        print(format_table(ranked_rows(study), limit=args.limit))
+        workload = (study.user_attrs.get("config") or {}).get("workload") or {}
+        precision = workload.get("precision") if isinstance(workload, dict) else None
+        print(format_table(ranked_rows(study), limit=args.limit,
+                           precision=precision if precision in ("bf16", "fp8") else "bf16"))
     return 0
 
 def _study_model(args, identity: dict):
