@@ -556,3 +556,19 @@ def test_validate_is_independent_between_calls():
     assert first[0], first[1]
     assert not megatron_validate.validate(bad, 8)[0]
     assert megatron_validate.validate(good, 8) == first
+
+
+def test_a_config_models_launch_args_pass_megatrons_checks():
+    """The MODEL_ARGS a launch builds from a config.json (search_space.megatron_args.launch_model_args) pass Megatron's
+    checks: Qwen2-57B-A14B's pre-softmax routing and gated shared expert, Llama 3.1's RoPE scaling."""
+    from search_space.megatron_args import launch_model_args
+
+    for name in ("benchmarks/models/qwen2-57b-a14b/config.json", "llama3.1-405b"):
+        model = load_model(name)
+        built, missing = launch_model_args(model)
+        assert built is not None, missing
+        case = CrossCheckCase(model, dict(world_size=1), global_batch=8, tag="launch_model_args")
+        argv = case_argv(case)
+        assert all(flag in argv for flag in built if flag.startswith("--"))
+        ok, message = megatron_validate.validate(argv, 1)
+        assert ok, f"{name}: {message}"
