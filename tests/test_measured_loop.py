@@ -391,3 +391,15 @@ def test_an_fp8_tables_mfu_says_which_peak():
                 rationale="")]
     assert "MFU: of the GPU's dense fp8 peak" in format_table(rows, precision="fp8")
     assert "MFU: of" not in format_table(rows)
+
+
+def test_show_reads_the_precision_of_a_malformed_config_as_bf16():
+    """`tune show` reads the recorded workload's precision for its MFU line; a config a peer's edit left malformed
+    (not a mapping) reads as bf16, never a traceback."""
+    from types import SimpleNamespace
+
+    from tuner.report import recorded_precision
+
+    assert recorded_precision(SimpleNamespace(user_attrs={"config": {"workload": {"precision": "fp8"}}})) == "fp8"
+    for bad in ("text", {"workload": "text"}, {"workload": {"precision": 8}}, None):
+        assert recorded_precision(SimpleNamespace(user_attrs={"config": bad})) == "bf16"

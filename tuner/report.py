@@ -149,6 +149,12 @@ def printable(value):
 
 
 
+def recorded_precision(study: optuna.Study) -> str:
+    """The precision the study's recorded workload trains in (bf16 where it is missing or malformed)."""
+    precision = as_dict(as_dict(study.user_attrs.get("config")).get("workload")).get("precision")
+    return precision if precision in ("bf16", "fp8") else "bf16"
+
+
 def as_dict(value) -> dict:
     """A stored value that should be a mapping, or {} (a study's config is not read through trial_record)."""
     return value if isinstance(value, dict) else {}

@@ -24,7 +24,8 @@ from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
-from tuner.report import counts_line, format_table, per_step_note, ranked_rows, trials_csv, trials_json
+from tuner.report import (counts_line, format_table, per_step_note, ranked_rows, recorded_precision, trials_csv,
+                          trials_json)
 from tuner.model_identity import as_recorded_name, check_model_identity
 from tuner.sqlite_file import check_storage
 from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study,
@@ -364,10 +365,7 @@ def cmd_show(args) -> int:
         print(trials_json(study, limit=args.limit))
     else:
         print(counts_line(study))
-        workload = (study.user_attrs.get("config") or {}).get("workload") or {}
-        precision = workload.get("precision") if isinstance(workload, dict) else None
-        print(format_table(ranked_rows(study), limit=args.limit,
-                           precision=precision if precision in ("bf16", "fp8") else "bf16"))
+        print(format_table(ranked_rows(study), limit=args.limit, precision=recorded_precision(study)))
     return 0
 
 def _study_model(args, identity: dict):
