@@ -279,7 +279,7 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     out += [SHELL_ENV_INPUTS[v] for v in dict.fromkeys(env.values()) if v in SHELL_ENV_INPUTS]
     out += [f"export {name}={_env_value(value)}" for name, value in env.items()]
     script = slime_model_script(model)
-    built, missing = launch_model_args(model)
+    built, missing = (None, "") if script is not None else launch_model_args(model)
     if script is not None:
         out.append(f"source {shlex.quote(script)}   # MODEL_ARGS")
     elif built is not None:   # slime's scripts/models/*.sh define this array; here it is built from the config

@@ -149,8 +149,7 @@ def _pre_softmax(r: _Reader) -> bool:
     """Qwen's router: norm_topk_prob false (Qwen1.5/Qwen2-MoE) takes the top-k of a softmax over every expert without
     renormalising (Megatron's --moe-router-pre-softmax); true renormalises, as Megatron's default. Only a config that
     says false is read as such (the families' defaults differ)."""
-    r.bool("norm_topk_prob", True)   # a non-boolean is an error
-    return r.cfg.get("norm_topk_prob") is False
+    return r.has("norm_topk_prob") and not r.bool("norm_topk_prob", True)
 
 
 def _qwen_experts(r: _Reader, num_experts: int) -> dict[str, Any]:
