@@ -91,7 +91,9 @@ class ProfileRates(Rates):
     def __init__(self, gpu: GpuSpec, c: Constants, precision: str, profile: HardwareProfile):
         super().__init__(gpu, c, precision)
         self.profile = profile
-        self.source = f"{profile.provenance} profile of {profile.device or profile.gpu_type}" + (
+        # a derived profile's device is the GPU type itself ("H100 (derived)"): not repeated after the GPU's name
+        device = profile.device or profile.gpu_type
+        self.source = f"{profile.provenance} profile" + ("" if "(derived)" in device else f" of {device}") + (
             f" ({profile.date})" if profile.date else "")
         self.hbm = profile.hbm_copy_tb_s * 1e12
         self.pcie = min(profile.h2d_gb_s, profile.d2h_gb_s) * 1e9
