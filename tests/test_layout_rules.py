@@ -178,3 +178,13 @@ def test_an_indivisible_pipeline_names_the_balanced_splits_and_each_runs(capsys)
     for split in splits:   # each named split is a layout `tune predict` takes as written
         assert main(args + split.split()) == 0, split
         capsys.readouterr()
+
+
+def test_comma_joined_pairs_read_as_pairs_and_a_stray_equals_sign_is_named():
+    """`--layout tp=2,ep=8` (a common way to write pairs) reads as two pairs; a module list keeps its commas; a pair
+    that swallowed another (`tp=2,recompute_modules=a,b`) is refused naming what to do, not as a wrong type."""
+    from cost_model.nouns.layout_codec import parse_pairs
+    assert parse_pairs(["tp=2,ep=8"]) == {"tp": 2, "ep": 8}
+    assert parse_pairs(["recompute_modules=core_attn,mlp"]) == {"recompute_modules": ("core_attn", "mlp")}
+    with pytest.raises(InvalidLayout, match="separated by spaces"):
+        parse_pairs(["tp=2,recompute_modules=mlp,layernorm"])

@@ -96,15 +96,28 @@ def text_layout_value(key: str, raw):
 def parse_pairs(pairs: list[str]) -> dict:
     """`KEY=VALUE` pairs (dashes or underscores) to typed values; a key given twice is an error."""
     values: dict = {}
-    for pair in pairs:
+    for pair in _split_joined(pairs):
         key, sep, raw = str(pair).partition("=")
         if not sep:
             raise InvalidLayout(f"layout value {_short(pair)} is not KEY=VALUE")
         key = key.strip().replace("-", "_")
+        if "=" in raw:
+            raise InvalidLayout(f"layout value {key}=... holds another '=': give each pair on its own, separated by "
+                                "spaces (--layout tp=2 ep=8)")
         if key in values:
             raise InvalidLayout(f"layout key '{key}' is given twice")
         values[key] = text_layout_value(key, raw.strip())
     return values
+
+
+def _split_joined(pairs: list[str]) -> list[str]:
+    """Pairs as given, a comma-joined one (`tp=2,ep=8`) split where every piece is a pair (a module list's commas,
+    `recompute_modules=core_attn,mlp`, stay)."""
+    out = []
+    for pair in pairs:
+        pieces = str(pair).split(",")
+        out += pieces if len(pieces) > 1 and all("=" in p for p in pieces) else [pair]
+    return out
 
 
 def layout_pairs(layout: Layout) -> list[str]:
