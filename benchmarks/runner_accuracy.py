@@ -97,7 +97,9 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h100_v32_suite.json", R / "runner-grids-h100-v32-a-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v28_suite.json", R / "runner-grids-h100-v28-qn-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v33_suite.json", R / "runner-grids-h100-v33-2026-12-06.jsonl"),
-           (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-2026-12-06.jsonl")]
+           (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-2026-12-06.jsonl"),
+           (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-b-2026-12-06.jsonl")] + \
+          [(B / "runner_grids_h100_v35_suite.json", R / f"runner-grids-h100-v35-{k}-2026-12-06.jsonl") for k in "abc"]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -266,6 +268,11 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # v34 (1 x H100: four borderline MoE layouts, one run each, a test of which run short of memory every step, registered
 # with its hypothesis before it ran: runner-grids-h100-v34-predicted-before.txt) ran the same day: held out. Its
 # hypothesis failed (Qwen3-30B-A3B's 128 experts retried and ran 26% slow; Phi-3.5-MoE's 16 retried at its prediction).
+# v34's last trial (Qwen1.5-MoE at 2 layers, 2.6 GiB under the limit, predicted by its hypothesis not to retry) ran in the
+# tenth session, the model unchanged since its registration: held out. v35 (1 x H100: Mistral-NeMo-12B at 4 layers,
+# GLM-4.5-Air at 1, Qwen3.6 at 2 layers seq 6k; registered before it ran, runner-grids-h100-v35-predicted-before.txt)
+# ran the same session: held out, but for four of its Qwen3.6 trials (r1, r2, r3, r3-full), found after the run to
+# repeat v31's layouts of the same shape (looked at since the GDN derivation's calibration: GDN_DERIVATION_LOOKED_AT).
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
@@ -276,6 +283,10 @@ GDN_DERIVATION_LOOKED_AT = {("runner-grids-h100-v27-a-2026-12-06.jsonl", "h1-q36
                             ("runner-grids-h100-v31-a-2026-12-06.jsonl", "h1-q36"),
                             ("runner-grids-h100-v32-a-2026-12-06.jsonl", "h1-q36"),
                             ("runner-grids-h100-v28-qn-2026-12-06.jsonl", "h1-qn")}
+# v35's Qwen3.6 trials that repeat v31's layouts (by name, exactly: r1-off05 and r2-sel are new layouts)
+REPEATS_LOOKED_AT = {*(("runner-grids-h100-v35-b-2026-12-06.jsonl", f"h1-q36s6k-L2-{k}") for k in ("r1", "r2", "r3",
+                                                                                                     "r3-full")),
+                     ("runner-grids-h100-v35-c-2026-12-06.jsonl", "h1-q36s6k-L2-r2")}
 # v29's dense Qwen3.5 peaks (3.5-9% over) then led to counting megatron-core's Gated DeltaNet block tensor by tensor
 # from its source (cost_model.activations.runner_gdn_bytes: fla's conv keeps the in_proj output, not a copy of its own;
 # the eager gated norm's fp32 gate), checked on the runner's layer builds (benchmarks/activation_builds.py), no
@@ -355,7 +366,8 @@ def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
                     or (t.layout.offloaded and results_path.name in HOST_CPU_LOOKED_AT)
                     or results_path.name in DERIVATION_LOOKED_AT
                     or any(results_path.name == f and t.name.startswith(p)
-                           for f, p in HOST_FLOOR_LOOKED_AT | GDN_DERIVATION_LOOKED_AT)})
+                           for f, p in HOST_FLOOR_LOOKED_AT | GDN_DERIVATION_LOOKED_AT)
+                    or (results_path.name, t.name) in REPEATS_LOOKED_AT})
     return out
 
 
@@ -376,7 +388,7 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
            f"since the dense host floor, and its Qwen3.6 at 4k tokens, since the MoE kinds'; v26's Qwen3.5-0.8B with selective recompute, since a GDN layer's selective launches) and DERIVATION_LOOKED_AT "
            f"(v27 on H100, since the derivation's calibration) and HOST_CPU_LOOKED_AT (the offload runs on H100, since "
            f"the H100's CPU optimizer is priced as the H200 host's) and GDN_DERIVATION_LOOKED_AT (the GDN models' runs "
-           f"on H100, since a GDN layer's rest ratio)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
+           f"on H100, since a GDN layer's rest ratio) and REPEATS_LOOKED_AT (v35's Qwen3.6 layouts that repeat v31's)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")
     grids = {}
