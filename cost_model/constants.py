@@ -47,6 +47,7 @@ class Constants:
     allocator_gap_dense_gib: float
     allocator_gap_moe_gib: float
     allocator_gap_per_dispatched_gib: float
+    allocator_remap_s_per_gib: float
     fp8_activation_factor: float
     unfused_activation_factor: float
     unfused_moe_activation_factor: float

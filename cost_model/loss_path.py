@@ -45,3 +45,9 @@ def loss_path_bytes(model: ModelSpec, layout: Layout, tokens: float, runtime: Ru
         peak += FP32 * tokens  # the per-token log-probs
     gathered = 1.0 if layout.sequence_parallel else 0.0
     return peak + BF16 * tokens * model.hidden_size * (1.0 / layout.tp + gathered)
+
+
+def fp32_logits_bytes(model: ModelSpec, layout: Layout, tokens: float) -> float:
+    """Bytes of one micro-batch's fp32 logits on this GPU (the cross-entropy's softmax, then its gradient): the
+    loss path's largest block, what an allocator short of memory maps again every micro-batch."""
+    return FP32 * tokens * padded_vocab(model.vocab_size, layout.tp) / layout.tp

@@ -49,16 +49,31 @@ def fit_label(verdict: str, p: float) -> str:
 # Qwen2-57B-A14B 12%, Qwen3-30B-A3B 26%, mapping and releasing 111 GiB a step); Qwen3.6 at 0.2 GiB under did not
 # retry. Before the counter, Qwen1.5-MoE-A2.7B at 0.19 GiB under ran 26% slow. Neither the expert count (v34 refuted
 # "at most 64 experts", registered before it ran) nor the predicted margin tells which will: the memory model's
-# error is as large as the margins involved.
+# error is as large as the margins involved. Those that did retried about once a micro-batch, each time mapping
+# again about that micro-batch's fp32 logits (0.66-0.72 of the loss path, whose fp32 part is 4 of its 6 bytes a
+# logit); at the release-and-map cost measured on an H100 (allocator_remap_s_per_gib) that accounts for 70-93% of
+# the three slowdowns seen. So the note prices that case; the prediction itself does not assume it.
 MOE_NEAR_LIMIT_NOTE = ("; a MoE model this near the limit may also run slower than predicted (no room for the "
                        "allocator's cache: up to 26% slower on the measured runner layouts, 4 of 5 retrying every "
                        "step)")
 
 
-def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float, moe: bool = False) -> str:
-    """The one line that says why a layout is borderline (for a MoE model, with the slowdown risk near the limit)."""
+def strain_note(strain_s: float, step_s: float) -> str:
+    """The MoE near-limit note with what retrying once a micro-batch would cost this layout (`strain_s` seconds a
+    step: its micro-batches' fp32 logits released and mapped again, `step_s` the predicted step)."""
+    share = strain_s / step_s if step_s > 0 else 0.0
+    return (f"; a MoE model this near the limit may also run slower than predicted: with no room for the "
+            f"allocator's cache, 4 of 5 measured runner layouts retried about once a micro-batch, mapping its fp32 "
+            f"logits again (here about {strain_s:.2f} s a step, {share:.0%} slower, at the release-and-map cost "
+            f"measured on an H100; 26% slower at most on those layouts)")
+
+
+def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float, moe: bool = False,
+                      strain: tuple[float, float] | None = None) -> str:
+    """The one line that says why a layout is borderline (for a MoE model, with the slowdown risk near the limit:
+    `strain` = (seconds a step if it retried once a micro-batch, the predicted step), where known)."""
     margin = capacity_gib / needed_gib - 1.0 if needed_gib > 0 else 0.0
     side = "under" if margin >= 0 else "over"
+    note = (strain_note(*strain) if strain is not None else MOE_NEAR_LIMIT_NOTE) if moe else ""
     return (f"borderline: predicted {needed_gib:.1f} of {capacity_gib:.1f} GiB usable, {abs(margin):.1%} {side}; "
-            f"the memory model's measured error (sd {sd:.1%}) gives a {percent(p)} chance to fit"
-            + (MOE_NEAR_LIMIT_NOTE if moe else ""))
+            f"the memory model's measured error (sd {sd:.1%}) gives a {percent(p)} chance to fit" + note)

@@ -19,6 +19,7 @@ from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_pe
                                peak_memory)
 from cost_model import memory_fit
 from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
+from cost_model.loss_path import fp32_logits_bytes
 from cost_model.metrics import mfu as model_flops_utilisation
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.nouns.model_spec import ModelSpec
@@ -29,6 +30,7 @@ from cost_model.stages import layout_rank_layers
 from cost_model.step_time import StepContext, step_breakdown
 from cost_model.term_sources import term_sources
 from cost_model.vision import VisionWork
+from cost_model.nouns.units import GIB
 from cost_model.nouns.workload import Workload, WorkloadError
 
 
@@ -350,7 +352,9 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
     memory, capacity, host, p_fit, fit = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
     reasons = fit_reasons(memory, capacity, host, gpu)
     if fit == BORDERLINE:
-        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=model.is_moe))
+        strain = (n_mb * fp32_logits_bytes(model, layout, tokens) / GIB * c.allocator_remap_s_per_gib, step_time)
+        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=model.is_moe,
+                                         strain=strain if model.is_moe else None))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,

@@ -86,11 +86,22 @@ def test_half_a_percent_under_the_limit_is_borderline_ten_percent_is_a_plain_fit
     reason = near.reasons[0]
     assert reason.startswith(f"borderline: predicted {near.memory.total:.1f} of {near.gpu_memory_gib:.1f} GiB usable, "
                              "0.5% under; the memory model's measured error (sd ")
-    # Qwen3.6 is a MoE model: near the limit its allocator may have no room for its cache, measured slower
-    from cost_model.memory_fit import MOE_NEAR_LIMIT_NOTE, borderline_reason
-    assert reason.endswith(f"gives a {math.floor(near.fit_probability * 100)}% chance to fit{MOE_NEAR_LIMIT_NOTE}")
+    # Qwen3.6 is a MoE model: near the limit its allocator may have no room for its cache, measured slower; the note
+    # prices retrying once a micro-batch: its fp32 logits released and mapped again each time
+    from cost_model.loss_path import fp32_logits_bytes
+    from cost_model.memory_fit import MOE_NEAR_LIMIT_NOTE, borderline_reason, strain_note
+    ctx = near.context
+    strain_s = (near.num_microbatches * fp32_logits_bytes(ctx.model, ctx.layout, near.tokens_per_microbatch) / 2 ** 30
+                * default_constants().allocator_remap_s_per_gib)
+    assert 0 < strain_s < near.step_time_s
+    note = strain_note(strain_s, near.step_time_s)
+    assert reason.endswith(f"gives a {math.floor(near.fit_probability * 100)}% chance to fit{note}")
+    assert f"about {strain_s:.2f} s a step, {strain_s / near.step_time_s:.0%} slower" in note
     dense = borderline_reason(near.memory.total, near.gpu_memory_gib, sd, near.fit_probability)
-    assert reason == dense + MOE_NEAR_LIMIT_NOTE and "slower" not in dense
+    assert reason == dense + note and "slower" not in dense
+    # without the step's figures (a caller that has none) the note says the measured range only
+    assert borderline_reason(near.memory.total, near.gpu_memory_gib, sd, near.fit_probability,
+                             moe=True) == dense + MOE_NEAR_LIMIT_NOTE
     assert near.fit_label == f"borderline ({math.floor(near.fit_probability * 100)}%)"
     assert far.fit_verdict == "fits" and far.fits and far.reasons == () and far.fit_probability > 0.999
 
