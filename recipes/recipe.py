@@ -274,7 +274,7 @@ def recipe_name(layout: Layout) -> str:
     if layout.cp > 1:
         parts.append(f"cp{layout.cp}")
     parts.append(f"ep{layout.ep}")
-    if layout.etp > 1:
+    if layout.etp != layout.tp:   # ETP is TP unless set (Megatron's default): a dense model's name has none
         parts.append(f"etp{layout.etp}")
     parts += [f"dp{layout.dp}", f"mt{layout.max_tokens_per_gpu}"]
     if layout.rows_per_microbatch != 1:

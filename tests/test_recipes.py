@@ -256,6 +256,9 @@ def test_recipe_names_are_unique():
     names = [recipe_name(layout) for layout in layouts]
     assert len(set(names)) == len(names)
     assert all(n == n.strip() and "/" not in n and " " not in n for n in names)
+    # ETP is named only where it is not TP (Megatron's default): a dense TP2 layout has none, TP2 with ETP1 says so
+    assert "etp" not in recipe_name(Layout(8, tp=2))
+    assert "-etp1-" in recipe_name(Layout(8, tp=2, ep=4, etp=1)) and "etp" not in recipe_name(Layout(8, tp=2, ep=2))
 
 
 def test_model_scripts_and_env():
