@@ -14,6 +14,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.runner_accuracy import trial_prediction  # noqa: E402
+from benchmarks.suite_overlap import describe, overlaps  # noqa: E402
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from experiments.megatron.backend_support import microbatch_refusal  # noqa: E402
 from experiments.megatron.suite import parse_suite  # noqa: E402
@@ -26,6 +27,8 @@ def main(argv: list[str]) -> int:
     trials, meta = parse_suite(argv[0])
     gpu = load_gpu(meta["gpu"])
     print(f"# on 1 x {gpu.display_name} (the suite's gpu), from its shipped profile")
+    for line in describe([f for f in overlaps(argv[0]) if f[1] == "same run"]):   # not held out: say so before
+        print(f"# repeats a stored run (not new evidence): {line}")
     print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'needs GiB':>9} {'device peak':>11} verdict   "
           "(predicted before any of these ran; device peak: what it needs plus the allocator's gap where there is room)")
     for t in trials:
