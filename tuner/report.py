@@ -193,6 +193,25 @@ def trials_json(study: optuna.Study, limit: int | None = None) -> str:
     return json.dumps([{k: _short(r.get(k)) for k in TRIAL_COLUMNS} for r in _records(study, limit)], indent=1)
 
 
+# A share of the step above which the CPU optimizer's host is worth a word (the shipped profile never ran on it).
+OFFLOAD_NOTE_SHARE = 0.1
+
+
+def offload_note(row, own_profile: bool) -> str | None:
+    """A note when the best layout's predicted step is partly its offloaded optimizer's on the CPU, priced from the
+    host that measured the shipped profile (`own_profile`: a `tune profile` of the user's machine priced it)."""
+    if own_profile or row is None or row.kind != "predicted" or not row.layout.offloaded or not row.breakdown:
+        return None
+    values = {k: v for k, v in row.breakdown.items() if isinstance(v, (int, float))}
+    step = sum(values.values())
+    share = values.get("offload", 0.0) / step if step > 0 else 0.0
+    if share < OFFLOAD_NOTE_SHARE:
+        return None
+    return (f"the best layout offloads the optimizer: {share:.0%} of its predicted step is the CPU's, priced as the "
+            f"host that measured the shipped profile ran it; hosts differ (two H100 hosts' offload builds took x0.62 "
+            f"and x1.11 its time): `tune profile` on a training host measures its own (then pass --profile)")
+
+
 def _short(value):
     """A float to 6 significant digits (the figures' precision, not the binary noise)."""
     return float(f"{value:.6g}") if isinstance(value, float) else value

@@ -24,8 +24,8 @@ from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
 from tuner.progress import Counter, Progress
 from tuner.proposer import Candidate, SamplerProposer
-from tuner.report import (counts_line, format_table, per_step_note, ranked_rows, recorded_precision, trials_csv,
-                          trials_json)
+from tuner.report import (counts_line, format_table, offload_note, per_step_note, ranked_rows, recorded_precision,
+                          trials_csv, trials_json)
 from tuner.model_identity import as_recorded_name, check_model_identity
 from tuner.sqlite_file import check_storage
 from tuner.study import (StudyConfig, shown, precheck_study, default_study_name, history_of, load_or_create, load_study,
@@ -179,6 +179,9 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     print(format_table(rows, limit=10, precision=config.workload.precision), file=out)
     note = rows and per_step_note(rows[0].breakdown, config.workload.global_batch, config.workload.seq_len,
                                   config.world_size)
+    if note:
+        print(f"note: {note}", file=out)
+    note = rows and offload_note(rows[0], own_profile=config.profile is not None)
     if note:
         print(f"note: {note}", file=out)
     verify_top = args.verify_top if args.verify_top is not None else (0 if args.backend == "predict" else 3)
