@@ -214,6 +214,11 @@ def _mark_derived(lines: dict[str, str], derived) -> None:
             first = False
 
 
+# What a CPU optimizer's price says of the host it was measured on (the spread runner_host_cpu_error_sd was taken from)
+HOSTS_DIFFER = ("hosts differ: two H100 hosts' offload builds took x0.62 and x1.11 the H200 host's time, and "
+                "`tune profile` on the training host measures its own")
+
+
 def _runner_offload_source(ctx: StepContext, where: str) -> str | None:
     """Where the runner's offloaded optimizer step comes from: the profile's offload build, else its CPU Adam rate
     for this many ranks per host (measured or shared out); None without either."""
@@ -224,9 +229,7 @@ def _runner_offload_source(ctx: StepContext, where: str) -> str | None:
     if comps.offload_s_per_param is not None:
         return (f"measured: the offloaded optimizer step {comps.offload_s_per_param_here * 1e12:.0f} ms per 1e9 "
                 f"parameters on the CPU with 1 rank per host (megatron's HybridDeviceOptimizer: copies and "
-                f"CPU Adam; {where}; on the host that ran those builds: hosts differ, two H100 hosts' offload builds "
-                f"took x0.62 and x1.11 the H200 host's time, and `tune profile` on the training host measures its "
-                f"own)" + ("" if ranks == 1 else
+                f"CPU Adam; {where}; on the host that ran those builds: {HOSTS_DIFFER})" + ("" if ranks == 1 else
                 f", slowed by the CPU Adam rate measured with {ranks} ranks per host (modelled)"))
     if at is not None:
         return (f"measured: CPU Adam {comps.cpu_adam_rate(ranks) / 1e6:,.0f} M params/s per rank with "

@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import printable as printable_text
 from cost_model.memory_fit import BORDERLINE, fit_label
+from cost_model.term_sources import HOSTS_DIFFER
 from experiments.runner import allocator_retries_per_step
 from tuner.interval import Interval, number
 from tuner.trial_record import Predicted, TrialRecord, read_trials
@@ -202,14 +203,18 @@ def offload_note(row, own_profile: bool) -> str | None:
     host that measured the shipped profile (`own_profile`: a `tune profile` of the user's machine priced it)."""
     if own_profile or row is None or row.kind != "predicted" or not row.layout.offloaded or not row.breakdown:
         return None
-    values = {k: v for k, v in row.breakdown.items() if isinstance(v, (int, float))}
-    step = sum(values.values())
+    values, step = _step_seconds(row.breakdown)
     share = values.get("offload", 0.0) / step if step > 0 else 0.0
     if share < OFFLOAD_NOTE_SHARE:
         return None
     return (f"the best layout offloads the optimizer: {share:.0%} of its predicted step is the CPU's, priced as the "
-            f"host that measured the shipped profile ran it; hosts differ (two H100 hosts' offload builds took x0.62 "
-            f"and x1.11 its time): `tune profile` on a training host measures its own (then pass --profile)")
+            f"host that measured the shipped profile ran it; {HOSTS_DIFFER} (then pass --profile)")
+
+
+def _step_seconds(breakdown: dict) -> tuple[dict, float]:
+    """A stored breakdown's numeric terms (seconds a step) and their sum."""
+    values = {k: v for k, v in breakdown.items() if isinstance(v, (int, float))}
+    return values, sum(values.values())
 
 
 def _short(value):
@@ -231,8 +236,7 @@ def per_step_note(breakdown: dict | None, global_batch: int, seq_len: int, world
     the global batch gives each GPU few tokens a step, and a larger one would amortize them."""
     if not breakdown:
         return None
-    values = {k: v for k, v in breakdown.items() if isinstance(v, (int, float))}
-    step = sum(values.values())
+    values, step = _step_seconds(breakdown)
     fixed = {k: values.get(k, 0.0) for k in PER_STEP_TERMS}
     if step <= 0 or sum(fixed.values()) / step < PER_STEP_NOTE_SHARE:
         return None
