@@ -224,14 +224,15 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     script = slime_model_script(model)
     built, missing = (None, "") if script else launch_model_args(model)
     # the display name comes from a user's config.json: one printable line, never a shell line of its own
-    name = clean_name(model.display_name)
+    shown_model = clean_name(model.display_name)
     if script:
         comment = f"# MODEL_ARGS: source <slime>/{script}"
     elif built is not None:
-        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {name}; built from its config: "
+        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {shown_model}; built from its config: "
                    + " ".join(shlex.quote(a) for a in built))
     else:
-        comment = f"# MODEL_ARGS: slime has no scripts/models script for {name}; define MODEL_ARGS ({missing})"
+        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {shown_model}; define MODEL_ARGS "
+                   f"({missing})")
     out = [comment]
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
