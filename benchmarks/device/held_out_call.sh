@@ -1,0 +1,32 @@
+# One device call of the registered, not yet run held-out runner grid for the GPU this machine has: v30 on an H200,
+# v36 on an H100 (their predictions are committed in benchmarks/results/runner-grids-*-predicted-before.txt).
+#   bash benchmarks/device/held_out_call.sh plain [BUDGET_S]   carry .whl/m .whl/c .whl/f .whl/t1: the trials
+#                                                              without Gated DeltaNet layers
+#   bash benchmarks/device/held_out_call.sh gdn [BUDGET_S]     after a call carrying .whl/b, then this one carrying
+#                                                              .whl/t2 (TileLang's second part): the GDN trials
+# Results go to $OUT/grids.jsonl; a trial the budget left unstarted is named at the end.
+stage=${1:?plain or gdn}; budget=${2:-470}
+. benchmarks/device/session_env.sh
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "gpu: $name; $(date -u +%FT%TZ)"
+case "$name" in
+  *H200*) suite=benchmarks/runner_grids_h200_v30_suite.json ;;
+  *H100*) suite=benchmarks/runner_grids_h100_v36_suite.json ;;
+  *) echo "held_out_call: no registered grid for $name" >&2; exit 3 ;;
+esac
+only=$(python - "$suite" "$stage" <<'EOF'
+import json, sys
+from cost_model.nouns.model_spec import load_model
+suite, stage = json.load(open(sys.argv[1])), sys.argv[2]
+gdn = lambda t: load_model(t["model"]).has_linear_attention and not t.get("replace_gdn")
+print(",".join(t["name"] for t in suite["trials"] if gdn(t) == (stage == "gdn")))
+EOF
+)
+[ -n "$only" ] || { echo "held_out_call: no $stage trials in $suite" >&2; exit 3; }
+extra=(); [ "$stage" = gdn ] && extra=(--timeout-s 330)   # the first GDN trial compiles fla's kernels
+python -m experiments.megatron --suite "$suite" --out "$OUT/grids.jsonl" --budget-s "$budget" --only "$only" \
+  "${extra[@]}" 2>&1 | grep -v -i warning | tail -n 60
+done=$(python -c "import json,sys; print(','.join(json.loads(l)['trial'] for l in open(sys.argv[1])))" \
+  "$OUT/grids.jsonl" 2>/dev/null)
+echo "suite: $suite; ran: $done"
+echo "$(date -u +%FT%TZ)"
