@@ -53,7 +53,7 @@ def gap_rows(pairs=DEFAULT) -> list[dict]:
             tokens = t.layout.max_tokens_per_gpu / t.layout.cp
             routed = model.num_experts_per_tok * t.layout.etp
             out.append({"file": results.name, "trial": t.name, "family": model.display_name.split("[")[0],
-                        "moe": model.is_moe, "dispatched": dispatched_gib(model, t.layout, tokens, routed),
+                        "moe": model.has_moe_layers, "dispatched": dispatched_gib(model, t.layout, tokens, routed),
                         "gap": m["peak_reserved"] - m["peak_allocated"], "in_sample": results.name in IN_SAMPLE_FILES})
     return out
 

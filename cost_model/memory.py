@@ -504,8 +504,8 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
 
 
 def dispatched_gib(model: ModelSpec, layout: Layout, tokens: float, routed_rows_per_token: float) -> float:
-    """GiB of one micro-batch's routed rows on one GPU (bf16 hidden states after the dispatch); 0 for a dense model."""
-    if not model.is_moe:
+    """GiB of one micro-batch's routed rows on one GPU (bf16 hidden states after the dispatch); 0 without MoE layers."""
+    if not model.has_moe_layers:
         return 0.0
     return BF16 * model.hidden_size * routed_rows_per_token * tokens / layout.tp / GIB
 
@@ -515,8 +515,8 @@ def allocator_gap_gib(model: ModelSpec, layout: Layout, tokens: float, routed_ro
     """GiB the caching allocator holds reserved beyond its allocated peak when the card has room. MoE layers
     allocate routing-dependent sizes every micro-batch, so the gap grows with the routed rows; dense layers
     reuse the same sizes (constants.yaml allocator_gap_*: fitted on the runner's in-sample grids,
-    benchmarks/allocator_gap_fit.py)."""
-    if not model.is_moe:
+    benchmarks/allocator_gap_fit.py). A MoE model built without its MoE layers has a dense model's gap."""
+    if not model.has_moe_layers:
         return c.allocator_gap_dense_gib
     return c.allocator_gap_moe_gib + c.allocator_gap_per_dispatched_gib * dispatched_gib(
         model, layout, tokens, routed_rows_per_token)

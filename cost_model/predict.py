@@ -353,10 +353,10 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
     reasons = fit_reasons(memory, capacity, host, gpu)
     if fit == BORDERLINE:
         # a MoE layout's note prices retrying once a micro-batch (cost_model.memory_fit)
+        moe = model.has_moe_layers
         strain = ((n_mb * fp32_logits_bytes(model, layout, tokens) / GIB * c.allocator_remap_s_per_gib, step_time)
-                  if model.is_moe else None)
-        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=model.is_moe,
-                                         strain=strain))
+                  if moe else None)
+        reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=moe, strain=strain))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
     mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,

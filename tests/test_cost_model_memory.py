@@ -89,6 +89,19 @@ def test_the_allocator_cache_fills_room_but_never_decides_the_fit(qwen36, h200):
         assert p.memory.device_peak <= max(p.gpu_memory_gib, p.peak_memory_gib)
 
 
+def test_a_moe_model_cut_to_its_dense_layers_has_a_dense_models_allocator_gap():
+    from cost_model.memory import allocator_gap_gib, dispatched_gib
+    from cost_model.nouns.model_spec import load_model
+    from experiments.megatron.model_run import trial_model
+    c, layout = default_constants(), Layout(1, max_tokens_per_gpu=32768)
+    glm = load_model("glm4.5-air")   # 1 dense first layer, then MoE layers
+    first, two = trial_model(glm, 1, False), trial_model(glm, 2, False)
+    assert first.is_moe and not first.has_moe_layers and two.has_moe_layers
+    assert dispatched_gib(first, layout, 32768, 8) == 0.0
+    assert allocator_gap_gib(first, layout, 32768, 8, c) == c.allocator_gap_dense_gib
+    assert allocator_gap_gib(two, layout, 32768, 8, c) > c.allocator_gap_moe_gib
+
+
 def test_loss_path_counts_the_logits_tensors_alive_at_once(qwen36):
     tokens, v = 8192, padded_vocab(qwen36.vocab_size, 1)
     h = qwen36.hidden_size

@@ -200,6 +200,12 @@ class ModelSpec:
     def num_moe_layers(self) -> int:
         return self.mlp_types.count(MOE)
 
+    @property
+    def has_moe_layers(self) -> bool:
+        """Whether any layer built routes tokens to experts: a MoE model cut to its first layers may build only its
+        dense ones (GLM-4.5-Air at 1 layer), and then allocates no routing-dependent sizes."""
+        return MOE in self.mlp_types
+
     def count(self, layer_type: str) -> int:
         # tuple.count (in C): the validity rules ask it of every layout of a space
         return self.layer_types.count(layer_type)
