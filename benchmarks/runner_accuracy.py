@@ -99,7 +99,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h100_v33_suite.json", R / "runner-grids-h100-v33-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-2026-12-06.jsonl"),
            (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-b-2026-12-06.jsonl")] + \
-          [(B / "runner_grids_h100_v35_suite.json", R / f"runner-grids-h100-v35-{k}-2026-12-06.jsonl") for k in "abc"]
+          [(B / "runner_grids_h100_v35_suite.json", R / f"runner-grids-h100-v35-{k}-2026-12-06.jsonl") for k in "abc"] + \
+          [(B / "runner_grids_h100_v36_suite.json", R / f"runner-grids-h100-v36-{k}-2026-12-06.jsonl") for k in "abc"]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -273,6 +274,9 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # GLM-4.5-Air at 1, Qwen3.6 at 2 layers seq 6k; registered before it ran, runner-grids-h100-v35-predicted-before.txt)
 # ran the same session: held out, but for four of its Qwen3.6 trials (r1, r2, r3, r3-full), found after the run to
 # repeat v31's layouts of the same shape (looked at since the GDN derivation's calibration: GDN_DERIVATION_LOOKED_AT).
+# v36 (1 x H100: Codestral-22B at 5 layers, Qwen3.6 at 2 layers seq 8k, Qwen3-Next at 1 layer seq 8k; registered in the
+# tenth session, runner-grids-h100-v36-predicted-before.txt, the registration reproduced unchanged before it ran) ran
+# in the eleventh: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
