@@ -1,17 +1,18 @@
 # One device call of the registered, not yet run held-out runner grid for the GPU this machine has: v30 on an H200,
-# v36 on an H100 (their predictions are committed in benchmarks/results/runner-grids-*-predicted-before.txt).
+# v37 on an H100 (their predictions are committed in benchmarks/results/runner-grids-*-predicted-before.txt).
 #   bash benchmarks/device/held_out_call.sh plain [BUDGET_S]   carry .whl/m .whl/c .whl/f .whl/t1: the trials
 #                                                              without Gated DeltaNet layers
 #   bash benchmarks/device/held_out_call.sh gdn [BUDGET_S]     after a call carrying .whl/b, then this one carrying
 #                                                              .whl/t2 (TileLang's second part): the GDN trials
-# Results go to $OUT/grids.jsonl; a trial the budget left unstarted is named at the end.
+# ONLY=a,b,... runs just those trials (a later call, for those an earlier one's budget left unstarted).
+# Results go to $OUT/grids.jsonl; the trials that ran are named at the end.
 stage=${1:?plain or gdn}; budget=${2:-470}
 . benchmarks/device/session_env.sh
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $name; $(date -u +%FT%TZ)"
 case "$name" in
   *H200*) suite=benchmarks/runner_grids_h200_v30_suite.json ;;
-  *H100*) suite=benchmarks/runner_grids_h100_v36_suite.json ;;
+  *H100*) suite=benchmarks/runner_grids_h100_v37_suite.json ;;
   *) echo "held_out_call: no registered grid for $name" >&2; exit 3 ;;
 esac
 only=$(python - "$suite" "$stage" <<'EOF'
@@ -22,6 +23,7 @@ gdn = lambda t: load_model(t["model"]).has_linear_attention and not t.get("repla
 print(",".join(t["name"] for t in suite["trials"] if gdn(t) == (stage == "gdn")))
 EOF
 )
+only=${ONLY:-$only}
 [ -n "$only" ] || { echo "held_out_call: no $stage trials in $suite" >&2; exit 3; }
 extra=(); [ "$stage" = gdn ] && extra=(--timeout-s 330)   # the first GDN trial compiles fla's kernels
 python -m experiments.megatron --suite "$suite" --out "$OUT/grids.jsonl" --budget-s "$budget" --only "$only" \
