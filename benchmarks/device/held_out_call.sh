@@ -4,7 +4,8 @@
 #                                                              without Gated DeltaNet layers
 #   bash benchmarks/device/held_out_call.sh gdn [BUDGET_S]     after a call carrying .whl/b, then this one carrying
 #                                                              .whl/t2 (TileLang's second part): the GDN trials
-# ONLY=a,b,... runs just those trials (a later call, for those an earlier one's budget left unstarted).
+# Trials already stored under benchmarks/results for the suite are left out. ONLY=a,b,... runs just those trials
+# (a later call, for those an earlier one's budget left unstarted).
 # Results go to $OUT/grids.jsonl; the trials that ran are named at the end.
 stage=${1:?plain or gdn}; budget=${2:-470}
 . benchmarks/device/session_env.sh
@@ -16,11 +17,16 @@ case "$name" in
   *) echo "held_out_call: no registered grid for $name" >&2; exit 3 ;;
 esac
 only=$(python - "$suite" "$stage" <<'EOF'
-import json, sys
+import glob, json, sys
 from cost_model.nouns.model_spec import load_model
-suite, stage = json.load(open(sys.argv[1])), sys.argv[2]
+path, stage = sys.argv[1], sys.argv[2]
+suite = json.load(open(path))
+# the trials an earlier session already ran (this suite's stored results) are not run again
+tag = path.split("runner_grids_")[1].removesuffix("_suite.json").replace("_", "-")
+ran = {json.loads(line)["trial"] for f in glob.glob(f"benchmarks/results/runner-grids-{tag}-*.jsonl")
+       for line in open(f) if line.strip() and json.loads(line).get("status") != "skipped"}
 gdn = lambda t: load_model(t["model"]).has_linear_attention and not t.get("replace_gdn")
-print(",".join(t["name"] for t in suite["trials"] if gdn(t) == (stage == "gdn")))
+print(",".join(t["name"] for t in suite["trials"] if gdn(t) == (stage == "gdn") and t["name"] not in ran))
 EOF
 )
 only=${ONLY:-$only}
