@@ -1,0 +1,115 @@
+"""What one dense layer of the megatron runner keeps for its backward, per selective-recompute module set, traced
+tensor by tensor on the CPU, against the memory model's count.
+
+Builds megatron-core's TransformerBlock with the runner's torch-native spec (experiments.megatron.torch_native:
+torch norms, torch SDPA, megatron's linears and SwiGLU) at a toy width (hidden 256, 4 heads of 64, 2 KV heads,
+ffn 704), bf16, RoPE as GPTModel passes it, one row of 256 tokens, and runs a forward under autograd's
+saved-tensor hooks. It sums the distinct storages still holding bytes afterwards (what recompute discarded is
+resized to nothing), less the parameters and the block's input, and takes 2 layers less 1 layer: one layer's bf16
+bytes per token, in units of hidden x 2 bytes. Next to it, the cost model's count for that layer on the runner's
+stack before its fitted per-MLP-kind factor (cost_model.activations: layer_bytes + unfused_extra_bytes).
+
+What the CPU cannot show: the CPU's RMSNorm is torch's composite one, which keeps fp32 copies (left out here:
+the fused CUDA kernel keeps its bf16 input instead, one hidden per norm, so add 2 for the layer's two norms where
+layernorm is not recomputed), and its SDPA kernel's output layout (the CPU's makes the output projection's input
+a view; with more than one row a micro-batch a GPU kernel's may be a copy). The differences between module sets
+are what it is for: on this stack recomputing core_attn keeps the same bytes (the checkpoint's output, the size of
+the attention's, is what the output projection keeps either way), which the model's count does not say.
+
+    python benchmarks/saved_tensors_cpu.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+MODULE_SETS = ((), ("core_attn",), ("layernorm",), ("mlp",), ("layernorm", "mlp"), ("core_attn", "mlp"),
+               ("core_attn", "layernorm", "mlp"))
+SEQ = 256
+
+
+def toy_model(layers: int):
+    from cost_model.nouns.model_spec import load_model
+    from experiments.megatron.model_run import trial_model
+
+    return dataclasses.replace(trial_model(load_model("llama3-8b"), layers), hidden_size=256, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=64, intermediate_size=704, vocab_size=256)
+
+
+def layout_for(mods: tuple[str, ...]):
+    from cost_model.nouns.layout import Layout
+
+    extra = dict(recompute_granularity="selective", recompute_modules=mods) if mods else {}
+    return Layout(1, max_tokens_per_gpu=SEQ, **extra)
+
+
+def saved_bf16_bytes(layers: int, mods: tuple[str, ...]) -> int:
+    """bf16 bytes the block keeps for its backward after one forward of SEQ tokens."""
+    import torch
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer.transformer_block import TransformerBlock
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from cost_model.nouns.workload import Workload
+    from experiments.megatron import config
+    from experiments.megatron import torch_native as tnb
+
+    model = toy_model(layers)
+    kw = config.transformer_config_kwargs(model, layout_for(mods), Workload(seq_len=SEQ, global_batch=1),
+                                          use_cpu_initialization=True)
+    kw.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+    cfg = TransformerConfig(**kw)
+    spec, _ = tnb.block_spec(model, cfg, "torch-native")
+    block = TransformerBlock(cfg, spec)
+    skip = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    x = torch.randn(SEQ, 1, model.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    skip.add(x.untyped_storage().data_ptr())
+    rope = RotaryEmbedding(kv_channels=model.head_dim, rotary_percent=1.0, use_cpu_initialization=True)(SEQ)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        block(x, attention_mask=None, rotary_pos_emb=rope)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved
+                if t.dtype == torch.bfloat16}
+    return sum(n for ptr, n in storages.items() if ptr not in skip)
+
+
+def model_count(mods: tuple[str, ...]) -> float:
+    """The memory model's bytes per token for one toy layer on the runner's stack, before its dense factor."""
+    from cost_model.activations import layer_bytes, unfused_extra_bytes
+    from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION
+
+    model, layout = toy_model(1), layout_for(mods)
+    return (layer_bytes(FULL_ATTENTION, DENSE, model, layout, set(mods), 1.0, 0.0, True)
+            + unfused_extra_bytes(FULL_ATTENTION, DENSE, model, layout, set(mods), 1.0, 0.0, True))
+
+
+def main() -> int:
+    import megatron.core.tensor_parallel.random as tp_random
+    import torch
+    from megatron_cpu import one_rank
+
+    unit = 2 * toy_model(1).hidden_size
+    print("one toy dense layer (hidden 256, q 256, k+v 256, ffn 704; bf16, RoPE, 256 tokens) on the runner's "
+          "torch-native stack, traced on the CPU; bf16 bytes per token in units of hidden x 2 bytes")
+    print(f"{'recomputed':32} {'traced':>7} {'model':>7}   (traced: composite CPU norms' fp32 copies left out)")
+    # the checkpoint saves and restores the CUDA RNG state: the CPU's stands in
+    with one_rank(), warnings.catch_warnings(), \
+            mock.patch.object(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state()), \
+            mock.patch.object(tp_random, "_set_cuda_rng_state", lambda *a, **k: None):
+        warnings.simplefilter("ignore")
+        for mods in MODULE_SETS:
+            traced = (saved_bf16_bytes(2, mods) - saved_bf16_bytes(1, mods)) / SEQ / unit
+            print(f"{', '.join(mods) or 'none':32} {traced:7.2f} {model_count(mods) / unit:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
