@@ -20,6 +20,7 @@ the attention's, is what the output projection keeps either way), which the mode
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import warnings
@@ -49,6 +50,21 @@ def layout_for(mods: tuple[str, ...]):
 
     extra = dict(recompute_granularity="selective", recompute_modules=mods) if mods else {}
     return Layout(1, max_tokens_per_gpu=SEQ, **extra)
+
+
+@contextlib.contextmanager
+def cpu_rank():
+    """One CPU rank as the tests build the runner's model (tests/megatron_cpu.one_rank), with the CPU's RNG state
+    standing in for the CUDA one megatron's recompute checkpoint saves and restores."""
+    import megatron.core.tensor_parallel.random as tp_random
+    import torch
+    from megatron_cpu import one_rank
+
+    with one_rank(), warnings.catch_warnings(), \
+            mock.patch.object(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state()), \
+            mock.patch.object(tp_random, "_set_cuda_rng_state", lambda *a, **k: None):
+        warnings.simplefilter("ignore")
+        yield
 
 
 def saved_bf16_bytes(layers: int, mods: tuple[str, ...]) -> int:
@@ -92,19 +108,11 @@ def model_count(mods: tuple[str, ...]) -> float:
 
 
 def main() -> int:
-    import megatron.core.tensor_parallel.random as tp_random
-    import torch
-    from megatron_cpu import one_rank
-
     unit = 2 * toy_model(1).hidden_size
     print("one toy dense layer (hidden 256, q 256, k+v 256, ffn 704; bf16, RoPE, 256 tokens) on the runner's "
           "torch-native stack, traced on the CPU; bf16 bytes per token in units of hidden x 2 bytes")
     print(f"{'recomputed':32} {'traced':>7} {'model':>7}   (traced: composite CPU norms' fp32 copies left out)")
-    # the checkpoint saves and restores the CUDA RNG state: the CPU's stands in
-    with one_rank(), warnings.catch_warnings(), \
-            mock.patch.object(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state()), \
-            mock.patch.object(tp_random, "_set_cuda_rng_state", lambda *a, **k: None):
-        warnings.simplefilter("ignore")
+    with cpu_rank():
         for mods in MODULE_SETS:
             traced = (saved_bf16_bytes(2, mods) - saved_bf16_bytes(1, mods)) / SEQ / unit
             print(f"{', '.join(mods) or 'none':32} {traced:7.2f} {model_count(mods) / unit:7.2f}")

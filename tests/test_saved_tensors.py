@@ -2,27 +2,16 @@
 module set, traced on the CPU."""
 from __future__ import annotations
 
-import warnings
-from unittest import mock
-
 import pytest
 
 pytestmark = [pytest.mark.torch]
 
 
 def test_recomputing_core_attn_keeps_the_same_bytes_and_recomputing_mlp_drops_its_ffn_tensors():
-    import megatron.core.tensor_parallel.random as tp_random
-    import torch
-    from megatron_cpu import one_rank
-
     from benchmarks import saved_tensors_cpu as st
 
-    model = st.toy_model(1)
-    ffn = 2 * model.intermediate_size * st.SEQ
-    with one_rank(), warnings.catch_warnings(), \
-            mock.patch.object(tp_random, "_get_cuda_rng_state", lambda *a, **k: torch.get_rng_state()), \
-            mock.patch.object(tp_random, "_set_cuda_rng_state", lambda *a, **k: None):
-        warnings.simplefilter("ignore")
+    ffn = 2 * st.toy_model(1).intermediate_size * st.SEQ
+    with st.cpu_rank():
         layer = {mods: st.saved_bf16_bytes(2, mods) - st.saved_bf16_bytes(1, mods)
                  for mods in ((), ("core_attn",), ("mlp",))}
     assert layer[()] > 0
