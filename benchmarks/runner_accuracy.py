@@ -371,14 +371,15 @@ def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
                     "band_sd": runner_stack_sd(model, gpu, None, p) if p.breakdown.get("layers", 0) > 0 else None,
                     "offload_looked_at": t.layout.offloaded and results_path.name in OFFLOAD_LOOKED_AT,
                     "memory_looked_at": results_path.name in MEMORY_LOOKED_AT
-                    or any(results_path.name == f and t.name.startswith(p) for f, p in MEMORY_TRIALS_LOOKED_AT)
+                    or any(results_path.name == f and t.name.startswith(prefix)
+                           for f, prefix in MEMORY_TRIALS_LOOKED_AT)
                     or (model.has_linear_attention and results_path.name in GDN_COUNT_LOOKED_AT)
                     or (not model.has_linear_attention and results_path.name in OUTSIDE_LOOKED_AT),
                     "tokens_looked_at": (results_path.name in SCALED_LOOKED_AT and not own)
                     or (t.layout.offloaded and results_path.name in HOST_CPU_LOOKED_AT)
                     or results_path.name in DERIVATION_LOOKED_AT
-                    or any(results_path.name == f and t.name.startswith(p)
-                           for f, p in HOST_FLOOR_LOOKED_AT | GDN_DERIVATION_LOOKED_AT)
+                    or any(results_path.name == f and t.name.startswith(prefix)
+                           for f, prefix in HOST_FLOOR_LOOKED_AT | GDN_DERIVATION_LOOKED_AT)
                     or (results_path.name, t.name) in REPEATS_LOOKED_AT})
     return out
 
