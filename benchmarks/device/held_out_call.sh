@@ -34,7 +34,7 @@ only=${ONLY:-$only}
 extra=(); [ "$stage" = gdn ] && extra=(--timeout-s 330)   # the first GDN trial compiles fla's kernels
 python -m experiments.megatron --suite "$suite" --out "$OUT/grids.jsonl" --budget-s "$budget" --only "$only" \
   "${extra[@]}" 2>&1 | grep -v -i warning | tail -n 60
-done=$(python -c "import json,sys; print(','.join(json.loads(l)['trial'] for l in open(sys.argv[1])))" \
+ran=$(python -c "import json,sys; print(','.join(json.loads(l)['trial'] for l in open(sys.argv[1])))" \
   "$OUT/grids.jsonl" 2>/dev/null)
-echo "suite: $suite; ran: $done"
+echo "suite: $suite; ran: $ran"
 echo "$(date -u +%FT%TZ)"
