@@ -3,6 +3,9 @@ unfused_moe_activation_factor) to its measured allocated peaks on H200.
 
     python benchmarks/runner_activation_fit.py [RESULTS.jsonl ...]
 
+Since 2026-12-06 a layer with a dense MLP is counted tensor by tensor instead (activations.runner_dense_layer_bytes,
+as benchmarks/saved_tensors_cpu.py traces it): the dense factor printed is the one then in force, used no more.
+
 The runner's stack is unfused (no Transformer Engine): its layers keep more for the backward than the
 fused count, and cost_model.activations scales the count (fused + `unfused_extra_bytes`) by one factor
 for layers with a dense MLP and one for layers with a MoE MLP. Each result line carries the prediction
@@ -74,9 +77,9 @@ def runs(paths: list[str]) -> list[dict]:
                 "loss path" if pred["activations"] < MIN_ACTIVATIONS_GIB else "activations")
             row = dict(trial=r.get("trial"), model=model, kind=kind, layout=d.get("layout"), bound=bound,
                        measured=measured, predicted=pred["allocated"], error=pred["allocated"] / measured - 1)
-            if bound == "activations" and kind:
-                then = ((d.get("prediction_for_model_run") or {}).get("unfused_activation_factors") or {}).get(
-                    kind, FACTOR_BEFORE_RECORDED)
+            then = ((d.get("prediction_for_model_run") or {}).get("unfused_activation_factors") or {}).get(
+                kind, FACTOR_BEFORE_RECORDED)
+            if bound == "activations" and kind and then is not None:   # None: counted, no factor
                 row["factor"] = then * (measured - static - pred["loss_path"]) / pred["activations"]
             out.append(row)
     return out
@@ -122,7 +125,8 @@ def refit(paths: list[str]) -> dict[str, list[float]]:
                 allocated.setdefault(r["trial"], max(r["peak_memory_gib_per_rank"]))
         for run in load_runs(suite, path):
             t = run.trial
-            kind = "moe" if t.model in MOE_MODELS else "dense" if t.model in DENSE_MODELS else None
+            # a dense-MLP layer is counted tensor by tensor since 2026-12-06 (activations.runner_dense_layer_bytes)
+            kind = "moe" if t.model in MOE_MODELS else None
             if not run.ok or kind is None or t.name not in allocated:
                 continue
             model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
@@ -158,8 +162,9 @@ def oom_bounds() -> list[dict]:
                                                               framework="megatron"), layout))
         m = p.memory
         logits = BF16 * layout.max_tokens_per_gpu * padded_vocab(model.vocab_size, layout.tp) / layout.tp / GIB
-        kind = "moe" if model.is_moe else "dense"
-        now = c.unfused_moe_activation_factor if model.is_moe else c.unfused_activation_factor
+        if not model.is_moe:   # a dense-MLP layer has no factor since 2026-12-06
+            continue
+        kind, now = "moe", c.unfused_moe_activation_factor
         out.append(dict(kind=kind, where=where, bound=now * (allocated - m.weights - m.grads - m.optimizer - logits)
                         / m.activations))
     return out

@@ -7,14 +7,15 @@ ffn 704), bf16, RoPE as GPTModel passes it, one row of 256 tokens, and runs a fo
 saved-tensor hooks. It sums the distinct storages still holding bytes afterwards (what recompute discarded is
 resized to nothing), less the parameters and the block's input, and takes 2 layers less 1 layer: one layer's bf16
 bytes per token, in units of hidden x 2 bytes. Next to it, the cost model's count for that layer on the runner's
-stack before its fitted per-MLP-kind factor (cost_model.activations: layer_bytes + unfused_extra_bytes).
+stack (cost_model.activations.runner_dense_layer_bytes, which this trace gave: no constant fitted).
 
 What the CPU cannot show: the CPU's RMSNorm is torch's composite one, which keeps fp32 copies (left out here:
 the fused CUDA kernel keeps its bf16 input instead, one hidden per norm, so add 2 for the layer's two norms where
 layernorm is not recomputed), and its SDPA kernel's output layout (the CPU's makes the output projection's input
 a view; with more than one row a micro-batch a GPU kernel's may be a copy). The differences between module sets
 are what it is for: on this stack recomputing core_attn keeps the same bytes (the checkpoint's output, the size of
-the attention's, is what the output projection keeps either way), which the model's count does not say.
+the attention's, is what the output projection keeps either way), and the unfused SwiGLU keeps five ffn-wide
+tensors; the count before 2026-12-06 (layer_bytes + unfused_extra_bytes times a fitted 1.083) said otherwise.
 
     python benchmarks/saved_tensors_cpu.py
 """
@@ -98,24 +99,31 @@ def saved_bf16_bytes(layers: int, mods: tuple[str, ...]) -> int:
 
 
 def model_count(mods: tuple[str, ...]) -> float:
-    """The memory model's bytes per token for one toy layer on the runner's stack, before its dense factor."""
-    from cost_model.activations import layer_bytes, unfused_extra_bytes
-    from cost_model.nouns.model_spec import DENSE, FULL_ATTENTION
+    """The memory model's bytes per token for one toy layer on the runner's stack (runner_dense_layer_bytes)."""
+    from cost_model.activations import runner_dense_layer_bytes
+    from cost_model.nouns.model_spec import FULL_ATTENTION
 
-    model, layout = toy_model(1), layout_for(mods)
-    return (layer_bytes(FULL_ATTENTION, DENSE, model, layout, set(mods), 1.0, 0.0, True)
-            + unfused_extra_bytes(FULL_ATTENTION, DENSE, model, layout, set(mods), 1.0, 0.0, True))
+    return runner_dense_layer_bytes(FULL_ATTENTION, toy_model(1), layout_for(mods), set(mods), 1.0)
+
+
+def gpu_equivalent(traced: float, mods: tuple[str, ...], hidden: int) -> float:
+    """The traced bytes with the fused CUDA RMSNorm's bf16 input in place of the CPU's composite norm's fp32 copies
+    (one hidden per norm, two norms a layer) where layernorm is not recomputed (recomputed, its checkpoint keeps the
+    bf16 input either way)."""
+    return traced + (0 if "layernorm" in mods else 2 * 2 * hidden)
 
 
 def main() -> int:
     unit = 2 * toy_model(1).hidden_size
     print("one toy dense layer (hidden 256, q 256, k+v 256, ffn 704; bf16, RoPE, 256 tokens) on the runner's "
           "torch-native stack, traced on the CPU; bf16 bytes per token in units of hidden x 2 bytes")
-    print(f"{'recomputed':32} {'traced':>7} {'model':>7}   (traced: composite CPU norms' fp32 copies left out)")
+    print(f"{'recomputed':32} {'traced':>7} {'on GPU':>7} {'model':>7}   (traced: the composite CPU norms' fp32 copies "
+          "left out; on GPU: with the fused norm's bf16 input)")
     with cpu_rank():
         for mods in MODULE_SETS:
-            traced = (saved_bf16_bytes(2, mods) - saved_bf16_bytes(1, mods)) / SEQ / unit
-            print(f"{', '.join(mods) or 'none':32} {traced:7.2f} {model_count(mods) / unit:7.2f}")
+            traced = (saved_bf16_bytes(2, mods) - saved_bf16_bytes(1, mods)) / SEQ
+            print(f"{', '.join(mods) or 'none':32} {traced / unit:7.2f} "
+                  f"{gpu_equivalent(traced, mods, toy_model(1).hidden_size) / unit:7.2f} {model_count(mods) / unit:7.2f}")
     return 0
 
 

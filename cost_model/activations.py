@@ -13,7 +13,7 @@ from operator import attrgetter
 from cost_model.memo import IdentityMemo
 from cost_model.constants import Constants
 from cost_model.nouns.layout import Layout
-from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MOE, SLIDING_ATTENTION, ModelSpec
+from cost_model.nouns.model_spec import FULL_ATTENTION, LINEAR_ATTENTION, MLA, MOE, SLIDING_ATTENTION, ModelSpec
 from cost_model.stages import RankLayers
 from cost_model.nouns.units import BF16, FP32
 
@@ -160,6 +160,27 @@ def runner_gdn_bytes(attn_kind: str, model: ModelSpec, layout: Layout, tokens: f
     return linear_attention_bytes(model, layout, tokens, True) + gdn_gated_norm_extra(model, layout, True) * tokens
 
 
+def runner_dense_layer_bytes(attn_kind: str, model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
+    """What a dense-MLP layer keeps on the runner's torch-native stack, tensor by tensor (benchmarks/saved_tensors_cpu.py
+    traces it): each norm's input and, unless layernorm is recomputed, its output; softmax attention's QKV output
+    (its value half a view of it), the rotated query and key, the attention output the projection keeps (recomputing
+    core_attn changes none of these), the query norm's input (the key norm's is a view of the QKV output), an
+    output gate and its sigmoid, RoPE's cos and sin;
+    the unfused SwiGLU's five ffn-wide tensors (fc1's output, twice ffn, the offset copy, silu, the product) unless
+    mlp is recomputed. A Gated DeltaNet block is counted from its source (runner_gdn_bytes)."""
+    h, tp, ffn = model.hidden_size, layout.tp, model.intermediate_size
+    norms = h + (0 if "layernorm" in mods else h)
+    if attn_kind == LINEAR_ATTENTION:
+        attention = runner_gdn_bytes(attn_kind, model, layout, tokens)
+    else:
+        q = model.num_attention_heads * model.head_dim
+        kv = 2 * model.num_key_value_heads * model.head_dim
+        a = norms + (q + kv) + q + kv / 2 + q + (q if model.qk_norm else 0) + (2 * q if model.attn_output_gate else 0)
+        attention = (BF16 * a / tp + BF16 * 4 * model.head_dim) * tokens
+    mlp = norms + (0 if "mlp" in mods else 5 * ffn)
+    return attention + BF16 * mlp / tp * tokens
+
+
 def unfused_scaled(counted: float, exact: float, factor: float) -> float:
     """A layer's saved bytes on the unfused stack: its per-MLP-kind `factor` on what the count may miss, not on
     `exact`, the part counted from source (runner_gdn_bytes)."""
@@ -202,6 +223,12 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
         if unfused is None:
             # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
             working = whole
+        elif mlp_kind != MOE and attn_kind != MLA:
+            layer = runner_dense_layer_bytes(attn_kind, model, layout, mods, tokens)
+            whole = runner_dense_layer_bytes(attn_kind, model, layout, set(), tokens)
+            temps = unfused[4] * glu_backward_tensor_bytes(mlp_kind, model, layout, tokens, routed_rows_per_token)
+            working = whole - layer + temps
+            temps_max = max(temps_max, temps)
         else:
             factor = unfused[1] if mlp_kind == MOE else unfused[0]
             exact = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0

@@ -129,10 +129,10 @@ def test_a_derived_profile_scales_the_kernel_times_and_drops_the_capacity():
 def test_the_gdn_block_count_matches_the_runners_layer_builds():
     """The runner's Gated DeltaNet block, counted from megatron-core's and fla's source, against the saved bytes per
     token the host-floor layer builds measured (hidden 256: the block is nearly all of the layer), for both GDN head
-    shapes built (Qwen3.6's 16/32 heads, Qwen3.5-27B's 16/48): each within 2%. The per-MLP-kind factor does not
-    scale the block (the layer's count minus it is what the factor scales)."""
+    shapes built (Qwen3.6's 16/32 heads, Qwen3.5-27B's 16/48): each within 2%. A dense Qwen3.5 model's layers are
+    counted tensor by tensor (the GDN block plus the dense MLP's runner count), no factor on either."""
     from benchmarks.activation_builds import DEFAULT, counted_per_token, measured_per_token, pairs
-    from cost_model.activations import activation_bytes_per_microbatch, runner_gdn_bytes, unfused_constants
+    from cost_model.activations import activation_bytes_per_microbatch, runner_dense_layer_bytes, unfused_constants
     from cost_model.nouns.model_spec import load_model
     from cost_model.nouns.units import BF16
     from cost_model.stages import layout_rank_layers
@@ -153,10 +153,9 @@ def test_the_gdn_block_count_matches_the_runners_layer_builds():
     unfused = unfused_constants(c)
     rank = layout_rank_layers(model, layout)[0]
     saved, _ = activation_bytes_per_microbatch(rank, model, layout, 4096.0, 0.0, True, unfused)
-    one_factor = c.unfused_activation_factor * activation_bytes_per_microbatch(
-        rank, model, layout, 4096.0, 0.0, True, (1.0,) + unfused[1:])[0]
-    gdn_layers = sum(n for a, _, n in rank.kinds if a == "linear_attention")
-    assert gdn_layers > 0
-    unscaled = gdn_layers * runner_gdn_bytes("linear_attention", model, layout, 4096.0)
-    unscaled += BF16 * model.hidden_size * 4096.0 if rank.has_embedding else 0.0
-    assert saved == pytest.approx(one_factor - (c.unfused_activation_factor - 1) * unscaled, rel=1e-9)
+    assert sum(n for a, _, n in rank.kinds if a == "linear_attention") > 0
+    counted = sum(n * runner_dense_layer_bytes(a, model, layout, set(), 4096.0) for a, _, n in rank.kinds)
+    counted += BF16 * model.hidden_size * 4096.0 if rank.has_embedding else 0.0
+    assert saved == pytest.approx(counted, rel=1e-9)
+    doubled = activation_bytes_per_microbatch(rank, model, layout, 4096.0, 0.0, True, (2.0,) + unfused[1:])[0]
+    assert doubled == saved                          # no dense factor left to scale

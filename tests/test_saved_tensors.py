@@ -18,3 +18,13 @@ def test_recomputing_core_attn_keeps_the_same_bytes_and_recomputing_mlp_drops_it
     assert layer[("core_attn",)] == layer[()]          # the checkpoint's output is what the projection keeps anyway
     # the SwiGLU's fc1 output (2 x ffn), its offset copy, silu and product (ffn each): five ffn-wide tensors
     assert layer[()] - layer[("mlp",)] == 5 * ffn
+
+
+def test_the_runner_dense_count_is_the_trace_for_every_module_set():
+    from benchmarks import saved_tensors_cpu as st
+
+    hidden = st.toy_model(1).hidden_size
+    with st.cpu_rank():
+        for mods in st.MODULE_SETS:
+            traced = (st.saved_bf16_bytes(2, mods) - st.saved_bf16_bytes(1, mods)) / st.SEQ
+            assert st.model_count(mods) == pytest.approx(st.gpu_equivalent(traced, mods, hidden), rel=1e-9), mods

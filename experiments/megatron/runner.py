@@ -458,9 +458,9 @@ def _prediction(case: Case, run, rows: int) -> dict:
             "step_time_s": round(p.step_time_s, 4), "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1),
             "memory_gib": {k: round(v, 2) for k, v in p.memory.as_dict().items()},
             "global_batch": rows, "framework": "megatron", "source": p.source,
-            # what benchmarks/runner_activation_fit.py refits these activations from
-            "unfused_activation_factors": {"dense": c.unfused_activation_factor,
-                                           "moe": c.unfused_moe_activation_factor}}
+            # what benchmarks/runner_activation_fit.py refits these activations from (a dense-MLP layer is counted
+            # tensor by tensor, activations.runner_dense_layer_bytes: no factor)
+            "unfused_activation_factors": {"dense": None, "moe": c.unfused_moe_activation_factor}}
 
 
 def _per_step(ranks: dict) -> tuple[list[float], list[float], list]:
