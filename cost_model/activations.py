@@ -165,9 +165,9 @@ def runner_dense_layer_bytes(attn_kind: str, model: ModelSpec, layout: Layout, m
     traces it): each norm's input and, unless layernorm is recomputed, its output; softmax attention's QKV output
     (its value half a view of it), the rotated query and key, the attention output the projection keeps (recomputing
     core_attn changes none of these), the query norm's input (the key norm's is a view of the QKV output), an
-    output gate and its sigmoid, RoPE's cos and sin;
-    the unfused SwiGLU's five ffn-wide tensors (fc1's output, twice ffn, the offset copy, silu, the product) unless
-    mlp is recomputed. A Gated DeltaNet block is counted from its source (runner_gdn_bytes)."""
+    output gate and its sigmoid, RoPE's cos and sin; the unfused SwiGLU's five ffn-wide tensors (fc1's output,
+    twice ffn, the offset copy, silu, the product) unless mlp is recomputed. A Gated DeltaNet block is counted from
+    its source (runner_gdn_bytes)."""
     h, tp, ffn = model.hidden_size, layout.tp, model.intermediate_size
     norms = h + (0 if "layernorm" in mods else h)
     if attn_kind == LINEAR_ATTENTION:
