@@ -306,9 +306,10 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     `in_flight` micro-batches at once (later ranks proportionally fewer, at least one): what the
     micro-batches in flight keep for the backward, and the largest layer's working set while it runs
     its backward. The loss path is counted apart (cost_model.loss_path). fp8 keeps fp8 copies of the
-    linear layers' inputs. A stack without fused kernels (`fused_kernels` False, cost_model.nouns.runtime)
-    keeps the extra bytes `unfused_extra_bytes` counts, scaled per MLP kind by constants.yaml's
-    unfused_activation_factor and unfused_moe_activation_factor (benchmarks/runner_activation_fit.py)."""
+    linear layers' inputs. On a stack without fused kernels (`fused_kernels` False, cost_model.nouns.runtime) a
+    dense-MLP layer is counted tensor by tensor (runner_dense_layer_bytes) and a MoE layer keeps the extra bytes
+    `unfused_extra_bytes` counts, scaled by constants.yaml's unfused_moe_activation_factor
+    (benchmarks/runner_activation_fit.py)."""
     precision, tokens, routed_rows_per_token = inputs.precision, inputs.tokens, inputs.routed_rows_per_token
     gdn_sharded, fused = inputs.runtime.gdn_sharded, inputs.runtime.fused_kernels
     unfused = None if fused else unfused_constants(c)

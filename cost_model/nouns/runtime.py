@@ -6,7 +6,7 @@
   (heads over TP, CP by a head all-to-all);
 - megatron-runner (attune's runner without TE, experiments/megatron): device_id bound in init_process_group, so
   every group's communicator exists at start; torch AdamW(foreach), an fp32 temporary the size of the shard;
-  unfused kernels that keep more inputs for the backward (constants.yaml unfused_activation_factor); one
+  unfused kernels that keep more inputs for the backward (cost_model.activations.runner_dense_layer_bytes); one
   torch._grouped_mm per expert linear (cost_model/step_time.py exposed_expert_calls).
 All run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. Pure data: no I/O.
 """
