@@ -4,8 +4,9 @@
 #                                                              without Gated DeltaNet layers
 #   bash benchmarks/device/held_out_call.sh gdn [BUDGET_S]     after a call carrying .whl/b, then this one carrying
 #                                                              .whl/t2 (TileLang's second part): the GDN trials
-# Trials already stored under benchmarks/results for the suite are left out. ONLY=a,b,... runs just those trials
-# (a later call, for those an earlier one's budget left unstarted).
+# Trials already stored under benchmarks/results for the suite are left out: save a call's grids.jsonl there as
+# runner-grids-<gpu>-<vNN>-<letter>-<date>.jsonl before the next call (the working tree travels with it) and that call
+# runs the rest. ONLY=a,b,... runs just those trials.
 # Results go to $OUT/grids.jsonl; the trials that ran are named at the end.
 stage=${1:?plain or gdn}; budget=${2:-470}
 . benchmarks/device/session_env.sh
