@@ -218,24 +218,25 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
     largest = 0.0      # the working set of the layer running its backward, over the rank's layers
     whole_max = temps_max = 0.0
     for attn_kind, mlp_kind, count in rank.kinds:
-        layer = layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded)
-        whole = layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded)
+        if unfused is not None and mlp_kind != MOE and attn_kind != MLA:
+            layer = runner_dense_layer_bytes(attn_kind, model, layout, mods, tokens)
+            whole = runner_dense_layer_bytes(attn_kind, model, layout, set(), tokens)
+        else:
+            layer = layer_bytes(attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded)
+            whole = layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded)
+            if unfused is not None:
+                factor = unfused[1] if mlp_kind == MOE else unfused[0]
+                exact = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0
+                layer = unfused_scaled(layer + unfused_extra_bytes(
+                    attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded), exact,
+                    factor)
+                whole = unfused_scaled(whole + unfused_extra_bytes(
+                    attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded), exact,
+                    factor)
         if unfused is None:
             # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
             working = whole
-        elif mlp_kind != MOE and attn_kind != MLA:
-            layer = runner_dense_layer_bytes(attn_kind, model, layout, mods, tokens)
-            whole = runner_dense_layer_bytes(attn_kind, model, layout, set(), tokens)
-            temps = unfused[4] * glu_backward_tensor_bytes(mlp_kind, model, layout, tokens, routed_rows_per_token)
-            working = whole - layer + temps
-            temps_max = max(temps_max, temps)
         else:
-            factor = unfused[1] if mlp_kind == MOE else unfused[0]
-            exact = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0
-            layer = unfused_scaled(layer + unfused_extra_bytes(
-                attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded), exact, factor)
-            whole = unfused_scaled(whole + unfused_extra_bytes(
-                attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded), exact, factor)
             # Beyond its saved bytes (already counted in `saved`), the layer running its backward holds what
             # recompute rebuilds and the eager backward's gradient temporaries.
             if mlp_kind == MOE:
