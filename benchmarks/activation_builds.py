@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cost_model.activations import (layer_bytes, runner_dense_layer_bytes, runner_gdn_bytes,  # noqa: E402
-                                    unfused_extra_bytes, unfused_scaled)
+                                    shared_expert_counts, unfused_extra_bytes, unfused_scaled)
 from cost_model.constants import default_constants  # noqa: E402
 from cost_model.nouns.layout import Layout  # noqa: E402
 from cost_model.nouns.model_spec import MOE, load_model  # noqa: E402
@@ -72,7 +72,8 @@ def measured_per_token(small: dict, large: dict) -> tuple[float, tuple[int, int]
 def counted_per_token(build: dict) -> tuple[float, float]:
     """(the memory model's count of one layer's saved bytes per token on the unfused runner stack before the
     fitted per-MLP-kind factor, the count as the model uses it: a dense-MLP layer's tensor-by-tensor count
-    (runner_dense_layer_bytes), a MoE layer's count with its factor on all but the Gated DeltaNet block)."""
+    (runner_dense_layer_bytes), a MoE layer's count with its factor on all but the Gated DeltaNet block and the
+    shared expert, counted tensor by tensor)."""
     name = BASE.get(build["model"], build["model"])
     local = Path(__file__).resolve().parent / "models" / name / "config.json"
     base = load_model(local if local.exists() else name)
@@ -85,7 +86,8 @@ def counted_per_token(build: dict) -> tuple[float, float]:
     if mlp != MOE:   # a dense-MLP layer is counted tensor by tensor, no factor
         return raw, runner_dense_layer_bytes(attn, model, layout, set(), 1.0)
     factor = default_constants().unfused_moe_activation_factor
-    return raw, unfused_scaled(raw, runner_gdn_bytes(attn, model, layout, 1.0), factor)
+    return raw, unfused_scaled(raw, runner_gdn_bytes(attn, model, layout, 1.0), factor,
+                               shared_expert_counts(mlp, model, layout, set(), 1.0))
 
 
 def pairs(paths: list[Path]) -> list[tuple[dict, dict]]:

@@ -323,6 +323,11 @@ OUTSIDE_LOOKED_AT = _stored_through("runner-grids-h100-v31-a-2026-12-06.jsonl")
 # benchmarks/saved_tensors_cpu.py), no factor: the peaks of every stored run of a model without MoE layers are looked
 # at since.
 DENSE_COUNT_LOOKED_AT = _stored_through("runner-grids-h200-v30-a-2026-12-06.jsonl")
+# v30's Qwen1.5-MoE-A2.7B peaks (up to 2.6% under, its allocated peaks 0.6-2.3 GiB over the count) then led to
+# counting a MoE layer's shared expert tensor by tensor (activations.runner_shared_expert_bytes, traced on the CPU by
+# benchmarks/saved_tensors_cpu.py: five ffn-wide tensors, the count had four, scaled by the MoE factor), no constant
+# fitted: the peaks of every stored run of a model with a shared expert are looked at since.
+SHARED_COUNT_LOOKED_AT = _stored_through("runner-grids-h200-v30-c-2026-12-06.jsonl")
 # v31's offload runs (8-20% over-predicted, on a host whose offloaded step ran as the H200's) then led to pricing an
 # H100's CPU optimizer as the H200 host ran it, not at the one H100 host's x1.60 the calibration had carried (v27's
 # host; v28's and v31's ran it at x1.0-1.1): the offload runs on H100 are looked at for tokens/s from then on.
@@ -382,7 +387,9 @@ def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
                            for f, prefix in MEMORY_TRIALS_LOOKED_AT)
                     or (model.has_linear_attention and results_path.name in GDN_COUNT_LOOKED_AT)
                     or (not model.has_linear_attention and results_path.name in OUTSIDE_LOOKED_AT)
-                    or (not model.has_moe_layers and results_path.name in DENSE_COUNT_LOOKED_AT),
+                    or (not model.has_moe_layers and results_path.name in DENSE_COUNT_LOOKED_AT)
+                    or (model.has_moe_layers and bool(model.shared_expert_intermediate_size)
+                        and results_path.name in SHARED_COUNT_LOOKED_AT),
                     "tokens_looked_at": (results_path.name in SCALED_LOOKED_AT and not own)
                     or (t.layout.offloaded and results_path.name in HOST_CPU_LOOKED_AT)
                     or results_path.name in DERIVATION_LOOKED_AT
@@ -441,7 +448,7 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
                              "ran": sum(r["status"] == "ok" for r in border)}
     print(f"device peak: within {100 * summary['peak_max_abs_err']:.1f}% (median "
           f"{100 * summary['peak_median_abs_err']:.1f}%) over {len(peak_runs)} runs"
-          f"{f' ({len(measured) - len(peak_runs)} left out: looked at, see OFFLOAD_LOOKED_AT, MEMORY_LOOKED_AT, MEMORY_TRIALS_LOOKED_AT, GDN_COUNT_LOOKED_AT, OUTSIDE_LOOKED_AT and DENSE_COUNT_LOOKED_AT)' if len(peak_runs) < len(measured) else ''}"
+          f"{f' ({len(measured) - len(peak_runs)} left out: looked at, see OFFLOAD_LOOKED_AT, MEMORY_LOOKED_AT, MEMORY_TRIALS_LOOKED_AT, GDN_COUNT_LOOKED_AT, OUTSIDE_LOOKED_AT, DENSE_COUNT_LOOKED_AT and SHARED_COUNT_LOOKED_AT)' if len(peak_runs) < len(measured) else ''}"
           f"; {len(oom)} ran out of memory, "
           f"false fits: {false_fit or 'none'}; predicted not to fit but ran: {false_refusal or 'none'}; "
           f"predicted within 2% of the limit: {near or 'none'}")

@@ -101,7 +101,8 @@ def suite_of(results: Path) -> Path | None:
 
 def refit(paths: list[str]) -> dict[str, list[float]]:
     """The factor each activation-bound run implies under today's count, re-predicted: the activations are
-    E + factor x R (E what no factor scales: the Gated DeltaNet block's count, cost_model.activations.runner_gdn_bytes),
+    E + factor x R (E what no factor scales: the Gated DeltaNet block's count, cost_model.activations.runner_gdn_bytes,
+    and a shared expert's, runner_shared_expert_bytes),
     read from predictions at the factor in force and at twice it; then factor = (measured - static - loss path - E) / R."""
     from dataclasses import replace
     from cost_model.constants import default_constants

@@ -17,6 +17,12 @@ are what it is for: on this stack recomputing core_attn keeps the same bytes (th
 the attention's, is what the output projection keeps either way), and the unfused SwiGLU keeps five ffn-wide
 tensors; the count before 2026-12-06 (layer_bytes + unfused_extra_bytes times a fitted 1.083) said otherwise.
 
+A MoE layer's shared expert the same way (toy_moe_model: Qwen1.5-MoE-A2.7B's layer at toy width, its gated
+shared expert at two widths and none): it keeps five ffn-wide tensors as the dense SwiGLU does, its own copy of the
+block's input and the gate's sigmoid (cost_model.activations.runner_shared_expert_bytes), where the MoE count before
+2026-12-06 held four and scaled them by the MoE layers' fitted factor (0.913). The toy's token dispatcher is
+allgather (the runner's alltoall one needs CUDA streams); the shared expert runs beside it, on the block's input.
+
     python benchmarks/saved_tensors_cpu.py
 """
 from __future__ import annotations
@@ -35,6 +41,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 MODULE_SETS = ((), ("core_attn",), ("layernorm",), ("mlp",), ("layernorm", "mlp"), ("core_attn", "mlp"),
                ("core_attn", "layernorm", "mlp"))
+MOE_MODULE_SETS = ((), ("moe_act",), ("shared_experts",), ("layernorm",), ("moe",))
+SHARED_WIDTHS = (0, 512, 1024)
 SEQ = 256
 
 
@@ -44,6 +52,18 @@ def toy_model(layers: int):
 
     return dataclasses.replace(trial_model(load_model("llama3-8b"), layers), hidden_size=256, num_attention_heads=4,
                                num_key_value_heads=2, head_dim=64, intermediate_size=704, vocab_size=256)
+
+
+def toy_moe_model(layers: int, shared: int):
+    """Qwen1.5-MoE-A2.7B's first `layers` layers at toy width: hidden 256, 4 heads of 64 (as many KV heads), 8
+    experts of 128 top-2, a gated shared expert `shared` wide (none at 0)."""
+    from cost_model.nouns.model_spec import load_model
+    from experiments.megatron.model_run import trial_model
+
+    base = trial_model(load_model(str(ROOT / "benchmarks" / "models" / "qwen1.5-moe-a2.7b" / "config.json")), layers)
+    return dataclasses.replace(base, hidden_size=256, num_attention_heads=4, num_key_value_heads=4, head_dim=64,
+                               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+                               shared_expert_intermediate_size=shared, vocab_size=256)
 
 
 def layout_for(mods: tuple[str, ...]):
@@ -68,8 +88,9 @@ def cpu_rank():
         yield
 
 
-def saved_bf16_bytes(layers: int, mods: tuple[str, ...]) -> int:
-    """bf16 bytes the block keeps for its backward after one forward of SEQ tokens."""
+def saved_bf16_bytes(layers: int, mods: tuple[str, ...], model=None) -> int:
+    """bf16 bytes the block keeps for its backward after one forward of SEQ tokens (of `model`, else the dense
+    toy at `layers`)."""
     import torch
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.transformer.transformer_block import TransformerBlock
@@ -79,10 +100,12 @@ def saved_bf16_bytes(layers: int, mods: tuple[str, ...]) -> int:
     from experiments.megatron import config
     from experiments.megatron import torch_native as tnb
 
-    model = toy_model(layers)
+    model = model or toy_model(layers)
     kw = config.transformer_config_kwargs(model, layout_for(mods), Workload(seq_len=SEQ, global_batch=1),
                                           use_cpu_initialization=True)
     kw.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
+    if model.is_moe:
+        kw["moe_token_dispatcher_type"] = "allgather"   # the alltoall one needs CUDA streams
     cfg = TransformerConfig(**kw)
     spec, _ = tnb.block_spec(model, cfg, "torch-native")
     block = TransformerBlock(cfg, spec)
@@ -113,6 +136,22 @@ def gpu_equivalent(traced: float, mods: tuple[str, ...], hidden: int) -> float:
     return traced + (0 if "layernorm" in mods else 2 * 2 * hidden)
 
 
+def shared_expert_traced(mods: tuple[str, ...], shared: int) -> float:
+    """bf16 bytes per token one MoE layer keeps for a `shared`-wide shared expert: the toy MoE layer with it less
+    the one without (each 2 layers less 1)."""
+    def layer(width: int) -> int:
+        return (saved_bf16_bytes(2, mods, toy_moe_model(2, width))
+                - saved_bf16_bytes(1, mods, toy_moe_model(1, width)))
+    return (layer(shared) - layer(0)) / SEQ
+
+
+def shared_expert_count(mods: tuple[str, ...], shared: int) -> float:
+    """The memory model's bytes per token for that shared expert (runner_shared_expert_bytes)."""
+    from cost_model.activations import runner_shared_expert_bytes
+
+    return runner_shared_expert_bytes(toy_moe_model(1, shared), layout_for(mods), set(mods), 1.0)
+
+
 def main() -> int:
     unit = 2 * toy_model(1).hidden_size
     print("one toy dense layer (hidden 256, q 256, k+v 256, ffn 704; bf16, RoPE, 256 tokens) on the runner's "
@@ -124,6 +163,13 @@ def main() -> int:
             traced = (saved_bf16_bytes(2, mods) - saved_bf16_bytes(1, mods)) / SEQ
             print(f"{', '.join(mods) or 'none':32} {traced / unit:7.2f} "
                   f"{gpu_equivalent(traced, mods, toy_model(1).hidden_size) / unit:7.2f} {model_count(mods) / unit:7.2f}")
+        print("\na toy MoE layer's gated shared expert (hidden 256, 8 experts of 128 top-2), the layer with it less "
+              "the one without; bf16 bytes per token in units of the shared expert's width x 2 bytes")
+        print(f"{'recomputed':32} " + " ".join(f"{f'traced {w}':>11} {f'model {w}':>10}" for w in SHARED_WIDTHS[1:]))
+        for mods in MOE_MODULE_SETS:
+            cells = [(shared_expert_traced(mods, w) / (2 * w), shared_expert_count(mods, w) / (2 * w))
+                     for w in SHARED_WIDTHS[1:]]
+            print(f"{', '.join(mods) or 'none':32} " + " ".join(f"{t:11.3f} {m:10.3f}" for t, m in cells))
     return 0
 
 

@@ -181,10 +181,34 @@ def runner_dense_layer_bytes(attn_kind: str, model: ModelSpec, layout: Layout, m
     return attention + BF16 * mlp / tp * tokens
 
 
-def unfused_scaled(counted: float, exact: float, factor: float) -> float:
+def unfused_scaled(counted: float, exact: float, factor: float, shared: tuple[float, float] = (0.0, 0.0)) -> float:
     """A layer's saved bytes on the unfused stack: its per-MLP-kind `factor` on what the count may miss, not on
-    `exact`, the part counted from source (runner_gdn_bytes)."""
-    return exact + factor * (counted - exact)
+    `exact`, the part counted from source (runner_gdn_bytes), nor on a shared expert's: `shared` = (what the
+    count holds for it, what the runner keeps: runner_shared_expert_bytes), the first replaced by the second."""
+    return exact + shared[1] + factor * (counted - exact - shared[0])
+
+
+def runner_shared_expert_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
+    """What a MoE layer's shared expert keeps on the runner's torch-native stack, tensor by tensor
+    (benchmarks/saved_tensors_cpu.py traces it): the unfused SwiGLU's five ffn-wide tensors, as a dense MLP's, its
+    own copy of the block's input and its gate's sigmoid; nothing once shared_experts or moe is recomputed (the
+    checkpoint's input is the block's, kept anyway)."""
+    s = model.shared_expert_intermediate_size
+    if not s or "shared_experts" in mods or "moe" in mods:
+        return 0.0
+    return BF16 * (5 * s + model.hidden_size + (1 if model.shared_expert_gate else 0)) / layout.tp * tokens
+
+
+def shared_expert_counts(mlp_kind: str, model: ModelSpec, layout: Layout, mods: set,
+                         tokens: float) -> tuple[float, float]:
+    """A MoE layer's shared expert: (its bytes in moe_bytes + unfused_extra_bytes, what the runner keeps:
+    runner_shared_expert_bytes); (0, 0) for a layer without one."""
+    s = model.shared_expert_intermediate_size
+    if mlp_kind != MOE or not s or "moe" in mods:
+        return 0.0, 0.0
+    h = model.hidden_size
+    counted = BF16 * (h if "shared_experts" in mods else h + 4 * s) / layout.tp * tokens
+    return counted, runner_shared_expert_bytes(model, layout, mods, tokens)
 
 
 def glu_backward_tensor_bytes(mlp_kind: str, model: ModelSpec, layout: Layout, tokens: float,
@@ -226,13 +250,13 @@ def activation_bytes_per_microbatch(rank: RankLayers, model: ModelSpec, layout: 
             whole = layer_bytes(attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded)
             if unfused is not None:
                 factor = unfused[1] if mlp_kind == MOE else unfused[0]
-                exact = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0
+                gdn = runner_gdn_bytes(attn_kind, model, layout, tokens) if gdn_sharded else 0.0
                 layer = unfused_scaled(layer + unfused_extra_bytes(
-                    attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded), exact,
-                    factor)
+                    attn_kind, mlp_kind, model, layout, mods, tokens, routed_rows_per_token, gdn_sharded),
+                    gdn, factor, shared_expert_counts(mlp_kind, model, layout, mods, tokens))
                 whole = unfused_scaled(whole + unfused_extra_bytes(
-                    attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded), exact,
-                    factor)
+                    attn_kind, mlp_kind, model, layout, set(), tokens, routed_rows_per_token, gdn_sharded),
+                    gdn, factor, shared_expert_counts(mlp_kind, model, layout, set(), tokens))
         if unfused is None:
             # While a layer runs its backward, recomputed modules are rebuilt: its working set is the whole layer.
             working = whole
@@ -310,7 +334,8 @@ def rank_activation_bytes(index: int, rank: RankLayers, model: ModelSpec, layout
     linear layers' inputs. On a stack without fused kernels (`fused_kernels` False, cost_model.nouns.runtime) a
     dense-MLP layer is counted tensor by tensor (runner_dense_layer_bytes) and a MoE layer keeps the extra bytes
     `unfused_extra_bytes` counts, scaled by constants.yaml's unfused_moe_activation_factor
-    (benchmarks/runner_activation_fit.py)."""
+    (benchmarks/runner_activation_fit.py), but for its shared expert's, counted tensor by tensor
+    (runner_shared_expert_bytes)."""
     precision, tokens, routed_rows_per_token = inputs.precision, inputs.tokens, inputs.routed_rows_per_token
     gdn_sharded, fused = inputs.runtime.gdn_sharded, inputs.runtime.fused_kernels
     unfused = None if fused else unfused_constants(c)

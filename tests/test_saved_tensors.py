@@ -28,3 +28,16 @@ def test_the_runner_dense_count_is_the_trace_for_every_module_set():
         for mods in st.MODULE_SETS:
             traced = (st.saved_bf16_bytes(2, mods) - st.saved_bf16_bytes(1, mods)) / st.SEQ
             assert st.model_count(mods) == pytest.approx(st.gpu_equivalent(traced, mods, hidden), rel=1e-9), mods
+
+
+def test_a_shared_expert_keeps_five_ffn_tensors_its_input_and_gate_and_the_count_is_the_trace():
+    from benchmarks import saved_tensors_cpu as st
+
+    with st.cpu_rank():
+        for mods in st.MOE_MODULE_SETS:
+            traced = st.shared_expert_traced(mods, 512)
+            assert st.shared_expert_count(mods, 512) == pytest.approx(traced, rel=1e-9), mods
+        kept = st.shared_expert_traced((), 1024) - st.shared_expert_traced((), 512)
+        recomputed = st.shared_expert_traced(("shared_experts",), 512)
+    assert kept == 5 * 2 * 512                        # five ffn-wide bf16 tensors per token, as the dense SwiGLU's
+    assert recomputed == 0                            # its checkpoint's input is the block's, kept anyway
