@@ -1,4 +1,4 @@
-# One device call of the registered, not yet run held-out runner grid for the GPU this machine has: v30 on an H200,
+# One device call of the registered, not yet run held-out runner grid for the GPU this machine has: v38 on an H200,
 # v37 on an H100 (their predictions are committed in benchmarks/results/runner-grids-*-predicted-before.txt).
 #   bash benchmarks/device/held_out_call.sh plain [BUDGET_S]   carry .whl/m .whl/c .whl/f .whl/t1: the trials
 #                                                              without Gated DeltaNet layers
@@ -13,7 +13,7 @@ stage=${1:?plain or gdn}; budget=${2:-470}
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $name; $(date -u +%FT%TZ)"
 case "$name" in
-  *H200*) suite=benchmarks/runner_grids_h200_v30_suite.json ;;
+  *H200*) suite=benchmarks/runner_grids_h200_v38_suite.json ;;
   *H100*) suite=benchmarks/runner_grids_h100_v37_suite.json ;;
   *) echo "held_out_call: no registered grid for $name" >&2; exit 3 ;;
 esac
