@@ -26,7 +26,8 @@ def main(argv: list[str]) -> int:
         return 2
     trials, meta = parse_suite(argv[0])
     gpu = load_gpu(meta["gpu"])
-    print(f"# on 1 x {gpu.display_name} (the suite's gpu), from its shipped profile")
+    counts = " or ".join(str(n) for n in sorted({t.layout.world_size for t in trials}))
+    print(f"# on {counts} x {gpu.display_name} (the suite's gpu), from its shipped profile")
     for line in describe([f for f in overlaps(argv[0]) if f[1] == "same run"]):   # not held out: say so before
         print(f"# repeats a stored run (not new evidence): {line}")
     print(f"{'trial':22} {'predicted tok/s/GPU':>20} {'needs GiB':>9} {'device peak':>11} verdict   "

@@ -1,5 +1,6 @@
-# One device call of the registered, not yet run held-out runner grid for the GPU this machine has: v38 on an H200,
-# v37 on an H100 (their predictions are committed in benchmarks/results/runner-grids-*-predicted-before.txt).
+# One device call of the registered, not yet run held-out runner grid for the GPUs this machine has: v38 on 1 H200,
+# v37 on 1 H100, v39 on 2 H200s, v40 on 2 H100s (their predictions are committed in
+# benchmarks/results/runner-grids-*-predicted-before.txt).
 #   bash benchmarks/device/held_out_call.sh plain [BUDGET_S]   carry .whl/m .whl/c .whl/f .whl/t1: the trials
 #                                                              without Gated DeltaNet layers
 #   bash benchmarks/device/held_out_call.sh gdn [BUDGET_S]     after a call carrying .whl/b, then this one carrying
@@ -11,11 +12,14 @@
 stage=${1:?plain or gdn}; budget=${2:-470}
 . benchmarks/device/session_env.sh
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $name; $(date -u +%FT%TZ)"
-case "$name" in
-  *H200*) suite=benchmarks/runner_grids_h200_v38_suite.json ;;
-  *H100*) suite=benchmarks/runner_grids_h100_v37_suite.json ;;
-  *) echo "held_out_call: no registered grid for $name" >&2; exit 3 ;;
+count=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+echo "gpu: $count x $name; $(date -u +%FT%TZ)"
+case "$count:$name" in
+  1:*H200*) suite=benchmarks/runner_grids_h200_v38_suite.json ;;
+  1:*H100*) suite=benchmarks/runner_grids_h100_v37_suite.json ;;
+  2:*H200*) suite=benchmarks/runner_grids_h200_v39_suite.json ;;
+  2:*H100*) suite=benchmarks/runner_grids_h100_v40_suite.json ;;
+  *) echo "held_out_call: no registered grid for $count x $name" >&2; exit 3 ;;
 esac
 only=$(python - "$suite" "$stage" <<'EOF'
 import glob, json, sys
