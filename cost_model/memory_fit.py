@@ -44,17 +44,19 @@ def fit_label(verdict: str, p: float) -> str:
 
 # A MoE layer allocates routing-dependent sizes every micro-batch; with no room left for the allocator's cache it
 # frees its cache and maps memory again each time. Measured on the megatron runner (runner_accuracy.py), on the
-# borderline MoE layouts run since the runner counts it (v32, v34 on 1 x H100): 4 of 5 retried every step (6-16
-# times), and ran 0.9% faster to 26% slower than predicted (Phi-3.5-MoE -1%, the synthetic 32-expert MoE 10%,
-# Qwen2-57B-A14B 12%, Qwen3-30B-A3B 26%, mapping and releasing 111 GiB a step); Qwen3.6 at 0.2 GiB under did not
-# retry. Before the counter, Qwen1.5-MoE-A2.7B at 0.19 GiB under ran 26% slow. Neither the expert count (v34 refuted
-# "at most 64 experts", registered before it ran) nor the predicted margin tells which will: the memory model's
-# error is as large as the margins involved. Those that did retried about once a micro-batch, each time mapping
-# again about that micro-batch's fp32 logits (0.66-0.72 of the loss path, whose fp32 part is 4 of its 6 bytes a
-# logit); at the release-and-map cost measured on an H100 (allocator_remap_s_per_gib) that accounts for 70-93% of
-# the three slowdowns seen. So the note prices that case; the prediction itself does not assume it.
+# MoE layouts run since the runner counts it that the memory model now calls borderline (v32, v34 on 1 x H100, v30
+# on 1 x H200): 5 of 9 retried every step (6-16 times), all of them without recompute, and ran 0.9% faster to 26%
+# slower than predicted (Phi-3.5-MoE -1%, the synthetic 32-expert MoE 10%, Qwen1.5-MoE-A2.7B 10%, Qwen2-57B-A14B 12%,
+# Qwen3-30B-A3B 26%, mapping and releasing 111 GiB a step); two Qwen3.6 layouts with full recompute, one without and
+# a Qwen1.5-MoE one without did not. Before the counter, Qwen1.5-MoE-A2.7B at 0.19 GiB under ran 26% slow. Neither
+# the expert count (v34 refuted "at most 64 experts", registered before it ran) nor the predicted margin tells which
+# will: the memory model's error is as large as the margins involved. Those that did retried about once a
+# micro-batch, each time mapping again about that micro-batch's fp32 logits (0.66-0.72 of the loss path, whose fp32
+# part is 4 of its 6 bytes a logit); at the release-and-map cost measured on an H100 (allocator_remap_s_per_gib)
+# that accounts for 70-93% of the three slowdowns seen first. So the note prices that case; the prediction itself
+# does not assume it.
 MOE_NEAR_LIMIT_NOTE = ("; a MoE model this near the limit may also run slower than predicted (no room for the "
-                       "allocator's cache: up to 26% slower on the measured runner layouts, 4 of 5 retrying every "
+                       "allocator's cache: up to 26% slower on the measured runner layouts, 5 of 9 retrying every "
                        "step)")
 
 
@@ -63,7 +65,7 @@ def strain_note(strain_s: float, step_s: float) -> str:
     step: its micro-batches' fp32 logits released and mapped again, `step_s` the predicted step)."""
     share = strain_s / step_s if step_s > 0 else 0.0
     return (f"; a MoE model this near the limit may also run slower than predicted: with no room for the "
-            f"allocator's cache, 4 of 5 measured runner layouts retried about once a micro-batch, mapping its fp32 "
+            f"allocator's cache, 5 of 9 measured runner layouts retried about once a micro-batch, mapping its fp32 "
             f"logits again (here about {strain_s:.2f} s a step, {share:.0%} slower, at the release-and-map cost "
             f"measured on an H100; 26% slower at most on those layouts)")
 
