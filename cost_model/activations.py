@@ -319,6 +319,25 @@ activation_fields = attrgetter(*ACTIVATION_FIELDS)   # a tuple of them, read in 
 _ACTIVATION_MEMO = IdentityMemo(100_000)
 
 
+def activation_source(model: ModelSpec, fused: bool, c: Constants) -> str:
+    """How the activations term was reached, for `tune predict --explain` (counted, and what was fitted)."""
+    if fused:
+        return ("counted (cost_model.activations): the tensors Megatron saves per layer kind with Transformer "
+                "Engine's fused kernels, less what the layout's recompute drops (fp8: x fp8_activation_factor, an "
+                "estimate)")
+    traced = (["dense-MLP layers"] if any(m != MOE for m in model.mlp_types) else []) + (
+        ["shared experts"] if model.has_moe_layers and model.shared_expert_intermediate_size else [])
+    parts = [f"{' and '.join(traced)} tensor by tensor as benchmarks/saved_tensors_cpu.py traces them"] if traced else []
+    if model.has_linear_attention:
+        parts.append("Gated DeltaNet blocks from megatron-core's source")
+    if model.has_moe_layers:
+        parts.append(f"a MoE layer's routed part and attention x {c.unfused_moe_activation_factor:g} "
+                     "(constants.yaml unfused_moe_activation_factor, fitted: benchmarks/runner_activation_fit.py)")
+    return ("counted on the runner's torch-native stack (cost_model.activations): " + "; ".join(parts)
+            + "; the layer running its backward adds the eager SwiGLU's gradient temporaries (constants.yaml "
+            "unfused_*glu_backward_tensors: the dense layers' derived, the routed experts' fitted)")
+
+
 def unfused_constants(c: Constants) -> tuple[float, float, float, float, float]:
     """The unfused stack's constants as `activation_bytes_per_microbatch` takes them (its `unfused`)."""
     return (c.unfused_activation_factor, c.unfused_moe_activation_factor, c.unfused_glu_backward_tensors,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from operator import attrgetter
 
 from cost_model.memo import IdentityMemo
-from cost_model.activations import activation_fields, in_flight_microbatches, rank_activation_bytes
+from cost_model.activations import activation_fields, activation_source, in_flight_microbatches, rank_activation_bytes
 from cost_model.constants import Constants
 from cost_model.device_memory import DeviceMemory, overheads
 from cost_model.nouns.hardware import GpuSpec
@@ -499,8 +499,9 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
     parts, allocated = best
     gap = allocator_gap_gib(model, layout, inputs.tokens, inputs.routed_rows_per_token, c)
     reserve, cache = fixed.reserve_and_cache(allocated, gap)
+    sources = {**fixed.sources, "activations": activation_source(model, rt.fused_kernels, c)}
     return MemoryBreakdown(*parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
-                           nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=fixed.sources)
+                           nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=sources)
 
 
 def dispatched_gib(model: ModelSpec, layout: Layout, tokens: float, routed_rows_per_token: float) -> float:

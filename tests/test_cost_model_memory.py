@@ -377,3 +377,18 @@ def test_qk_norm_inputs_are_saved_whatever_core_attn_recompute_does():
     for layout, mods in ((Layout(1), set()), (Layout(2), {"core_attn"}), (Layout(1), {"core_attn", "layernorm"})):
         extra = softmax_attention_bytes(qwen3, layout, mods, 4096) - softmax_attention_bytes(plain, layout, mods, 4096)
         assert extra == pytest.approx(BF16 * (q + k) / layout.tp * 4096)
+
+
+def test_the_activations_term_says_how_it_was_counted_and_what_was_fitted():
+    """`tune predict --explain` lists a source for every memory part: the activations name the CPU trace for what
+    it counts, and the fitted MoE factor only where a MoE layer uses it."""
+    from cost_model.nouns.hardware import load_gpu
+
+    def source(name, runtime=None):
+        p = predict(load_model(name), load_gpu("h200"), WL, Layout(1, max_tokens_per_gpu=4096), runtime=runtime)
+        return p.memory.sources["activations"]
+
+    dense, moe = source("llama3-8b", MEGATRON_RUNNER), source("qwen3.6-35b-a3b", MEGATRON_RUNNER)
+    assert "saved_tensors_cpu" in dense and "unfused_moe_activation_factor" not in dense
+    assert "shared experts" in moe and "Gated DeltaNet" in moe and "unfused_moe_activation_factor" in moe
+    assert "Transformer Engine" in source("qwen3.6-35b-a3b")
