@@ -37,6 +37,13 @@ def logit_bytes_per_element(runtime: Runtime) -> int:
     return BF16 + BF16 + FP32 if runtime.loss_path == SLIME_LOSS else BF16 + FP32
 
 
+def loss_path_source(runtime: Runtime) -> str:
+    """How the loss path term was reached, for `tune predict --explain`."""
+    return (f"counted (cost_model.loss_path) from the code {runtime.name} runs: {logit_bytes_per_element(runtime)} "
+            "bytes a logit (token x padded vocabulary / TP) alive at once, plus the output layer's input; nothing "
+            "fitted")
+
+
 def loss_path_bytes(model: ModelSpec, layout: Layout, tokens: float, runtime: Runtime) -> float:
     """Peak bytes of the output layer and the loss for one micro-batch of `tokens` tokens on this GPU."""
     local_vocab = padded_vocab(model.vocab_size, layout.tp) / layout.tp

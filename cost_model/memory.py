@@ -23,7 +23,7 @@ from cost_model.constants import Constants
 from cost_model.device_memory import DeviceMemory, overheads
 from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.layout import Layout
-from cost_model.loss_path import loss_path_bytes
+from cost_model.loss_path import loss_path_bytes, loss_path_source
 from cost_model.nouns.model_spec import LINEAR_ATTENTION, MLA, MOE, ModelSpec
 from cost_model.nouns.quick_init import quick_init
 from cost_model.nouns.runtime import Runtime
@@ -134,6 +134,11 @@ def sharded_params(dense: float, expert: float, layout: Layout) -> float:
 def backup_bytes(dense: float, expert: float) -> float:
     """slime's bf16 copy of one GPU's weights in host memory."""
     return (dense + expert) * BACKUP_BYTES_PER_PARAM
+
+
+STATIC_SOURCE = ("counted from the parameters the GPU holds (cost_model.memory.static_memory): bf16 weights, fp32 "
+                 "gradient buffers, the optimizer's master weights and moments at the layout's dtypes sharded by the "
+                 "distributed optimizer, less an offloaded share; nothing fitted")
 
 
 def static_memory(rank: RankLayers, layout: Layout, precision_aware: bool = True,
@@ -499,7 +504,8 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
     parts, allocated = best
     gap = allocator_gap_gib(model, layout, inputs.tokens, inputs.routed_rows_per_token, c)
     reserve, cache = fixed.reserve_and_cache(allocated, gap)
-    sources = {**fixed.sources, "activations": activation_source(model, rt.fused_kernels, c)}
+    sources = {**fixed.sources, "activations": activation_source(model, rt.fused_kernels, c),
+               "loss_path": loss_path_source(rt), "weights, grads, optimizer": STATIC_SOURCE}
     return MemoryBreakdown(*parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
                            nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=sources)
 

@@ -392,3 +392,5 @@ def test_the_activations_term_says_how_it_was_counted_and_what_was_fitted():
     assert "saved_tensors_cpu" in dense and "unfused_moe_activation_factor" not in dense
     assert "shared experts" in moe and "Gated DeltaNet" in moe and "unfused_moe_activation_factor" in moe
     assert "Transformer Engine" in source("qwen3.6-35b-a3b")
+    p = predict(load_model("llama3-8b"), load_gpu("h200"), WL, Layout(1, max_tokens_per_gpu=4096))
+    assert "6 bytes a logit" in p.memory.sources["loss_path"]   # megatron's bf16 logits and their fp32 copy
