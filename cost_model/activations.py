@@ -83,11 +83,9 @@ def moe_bytes(model: ModelSpec, layout: Layout, mods: set, tokens: float, routed
     fe = model.moe_intermediate_size / layout.etp
     m = BF16 * 2 * h / tp + FP32 * model.num_experts / tp
     routed = BF16 * (h + 2 * fe + (0 if "moe_act" in mods else fe)) * routed_rows_per_token / tp
-    shared = BF16 * (h + 3 * model.shared_expert_intermediate_size) / tp
-    if "shared_experts" in mods:
-        shared = BF16 * h / tp
+    shared = _counted_shared_expert(model, layout, mods)[0]
     if "moe" in mods:
-        routed, shared = 0.0, 0.0
+        routed = 0.0
     if "layernorm" in mods:
         m -= BF16 * h / tp
     return (m + routed + shared) * tokens
@@ -135,8 +133,7 @@ def unfused_extra_bytes(attn_kind: str, mlp_kind: str, model: ModelSpec, layout:
         if "moe" not in mods and "moe_act" not in mods:
             fe = model.moe_intermediate_size / layout.etp
             extra += BF16 * 3 * fe * routed_rows_per_token / tp
-        if "moe" not in mods and "shared_experts" not in mods:
-            extra += BF16 * model.shared_expert_intermediate_size / tp
+        extra += _counted_shared_expert(model, layout, mods)[1]
     elif "mlp" not in mods:
         extra += BF16 * model.intermediate_size / tp
     return extra * tokens
@@ -161,13 +158,13 @@ def runner_gdn_bytes(attn_kind: str, model: ModelSpec, layout: Layout, tokens: f
 
 
 def runner_dense_layer_bytes(attn_kind: str, model: ModelSpec, layout: Layout, mods: set, tokens: float) -> float:
-    """What a dense-MLP layer keeps on the runner's torch-native stack, tensor by tensor (benchmarks/saved_tensors_cpu.py
-    traces it): each norm's input and, unless layernorm is recomputed, its output; softmax attention's QKV output
-    (its value half a view of it), the rotated query and key, the attention output the projection keeps (recomputing
-    core_attn changes none of these), the query norm's input (the key norm's is a view of the QKV output), an
-    output gate and its sigmoid, RoPE's cos and sin; the unfused SwiGLU's five ffn-wide tensors (fc1's output,
-    twice ffn, the offset copy, silu, the product) unless mlp is recomputed. A Gated DeltaNet block is counted from
-    its source (runner_gdn_bytes)."""
+    """What a dense-MLP layer keeps on the runner's torch-native stack, tensor by tensor
+    (benchmarks/saved_tensors_cpu.py traces it): each norm's input and, unless layernorm is recomputed, its output;
+    softmax attention's QKV output (its value half a view of it), the rotated query and key, the attention output the
+    projection keeps (recomputing core_attn changes none of these), the query norm's input (the key norm's is a view
+    of the QKV output), an output gate and its sigmoid, RoPE's cos and sin; the unfused SwiGLU's five ffn-wide
+    tensors (fc1's output, twice ffn, the offset copy, silu, the product) unless mlp is recomputed. A Gated DeltaNet
+    block is counted from its source (runner_gdn_bytes)."""
     h, tp, ffn = model.hidden_size, layout.tp, model.intermediate_size
     norms = h + (0 if "layernorm" in mods else h)
     if attn_kind == LINEAR_ATTENTION:
@@ -179,6 +176,16 @@ def runner_dense_layer_bytes(attn_kind: str, model: ModelSpec, layout: Layout, m
         attention = (BF16 * a / tp + BF16 * 4 * model.head_dim) * tokens
     mlp = norms + (0 if "mlp" in mods else 5 * ffn)
     return attention + BF16 * mlp / tp * tokens
+
+
+def _counted_shared_expert(model: ModelSpec, layout: Layout, mods: set) -> tuple[float, float]:
+    """Bytes per token the MoE count holds for the shared expert: (moe_bytes's, unfused_extra_bytes's)."""
+    h, s, tp = model.hidden_size, model.shared_expert_intermediate_size, layout.tp
+    if "moe" in mods:
+        return 0.0, 0.0
+    if "shared_experts" in mods:
+        return BF16 * h / tp, 0.0
+    return BF16 * (h + 3 * s) / tp, BF16 * s / tp
 
 
 def unfused_scaled(counted: float, exact: float, factor: float, shared: tuple[float, float] = (0.0, 0.0)) -> float:
@@ -203,11 +210,9 @@ def shared_expert_counts(mlp_kind: str, model: ModelSpec, layout: Layout, mods: 
                          tokens: float) -> tuple[float, float]:
     """A MoE layer's shared expert: (its bytes in moe_bytes + unfused_extra_bytes, what the runner keeps:
     runner_shared_expert_bytes); (0, 0) for a layer without one."""
-    s = model.shared_expert_intermediate_size
-    if mlp_kind != MOE or not s or "moe" in mods:
+    if mlp_kind != MOE or not model.shared_expert_intermediate_size:
         return 0.0, 0.0
-    h = model.hidden_size
-    counted = BF16 * (h if "shared_experts" in mods else h + 4 * s) / layout.tp * tokens
+    counted = sum(_counted_shared_expert(model, layout, mods)) * tokens
     return counted, runner_shared_expert_bytes(model, layout, mods, tokens)
 
 
@@ -327,7 +332,9 @@ def activation_source(model: ModelSpec, fused: bool, c: Constants) -> str:
                 "estimate)")
     traced = (["dense-MLP layers"] if any(m != MOE for m in model.mlp_types) else []) + (
         ["shared experts"] if model.has_moe_layers and model.shared_expert_intermediate_size else [])
-    parts = [f"{' and '.join(traced)} tensor by tensor as benchmarks/saved_tensors_cpu.py traces them"] if traced else []
+    parts = []
+    if traced:
+        parts.append(f"{' and '.join(traced)} tensor by tensor as benchmarks/saved_tensors_cpu.py traces them")
     if model.has_linear_attention:
         parts.append("Gated DeltaNet blocks from megatron-core's source")
     if model.has_moe_layers:
