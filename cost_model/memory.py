@@ -504,10 +504,24 @@ def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout
     parts, allocated = best
     gap = allocator_gap_gib(model, layout, inputs.tokens, inputs.routed_rows_per_token, c)
     reserve, cache = fixed.reserve_and_cache(allocated, gap)
-    sources = {**fixed.sources, "activations": activation_source(model, rt.fused_kernels, c),
-               "loss_path": loss_path_source(rt), "weights, grads, optimizer": STATIC_SOURCE}
     return MemoryBreakdown(*parts, allocator_reserve=reserve, allocator_cache=cache, cuda_context=fixed.cuda_context,
-                           nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable, sources=sources)
+                           nccl=fixed.nccl, deepep=fixed.deepep, usable=fixed.usable,
+                           sources=_memory_sources(fixed.sources, model, rt, c))
+
+
+# Every layout of a space shares its model, runtime and constants, and its overheads' sources with the layouts of
+# its process groups: the merged sources are built once per such set, not once per layout scored.
+_SOURCES_MEMO = IdentityMemo(10_000)
+
+
+def _memory_sources(overhead_sources: dict, model: ModelSpec, rt: Runtime, c: Constants) -> dict:
+    """Where each memory part's figure comes from: the overheads' sources and the counted parts'."""
+    held = (overhead_sources, model, rt, c)
+    key = tuple(map(id, held))
+    hit = _SOURCES_MEMO.get(key) or _SOURCES_MEMO.put(key, held, {
+        **overhead_sources, "activations": activation_source(model, rt.fused_kernels, c),
+        "loss_path": loss_path_source(rt), "weights, grads, optimizer": STATIC_SOURCE})
+    return hit[1]
 
 
 def dispatched_gib(model: ModelSpec, layout: Layout, tokens: float, routed_rows_per_token: float) -> float:
