@@ -88,9 +88,9 @@ def cpu_rank():
         yield
 
 
-def saved_bf16_bytes(layers: int, mods: tuple[str, ...], model=None) -> int:
-    """bf16 bytes the block keeps for its backward after one forward of SEQ tokens (of `model`, else the dense
-    toy at `layers`)."""
+def saved_bf16_bytes(layers: int, mods: tuple[str, ...], shared: int | None = None) -> int:
+    """bf16 bytes the block of `layers` toy layers keeps for its backward after one forward of SEQ tokens: the dense
+    toy's, or with `shared` the MoE toy's with a shared expert that wide (toy_moe_model)."""
     import torch
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.transformer.transformer_block import TransformerBlock
@@ -100,7 +100,7 @@ def saved_bf16_bytes(layers: int, mods: tuple[str, ...], model=None) -> int:
     from experiments.megatron import config
     from experiments.megatron import torch_native as tnb
 
-    model = model or toy_model(layers)
+    model = toy_model(layers) if shared is None else toy_moe_model(layers, shared)
     kw = config.transformer_config_kwargs(model, layout_for(mods), Workload(seq_len=SEQ, global_batch=1),
                                           use_cpu_initialization=True)
     kw.update(bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16)
@@ -140,8 +140,7 @@ def shared_expert_traced(mods: tuple[str, ...], shared: int) -> float:
     """bf16 bytes per token one MoE layer keeps for a `shared`-wide shared expert: the toy MoE layer with it less
     the one without (each 2 layers less 1)."""
     def layer(width: int) -> int:
-        return (saved_bf16_bytes(2, mods, toy_moe_model(2, width))
-                - saved_bf16_bytes(1, mods, toy_moe_model(1, width)))
+        return saved_bf16_bytes(2, mods, width) - saved_bf16_bytes(1, mods, width)
     return (layer(shared) - layer(0)) / SEQ
 
 
