@@ -11,8 +11,8 @@
 # Results go to $OUT/grids.jsonl; the trials that ran are named at the end.
 stage=${1:?plain or gdn}; budget=${2:-470}
 . benchmarks/device/session_env.sh
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-count=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+names=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+name=$(head -1 <<< "$names"); count=$(wc -l <<< "$names")
 echo "gpu: $count x $name; $(date -u +%FT%TZ)"
 case "$count:$name" in
   1:*H200*) suite=benchmarks/runner_grids_h200_v38_suite.json ;;
