@@ -101,7 +101,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
            (B / "runner_grids_h100_v34_suite.json", R / "runner-grids-h100-v34-b-2026-12-06.jsonl")] + \
           [(B / "runner_grids_h100_v35_suite.json", R / f"runner-grids-h100-v35-{k}-2026-12-06.jsonl") for k in "abc"] + \
           [(B / "runner_grids_h100_v36_suite.json", R / f"runner-grids-h100-v36-{k}-2026-12-06.jsonl") for k in "abc"] + \
-          [(B / "runner_grids_h200_v30_suite.json", R / f"runner-grids-h200-v30-{k}-2026-12-06.jsonl") for k in "abc"]
+          [(B / "runner_grids_h200_v30_suite.json", R / f"runner-grids-h200-v30-{k}-2026-12-06.jsonl") for k in "abc"] + \
+          [(B / "runner_grids_h100_v37_suite.json", R / f"runner-grids-h100-v37-{k}-2026-12-07.jsonl") for k in "ab"]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -282,6 +283,8 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # before any ran, the registration reproduced unchanged) ran in the eleventh session's last device minutes: held out.
 # v30's other 20 (Qwen2.5-14B's rest, Qwen1.5-MoE-A2.7B at 6 layers, Qwen3.6 at 4 layers seq 6k with its real GDN;
 # re-registered at the dense count, reproduced unchanged before they ran) ran in the twelfth session: held out.
+# v37's 16 trials without Gated DeltaNet layers (1 x H100: Mistral-Small-24B at 2 layers, Phi-3.5-MoE at 1; re-registered at
+# the shared expert's count, 7374469, reproduced unchanged before they ran) ran in the thirteenth session: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
