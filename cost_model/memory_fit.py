@@ -54,7 +54,11 @@ def fit_label(verdict: str, p: float) -> str:
 # micro-batch, each time mapping again about that micro-batch's fp32 logits (0.66-0.72 of the loss path, whose fp32
 # part is 4 of its 6 bytes a logit); at the release-and-map cost measured on an H100 (allocator_remap_s_per_gib)
 # that accounts for 70-93% of the three slowdowns seen first. So the note prices that case; the prediction itself
-# does not assume it.
+# does not assume it. A plain fit can retry too: v37's Phi-3.5-MoE at 1 layer and 96k tokens (1 x H100, P(fits)
+# 99.6%, needing 95.7% of the card) retried 4 times a step, mapping and releasing 47 GiB, and ran 9% below its 64k
+# neighbour where the prediction is flat (+5.6%); the 15 other plain-fit MoE runs with the counter at 93-97% of the
+# card (5 of them without recompute) did not (runner-accuracy-2026-12-07.txt). One run makes no rule: plain fits get
+# no note.
 MOE_NEAR_LIMIT_NOTE = ("; a MoE model this near the limit may also run slower than predicted (no room for the "
                        "allocator's cache: up to 26% slower on the measured runner layouts, 5 of 9 retrying every "
                        "step)")
