@@ -283,8 +283,9 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # before any ran, the registration reproduced unchanged) ran in the eleventh session's last device minutes: held out.
 # v30's other 20 (Qwen2.5-14B's rest, Qwen1.5-MoE-A2.7B at 6 layers, Qwen3.6 at 4 layers seq 6k with its real GDN;
 # re-registered at the dense count, reproduced unchanged before they ran) ran in the twelfth session: held out.
-# v37's 16 trials without Gated DeltaNet layers (1 x H100: Mistral-Small-24B at 2 layers, Phi-3.5-MoE at 1; re-registered at
-# the shared expert's count, 7374469, reproduced unchanged before they ran) ran in the thirteenth session: held out.
+# v37's 16 trials without Gated DeltaNet layers (1 x H100: Mistral-Small-24B at 2 layers, Phi-3.5-MoE at 1;
+# re-registered at the shared expert's count, 7374469, reproduced unchanged before they ran) ran in the thirteenth
+# session: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
