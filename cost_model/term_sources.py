@@ -215,7 +215,9 @@ def _mark_derived(lines: dict[str, str], derived) -> None:
 
 
 # What a CPU optimizer's price says of the host it was measured on (the spread runner_host_cpu_error_sd was taken from)
-HOSTS_DIFFER = ("hosts differ: two H100 hosts' offload builds took x0.62 and x1.11 the H200 host's time, and "
+HOSTS_DIFFER = ("hosts differ: two H100 hosts' offload builds took x0.62 and x1.11 the H200 host's time; the "
+                "runner's stored offload runs imply x0.55-0.99 of the shipped profile's on H100 hosts (median 0.75, "
+                "18 runs) and x0.40-3.03 on H200 hosts (median 0.90, 61 runs; benchmarks/offload_hosts.py); "
                 "`tune profile` on the training host measures its own")
 
 
