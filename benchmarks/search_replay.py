@@ -120,7 +120,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            ("runner-grids-h100-v35-b-2026-12-06.jsonl", "runner_grids_h100_v35_suite.json"),
            *((f"runner-grids-h100-v36-{k}-2026-12-06.jsonl", "runner_grids_h100_v36_suite.json") for k in "abc"),
            *((f"runner-grids-h200-v30-{k}-2026-12-06.jsonl", "runner_grids_h200_v30_suite.json") for k in "abc"),
-           *((f"runner-grids-h100-v37-{k}-2026-12-07.jsonl", "runner_grids_h100_v37_suite.json") for k in "ab"),
+           *((f"runner-grids-h100-v37-{k}-2026-12-07.jsonl", "runner_grids_h100_v37_suite.json") for k in "abcd"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
           "v30 (1 x H200: Qwen2.5-14B at 10 layers, Qwen1.5-MoE-A2.7B at 6, Qwen3.6 at 4 layers seq 6k) ran 2026-12-06 "
           "(eleventh and twelfth sessions), predictions committed before: held out; v37's trials without GDN layers "
           "(1 x H100: Mistral-Small-24B at 2 layers, Phi-3.5-MoE at 1) ran 2026-12-07 (thirteenth session), predictions "
-          "committed before: held out; "
+          "committed before: held out, and its GDN trials (Qwen3.5-4B at 8 layers, Qwen3.6 at 1 layer seq 16k) "
+          "2026-12-07 (fourteenth session): held out; "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
