@@ -409,9 +409,9 @@ def test_runner_probe_rows_from_the_runners_own_records():
     assert parse_device_memory(section).runner_outside == ((1, 9.1),)
 
 
-def test_a_profile_of_a_model_without_gdn_probes_with_the_gdn_layers_replaced(monkeypatch):
-    """`tune profile --model llama3-8b`: the runner probe runs Qwen3.6's layers with their Gated DeltaNet replaced
-    (no kernel to compile), its rows say so, and the profile read back marks its figure as without them."""
+def test_a_model_profile_probes_with_the_gdn_layers_replaced(monkeypatch):
+    """`tune profile --model M`: the runner probe runs Qwen3.6's layers with their Gated DeltaNet replaced (no
+    kernel to run), its rows say so, and the profile read back marks its figure as without them."""
     from cost_model.device_memory import parse_device_memory
     from cost_model.nouns.hardware import load_gpu
     from experiments.checks import runner_memory as rm
@@ -428,9 +428,11 @@ def test_a_profile_of_a_model_without_gdn_probes_with_the_gdn_layers_replaced(mo
     monkeypatch.setattr(hp, "measure_device_memory", lambda: {})
     monkeypatch.setattr(hp, "measure_runner_outside", lambda world, gdn: seen.append(gdn) or {"runner_outside": []})
     from cost_model.nouns.model_spec import load_model
-    for name in ("llama3-8b", "qwen3.6-35b-a3b"):
-        hp._early_device_memory(0.0, 1, load_model(name).has_linear_attention)
-    assert seen == [False, True]
+    for model in (load_model("llama3-8b"), load_model("qwen3.6-35b-a3b"), None):
+        hp._early_device_memory(0.0, 1, rm.probe_with_gdn(model))
+    # a model profile's probe runs no GDN kernel, GDN model or not (the cost model adds what fla's kernels hold);
+    # a profile of no particular model runs them
+    assert seen == [False, False, True]
 
 
 def test_the_runner_probe_runs_fewer_layers_where_four_would_not_fit():

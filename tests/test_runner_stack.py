@@ -1021,6 +1021,24 @@ def test_cpu_adam_ranks_start_their_processes_once_and_time_each_rank_count():
     assert all(r["params_per_s_per_rank"] > 0 and r["threads_per_rank"] == 1 for r in out)
 
 
+def test_cpu_adam_processes_started_ahead_are_the_ones_timed_and_end_with_them():
+    """`tune profile --model` starts the CPU Adam processes with its builds' (at the lowest CPU priority, beside the
+    microbenchmarks): the rates come from those processes, which end after them; ones never used end at once."""
+    from experiments.checks.runner_components import CpuAdamWorkers, cpu_adam_ranks
+
+    workers = CpuAdamWorkers(1, count=2, n_params=2 ** 16, steps=2, nice=True)
+    pids = {p.pid for p in workers.procs}
+    workers.wait_ready()
+    procs = list(workers.procs)
+    out = cpu_adam_ranks(1, ranks=(1, 2), workers=workers)
+    assert [r["ranks"] for r in out] == [1, 2] and all(r["params_per_s_per_rank"] > 0 for r in out)
+    assert {p.pid for p in procs} == pids and not any(p.is_alive() for p in procs) and workers.procs == []
+    unused = CpuAdamWorkers(1, count=2, n_params=2 ** 16, steps=2, nice=True)
+    procs = list(unused.procs)
+    unused.close()   # still setting up: stopped, not waited for
+    assert not any(p.is_alive() for p in procs)
+
+
 def test_tune_profile_starts_its_builds_process_once_the_gpu_is_shared_and_stops_it_after(tmp_path, monkeypatch):
     """`tune profile --model M`: the builds' process starts when run_profile says the device-level readings are
     done (gpu_shared), is handed to measure_models, and is stopped when the profile ends, whatever happened."""
@@ -1048,6 +1066,7 @@ def test_tune_profile_starts_its_builds_process_once_the_gpu_is_shared_and_stops
         main(["profile", "--model", "llama3-8b", "--out", str(tmp_path / "p.yaml")])
     assert events == ["early parts", "timed sections", ("builds", ["llama3-8b"], "BuildsAhead", None)]
     assert started[0].proc.poll() is not None   # stopped, not left waiting
+    assert started[0].cpu_adam is not None and started[0].cpu_adam.procs == []   # its CPU Adam processes too
 
 
 def test_a_default_image_size_is_no_difference():

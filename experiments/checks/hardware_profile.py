@@ -39,7 +39,7 @@ from experiments.checks.device_memory import device_memory_section, measure_devi
 from experiments.checks.measure import collapse_notes, load_torch, note_failure, sig, sync
 from experiments.checks.memory import MEMORY_BYTES, measure_memory
 from experiments.checks.nccl_memory import MESSAGE_BYTES, measure_nccl_memory
-from experiments.checks.runner_memory import measure_runner_outside
+from experiments.checks.runner_memory import measure_runner_outside, probe_with_gdn
 from experiments.checks.profile_shapes import (GEMM_M, GEMM_NK, MODEL_TOKENS, default_linear_attention_shape,
                                              profile_shapes, quick_shapes)
 
@@ -261,7 +261,7 @@ def _early_device_memory(t0: float, world: int, gdn: bool = True) -> dict:
     out = {"early": measure_device_memory()}
     gpus = "1 GPU" if world == 1 else f"1 and {world} GPUs"
     _progress(t0, f"device_memory: the megatron runner's processes on {gpus}"
-                  f"{'' if gdn else ' (Gated DeltaNet layers replaced: the model has none)'} ...")
+                  f"{'' if gdn else ' (Gated DeltaNet layers replaced by full attention)'} ...")
     try:
         out["probe"] = measure_runner_outside(world, gdn=gdn)
     except Exception as e:  # noqa: BLE001 - the probe is one part; the others stand without it
@@ -296,8 +296,7 @@ def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool =
         repeats = min(repeats, 5)
     early = None
     if only is None or "device_memory" in only:
-        gdn = model is None or model.has_linear_attention
-        early = _early_device_memory(t0, torch.cuda.device_count(), gdn)
+        early = _early_device_memory(t0, torch.cuda.device_count(), probe_with_gdn(model))
     if gpu_shared is not None:
         gpu_shared()
     device = torch.device("cuda", 0)

@@ -238,9 +238,12 @@ def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, row
     return entry
 
 
-def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue) -> None:
+def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue, nice: bool) -> None:
     """One rank's CPU Adam: set up once (torch imported, the moments' pages touched), then a timed round of
-    `steps` steps for each item `go` gives, until None."""
+    `steps` steps for each item `go` gives, until None. `nice`: set up at the lowest CPU priority (started ahead,
+    beside the profile's timed sections), back to the usual one where allowed before the first timed round."""
+    if nice:
+        _set_priority(19)
     import torch
     torch.set_num_threads(threads)
     params = [torch.zeros(n_params // 8, requires_grad=True) for _ in range(8)]
@@ -251,42 +254,81 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue) -> None
     for _ in range(2):   # first touch of the moments' pages (a VM's memory grows on demand) before timing
         opt.step()
     queue.put("ready")
+    first = True
     while go.get() is not None:
+        if nice and first:
+            _set_priority(0)
+        first = False
         t0 = time.perf_counter()
         for _ in range(steps):
             opt.step()
         queue.put(n_params * steps / (time.perf_counter() - t0))
 
 
-def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, steps: int = 3) -> list[dict]:
-    """torch.optim.AdamW(fused=True) on CPU (what megatron's HybridDeviceOptimizer runs there), in `r` processes at once
-    with `threads` threads each: parameters per second per process. The processes start once (each start imports
-    torch: seconds a round on a small host) and step together `r` at a time while the others wait."""
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    gos = [ctx.Queue() for _ in range(max(ranks))]
-    procs = [ctx.Process(target=_cpu_adam_worker, args=(n_params, threads, steps, go, queue), daemon=True)
-             for go in gos]
-    for p in procs:
-        p.start()
-    out = []
+def _set_priority(value: int) -> None:
+    """This process's CPU priority, where the host allows it (lowering the nice value back needs privilege)."""
     try:
-        for _ in procs:
-            queue.get(timeout=300)
+        os.setpriority(os.PRIO_PROCESS, 0, value)
+    except (OSError, AttributeError):
+        pass
+
+
+class CpuAdamWorkers:
+    """The CPU Adam processes `cpu_adam_ranks` times: they start once (each start imports torch: seconds on a small
+    host) and step together `r` at a time while the others wait. `nice`: started ahead, beside the profile's timed
+    sections (`start_builds_ahead`), set up at the lowest CPU priority; `rates` waits until all are set up."""
+
+    def __init__(self, threads: int, count: int = 4, n_params: int = 32 * 2 ** 20, steps: int = 3,
+                 nice: bool = False):
+        import multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.threads, self.queue, self.ready = threads, ctx.Queue(), 0
+        self.gos = [ctx.Queue() for _ in range(count)]
+        self.procs = [ctx.Process(target=_cpu_adam_worker, args=(n_params, threads, steps, go, self.queue, nice),
+                                  daemon=True) for go in self.gos]
+        for p in self.procs:
+            p.start()
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        """Until every process is set up (none then takes the host's cores from what runs next)."""
+        while self.ready < len(self.procs):
+            self.queue.get(timeout=timeout_s)
+            self.ready += 1
+
+    def rates(self, ranks=(1, 2, 4)) -> list[dict]:
+        """Parameters per second per process, `r` processes stepping at once, for each `r` of `ranks`."""
+        self.wait_ready()
+        out = []
         for r in ranks:
-            for go in gos[:r]:
+            for go in self.gos[:r]:
                 go.put(r)
-            rates = [queue.get(timeout=300) for _ in range(r)]
-            out.append({"ranks": r, "threads_per_rank": threads, "params_per_s_per_rank": statistics.median(rates)})
-    finally:
-        for go in gos:
+            rates = [self.queue.get(timeout=300) for _ in range(r)]
+            out.append({"ranks": r, "threads_per_rank": self.threads,
+                        "params_per_s_per_rank": statistics.median(rates)})
+        return out
+
+    def close(self) -> None:
+        """Ends them: those set up when told to, any still setting up (a profile that ended early) at once."""
+        for go in self.gos:
             go.put(None)
-        for p in procs:
-            p.join(timeout=30)
+        for p in self.procs:
+            p.join(timeout=30 if self.ready == len(self.procs) else 0)
             if p.is_alive():
                 p.terminate()
-    return out
+                p.join(timeout=30)
+        self.procs, self.gos = [], []
+
+
+def cpu_adam_ranks(threads: int, ranks=(1, 2, 4), n_params: int = 32 * 2 ** 20, steps: int = 3,
+                   workers: CpuAdamWorkers | None = None) -> list[dict]:
+    """torch.optim.AdamW(fused=True) on CPU (what megatron's HybridDeviceOptimizer runs there), in `r` processes at once
+    with `threads` threads each: parameters per second per process (CpuAdamWorkers; `workers`: ones started
+    ahead, with at least max(ranks) processes)."""
+    workers = workers or CpuAdamWorkers(threads, max(ranks), n_params, steps)
+    try:
+        return workers.rates(ranks)
+    finally:
+        workers.close()
 
 
 # A released MoE build stayed allocated (measured in one process on 2026-12-02 and 2026-12-04): megatron's token
@@ -451,6 +493,7 @@ class BuildsAhead:
         import tempfile
 
         self.name, self.out, self.argv_tail = name, out, argv_tail
+        self.cpu_adam: CpuAdamWorkers | None = None   # the CPU Adam processes, where started with it
         self.err = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(_builds_argv(name, out, "-", argv_tail), env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=self.err, text=True)
@@ -466,7 +509,10 @@ class BuildsAhead:
             return False
 
     def close(self) -> None:
-        """Stop it if it still runs (an interrupted profile leaves nothing waiting or on the GPU)."""
+        """Stop it, and the CPU Adam processes, if they still run (an interrupted profile leaves nothing waiting or
+        on the GPU)."""
+        if self.cpu_adam is not None:
+            self.cpu_adam.close()
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
@@ -576,8 +622,11 @@ def builds_argv_tail(seq_len: int = SEQ_LEN, repeats: int = REPEATS, microbatche
 
 def start_builds_ahead(model: str, out: Path) -> BuildsAhead:
     """`tune profile --model`'s builds process, started while the profile's timed sections run (BuildsAhead),
-    with measure_models' defaults; its builds are appended to `out`."""
-    return BuildsAhead(model, out, builds_argv_tail(), build_env())
+    with measure_models' defaults; its builds are appended to `out`. The CPU Adam processes start with it (their
+    imports, seconds on a small host, then overlap the microbenchmarks too)."""
+    ahead = BuildsAhead(model, out, builds_argv_tail(), build_env())
+    ahead.cpu_adam = CpuAdamWorkers(int(build_env()["OMP_NUM_THREADS"]), nice=True)
+    return ahead
 
 
 def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = REPEATS, log=print,
@@ -598,6 +647,13 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
     if ahead is not None and (ahead.name != models[0] or ahead.argv_tail != tail):
         ahead.close()
         ahead = None
+    workers = ahead.cpu_adam if ahead is not None and cpu_adam else None
+    if workers is not None:   # set up before the builds time the host
+        try:
+            workers.wait_ready()
+        except Exception:  # noqa: BLE001 - a process that never got ready: fresh ones are started after the builds
+            workers.close()
+            workers = None
     with tempfile.TemporaryDirectory() as tmp:
         out = ahead.out if ahead is not None else Path(tmp) / "builds.jsonl"
         for name in models:
@@ -614,7 +670,7 @@ def measure_models(models: list[str], *, seq_len: int = SEQ_LEN, repeats: int = 
             "torch": str(torch.__version__), "megatron_core": str(getattr(megatron.core, "__version__", "?")),
             "seq_len": seq_len, "microbatches": microbatches, "repeats": repeats, "date": _now()[:10]}
     if cpu_adam:
-        meta["cpu_adam_ranks"] = cpu_adam_ranks(int(env["OMP_NUM_THREADS"]))
+        meta["cpu_adam_ranks"] = cpu_adam_ranks(int(env["OMP_NUM_THREADS"]), workers=workers)
     section = section_from_builds(builds, meta)
     section["wall_s"] = round(time.perf_counter() - started, 1)
     return section

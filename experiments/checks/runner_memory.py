@@ -10,9 +10,11 @@ would count it), and records per trial the largest `device peak - reserved peak`
 runner's outside_pytorch figure). The cost model takes it as the floor of what a megatron-runner
 process holds outside PyTorch on that many GPUs (cost_model/device_memory.py).
 
-`tune profile --model M` for a model without Gated DeltaNet layers probes with them replaced by full attention
-(`without_gdn` on its rows): no GDN kernel to compile (about 40 s on a fresh machine), and the cost model adds
-what fla's kernels hold (constants.yaml runner_gdn_kernels_gib) where the predicted model has such layers.
+`tune profile --model M` probes with the Gated DeltaNet layers replaced by full attention (`without_gdn` on its
+rows), whatever M's layers: the cost model adds what fla's kernels hold (constants.yaml runner_gdn_kernels_gib,
+measured on the runner's grids) where the predicted model has such layers, and the probe runs no GDN kernel (on
+1 x H100 it took 39 s with them in Qwen3.6's profile, 16 s without in Llama3-8B's; on a fresh machine the kernels'
+compilation moves to the builds, which run them anyway). `tune profile` without --model probes with them.
 """
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ from experiments.checks.measure import sig
 
 PROBE_MODEL, PROBE_LAYERS, PROBE_SEQ, PROBE_STEPS = "qwen3.6-35b-a3b", 4, 4096, 3
 PROBE_TIMEOUT_S = 300
+
+
+def probe_with_gdn(model) -> bool:
+    """Whether the probe runs its Gated DeltaNet layers: only for a profile of no particular model (`model` None)."""
+    return model is None
 
 
 def probe_layouts(world: int) -> list:
