@@ -22,6 +22,7 @@ from pathlib import Path
 
 from cost_model.nouns.runtime import MEGATRON_RUNNER, Runtime
 from experiments.runner import allocator_retries_per_step
+from experiments.megatron.failures import says_cuda_oom
 from experiments.megatron.runner import gpu_from_name
 from experiments.megatron.suite import SuiteTrial, parse_suite
 
@@ -155,5 +156,12 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
             if retries is not None:
                 run.retries.append(retries)
         else:
-            run.failures.append(line.get("failure_class") or ("too_few_steps" if line.get("status") == "ok" else "failed"))
+            run.failures.append(failure_class(line))
     return list(runs.values())
+
+
+def failure_class(line: dict) -> str:
+    """A failed line's class; a "crash" whose error says the device ran out of memory (a Triton kernel's, which the
+    runner called a crash before 2026-12-07) is an out-of-memory run."""
+    cls = line.get("failure_class") or ("too_few_steps" if line.get("status") == "ok" else "failed")
+    return "cuda_oom" if cls == "crash" and says_cuda_oom(str(line.get("detail", ""))) else cls

@@ -588,6 +588,10 @@ def test_a_released_moe_build_is_collected_once_its_dispatchers_graph_references
 def test_failure_classification():
     assert failures.classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")) == "cuda_oom"
     assert failures.classify_exception(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB")) == "cuda_oom"
+    # a Triton kernel's launch (fla's Gated DeltaNet on 1 x H100, 2026-12-07) is the device out of memory too
+    assert failures.classify_exception(RuntimeError("Triton Error [CUDA]: out of memory")) == "cuda_oom"
+    assert failures.classify_exit(1, "RuntimeError: Triton Error [CUDA]: out of memory") == "cuda_oom"
+    assert failures.classify_exception(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == "crash"
     assert failures.classify_exception(MemoryError()) == "host_oom"
     timeout = torch.distributed.DistBackendError("[Rank 0] Watchdog caught collective operation timeout: "
                                                   "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 60000 ms")
@@ -606,6 +610,16 @@ def test_failure_classification():
     assert failures.classify_exit(1, "torch.OutOfMemoryError: CUDA out of memory") == "cuda_oom"
     assert failures.classify_exit(1) == "crash" and failures.classify_exit(-11) == "crash"
     assert set(failures.CLASS_PRIORITY) == set(FAILURE_CLASSES)
+
+
+def test_a_stored_crash_that_says_the_device_ran_out_of_memory_counts_as_out_of_memory():
+    """v37's Qwen3.6 at 32k tokens on 1 x H100 (predicted not to fit) stopped in a Triton kernel, stored as a crash
+    before the runner knew that message: the benchmarks read it as the out-of-memory run it was."""
+    from benchmarks.measured_runs import failure_class
+    detail = "rank 0 (train): RuntimeError: Triton Error [CUDA]: out of memory"
+    assert failure_class({"status": "failed", "failure_class": "crash", "detail": detail}) == "cuda_oom"
+    assert failure_class({"status": "failed", "failure_class": "crash", "detail": "illegal memory access"}) == "crash"
+    assert failure_class({"status": "ok"}) == "too_few_steps"
 
 
 # The launcher tests run real processes on a machine that may be loaded: only a test of a silence limit

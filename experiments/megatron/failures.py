@@ -9,12 +9,20 @@ from cost_model.nouns.model_spec import ModelError
 CLASS_PRIORITY = ("invalid_config", "cuda_oom", "host_oom", "crash", "nccl_timeout", "hang", "too_few_steps")
 
 
+def says_cuda_oom(text: str) -> bool:
+    """Whether an error's text is the device running out of memory: torch's allocator ("CUDA out of memory"), a
+    CUDA call ("CUDA error: out of memory"), or a Triton kernel's launch ("Triton Error [CUDA]: out of memory", met
+    by fla's Gated DeltaNet kernels on 1 x H100, 2026-12-07)."""
+    lowered = text.lower()
+    return "out of memory" in lowered and "cuda" in lowered
+
+
 def classify_exception(exc: BaseException, phase: str = "train") -> str:
     """A failure class for an exception raised in a worker during `phase` ("init", "config",
     "build", "optimizer", "train")."""
     text = f"{type(exc).__name__}: {exc}"
     oom_types, dist_types = _torch_error_types()
-    if (oom_types and isinstance(exc, oom_types)) or "CUDA out of memory" in text or "CUDA error: out of memory" in text:
+    if (oom_types and isinstance(exc, oom_types)) or says_cuda_oom(text):
         return "cuda_oom"
     if isinstance(exc, MemoryError):
         return "host_oom"
@@ -49,7 +57,7 @@ def classify_exit(exitcode: int | None, log_tail: str = "") -> str:
     lowered = log_tail.lower()
     if "watchdog caught collective operation timeout" in lowered or ("nccl" in lowered and "timeout" in lowered):
         return "nccl_timeout"
-    if "out of memory" in lowered and "cuda" in lowered:
+    if says_cuda_oom(log_tail):
         return "cuda_oom"
     if exitcode == -9:
         return "host_oom"  # SIGKILL we did not send: the kernel's OOM killer
