@@ -1039,6 +1039,45 @@ def test_cpu_adam_processes_started_ahead_are_the_ones_timed_and_end_with_them()
     assert not any(p.is_alive() for p in procs)
 
 
+def test_measure_models_times_cpu_adam_with_the_processes_started_ahead(tmp_path, monkeypatch):
+    """The builds wait until the CPU Adam processes started ahead are set up (none then takes the host's cores from
+    a build), and the rates come from those processes, which end with the section; a build's plan goes to the
+    builds' process started ahead."""
+    import torch
+
+    from experiments.checks import runner_components as rc
+
+    events = []
+
+    class Workers:
+        procs = [object()]
+
+        def wait_ready(self):
+            events.append("cpu adam ready")
+
+        def rates(self, ranks):
+            events.append(("cpu adam timed", tuple(ranks)))
+            return [{"ranks": r, "threads_per_rank": 4, "params_per_s_per_rank": 1e9 / r} for r in ranks]
+
+        def close(self):
+            events.append("cpu adam closed")
+
+    class Ahead:
+        name, argv_tail, out, cpu_adam = "llama3-8b", rc.builds_argv_tail(), tmp_path / "builds.jsonl", Workers()
+
+        def close(self):
+            events.append("ahead closed")
+
+    monkeypatch.setattr(rc, "run_plan", lambda name, plan, out, tail, env, timeout_s, log, ahead=None:
+                        events.append(("builds", name, type(ahead).__name__)))
+    monkeypatch.setattr(rc, "read_builds", lambda out: [])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    section = rc.measure_models(["llama3-8b"], log=lambda _s: None, ahead=Ahead())
+    assert events == ["cpu adam ready", ("builds", "llama3-8b", "Ahead"), ("cpu adam timed", (1, 2, 4)),
+                      "cpu adam closed"]
+    assert [r["ranks"] for r in section["cpu_adam_ranks"]] == [1, 2, 4]
+
+
 def test_tune_profile_starts_its_builds_process_once_the_gpu_is_shared_and_stops_it_after(tmp_path, monkeypatch):
     """`tune profile --model M`: the builds' process starts when run_profile says the device-level readings are
     done (gpu_shared), is handed to measure_models, and is stopped when the profile ends, whatever happened."""
