@@ -263,6 +263,7 @@ ASSERT_IN_VALIDATION = ('Traceback (most recent call last):\n  File "/root/slime
 @pytest.mark.parametrize("text, exit_status, expected", [
     (CUDA_OOM, 1, "cuda_oom"),
     (CUDA_OOM + NCCL, 1, "cuda_oom"),                 # the OOM made the others time out
+    ("RuntimeError: Triton Error [CUDA]: out of memory\n", 1, "cuda_oom"),   # fla's GDN kernels (1 x H100)
     (HOST_OOM, 1, "host_oom"),                        # not cuda_oom, though it is an OutOfMemoryError
     ("Killed\n", 137, "host_oom"),
     ("", -9, "host_oom"),

@@ -385,6 +385,7 @@ _CUDA_OOM = re.compile(
     r"|torch\.(?:cuda\.)?OutOfMemoryError"
     r"|(?<![\w.])OutOfMemoryError: CUDA"
     r"|CUDA error: out of memory"
+    r"|Triton Error \[CUDA\]: out of memory"   # a Triton kernel's launch (fla's Gated DeltaNet kernels)
     r"|CUBLAS_STATUS_ALLOC_FAILED")
 _NCCL_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout"
@@ -410,7 +411,8 @@ def classify_failure(log_text: str, exit_status: int | None) -> str | None:
       on memory", "Worker exit type: NODE_OUT_OF_MEMORY", "Ray killed this worker"), "Cannot allocate
       memory", std::bad_alloc, or death by SIGKILL (exit 137 / -9: the kernel OOM killer's signature, with or
       without its "Killed" line);
-    - cuda_oom: "CUDA out of memory", torch.OutOfMemoryError, "CUDA error: out of memory";
+    - cuda_oom: "CUDA out of memory", torch.OutOfMemoryError, "CUDA error: out of memory", a Triton kernel's
+      "Triton Error [CUDA]: out of memory";
     - invalid_config: an argparse error ("error: unrecognized arguments", "error: argument ..."), or an
       AssertionError / ValueError raised in argument validation (a traceback frame in *arguments.py, or in
       validate_args / parse_args) before any training step was logged;
