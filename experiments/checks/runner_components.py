@@ -241,7 +241,7 @@ def measure_build(bench: Bench, model, kind, layers: int, vocab: int | None, row
 def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue, nice: bool) -> None:
     """One rank's CPU Adam: set up once (torch imported, the moments' pages touched), then a timed round of
     `steps` steps for each item `go` gives, until None. `nice`: set up at the lowest CPU priority (started ahead,
-    beside the profile's timed sections), back to the usual one where allowed before the first timed round."""
+    beside the profile's timed sections), back to the usual one where allowed once set up."""
     if nice:
         _set_priority(19)
     import torch
@@ -254,11 +254,9 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue, nice: b
     for _ in range(2):   # first touch of the moments' pages (a VM's memory grows on demand) before timing
         opt.step()
     queue.put("ready")
-    first = True
+    if nice:   # set up; it waits idle until timed, so the usual priority costs nothing beside the builds
+        _set_priority(0)
     while go.get() is not None:
-        if nice and first:
-            _set_priority(0)
-        first = False
         t0 = time.perf_counter()
         for _ in range(steps):
             opt.step()
@@ -420,10 +418,7 @@ def import_ahead() -> None:
     device's name."""
     import importlib
 
-    try:
-        os.nice(19)
-    except (OSError, AttributeError):
-        pass
+    _set_priority(19)
     for name in ("torch", "megatron.core", "megatron.core.distributed", "megatron.core.pipeline_parallel",
                  "experiments.megatron.train_loop", "experiments.megatron.config", "experiments.megatron.data",
                  "experiments.megatron.torch_native", "cost_model.runner_components"):
@@ -624,8 +619,9 @@ def start_builds_ahead(model: str, out: Path) -> BuildsAhead:
     """`tune profile --model`'s builds process, started while the profile's timed sections run (BuildsAhead),
     with measure_models' defaults; its builds are appended to `out`. The CPU Adam processes start with it (their
     imports, seconds on a small host, then overlap the microbenchmarks too)."""
-    ahead = BuildsAhead(model, out, builds_argv_tail(), build_env())
-    ahead.cpu_adam = CpuAdamWorkers(int(build_env()["OMP_NUM_THREADS"]), nice=True)
+    env = build_env()
+    ahead = BuildsAhead(model, out, builds_argv_tail(), env)
+    ahead.cpu_adam = CpuAdamWorkers(int(env["OMP_NUM_THREADS"]), nice=True)
     return ahead
 
 
@@ -706,10 +702,7 @@ def main(argv=None) -> int:
             text = sys.stdin.readline()
             if not text.strip():
                 return 0    # the profile ended without builds
-            try:            # the builds time the host: back to the usual priority where allowed (nothing else runs)
-                os.setpriority(os.PRIO_PROCESS, 0, 0)
-            except (OSError, AttributeError):
-                pass
+            _set_priority(0)   # the builds time the host: back to the usual priority where allowed
         plan = [(tuple(k.split("+")), int(n), e) for k, n, e in json.loads(text)]
         return run_builds(args, plan, lambda extra: build_rows(model, extra))
     import yaml
