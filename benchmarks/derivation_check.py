@@ -68,8 +68,14 @@ def compare(measured, derived, gpu) -> list[dict]:
                             **{f"{t}_ratio": d.breakdown[t] / m.breakdown[t] for t in TERMS if m.breakdown[t] > 0},
                             "work_ratio": (d.breakdown["layers"] + d.breakdown["microbatch_ends"])
                             / (m.breakdown["layers"] + m.breakdown["microbatch_ends"]),
-                            "step_ratio": d.step_time_s / m.step_time_s})
+                            # the step's time terms: not allocator_remap, which follows each profile's memory
+                            "step_ratio": _time_s(d) / _time_s(m)})
     return out
+
+
+def _time_s(p) -> float:
+    """A prediction's step seconds without its allocator_remap term (cost_model.allocator_strain)."""
+    return p.step_time_s - p.breakdown.get("allocator_remap", 0.0)
 
 
 def _with(profile, d):

@@ -19,7 +19,7 @@ from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_pe
                                peak_memory)
 from cost_model import memory_fit
 from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
-from cost_model.loss_path import fp32_logits_bytes
+from cost_model.allocator_strain import allocator_remap_s, remap_seconds
 from cost_model.metrics import mfu as model_flops_utilisation
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.nouns.model_spec import ModelSpec
@@ -30,7 +30,6 @@ from cost_model.stages import layout_rank_layers
 from cost_model.step_time import StepContext, step_breakdown
 from cost_model.term_sources import term_sources
 from cost_model.vision import VisionWork
-from cost_model.nouns.units import GIB
 from cost_model.nouns.workload import Workload, WorkloadError
 
 
@@ -265,8 +264,8 @@ def _source(model: ModelSpec, gpu: GpuSpec, workload: Workload, c: Constants, ra
 def step_time_only(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout,
                    constants: Constants | None = None, profile: HardwareProfile | None = None,
                    precision_aware_optimizer: bool = True, runtime: Runtime | None = None) -> tuple[float, int]:
-    """(step seconds, micro-batches) exactly as `predict` computes them, without the memory model (what
-    ranking a layout under another set of time constants needs)."""
+    """(step seconds, micro-batches) as `predict` computes them without the memory model (what ranking a layout
+    under another set of time constants needs): so without the allocator_remap term of a MoE layout at the limit."""
     c = constants or default_constants()
     profile = profile or shipped_profile(gpu.name)
     rt = runtime or default_runtime(workload.framework, precision_aware_optimizer)
@@ -346,16 +345,16 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
     model, layout, c = ctx.model, ctx.layout, ctx.c
     rates, tokens, n_mb = ctx.rates, ctx.tokens, ctx.num_microbatches
     breakdown = step_breakdown(ctx)
-    step_time = sum(breakdown.values())
-
     mv = verdict or _memory_verdict(ctx, gpu, workload, profile, rt, precision_aware_optimizer)
     memory, capacity, host, p_fit, fit = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
+    # a MoE layout with no room for the allocator's cache maps memory again every micro-batch (runner's stack)
+    breakdown["allocator_remap"] = allocator_remap_s(ctx, memory)
+    step_time = sum(breakdown.values())
     reasons = fit_reasons(memory, capacity, host, gpu)
     if fit == BORDERLINE:
-        # a MoE layout's note prices retrying once a micro-batch (cost_model.memory_fit)
+        # a MoE layout's note says what retrying once a micro-batch costs, and whether the step prices it
         moe = model.has_moe_layers
-        strain = ((n_mb * fp32_logits_bytes(model, layout, tokens) / GIB * c.allocator_remap_s_per_gib, step_time)
-                  if moe else None)
+        strain = (remap_seconds(ctx), step_time, breakdown["allocator_remap"] > 0) if moe else None
         reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=moe, strain=strain))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size

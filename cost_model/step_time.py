@@ -74,7 +74,9 @@ RANK_TERMS = (
     "elementwise", "launch_overhead", "expert_calls", "recompute", "tp_comm", "ep_comm", "cp_comm",
     "layers", "microbatch_ends",
 )
-TERMS = RANK_TERMS + ("pp_p2p", "pp_bubble", "dp_comm", "optimizer", "offload", "step_overhead")
+# allocator_remap: a MoE layout on the runner's stack with no room for the allocator's cache (cost_model.allocator_strain,
+# added by predict once the memory is known; 0 in step_breakdown)
+TERMS = RANK_TERMS + ("pp_p2p", "pp_bubble", "dp_comm", "optimizer", "offload", "step_overhead", "allocator_remap")
 # The terms a runner-priced step has only for the layer kinds its profile did not measure (the fitted terms price
 # those; the measured kinds are in `layers`), the host's exposed launch time of the measured kinds aside.
 RUNNER_FALLBACK_TERMS = ("compute_attention", "compute_linear_attention", "compute_mlp", "compute_experts",
@@ -394,6 +396,7 @@ def step_breakdown(ctx: StepContext) -> dict[str, float]:
     terms["optimizer"] = optimizer_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
     terms["offload"] = offload_time(ctx.layout, ctx.rates, trained_dense, trained_expert)
     terms["step_overhead"] = step_overhead
+    terms["allocator_remap"] = 0.0
     return terms
 
 

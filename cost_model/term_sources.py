@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from cost_model.constants import Constants, constants_sources
 from cost_model.runner_components import RunnerComponents
+from cost_model.allocator_strain import remap_source
 from cost_model.step_time import RUNNER_FALLBACK_TERMS, TERMS, StepContext, nearest_ends, runner_layer_terms
 
 
@@ -99,6 +100,7 @@ def _fitted_sources(ctx: StepContext) -> dict[str, str]:
                      f"HBM bandwidth {of}",
         "offload": f"{offload_kind}: CPU Adam at {share} {cpu_rate}; PCIe copies at the host-device bandwidth {of}",
         "step_overhead": step_line,
+        "allocator_remap": remap_source(ctx),
     }
 
 
@@ -199,6 +201,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     lines["dp_comm"] = (f"modelled: {_bus(ctx, dp_what, layout.world_size // layout.pp)}, all exposed (the runner "
                         f"does not overlap it)")
     lines["step_overhead"] = "modelled: none on the runner (its per-step work is in optimizer)"
+    lines["allocator_remap"] = remap_source(ctx)
     if comps.derived is not None:
         _mark_derived(lines, comps.derived)
     return lines
