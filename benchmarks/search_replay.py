@@ -402,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
           "(eleventh and twelfth sessions), predictions committed before: held out; v37's trials without GDN layers "
           "(1 x H100: Mistral-Small-24B at 2 layers, Phi-3.5-MoE at 1) ran 2026-12-07 (thirteenth session), predictions "
           "committed before: held out, and its GDN trials (Qwen3.5-4B at 8 layers, Qwen3.6 at 1 layer seq 16k) "
-          "2026-12-07 (fourteenth session): held out; "
+          "2026-12-07 (fourteenth session): held out; the five MoE runs whose allocator cache has no room (v25, v31, "
+          "v32, v34) were looked at for the allocator_remap term (2026-12-07, fifteenth session); "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
