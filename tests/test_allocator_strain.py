@@ -62,3 +62,17 @@ def test_a_dense_model_and_the_slime_stack_get_no_remap():
     slime = predict(tight.context.model, H200, Workload(), tight.context.layout)
     assert slime.breakdown["allocator_remap"] == 0.0
     assert slime.term_sources.get("allocator_remap") is None
+
+
+def test_the_agent_says_when_it_proposes_a_layout_priced_with_the_remap():
+    from cost_model.hypotheses import default_hypotheses
+    from cost_model.nouns.layout_codec import to_optuna_params
+    from tuner.agent import AgentProposer
+    from tuner.proposer import Candidate, History
+
+    _, tight = _at_the_limit(trial_model(load_model("qwen3-30b-a3b"), 8))
+    agent = AgentProposer([Candidate(tight.context.layout, tight)], to_optuna_params, default_hypotheses(),
+                          lambda h, layout: tight.tokens_per_s_per_gpu)
+    remap = tight.breakdown["allocator_remap"]
+    share = remap / (tight.step_time_s - remap)
+    assert f"no room for the allocator's cache: {share:.0%} slower (allocator_remap)" in agent.propose(History()).rationale

@@ -366,10 +366,13 @@ class AgentProposer(Proposer):
         borderline = "borderline: " if p.borderline else ""
         fam = "" if b.measured == 0 else (" (its family measured)" if family(c.layout) in b.families
                                           else " (an unmeasured family)")
+        remap = p.breakdown.get("allocator_remap", 0.0)
+        strain = (f"; no room for the allocator's cache: {remap / (p.step_time_s - remap):.0%} slower "
+                  f"(allocator_remap)" if remap > 0 else "")
         # the whole layout: two candidates may differ only in their offload or Adam moments' dtype
         return (f"{why}; {c.layout.long_label}{fam}: expects {o.median:,.0f} "
                 f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU (posterior median, 90%), P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
-                f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); {weights}; largest terms {top}")
+                f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); {weights}; largest terms {top}{strain}")
 
     def after_trial(self, history: History) -> dict:
         """What the last trial taught: the weights and levels after it, against those before."""
