@@ -376,3 +376,11 @@ def test_offload_fractions_are_numbers_from_0_to_1():
     for bad in ("0,x", "1.5", "0,,1", "nan", "-0.1"):
         with pytest.raises(argparse.ArgumentTypeError):
             offload_fractions(bad)
+
+
+def test_a_flag_is_never_an_abbreviation_of_another(capsys):
+    """`--stack` is predict's flag; on the main command it is unknown, not a prefix of --stack-fix (whose choices the
+    error would list), and `--trial 3` is not --trials."""
+    line = one_line_error(capsys, main([*TARGET, "--stack", "megatron-runner"]))
+    assert "unrecognized arguments: --stack megatron-runner" in line and "stack-fix" not in line
+    assert "unrecognized arguments: --trial 3" in one_line_error(capsys, main([*TARGET, "--trial", "3"]))

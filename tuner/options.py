@@ -44,7 +44,12 @@ class CliError(AttuneError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with its errors as one line (CliError: `tune: error: ...`, exit 2), not a usage dump."""
+    """argparse with its errors as one line (CliError: `tune: error: ...`, exit 2), not a usage dump, and no
+    abbreviated flags: `tune --stack megatron-runner` names --stack as unknown, not --stack-fix's choices."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise CliError(f"{message} (see {self.prog} --help)")
