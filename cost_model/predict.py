@@ -348,13 +348,13 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
     mv = verdict or _memory_verdict(ctx, gpu, workload, profile, rt, precision_aware_optimizer)
     memory, capacity, host, p_fit, fit = mv.memory, mv.capacity, mv.host, mv.fit_probability, mv.fit_verdict
     # a MoE layout with no room for the allocator's cache maps memory again every micro-batch (runner's stack)
-    breakdown["allocator_remap"] = allocator_remap_s(ctx, memory)
+    breakdown["allocator_remap"] = remap = allocator_remap_s(ctx, memory)
     step_time = sum(breakdown.values())
     reasons = fit_reasons(memory, capacity, host, gpu)
     if fit == BORDERLINE:
         # a MoE layout's note says what retrying once a micro-batch costs, and whether the step prices it
         moe = model.has_moe_layers
-        strain = (remap_seconds(ctx), step_time, breakdown["allocator_remap"] > 0) if moe else None
+        strain = (remap or remap_seconds(ctx), step_time, remap > 0) if moe else None
         reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=moe, strain=strain))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size

@@ -22,7 +22,7 @@ def _at_the_limit(model):
     """(a token count's prediction with room for the allocator's cache, the next one's, 256 tokens more, without room
     but under the usable capacity)."""
     tokens = 4096
-    while runner(model, tokens).memory.total < runner(model, tokens).memory.usable:
+    while (m := runner(model, tokens).memory).total < m.usable:
         tokens += 4096
     for t in range(tokens, tokens - 8192, -256):   # down from over the limit: the first under it has no room
         p = runner(model, t)
