@@ -121,6 +121,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            *((f"runner-grids-h100-v36-{k}-2026-12-06.jsonl", "runner_grids_h100_v36_suite.json") for k in "abc"),
            *((f"runner-grids-h200-v30-{k}-2026-12-06.jsonl", "runner_grids_h200_v30_suite.json") for k in "abc"),
            *((f"runner-grids-h100-v37-{k}-2026-12-07.jsonl", "runner_grids_h100_v37_suite.json") for k in "abcd"),
+           ("runner-grids-h100-v41-a-2026-12-07.jsonl", "runner_grids_h100_v41_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -404,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
           "committed before: held out, and its GDN trials (Qwen3.5-4B at 8 layers, Qwen3.6 at 1 layer seq 16k) "
           "2026-12-07 (fourteenth session): held out; the five MoE runs whose allocator cache has no room (v25, v31, "
           "v32, v34) were looked at for the allocator_remap term (2026-12-07, fifteenth session); "
+          "v41 (1 x H100: Qwen3-30B-A3B and Qwen2.5-7B at 4 layers) ran 2026-12-07 (sixteenth session), predictions "
+          "committed before: held out; "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
