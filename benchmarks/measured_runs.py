@@ -46,6 +46,9 @@ class MeasuredRun:
     first_build_collected: bool = True
     retries: list = field(default_factory=list)   # the allocator's retries per step of each valid measurement that
                                                   # counted them (runs from v32 on: experiments.runner.allocator_retries_per_step)
+    # whether `peaks` are device-level (total - free); the first 2-GPU suites (2026-11-29/30) recorded the
+    # allocator's peak (torch.cuda.max_memory_allocated) as peak_memory_gib, which leaves out what lives outside PyTorch
+    device_peaks: bool = True
 
     @property
     def runtime(self) -> Runtime:
@@ -152,12 +155,22 @@ def load_runs(suite: Path, results: Path) -> list[MeasuredRun]:
         if _valid(line, t):
             run.tokens.append(steady_tokens(line))
             run.peaks.append(float(line.get("peak_memory_gib") or 0.0))
+            run.device_peaks = run.device_peaks and peak_is_device(line)
             retries = allocator_retries_per_step(line.get("details"))
             if retries is not None:
                 run.retries.append(retries)
         else:
             run.failures.append(failure_class(line))
     return list(runs.values())
+
+
+def peak_is_device(line: dict) -> bool:
+    """Whether a result line's peak_memory_gib is the device-level peak: its details say so, or it has no record of
+    the basis at all but is not one of the first runner's lines (a `detail` dict, allocator peaks only)."""
+    details = line.get("details")
+    if isinstance(details, dict) and "peak_memory_basis" in details:
+        return str(details["peak_memory_basis"]).startswith("device")
+    return not isinstance(line.get("detail"), dict)
 
 
 def failure_class(line: dict) -> str:

@@ -622,6 +622,21 @@ def test_a_stored_crash_that_says_the_device_ran_out_of_memory_counts_as_out_of_
     assert failure_class({"status": "ok"}) == "too_few_steps"
 
 
+def test_the_first_suites_stored_peaks_are_the_allocators_and_are_judged_as_such():
+    """The first 2-GPU suites stored torch's max_memory_allocated as peak_memory_gib (a `detail` dict, no basis):
+    the multi-GPU benchmark compares those with the predicted allocator peak, not the device peak."""
+    from benchmarks.measured_runs import load_runs, peak_is_device
+    assert peak_is_device({"details": {"peak_memory_basis": "device (cuda mem_get_info)"}})
+    assert not peak_is_device({"details": {"peak_memory_basis": "allocator (max_memory_allocated)"}})
+    assert not peak_is_device({"detail": {"max_memory_allocated_gib_per_rank": [48.5]}})
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    first = load_runs(bench / "megatron_h200_suite.json", bench / "results" / "megatron-h200-suite.jsonl")
+    later = load_runs(bench / "runner_grids_h100_v41_suite.json",
+                      bench / "results" / "runner-grids-h100-v41-a-2026-12-07.jsonl")
+    assert [r.device_peaks for r in first if r.ok] and not any(r.device_peaks for r in first if r.ok)
+    assert all(r.device_peaks for r in later if r.ok)
+
+
 # The launcher tests run real processes on a machine that may be loaded: only a test of a silence limit
 # shortens that one limit; every other limit stays generous, so no outcome depends on how fast the
 # stand-ins start.
