@@ -223,6 +223,18 @@ def test_export_refuses_a_config_changed_after_tuning(tmp_path, capsys, monkeypa
 
 
 @pytest.mark.slow
+def test_export_from_another_folder_finds_the_config_json_the_study_was_tuned_on(tmp_path, capsys, monkeypatch):
+    """`tune --model ./m1` records where m1 is; `tune export` run from another folder reads it there (and the
+    digest check still holds it to the architecture tuned)."""
+    tuned_small_llama(tmp_path, monkeypatch)
+    capsys.readouterr()
+    Path("elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["export", "--study", "s", "--storage", str(tmp_path / "s.db"), "--out", "r1"]) == 0
+    assert list(Path("r1").rglob("*.yaml"))
+
+
+@pytest.mark.slow
 def test_export_of_a_config_json_study_elsewhere_takes_its_file(tmp_path, capsys, monkeypatch):
     tuned_small_llama(tmp_path, monkeypatch)
     capsys.readouterr()

@@ -88,6 +88,7 @@ def cmd_run(args) -> int:
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
         study = load_or_create(storage, name, config, runner.figures)
+        _record_model_path(study, args.model)
         return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache), progress)
 
 
@@ -371,24 +372,53 @@ def cmd_show(args) -> int:
         print(format_table(ranked_rows(study), limit=args.limit, precision=recorded_precision(study)))
     return 0
 
-def _study_model(args, identity: dict):
-    """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key)."""
+# A study tuned on a config.json records the file's absolute path beside its identity (not in it: the same model
+# read from another path is the same study), so that export finds the file again from any folder.
+MODEL_PATH_ATTR = "model_path"
+
+
+def _record_model_path(study, model_arg) -> None:
+    """Records where a config.json model was read from (a catalog key records nothing)."""
+    if model_arg is None or str(model_arg).strip().lower() in catalog_names():
+        return
+    path = str(Path(model_arg).expanduser().resolve())
+    if study.user_attrs.get(MODEL_PATH_ATTR) != path:
+        study.set_user_attr(MODEL_PATH_ATTR, path)
+
+
+def _recorded_path(study) -> str | None:
+    path = study.user_attrs.get(MODEL_PATH_ATTR)
+    return path if isinstance(path, str) and Path(path).exists() else None
+
+
+def _study_model(args, identity: dict, study):
+    """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key), else the
+    config.json path it recorded (check_model_identity then refuses a file edited since)."""
     if getattr(args, "model", None):
         return as_recorded_name(load_model(args.model), identity["model"])
     try:
         return load_model(identity["model"])   # a catalog key, or the config.json folder of that name here
     except ModelError:
+        if _recorded_path(study):
+            return as_recorded_name(load_model(_recorded_path(study)), identity["model"])
         if identity.get("architecture") and identity["model"] not in catalog_names():
             raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}) not found "
                            f"here: pass that file with --model PATH") from None
         raise
 
-def _model_source(args, identity: dict) -> str:
+def _model_source(args, identity: dict, study) -> str:
     """Where `_study_model` took the model from, for a message."""
     if getattr(args, "model", None):
         return f"--model {str(args.model)[:80]}"
     name = identity["model"]
-    return f"the catalog's {name}" if name in catalog_names() else f"{str(name)[:80]}/config.json here"
+    if name in catalog_names():
+        return f"the catalog's {name}"
+    try:
+        load_model(name)
+    except ModelError:
+        if _recorded_path(study):
+            return f"{_recorded_path(study)[:120]}, the file the study was tuned on"
+    return f"{str(name)[:80]}/config.json here"
 
 def _check_stored_config(study: str, identity) -> None:
     """The stored study config export builds its run from: one line naming the field that a peer (a shared
@@ -415,8 +445,8 @@ def cmd_export(args) -> int:
     _check_stored_config(args.study, identity)
     # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
     gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
-    model = _study_model(args, identity)
-    check_model_identity(identity, model, args.study, _model_source(args, identity))
+    model = _study_model(args, identity, study)
+    check_model_identity(identity, model, args.study, _model_source(args, identity, study))
     try:
         config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
     except TypeError as e:   # a key the nouns do not take: a peer's or another program's edit
