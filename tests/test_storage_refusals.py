@@ -232,6 +232,10 @@ def test_export_from_another_folder_finds_the_config_json_the_study_was_tuned_on
     monkeypatch.chdir(tmp_path / "elsewhere")
     assert main(["export", "--study", "s", "--storage", str(tmp_path / "s.db"), "--out", "r1"]) == 0
     assert list(Path("r1").rglob("*.yaml"))
+    capsys.readouterr()
+    (tmp_path / "m1" / "config.json").unlink()   # the recorded folder stays, its config.json is gone
+    assert main(["export", "--study", "s", "--storage", str(tmp_path / "s.db"), "--out", "r2"]) == 2
+    assert "the file it recorded does not load now" in one_line(capsys) and not Path("r2").exists()
 
 
 @pytest.mark.slow

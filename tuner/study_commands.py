@@ -399,8 +399,13 @@ def _study_model(args, identity: dict, study):
     try:
         return load_model(identity["model"])   # a catalog key, or the config.json folder of that name here
     except ModelError:
-        if _recorded_path(study):
-            return as_recorded_name(load_model(_recorded_path(study)), identity["model"])
+        path = _recorded_path(study)
+        if path:
+            try:
+                return as_recorded_name(load_model(path), identity["model"])
+            except ModelError as e:
+                raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}); the "
+                               f"file it recorded does not load now ({e}): pass that file with --model PATH") from None
         if identity.get("architecture") and identity["model"] not in catalog_names():
             raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}) not found "
                            f"here: pass that file with --model PATH") from None
