@@ -30,7 +30,8 @@ from experiments.megatron.model_run import predict_run, trial_model
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.measured_runs import load_runs  # noqa: E402
-from tuner.intervals import CROSSING_RATIO, at_crossing, measures_layers, runner_stack_sd  # noqa: E402
+from tuner.intervals import (CROSSING_RATIO, at_crossing, measures_layers, runner_stack_sd,  # noqa: E402
+                             scales_linear_layers)
 
 ROOT = Path(__file__).resolve().parents[1]
 B, R = ROOT / "benchmarks", ROOT / "benchmarks/results"
@@ -347,6 +348,11 @@ HOST_CPU_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl", "runner-grids-
 # mapped again, at the measured remap cost), a rule chosen after seeing them and the near-limit runs beside them:
 # every stored run that term prices is looked at for tokens/s from then on (the others' predictions are unchanged).
 STRAIN_LOOKED_AT = _stored_through("runner-grids-h100-v37-d-2026-12-07.jsonl")
+# The stored runs of models whose Gated DeltaNet layer is timed as another model's (Qwen3.5-0.8B in v26, Qwen3.5-4B in
+# v29 and v37: their scaled layer's GPU time 5-9% low from 8k tokens up) then led to the GDN layer's own scaling
+# power, runner_scaled_linear_work_exponent (benchmarks/scaled_layer_exponent.py --linear, fitted to them with each
+# model held out in turn): their tokens/s are looked at from then on.
+LINEAR_EXPONENT_LOOKED_AT = _stored_through("runner-grids-h100-v41-a-2026-12-07.jsonl")
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
@@ -410,7 +416,8 @@ def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
                     or any(results_path.name == f and t.name.startswith(prefix)
                            for f, prefix in HOST_FLOOR_LOOKED_AT | GDN_DERIVATION_LOOKED_AT)
                     or (results_path.name, t.name) in REPEATS_LOOKED_AT
-                    or (results_path.name in STRAIN_LOOKED_AT and p.breakdown.get("allocator_remap", 0.0) > 0)})
+                    or (results_path.name in STRAIN_LOOKED_AT and p.breakdown.get("allocator_remap", 0.0) > 0)
+                    or (results_path.name in LINEAR_EXPONENT_LOOKED_AT and scales_linear_layers(model, gpu))})
     return out
 
 
@@ -432,7 +439,8 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
            f"(v27 on H100, since the derivation's calibration) and HOST_CPU_LOOKED_AT (the offload runs on H100, since "
            f"the H100's CPU optimizer is priced as the H200 host's) and GDN_DERIVATION_LOOKED_AT (the GDN models' runs "
            f"on H100, since a GDN layer's rest ratio) and REPEATS_LOOKED_AT (v35's Qwen3.6 layouts that repeat v31's) and STRAIN_LOOKED_AT (the five MoE runs "
-           f"with no room for the allocator's cache, since allocator_remap)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
+           f"with no room for the allocator's cache, since allocator_remap) and LINEAR_EXPONENT_LOOKED_AT (the runs of "
+           f"models whose GDN layer is scaled from another's, since runner_scaled_linear_work_exponent)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")
     grids = {}

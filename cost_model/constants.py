@@ -63,6 +63,7 @@ class Constants:
     runner_host_crossing_error_sd: float
     runner_host_cpu_error_sd: float
     runner_scaled_work_exponent: float
+    runner_scaled_linear_work_exponent: float
     runner_host_overlap_exponent: float
     runner_gdn_kernels_gib: float
     prediction_error_sd_lora_vlm: float

@@ -451,10 +451,10 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     measured_model, measured_attn, notes = ctx.model, attn_kind, []
     if donor is not None:
         measured_model, measured_attn = signature_model(ctx.model, donor), donor.split("+")[0]
+        power, power_name = scaled_work_exponent(ctx.c, measured_attn)
         notes.append(f"{curves.model}'s measured {measured_attn}+{mlp_kind} layer, its GPU work scaled to this "
                      f"layer's (modelled ratio at {SCALED_RATIO_TOKENS:,.0f} tokens to the power "
-                     f"{ctx.c.runner_scaled_work_exponent:g}, fitted: "
-                     f"runner_scaled_work_exponent), its host floor the lowest measured of the kind"
+                     f"{power:g}, fitted: {power_name}), its host floor the lowest measured of the kind"
                      + (f" (no {attn_kind}+{mlp_kind} layer measured: another attention kind's, the ratio modelled "
                         f"across the kinds at the profile's seq {ctx.runner.seq_len})" if measured_attn != attn_kind
                         else ""))
@@ -472,8 +472,8 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
             notes.append(f"shard's GPU work {ratio:.2f}x the layer's (modelled ratio), host floor as measured")
         else:
             # another model's layer: its measured time scales as the modelled work ratio to a fitted power (a
-            # smaller layer's kernels run less efficiently than the GEMM table says; runner_scaled_work_exponent)
-            ratio **= ctx.c.runner_scaled_work_exponent
+            # smaller layer's kernels run less efficiently than the GEMM table says)
+            ratio **= scaled_work_exponent(ctx.c, measured_attn)[0]
     on, on_full = _on_target(ctx.runner.derivation_of(curves), lt, attn_kind == LINEAR_ATTENTION)
     base = curves.none(ctx.tokens, ratio, on)
     full_extra = (curves.full(ctx.tokens, ratio, on_full) - base) if curves.full is not None else None
@@ -499,6 +499,15 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
         recompute += min(1.0, lt.selective / lt.gpu_pass) * full_extra
     terms = {"layers": max(base, 0.0), "recompute": recompute, **comm}
     return terms, "measured" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def scaled_work_exponent(c, measured_attn: str) -> tuple[float, str]:
+    """The power of the modelled work ratio by which another model's measured layer of this attention kind is
+    scaled, and its constant's name: a Gated DeltaNet layer's own (fla's kernels lose more than GEMMs do at a smaller
+    layer's heads and widths), every other kind's the dense fit."""
+    if measured_attn == LINEAR_ATTENTION:
+        return c.runner_scaled_linear_work_exponent, "runner_scaled_linear_work_exponent"
+    return c.runner_scaled_work_exponent, "runner_scaled_work_exponent"
 
 
 def _on_target(derived: Derivation | None, lt, linear: bool = False) -> tuple:

@@ -1118,3 +1118,31 @@ def test_a_default_image_size_is_no_difference():
     assert _differences(recorded, asked) == ["workload.images_per_row: default recorded, 1 asked"]
     bigger = {"model": "m", "workload": {"seq_len": 4096, "images_per_row": 1, "image_size": 896}}
     assert "workload.image_size: default recorded, 896 asked" in _differences(recorded, bigger)
+
+
+def test_a_gdn_layer_scaled_from_another_models_takes_the_gdn_power_and_says_so():
+    """Qwen3.5-4B's Gated DeltaNet layer is timed as Qwen3.5-27B's measured one, scaled by the modelled work ratio to
+    runner_scaled_linear_work_exponent (a smaller GDN layer's kernels lose more than its GEMMs); the dense exponent
+    leaves it alone, and a dense model's scaled layer the other way round."""
+    from cost_model.constants import default_constants
+    from tuner.intervals import scales_linear_layers
+
+    small = trial_model(load_model("qwen3.5-4b"), 8)
+    dense = trial_model(load_model(str(Path(__file__).resolve().parents[1] / "benchmarks/models/yi-6b/config.json")), 8)
+    assert scales_linear_layers(small, H200) and not scales_linear_layers(dense, H200)
+    assert not scales_linear_layers(load_model("qwen3.6-35b-a3b"), H200)   # its own layers are measured
+    c = default_constants()
+    layout = Layout(1, max_tokens_per_gpu=16384)
+
+    def seconds(model, **changed):
+        p = predict(model, H200, MEGATRON, layout, constants=replace(c, **changed), precision_aware_optimizer=False)
+        return p.breakdown["layers"], p.term_sources["layers"]
+
+    base, source = seconds(small)
+    assert "runner_scaled_linear_work_exponent" in source and f"power {c.runner_scaled_linear_work_exponent:g}" in source
+    lower = c.runner_scaled_linear_work_exponent - 0.1   # a smaller layer's ratio (< 1) to a lower power: more time
+    assert seconds(small, runner_scaled_linear_work_exponent=lower)[0] > base
+    assert seconds(small, runner_scaled_work_exponent=c.runner_scaled_work_exponent - 0.1)[0] != base  # attention
+    dense_base, dense_source = seconds(dense)
+    assert "runner_scaled_work_exponent" in dense_source and "linear_work" not in dense_source
+    assert seconds(dense, runner_scaled_linear_work_exponent=lower)[0] == dense_base

@@ -14,6 +14,7 @@ from cost_model.constants import default_constants
 from cost_model.hypotheses import (Hypothesis, applicable, default_hypotheses, interval_of, predict_interval,
                                    residual_sd, step_constants, tokens_per_s_under)
 from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import LINEAR_ATTENTION
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
 from cost_model.step_time import RUNNER_FALLBACK_TERMS, runner_host_to_gpu
@@ -65,6 +66,17 @@ def measures_layers(model, gpu, profile=None) -> bool:
     """Whether the profile (default: the one shipped for the GPU) measured every layer kind of `model` on the runner."""
     profile = profile or shipped_profile(gpu.name)
     return profile is not None and profile.runner is not None and profile.runner.measures_layers_of(model)
+
+
+def scales_linear_layers(model, gpu, profile=None) -> bool:
+    """Whether the profile (default: the one shipped for the GPU) times `model`'s Gated DeltaNet layer as another
+    model's measured one (runner_scaled_linear_work_exponent prices it)."""
+    profile = profile or shipped_profile(gpu.name)
+    if profile is None or profile.runner is None or not model.has_linear_attention:
+        return False
+    kinds = {m for a, m in zip(model.layer_types, model.mlp_types) if a == LINEAR_ATTENTION}
+    return any((found := profile.runner.layer_for(model, LINEAR_ATTENTION, m)) is not None and found[0] is not None
+               for m in kinds)
 
 
 def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
