@@ -1,4 +1,4 @@
-# One device call of the registered, not yet run held-out runner grid for the GPUs this machine has: v38 on 1 H200,
+# One device call of the registered, not yet run held-out runner grid for the GPUs this machine has: v38 on 1 H200 (its GDN trials: the gdn stage),
 # v42 on 1 H100 (v41 ran), v39 on 2 H200s, v40 on 2 H100s (their predictions are committed in
 # benchmarks/results/runner-grids-*-predicted-before.txt).
 #   bash benchmarks/device/held_out_call.sh plain [BUDGET_S]   carry .whl/m .whl/c .whl/f .whl/t1: the trials
