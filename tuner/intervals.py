@@ -75,8 +75,8 @@ def scales_linear_layers(model, gpu, profile=None) -> bool:
     if profile is None or profile.runner is None or not model.has_linear_attention:
         return False
     kinds = {m for a, m in zip(model.layer_types, model.mlp_types) if a == LINEAR_ATTENTION}
-    return any((found := profile.runner.layer_for(model, LINEAR_ATTENTION, m)) is not None and found[0] is not None
-               for m in kinds)
+    donors = [found[0] for m in kinds if (found := profile.runner.layer_for(model, LINEAR_ATTENTION, m)) is not None]
+    return any(d is not None and d.startswith(f"{LINEAR_ATTENTION}+") for d in donors)
 
 
 def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = None) -> float:
