@@ -391,39 +391,28 @@ def _recorded_path(study) -> str | None:
     return path if isinstance(path, str) and Path(path).exists() else None
 
 
-def _study_model(args, identity: dict, study):
-    """The model a study was tuned on: --model when given, else its recorded name (a catalog model's key), else the
-    config.json path it recorded (check_model_identity then refuses a file edited since)."""
+def _study_model(args, identity: dict, study) -> tuple:
+    """(the model a study was tuned on, where it was taken from, for a message): --model when given, else its
+    recorded name (a catalog model's key, or a config.json folder of that name here), else the config.json path it
+    recorded (check_model_identity then refuses a file edited since)."""
     if getattr(args, "model", None):
-        return as_recorded_name(load_model(args.model), identity["model"])
+        return as_recorded_name(load_model(args.model), identity["model"]), f"--model {str(args.model)[:80]}"
+    name = identity["model"]
     try:
-        return load_model(identity["model"])   # a catalog key, or the config.json folder of that name here
+        model = load_model(name)
     except ModelError:
         path = _recorded_path(study)
         if path:
             try:
-                return as_recorded_name(load_model(path), identity["model"])
+                return as_recorded_name(load_model(path), name), f"{path[:120]}, the file the study was tuned on"
             except ModelError as e:
-                raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}); the "
+                raise CliError(f"study '{args.study}' was tuned on a config.json model ({name}); the "
                                f"file it recorded does not load now ({e}): pass that file with --model PATH") from None
-        if identity.get("architecture") and identity["model"] not in catalog_names():
-            raise CliError(f"study '{args.study}' was tuned on a config.json model ({identity['model']}) not found "
+        if identity.get("architecture") and name not in catalog_names():
+            raise CliError(f"study '{args.study}' was tuned on a config.json model ({name}) not found "
                            f"here: pass that file with --model PATH") from None
         raise
-
-def _model_source(args, identity: dict, study) -> str:
-    """Where `_study_model` took the model from, for a message."""
-    if getattr(args, "model", None):
-        return f"--model {str(args.model)[:80]}"
-    name = identity["model"]
-    if name in catalog_names():
-        return f"the catalog's {name}"
-    try:
-        load_model(name)
-    except ModelError:
-        if _recorded_path(study):
-            return f"{_recorded_path(study)[:120]}, the file the study was tuned on"
-    return f"{str(name)[:80]}/config.json here"
+    return model, (f"the catalog's {name}" if name in catalog_names() else f"{str(name)[:80]}/config.json here")
 
 def _check_stored_config(study: str, identity) -> None:
     """The stored study config export builds its run from: one line naming the field that a peer (a shared
@@ -450,8 +439,8 @@ def cmd_export(args) -> int:
     _check_stored_config(args.study, identity)
     # the price the study was tuned at (recorded since issue 15; older studies used the catalog's)
     gpu = load_gpu(identity["gpu"]).with_price(identity.get("usd_per_gpu_hour"))
-    model = _study_model(args, identity, study)
-    check_model_identity(identity, model, args.study, _model_source(args, identity, study))
+    model, source = _study_model(args, identity, study)
+    check_model_identity(identity, model, args.study, source)
     try:
         config = StudyConfig(model, gpu, identity["gpus"], Workload(**identity["workload"]), Stack(**identity["stack"]))
     except TypeError as e:   # a key the nouns do not take: a peer's or another program's edit
