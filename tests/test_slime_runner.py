@@ -678,27 +678,16 @@ def test_overall_timeout_stops_the_job(ray_cluster, fake_slime, small_spec):
     assert result.failure_class == "hang" and "overall limit of 4 s" in result.detail and took < 120
 
 
-def _submit_when_agent_up(client, **job) -> str:
-    """The test's own submission waits for the head node's job agent, as the runner's does (a loaded machine brings
-    it up late: Ray answers 500 'No available agent' until then)."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return client.submit_job(**job)
-        except RuntimeError as e:
-            if "No available agent" not in str(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_waits_for_our_running_job(ray_cluster, fake_slime, small_spec):
-    from experiments.slime.runner import METADATA_KEY
+    from experiments.slime.runner import METADATA_KEY, submit_when_agent_up
     client = ray_cluster.client
     sleeper = shlex.join([sys.executable, "-c", "import time; time.sleep(30)"])
-    busy = _submit_when_agent_up(client, entrypoint=sleeper, metadata={METADATA_KEY: "slime"})
-    other = _submit_when_agent_up(client, entrypoint=sleeper)
+    # the test's own submissions wait for the head node's job agent as the runner's do (a loaded machine brings it
+    # up late)
+    busy, _, _ = submit_when_agent_up(client, 120, 0.5, entrypoint=sleeper, metadata={METADATA_KEY: "slime"})
+    other, _, _ = submit_when_agent_up(client, 120, 0.5, entrypoint=sleeper)
     try:
         deadline = time.monotonic() + 120       # a pending job counts as busy too: this only saves a poll
         while client.get_job_status(busy).value != "RUNNING" and time.monotonic() < deadline:

@@ -60,6 +60,22 @@ from search_space.megatron_args import launch_model_args, model_args
 # Seconds a submission waits for the head node's job agent (Ray answers 500 'No available agent' until it is up).
 SUBMIT_AGENT_WAIT_S = 60.0
 
+
+def submit_when_agent_up(client, wait_s: float, poll_s: float, **job) -> tuple[str, float, float]:
+    """Submit a job through Ray's JobSubmissionClient; a head node just started answers 500 'No available agent' until
+    its job agent is up, so that answer is retried for up to `wait_s` seconds, every `poll_s`, and nothing else is.
+    Returns the job id and the wall and monotonic times the accepted attempt started (they start the job's clock)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        wall, monotonic = time.time(), time.monotonic()
+        try:
+            return client.submit_job(**job), wall, monotonic
+        except Exception as e:
+            if "No available agent" not in str(e) or time.monotonic() >= deadline:
+                raise
+            time.sleep(poll_s)
+
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOOK_PATH = "peak_memory_hook.record_peak_memory"
 # Files shipped as the job's working directory: name there -> file here.
@@ -370,21 +386,13 @@ class SlimeRunner(TrialRunner):
         try:
             for name, path in SHIPPED_FILES.items():
                 shutil.copyfile(path, os.path.join(stage, name))
-            deadline = time.monotonic() + SUBMIT_AGENT_WAIT_S
-            while True:
-                submitted_wall = time.time()   # the attempt that is accepted starts the job's clock, as before
-                submitted = time.monotonic()
-                try:
-                    job_id = self.client.submit_job(
-                        entrypoint=request["entrypoint"], submission_id=request["submission_id"],
-                        runtime_env={"working_dir": stage, "env_vars": cmd.env}, metadata=request["metadata"])
-                    break
-                except Exception as e:
-                    # a head node just started answers 500 until its job agent is up: wait for it, not longer
-                    if "No available agent" in str(e) and time.monotonic() < deadline:
-                        time.sleep(self._limits.poll_interval_s)
-                        continue
-                    raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
+            try:
+                job_id, submitted_wall, submitted = submit_when_agent_up(
+                    self.client, SUBMIT_AGENT_WAIT_S, self._limits.poll_interval_s,
+                    entrypoint=request["entrypoint"], submission_id=request["submission_id"],
+                    runtime_env={"working_dir": stage, "env_vars": cmd.env}, metadata=request["metadata"])
+            except Exception as e:
+                raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return _Submitted(job_id=job_id, wall=submitted_wall, monotonic=submitted, queued_s=queued_s)
