@@ -62,6 +62,7 @@ class Constants:
     runner_multi_gpu_error_sd: float
     runner_host_crossing_error_sd: float
     runner_host_cpu_error_sd: float
+    runner_host_launch_error_sd: float
     runner_scaled_work_exponent: float
     runner_scaled_linear_work_exponent: float
     runner_host_overlap_exponent: float

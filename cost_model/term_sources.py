@@ -125,8 +125,10 @@ def _host_floor_source(comps: RunnerComponents, c: Constants, kinds, fitted: str
     return (f"measured: the host's time to issue a micro-batch's kernels, per layer kind ({'; '.join(floors)}: "
             f"the profile's host-floor builds on the {device}), beyond the micro-batch's GPU work as (host^p + "
             f"GPU^p)^(1/p) - GPU ({_constant(c, 'runner_host_overlap_exponent')[1]}: the two overlap imperfectly "
-            f"where they are close); selective recompute adds its modules' modelled share"
-            + (f"; {fitted}" if fitted_used else ""))
+            f"where they are close); selective recompute adds its modules' modelled share; hosts differ: the same "
+            f"build's floor over machines spreads with log sd {c.runner_host_launch_error_sd:g} "
+            f"(runner_host_launch_error_sd, benchmarks/host_floor_spread.py), `tune profile` on the training host "
+            f"measures its own" + (f"; {fitted}" if fitted_used else ""))
 
 
 def _runner_sources(ctx: StepContext) -> dict[str, str]:

@@ -878,7 +878,8 @@ def test_a_runner_prediction_near_its_host_gpu_crossing_gets_the_wider_band():
     carries runner_host_crossing_error_sd), at 16k a third (the plain runner band)."""
     from cost_model.constants import default_constants
     from cost_model.step_time import runner_host_to_gpu
-    from tuner.intervals import CROSSING_RATIO, crossing_extra_sd, own_prediction_interval, runner_stack_sd
+    from tuner.intervals import (CROSSING_RATIO, crossing_extra_sd, host_launch_extra_sd, own_prediction_interval,
+                                 runner_stack_sd)
 
     model, work = trial_model(load_model("qwen3.6-35b-a3b"), 4), Workload(framework="megatron", seq_len=1024,
                                                                           global_batch=48)
@@ -887,10 +888,38 @@ def test_a_runner_prediction_near_its_host_gpu_crossing_gets_the_wider_band():
     assert runner_host_to_gpu(near.context) >= CROSSING_RATIO > runner_host_to_gpu(far.context) > 0
     c = default_constants()
     assert crossing_extra_sd(far) == 0.0
-    assert runner_stack_sd(model, H200, None, near) == pytest.approx(c.runner_host_crossing_error_sd)
-    assert runner_stack_sd(model, H200, None, far) == c.runner_prediction_error_sd
+    # from the shipped profile each also carries the unmeasured host's speed at issuing kernels, more near the crossing
+    launch_near, launch_far = host_launch_extra_sd(near), host_launch_extra_sd(far)
+    assert launch_near > 10 * launch_far
+    assert runner_stack_sd(model, H200, None, near) == pytest.approx(math.hypot(c.runner_host_crossing_error_sd,
+                                                                                launch_near))
+    assert runner_stack_sd(model, H200, None, far) == pytest.approx(math.hypot(c.runner_prediction_error_sd,
+                                                                               launch_far))
     wide, narrow = (own_prediction_interval(model, H200, work, p) for p in (near, far))
     assert wide.high / wide.low > narrow.high / narrow.low
+
+
+def test_a_host_bound_prediction_from_a_shipped_profile_carries_the_spread_of_hosts():
+    """A shipped profile's host floors are one machine's; the user's host issues kernels faster or slower
+    (runner_host_launch_error_sd, their spread over machines). Qwen3-0.6B at 4k tokens, where the host sets the
+    micro-batch, carries nearly all of it; at 32k tokens, GPU-bound, next to none; from a profile `tune profile`
+    made on the user's machine (its host measured), none."""
+    from cost_model.constants import default_constants
+    from tuner.intervals import crossing_extra_sd, host_launch_extra_sd, runner_stack_sd
+
+    sd = default_constants().runner_host_launch_error_sd
+    small = load_model("benchmarks/models/qwen3-0.6b/config.json")
+    work = Workload(framework="megatron", seq_len=4096, global_batch=64)
+    few = runner(small, Layout(1, max_tokens_per_gpu=4096), work)
+    many = runner(small, Layout(1, max_tokens_per_gpu=32768, rows_per_microbatch=8), work)
+    assert 0.8 * sd < host_launch_extra_sd(few) <= sd
+    assert host_launch_extra_sd(many) < 0.01 * sd
+    assert runner_stack_sd(small, H200, None, few) == pytest.approx(math.hypot(
+        runner_stack_sd(small, H200), crossing_extra_sd(few), host_launch_extra_sd(few)))
+    # the same components as a profile of the user's own machine (not the shipped object): its host was measured
+    mine = replace(shipped_profile("h200"), source="tune profile on the user's machine")
+    assert runner_stack_sd(small, H200, mine, few) == pytest.approx(math.hypot(runner_stack_sd(small, H200, mine),
+                                                                               crossing_extra_sd(few)))
 
 
 def test_the_runners_pipeline_fill_and_drain_is_the_other_stages_micro_batches():
@@ -967,7 +996,8 @@ def test_an_offloaded_step_from_a_shipped_profile_carries_the_host_cpus_spread()
 
     from cost_model.constants import default_constants
     from cost_model.profile import load_profile
-    from tuner.intervals import candidate_extra_sd, host_cpu_extra_sd, runner_stack_sd
+    from tuner.intervals import (candidate_extra_sd, host_cpu_extra_sd, host_launch_extra_sd, runner_stack_sd,
+                                 unmeasured_host_sd)
 
     c = default_constants()
     model = qwen3_moe()
@@ -977,9 +1007,10 @@ def test_an_offloaded_step_from_a_shipped_profile_carries_the_host_cpus_spread()
     assert 0 < share < 1 and host_cpu_extra_sd(plain) == 0.0
     assert host_cpu_extra_sd(off) == pytest.approx(c.runner_host_cpu_error_sd * share)
     assert runner_stack_sd(model, H200, None, off) == pytest.approx(math.hypot(c.runner_prediction_error_sd,
-                                                                               host_cpu_extra_sd(off)))
+                                                                               unmeasured_host_sd(off)))
     extra = candidate_extra_sd(SimpleNamespace(profile=None, gpu=H200), SimpleNamespace(prices_own_run=True))
-    assert extra(SimpleNamespace(prediction=off)) == pytest.approx(host_cpu_extra_sd(off))
+    assert extra(SimpleNamespace(prediction=off)) == pytest.approx(unmeasured_host_sd(off))
+    assert unmeasured_host_sd(off) == pytest.approx(math.hypot(host_cpu_extra_sd(off), host_launch_extra_sd(off)))
     mine = load_profile(Path(__file__).resolve().parents[1] / "benchmarks/results/profile-h100-llama3-8b-2026-12-06.yaml")
     h100 = load_gpu("h100")
     llama = trial_model(load_model("llama3-8b"), 2)

@@ -17,7 +17,7 @@ from cost_model.nouns.layout import Layout
 from cost_model.nouns.model_spec import LINEAR_ATTENTION
 from cost_model.profile import shipped_profile
 from cost_model.predict import Prediction, step_time_only
-from cost_model.step_time import RUNNER_FALLBACK_TERMS, runner_host_to_gpu
+from cost_model.step_time import RANK_TERMS, RUNNER_FALLBACK_TERMS, runner_host_to_gpu
 from tuner.interval import QUANTILES_90, Interval, number
 
 
@@ -87,7 +87,7 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     crossing, with the crossing's extra variance (`crossing_extra_sd`); with components derived from another GPU
     type's, the derivation's (`Derivation.error_sd`)."""
     c = default_constants()
-    shipped = _is_shipped(profile, gpu)
+    shipped = is_shipped(profile, gpu)
     profile = profile or shipped_profile(gpu.name)
     crossed, fitted = _unmeasured(model, profile)
     base = (c.runner_prediction_error_sd if measures_layers(model, gpu, profile) else
@@ -98,13 +98,44 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
     if prediction is None:
         return math.hypot(base, _fitted_share_sd(model, fitted))
     return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
-                      _fitted_share_sd(model, fitted, prediction), host_cpu_extra_sd(prediction) if shipped else 0.0)
+                      _fitted_share_sd(model, fitted, prediction), unmeasured_host_sd(prediction) if shipped else 0.0)
 
 
-def _is_shipped(profile, gpu) -> bool:
+def is_shipped(profile, gpu) -> bool:
     """Whether predictions use the GPU type's shipped profile (None: the default), which never measured the user's
     host."""
     return profile is None or profile is shipped_profile(gpu.name)
+
+
+def unmeasured_host_sd(prediction: Prediction) -> float:
+    """The log sd a runner prediction from a shipped profile carries for the user's host, which that profile never
+    measured: its CPU optimizer (`host_cpu_extra_sd`) and its speed at issuing kernels (`host_launch_extra_sd`)."""
+    return math.hypot(host_cpu_extra_sd(prediction), host_launch_extra_sd(prediction))
+
+
+def host_launch_extra_sd(prediction: Prediction) -> float:
+    """The log sd the host's speed at issuing kernels adds to a runner prediction from a shipped profile, whose host
+    floors are another machine's (runner_host_launch_error_sd: their spread over machines). A micro-batch takes
+    (host^p + GPU^p)^(1/p): half the change in its log between a host e^sd slower and e^sd faster, times the
+    micro-batches' share of the step. Near 0 well below the crossing, the whole spread where the host sets the step."""
+    ctx = prediction.context
+    step = prediction.step_time_s
+    if ctx is None or ctx.runner is None or not step:
+        return 0.0
+    ratio = runner_host_to_gpu(ctx)
+    if ratio <= 0:
+        return 0.0
+    c = default_constants()
+    sd, p = c.runner_host_launch_error_sd, c.runner_host_overlap_exponent
+    if (ratio * math.exp(sd)) ** p < 1e-4:   # far below the GPU even on a host e^sd slower: no term of noise
+        return 0.0
+
+    def log_over_gpu(r: float) -> float:
+        return math.log1p(r ** p) / p
+    swing = (log_over_gpu(ratio * math.exp(sd)) - log_over_gpu(ratio * math.exp(-sd))) / 2
+    breakdown = prediction.breakdown or {}
+    share = sum(breakdown.get(k, 0.0) for k in (*RANK_TERMS, "pp_bubble")) / step
+    return swing * min(share, 1.0)
 
 
 def host_cpu_extra_sd(prediction: Prediction) -> float:
@@ -181,18 +212,18 @@ def agent_prior(config, runner) -> tuple[float, float, float]:
 
 def candidate_extra_sd(config, runner):
     """(candidate -> its extra log sd) for the agent: the host/GPU crossing's (`crossing_extra_sd`), more than one
-    GPU's (`multi_gpu_extra_sd`) and, from a shipped profile, the host CPU's under an offloaded optimizer
-    (`host_cpu_extra_sd`) on a runner that prices its own run from measured components; None where the hypotheses
-    price the step."""
+    GPU's (`multi_gpu_extra_sd`) and, from a shipped profile, the unmeasured host's (`unmeasured_host_sd`: its CPU
+    optimizer under offload, its speed at issuing kernels) on a runner that prices its own run from measured
+    components; None where the hypotheses price the step."""
     if uses_hypotheses(runner):
         return None
-    shipped = _is_shipped(config.profile, config.gpu)
+    shipped = is_shipped(config.profile, config.gpu)
 
     def extra(candidate) -> float:
         p = candidate.prediction
         if p.context is None:   # a prediction read back from the study's cache keeps no inputs: priced again
             p = runner.predict(config.case(candidate.layout), config.profile)
-        return math.hypot(crossing_extra_sd(p), multi_gpu_extra_sd(p), host_cpu_extra_sd(p) if shipped else 0.0)
+        return math.hypot(crossing_extra_sd(p), multi_gpu_extra_sd(p), unmeasured_host_sd(p) if shipped else 0.0)
     return extra
 
 

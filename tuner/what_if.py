@@ -17,7 +17,7 @@ from cost_model.predict import Prediction
 from cost_model.nouns.user_file import parse_json, read_user_text
 from tuner.backends import make_runner, measured_window
 from cost_model.step_time import runner_host_to_gpu
-from tuner.intervals import CROSSING_RATIO, at_crossing, runner_priced
+from tuner.intervals import CROSSING_RATIO, at_crossing, host_launch_extra_sd, is_shipped, runner_priced
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
 from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CHARS, answer, interval_for,
                                    leads_with_median, resolve, result_dict)
@@ -64,7 +64,7 @@ def cmd_predict(args) -> int:
     if args.json:
         print(json.dumps(result_dict(case, prediction, interval)))
     elif args.explain:
-        print(explain(case.model, case.gpu, case.layout, prediction, interval))
+        print(explain(case.model, case.gpu, case.layout, prediction, interval, is_shipped(hardware, case.gpu)))
     else:
         print(summary_line(case.model, case.gpu, case.layout, prediction, interval))
     return 0
@@ -231,14 +231,20 @@ def summary_line(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, 
             f"{'' if leads_with_median(interval, p) else '; --explain for the breakdown'})")
 
 
-def interval_lines(iv, p: Prediction) -> list[str]:
-    """The interval, what drives its spread, and each hypothesis's figure."""
+def interval_lines(iv, p: Prediction, shipped: bool = True) -> list[str]:
+    """The interval, what drives its spread, and each hypothesis's figure. `shipped`: the prediction is from the GPU
+    type's shipped profile, which never measured the user's host."""
     if iv is None:
         return []
     if runner_priced(p):   # interval_for: the runner stack's own prediction and measured error
         host = (f", the error of runs whose host time to issue a micro-batch is {CROSSING_RATIO} or more of its GPU "
                 f"time (this one's {runner_host_to_gpu(p.context):.2f}: the host's speed counts)"
                 if at_crossing(p) else "")
+        launch = host_launch_extra_sd(p) if shipped else 0.0
+        if launch >= 0.005:
+            host += (f"; with {launch:.3f} of it for the host issuing the kernels, which the shipped profile never "
+                     f"measured (runner_host_launch_error_sd: hosts' spread; `tune profile` on the training host "
+                     f"measures its own)")
         derivation = _derived(p)
         derived = (f" and by their derivation from another GPU type's (Derivation.error_sd "
                    f"{derivation.error_sd:.3f})" if derivation else "")
@@ -255,8 +261,10 @@ def interval_lines(iv, p: Prediction) -> list[str]:
     return lines
 
 
-def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None) -> str:
-    """Where the time and the memory go, as two tables; the interval across hypotheses."""
+def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, interval=None,
+            shipped: bool = True) -> str:
+    """Where the time and the memory go, as two tables; the interval across hypotheses (`shipped`: from the GPU
+    type's shipped profile)."""
     tokens, step, mfu, usd = headline(interval, p)
     lines = [f"{model.display_name} on {layout.world_size} x {gpu.display_name}: {layout.long_label}",
              f"every figure is predicted ({p.source})",
@@ -280,7 +288,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
     lines += ["", *memory_lines(p)]
     lines.append(f"  {'host memory per node':<26}{p.host_memory_gib_per_node:9.0f}   of "
                  f"{p.host_memory_capacity_gib:.0f}")
-    lines += interval_lines(interval, p)
+    lines += interval_lines(interval, p, shipped)
     return "\n".join(lines)
 
 
