@@ -10,9 +10,9 @@ a grid of values; each model is then held out in turn (fitted on the others, its
 model-out figures). The later grids (held out from the runner components) are predicted with the exponent fitted
 on the in-sample ones and printed apart. Each run is predicted on the GPU type it ran on, from that type's shipped
 profile. --linear: every stored run whose model has a Gated DeltaNet layer priced by another model's measured one
-(Qwen3.5-0.8B and Qwen3.5-4B, scaled from Qwen3.5-27B's layer): all of them were looked at when the constant was
-chosen (2026-12-07), so all are in sample; the baseline is the dense exponent they had before. Every figure is a
-measured run against a prediction.
+(Qwen3.5-0.8B and Qwen3.5-4B, scaled from Qwen3.5-27B's layer): those stored when the constant was chosen
+(2026-12-07, runner_accuracy LINEAR_EXPONENT_LOOKED_AT) are in sample, later ones (v42's synthetic GDN-dense model)
+held out; the baseline is the dense exponent they had before. Every figure is a measured run against a prediction.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if __package__ in (None, ""):
 
 from benchmarks.constant_fit import ConstantFit  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
-from benchmarks.runner_accuracy import DEFAULT, IN_SAMPLE_FILES  # noqa: E402
+from benchmarks.runner_accuracy import DEFAULT, IN_SAMPLE_FILES, LINEAR_EXPONENT_LOOKED_AT  # noqa: E402
 from cost_model.constants import default_constants  # noqa: E402
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from cost_model.nouns.model_spec import load_model  # noqa: E402
@@ -53,7 +53,7 @@ def scaled_runs(gpu=None, linear: bool = False) -> list[dict]:
                 continue
             out.append({"model": str(t.model), "trial": t.name, "file": results.name, "measured": run.measured,
                         "case": (model, t.workload, t.layout, run.runtime), "gpu": on,
-                        "in_sample": linear or results.name in IN_SAMPLE_FILES})
+                        "in_sample": results.name in (LINEAR_EXPONENT_LOOKED_AT if linear else IN_SAMPLE_FILES)})
     return out
 
 

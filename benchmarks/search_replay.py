@@ -123,6 +123,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            *((f"runner-grids-h100-v37-{k}-2026-12-07.jsonl", "runner_grids_h100_v37_suite.json") for k in "abcd"),
            ("runner-grids-h100-v41-a-2026-12-07.jsonl", "runner_grids_h100_v41_suite.json"),
            *((f"runner-grids-h100-v42-{k}-2026-12-07.jsonl", "runner_grids_h100_v42_suite.json") for k in "ab"),
+           ("runner-grids-h100-v43-a-2026-12-07.jsonl", "runner_grids_h100_v43_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -408,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
           "v32, v34) were looked at for the allocator_remap term (2026-12-07, fifteenth session); "
           "v41 (1 x H100: Qwen3-30B-A3B and Qwen2.5-7B at 4 layers) ran 2026-12-07 (sixteenth session), predictions "
           "committed before: held out; "
-          "v42 (1 x H100: Yi-6B and a synthetic GDN-dense model at 8 layers) ran 2026-12-07 (seventeenth session), "
-          "predictions committed before: held out; "
+          "v42 (1 x H100: Yi-6B and a synthetic GDN-dense model at 8 layers) and v43 (1 x H100: Mistral-7B-v0.3 at 8 "
+          "layers, a synthetic 32-expert MoE at 2) ran 2026-12-07 (seventeenth session), predictions committed before: "
+          "held out; "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
