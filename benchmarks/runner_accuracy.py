@@ -457,7 +457,10 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
         rho = spearman([r["measured"] for r in rs], [r["predicted"] for r in rs])
         summary["spearman"][g] = rho
         gape = statistics.median(abs(r["predicted"] / r["measured"] - 1) for r in rs)
-        print(f"  {g:48} {len(rs):2} runs: Spearman {rho:.2f}, median APE {100 * gape:.1f}%")
+        wrong, pairs = misordered(rs, NOISE_GAP)
+        print(f"  {g:48} {len(rs):2} runs: Spearman {rho:.2f}, median APE {100 * gape:.1f}%"
+              + (f"; pairs measured more than {NOISE_GAP:.0%} apart and predicted the other way: {wrong} of {pairs}"
+                 if rho < 0.9 else ""))
         if (strained := _strained(rs)) is not None:
             summary.setdefault("strained", {})[g] = strained
     peak_runs = [r for r in measured if not (held_out and (r["offload_looked_at"] or r["memory_looked_at"]))]
@@ -486,6 +489,19 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
     print(f"borderline (P(fits) 5-95%): {b['runs']} runs, {b['expected_to_run']} expected to run under the memory "
           f"model's error, {b['ran']} ran")
     return summary
+
+
+# Two layouts measured closer than this are a tie within the runs' noise (repeats agreed within 1.5%, hosts differ
+# more): a ranking that swaps them says nothing of the model.
+NOISE_GAP = 0.03
+
+
+def misordered(rs: list[dict], gap: float) -> tuple[int, int]:
+    """(pairs of runs measured more than `gap` apart that the prediction orders the other way, pairs that far apart)."""
+    far = [(a, b) for i, a in enumerate(rs) for b in rs[i + 1:]
+           if max(a["measured"], b["measured"]) > (1 + gap) * min(a["measured"], b["measured"])]
+    wrong = sum((a["measured"] > b["measured"]) != (a["predicted"] > b["predicted"]) for a, b in far)
+    return wrong, len(far)
 
 
 def sd_holding_90pct(abs_logs: list[float]) -> float | None:
