@@ -1177,3 +1177,20 @@ def test_a_gdn_layer_scaled_from_another_models_takes_the_gdn_power_and_says_so(
     dense_base, dense_source = seconds(dense)
     assert "runner_scaled_work_exponent" in dense_source and "linear_work" not in dense_source
     assert seconds(dense, runner_scaled_linear_work_exponent=lower)[0] == dense_base
+
+
+def test_tune_profile_says_how_fast_this_host_issued_kernels_against_the_shipped_profiles_host():
+    """experiments.checks.hardware_profile.host_vs_shipped: a `tune profile` of an H100 whose host issued the dense
+    layer's kernels in half the time of the host behind the shipped H100 profile says so, per kind; a profile without
+    runner components, or of a GPU type with no shipped profile, says nothing."""
+    import yaml
+
+    from experiments.checks.hardware_profile import host_vs_shipped
+    root = Path(__file__).resolve().parents[1]
+    mine = yaml.safe_load((root / "benchmarks/results/profile-h100-synthetic-gdn-dense-2b-2026-12-07.yaml").read_text())
+    line = host_vs_shipped(mine)
+    shipped = shipped_profile("h100").runner.host_floors
+    assert line.startswith("host: issued a layer's kernels in x0.55 the time of the host behind the shipped h100")
+    assert f"linear_attention+dense 5.65 vs {1e3 * shipped['linear_attention+dense'].layer_s:.2f} ms" in line
+    assert host_vs_shipped({k: v for k, v in mine.items() if k != "runner_components"}) is None
+    assert host_vs_shipped({**mine, "gpu_type": "a100"}) is None

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -362,11 +364,36 @@ def summary(profile: dict) -> list[str]:
     if profile.get("cpu_adam"):
         lines.append(f"CPU Adam: {profile['cpu_adam']['params_per_s']:.4g} params/s "
                      f"({profile['cpu_adam']['threads']} threads)")
+    host = host_vs_shipped(profile)
+    if host:
+        lines.append(host)
     failures = [n for n in profile.get("notes") or [] if "Error" in n or "failed" in n]
     if failures:
         lines.append(f"{len(failures)} failure note(s); see notes")
     lines.append(f"wall time: {profile['wall_time_s']} s")
     return lines
+
+
+def host_vs_shipped(profile: dict) -> str | None:
+    """How fast this machine's host issued a layer's kernels against the host behind the GPU type's shipped profile:
+    the host floors of the layer kinds both measured (runner_components' host-floor builds); None without them. The
+    shipped profile prices every other user's host so (runner_host_launch_error_sd: hosts differ)."""
+    from cost_model.profile import ProfileError, profile_from_dict, shipped_profile
+    shipped = shipped_profile(profile.get("gpu_type", ""))
+    if not profile.get("runner_components") or shipped is None or shipped.runner is None:
+        return None
+    try:
+        here = profile_from_dict(profile, "this profile").runner
+    except ProfileError:
+        return None
+    pairs = [(kind, floor.layer_s, theirs.layer_s) for kind, floor in sorted(here.host_floors.items())
+             if not floor.borrowed and (theirs := shipped.runner.host_floors.get(kind)) is not None]
+    if not pairs:
+        return None
+    ratio = math.exp(statistics.fmean(math.log(a / b) for _, a, b in pairs))
+    each = "; ".join(f"{kind} {1e3 * a:.2f} vs {1e3 * b:.2f} ms a layer" for kind, a, b in pairs)
+    return (f"host: issued a layer's kernels in x{ratio:.2f} the time of the host behind the shipped "
+            f"{shipped.gpu_type} profile ({each}); predictions from this profile use this host's")
 
 
 def _summary_linear_and_device(profile: dict) -> list[str]:
