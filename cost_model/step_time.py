@@ -448,7 +448,7 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
     if found is None:
         return None, "modelled"
     donor, curves = found
-    measured_model, measured_attn, notes = ctx.model, attn_kind, []
+    measured_model, measured_attn, power, notes = ctx.model, attn_kind, 1.0, []
     if donor is not None:
         measured_model, measured_attn = signature_model(ctx.model, donor), donor.split("+")[0]
         power, power_name = scaled_work_exponent(ctx.c, measured_attn)
@@ -473,7 +473,7 @@ def runner_layer_terms(ctx: StepContext, attn_kind: str, mlp_kind: str, full_fra
         else:
             # another model's layer: its measured time scales as the modelled work ratio to a fitted power (a
             # smaller layer's kernels run less efficiently than the GEMM table says)
-            ratio **= scaled_work_exponent(ctx.c, measured_attn)[0]
+            ratio **= power
     on, on_full = _on_target(ctx.runner.derivation_of(curves), lt, attn_kind == LINEAR_ATTENTION)
     base = curves.none(ctx.tokens, ratio, on)
     full_extra = (curves.full(ctx.tokens, ratio, on_full) - base) if curves.full is not None else None
