@@ -11,11 +11,12 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from free_ports import free_port_block
 
 
 def _bin(name: str) -> str | None:
@@ -47,16 +48,10 @@ def why_not() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self):
         self.dir = Path(tempfile.mkdtemp(prefix="attune-pg-"))
-        self.port = _free_port()
+        self.port = free_port_block(1)[0]
         self.user = _user()
 
     def _run(self, *argv: str) -> None:

@@ -1,9 +1,10 @@
 """SlimeRunner: the command it submits, and end to end on a real local Ray cluster (CPU only) with the slime
 stand-in (tests/slime_standin.py, a test double of slime's train entry) in place of slime.
 
-The Ray cluster is started once for the module (`ray start --head --block` in its own process group, every
-port chosen free, a private temp dir, dashboard on 127.0.0.1) and stopped by signalling that process group.
-If Ray or its Jobs API cannot start, these tests fail (they are never skipped).
+The Ray cluster is started once for the module (tests/ray_head.py: `ray start --head --block` in its own process
+group, ports free below the ephemeral range, a private temp dir, dashboard on 127.0.0.1, proven by a first job)
+and stopped by signalling that process group. If Ray or its Jobs API cannot start, these tests fail (they are
+never skipped).
 
 A loaded machine starts Ray jobs slowly: the end-to-end runs get a generous start-up grace (job start to the
 first step line) apart from their step-hang timeout, the stand-in hangs only after step 1, and elapsed
@@ -15,11 +16,9 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from types import SimpleNamespace
@@ -39,11 +38,11 @@ from experiments.slime.summary import RunEnd, summarize
 from experiments.slime.watch import JobWatch, Limits
 from recipes.slime_command import NVLS_EXPR, slime_run
 from cost_model.nouns.layout import Layout
+from ray_head import start_proven_head
 from toy_tokenizer import ToyTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "slime_standin.py")
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 REFERENCE_LAYOUT = Layout(world_size=8, tp=1, pp=1, cp=1, ep=8, etp=1, max_tokens_per_gpu=8192,
                           recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 SMALL = Workload(seq_len=64, global_batch=4)
@@ -471,95 +470,49 @@ def test_start_up_grace_defaults_to_at_least_the_step_hang_timeout(tmp_path):
 # --- end to end on a local Ray cluster ------------------------------------------------------------------
 
 
-def _free_ports(n):
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray head with the Jobs API (dashboard on 127.0.0.1, token authentication with a token made
-    here); yields the dashboard address and a client."""
+    """A local Ray head with the Jobs API (tests/ray_head.py: ports below the ephemeral range, proven by a first job,
+    started once more if it fails to come up); yields the dashboard address and a client. A head that died while
+    the module's tests ran is an error at teardown, with its log's end."""
     try:
-        from ray.job_submission import JobSubmissionClient
+        from ray.job_submission import JobSubmissionClient  # noqa: F401
     except ImportError as e:
         pytest.fail(f"the Ray end-to-end tests need ray[default] in the test environment: {e}")
-    temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    (gcs, dash, agent_listen, agent_grpc, env_agent, client_port, metrics, node_mgr, obj_mgr) = _free_ports(9)
-    cmd = [RAY, "start", "--head", "--block", "--num-cpus", "2", "--num-gpus", "0", "--port", str(gcs),
-           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
-           "--dashboard-agent-listen-port", str(agent_listen), "--dashboard-agent-grpc-port", str(agent_grpc),
-           "--runtime-env-agent-port", str(env_agent), "--ray-client-server-port", str(client_port),
-           "--metrics-export-port", str(metrics), "--node-manager-port", str(node_mgr),
-           "--object-manager-port", str(obj_mgr), "--object-store-memory", str(200 * 2 ** 20),
-           "--temp-dir", temp_dir, "--disable-usage-stats"]
-    log_path = os.path.join(temp_dir, "ray-start.log")
-    log_file = open(log_path, "w")
     # Token authentication with a token of our own: Ray 2.60 turns token auth on by itself whenever
     # ~/.ray/auth_token exists (other sessions may create it), and the client must then send the token.
     from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
     from ray._private.authentication_test_utils import reset_auth_token_state
-    token = generate_new_authentication_token()
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": generate_new_authentication_token()}
     saved = {k: os.environ.get(k) for k in (*auth, "RAY_AUTH_TOKEN_PATH")}
     os.environ.update(auth)
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     reset_auth_token_state()
     env = dict(os.environ, RAY_DEDUP_LOGS="0")
     env.pop("RAY_ADDRESS", None)
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    address = f"http://127.0.0.1:{dash}"
+    start, head = time.monotonic(), None
     try:
-        client, last_error = None, None
-        while time.monotonic() - start < 180:
-            if proc.poll() is not None:
-                break
-            try:
-                client = JobSubmissionClient(address)
-                client.list_jobs()
-                break
-            except Exception as e:  # not up yet
-                client, last_error = None, e
-                time.sleep(0.5)
-        if client is None:
-            with open(log_path) as f:
-                tail = f.read()[-3000:]
-            pytest.fail(f"the Ray head's Jobs API did not come up at {address} within 180 s "
-                        f"(ray start exit {proc.poll()}, last error {last_error}):\n{tail}")
-        print(f"\nray head up in {time.monotonic() - start:.1f} s at {address}")
-        yield SimpleNamespace(address=address, client=client, started_s=time.monotonic() - start)
+        try:
+            head = start_proven_head(env)
+        except RuntimeError as e:
+            pytest.fail(str(e))
+        yield SimpleNamespace(address=head.address, client=head.client, started_s=time.monotonic() - start)
+        died = None if head.alive() else (f"the Ray head exited ({head.proc.poll()}) while the tests ran:\n"
+                                          f"{head.log_tail()}")
     finally:
         t = time.monotonic()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)         # ray start --block stops the processes it started
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        try:                                         # stragglers of our own process group, if any
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        log_file.close()
+        if head is not None:
+            head.stop()
+            shutil.rmtree(head.temp_dir, ignore_errors=True)
         print(f"ray head stopped in {time.monotonic() - t:.1f} s")
-        shutil.rmtree(temp_dir, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
         reset_auth_token_state()
-
-
+    if died:
+        pytest.fail(died)
 
 
 @pytest.fixture(scope="module")
