@@ -51,7 +51,7 @@ from cost_model.nouns.model_spec import load_model  # noqa: E402
 from experiments.megatron.model_run import predict_run, trial_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from tuner.agent import AgentPrior, AgentProposer  # noqa: E402
-from tuner.intervals import crossing_extra_sd, prior_parts, runner_stack_sd, unmeasured_host_sd  # noqa: E402
+from tuner.intervals import prediction_extra_sd, prior_parts, runner_stack_sd  # noqa: E402
 from tuner.proposer import Candidate, History, SamplerProposer  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -219,8 +219,7 @@ def agent_order(grid: Grid, bands: list | None = None) -> list:
     agent = AgentProposer(cands, to_optuna_params, default_hypotheses(),
                           lambda h, l: next(c.prediction.tokens_per_s_per_gpu for c in cands if c.layout == l),
                           AgentPrior(sigma=sigma, level_sd=level_sd, family_sd=family_sd), stop_margin=None,
-                          extra_sd=lambda c: math.hypot(crossing_extra_sd(c.prediction),   # as tune gives it
-                                                        unmeasured_host_sd(c.prediction)))   # (candidate_extra_sd)
+                          extra_sd=lambda c: prediction_extra_sd(c.prediction, shipped=True))   # as tune gives it
     h, order = History(), []
     while len(order) < len(cands):
         p = agent.propose(h)

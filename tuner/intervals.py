@@ -223,8 +223,15 @@ def candidate_extra_sd(config, runner):
         p = candidate.prediction
         if p.context is None:   # a prediction read back from the study's cache keeps no inputs: priced again
             p = runner.predict(config.case(candidate.layout), config.profile)
-        return math.hypot(crossing_extra_sd(p), multi_gpu_extra_sd(p), unmeasured_host_sd(p) if shipped else 0.0)
+        return prediction_extra_sd(p, shipped)
     return extra
+
+
+def prediction_extra_sd(prediction: Prediction, shipped: bool) -> float:
+    """One runner prediction's extra log sd beyond its stack's (`candidate_extra_sd`): the crossing's, more than one
+    GPU's and, with a shipped profile, the unmeasured host's."""
+    return math.hypot(crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
+                      unmeasured_host_sd(prediction) if shipped else 0.0)
 
 
 def prior_parts(sd: float) -> tuple[float, float, float]:
