@@ -97,8 +97,7 @@ def runner_stack_sd(model, gpu, profile=None, prediction: Prediction | None = No
         base = math.hypot(base, derived.error_sd)   # measured on another GPU type
     if prediction is None:
         return math.hypot(base, _fitted_share_sd(model, fitted))
-    return math.hypot(base, crossing_extra_sd(prediction), multi_gpu_extra_sd(prediction),
-                      _fitted_share_sd(model, fitted, prediction), unmeasured_host_sd(prediction) if shipped else 0.0)
+    return math.hypot(base, _fitted_share_sd(model, fitted, prediction), prediction_extra_sd(prediction, shipped))
 
 
 def is_shipped(profile, gpu) -> bool:
