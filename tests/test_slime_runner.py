@@ -473,7 +473,7 @@ def test_start_up_grace_defaults_to_at_least_the_step_hang_timeout(tmp_path):
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray head with the Jobs API (tests/ray_head.py: ports below the ephemeral range, proven by a first job,
-    started once more if it fails to come up); yields the dashboard address and a client. A head that died while
+    started once more if it fails to come up); yields it (its dashboard address and a client). A head that died while
     the module's tests ran is an error at teardown, with its log's end."""
     try:
         from ray.job_submission import JobSubmissionClient  # noqa: F401
@@ -490,13 +490,13 @@ def ray_cluster():
     reset_auth_token_state()
     env = dict(os.environ, RAY_DEDUP_LOGS="0")
     env.pop("RAY_ADDRESS", None)
-    start, head = time.monotonic(), None
+    head = None
     try:
         try:
             head = start_proven_head(env)
         except RuntimeError as e:
             pytest.fail(str(e))
-        yield SimpleNamespace(address=head.address, client=head.client, started_s=time.monotonic() - start)
+        yield head                                      # its .address (the dashboard) and .client
         died = None if head.alive() else (f"the Ray head exited ({head.proc.poll()}) while the tests ran:\n"
                                           f"{head.log_tail()}")
     finally:
