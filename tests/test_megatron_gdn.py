@@ -229,6 +229,9 @@ def _fake_fla(monkeypatch, *, triton: str, backends: dict, hopper: bool = True):
     monkeypatch.setattr(gdn.importlib.util, "find_spec", lambda name, *a: object() if name == "fla" else None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0) if hopper else (10, 0))
     monkeypatch.setattr(gdn, "fla_backends", lambda: backends)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    from experiments.megatron import fla_tuning
+    monkeypatch.setattr(fla_tuning, "seed_for_megatron", lambda gpu: {"seeded": 0, "gpu": gpu})
 
 
 def test_configure_fla_enables_tilelang_on_hopper_and_refuses_a_wrong_kernel(monkeypatch):
@@ -240,6 +243,7 @@ def test_configure_fla_enables_tilelang_on_hopper_and_refuses_a_wrong_kernel(mon
     status = gdn.configure_fla(0)
     assert status["FLA_TILELANG"].startswith("1 (set by the runner") and gdn.os.environ["FLA_TILELANG"] == "1"
     assert status["hopper"] is True and status["triton"] == "3.6.0"
+    assert status["tuning"] == {"seeded": 0, "gpu": "NVIDIA H200"}   # the shipped autotune choices, once it passed
     monkeypatch.setenv("FLA_TILELANG", "0")
     _fake_fla(monkeypatch, triton="3.6.0", backends={"gated_delta_rule": ["none (triton)"], "common": ["none (triton)"]})
     with pytest.raises(ImportError, match="TileLang backend") as info:

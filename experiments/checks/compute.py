@@ -267,12 +267,16 @@ def _linear_attention_worker(shape: dict, repeats: int, queue) -> None:
         status = configure_fla_env(torch.cuda.get_device_capability(0))
         log = _DispatchLog()
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-        queue.put(dict(info=_fla_info(torch, status)))
+
+        from experiments.megatron import fla_tuning
+        tuning = fla_tuning.seed_for_megatron(torch.cuda.get_device_name(0))
+        queue.put(dict(info={**_fla_info(torch, status), "tuning": tuning}))
         dk, dv = shape["key_head_dim"], shape["value_head_dim"]
         for qk, v in gdn_series(shape):
             for tokens in shape["tokens"]:
                 point = _time_gdn(torch, chunk_gated_delta_rule, GdnPoint(tokens, qk, v, dk, dv), repeats, device)
                 queue.put(dict(point=point, dispatch=list(log.lines)))
+        fla_tuning.record()
         queue.put(dict(done=True, dispatch=list(log.lines)))
     except BaseException as e:  # noqa: BLE001 - report anything, the parent decides
         queue.put(dict(error=f"{type(e).__name__}: {str(e).strip()[:300]}"))
@@ -354,7 +358,7 @@ def _linear_section(shape: dict, points: list, info: dict, dispatch: list, error
         efficiency = None
     out = dict(kind="measured", op="fla.ops.gated_delta_rule.chunk_gated_delta_rule",
                source=f"tune profile on {info.get('device', 'GPU 0')}", **{k: info.get(k) for k in (
-                   "fla", "triton", "tilelang", "flash_qla", "nvcc", "FLA_TILELANG", "capability")},
+                   "fla", "triton", "tilelang", "flash_qla", "nvcc", "FLA_TILELANG", "capability", "tuning")},
                dispatch=dispatch, qk_heads=shape["qk_heads"], v_heads=shape["v_heads"], key_head_dim=dk,
                value_head_dim=dv, dtype="bfloat16", points=points, efficiency=efficiency,
                note="batch 1, bf16 q/k/v (q and k l2-normalised before the call, use_qk_l2norm_in_kernel=False), fp32 "

@@ -407,6 +407,9 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
                 return EXIT_LEAKED
         return 0
     finally:
+        if base.has_linear_attention:
+            from experiments.megatron import fla_tuning
+            fla_tuning.record()
         bench.dist.destroy_process_group()
 
 

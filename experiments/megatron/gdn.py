@@ -258,6 +258,7 @@ def configure_fla(device_index: int) -> dict:
     import fla
     import triton
 
+    from experiments.megatron import fla_tuning
     status.update(fla=getattr(fla, "__version__", "?"), triton=triton.__version__, hopper=hopper,
                   backends=fla_backends())
     bad = BAD_TRITON[0] <= _version(triton.__version__) < BAD_TRITON[1]
@@ -268,4 +269,5 @@ def configure_fla(device_index: int) -> dict:
             f"there (fla #640) and needs the TileLang backend, which is not usable (backends {b}; "
             f"FLA_TILELANG={os.environ.get('FLA_TILELANG')}): install tilelang and make nvcc findable "
             f"(CUDA_HOME, PATH or the nvidia-cuda-nvcc wheel), or use Triton >= 3.7.1")
+    status["tuning"] = fla_tuning.seed_for_megatron(torch.cuda.get_device_name(device_index))
     return status

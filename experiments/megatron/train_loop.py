@@ -70,8 +70,9 @@ def run_phases(job: dict, send, state: dict, device_index: int) -> dict:
     step_times, losses, grad_norms = _run_steps(chunks, optimizer, batches, job, send, memory)
     extra = {}
     if gdn_layers:
-        from experiments.megatron import gdn
+        from experiments.megatron import fla_tuning, gdn
         extra = {"fla": fla_status, "fla_dispatch": gdn.fla_dispatches()}
+        fla_tuning.record()
     return {
         **extra,
         "env_seen": {k: os.environ.get(k) for k in REPORTED_ENV if os.environ.get(k) is not None},
