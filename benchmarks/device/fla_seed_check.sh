@@ -15,6 +15,9 @@ export ATTUNE_FLA_TUNING_RECORD=/tmp/fla-rec-$STAGE
 rm -rf "$ATTUNE_FLA_TUNING_RECORD"
 shipped=experiments/megatron/fla_autotune_choices/$(python -c "
 import torch; from experiments.megatron.fla_tuning import gpu_file_name; print(gpu_file_name(torch.cuda.get_device_name(0)))")
+# the device tree is copied afresh each call: the recorded choices wait under /tmp while the machine stays warm
+[ "$STAGE" = seeded ] && [ -e "/tmp/fla-seeds/$(basename "$shipped")" ] && mkdir -p "$(dirname "$shipped")" \
+  && cp "/tmp/fla-seeds/$(basename "$shipped")" "$shipped"
 echo "stage $STAGE; shipped choices for this GPU: $( [ -e "$shipped" ] && echo "$shipped" || echo none)"
 S0=$(date +%s)
 timeout ${PROFILE_S:-420} python -m tuner profile --model "$M" --out $OUT/profile-$STAGE.yaml > $OUT/profile-$STAGE.log 2>&1
@@ -23,7 +26,8 @@ grep -E "^\[profile|wall time|builds|GDN|linear" $OUT/profile-$STAGE.log | grep 
 python -m experiments.megatron.fla_tuning merge "$ATTUNE_FLA_TUNING_RECORD" --out $OUT/fla-choices-$STAGE.json \
   --source "tune profile --model $M, stage $STAGE of benchmarks/device/fla_seed_check.sh, $(date -u +%FT%TZ)"
 if [ "$STAGE" = record ] && [ -e $OUT/fla-choices-$STAGE.json ]; then
-  mkdir -p "$(dirname "$shipped")" && cp $OUT/fla-choices-$STAGE.json "$shipped" && echo "seeds now at $shipped"
+  mkdir -p "$(dirname "$shipped")" /tmp/fla-seeds && cp $OUT/fla-choices-$STAGE.json "$shipped" \
+    && cp "$shipped" /tmp/fla-seeds/ && echo "seeds now at $shipped"
 fi
 python - "$OUT/profile-$STAGE.yaml" <<'EOF'
 import sys, yaml
