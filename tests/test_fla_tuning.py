@@ -112,3 +112,14 @@ def test_merge_with_nothing_recorded_says_so(tmp_path, capsys):
 def test_record_is_off_without_its_variable(monkeypatch):
     monkeypatch.delenv(ft.RECORD_ENV, raising=False)
     assert ft.record() is None
+
+
+def test_shipped_choices_are_named_for_their_gpu_and_complete():
+    shipped = sorted(ft.SHIPPED_DIR.glob("*.json"))
+    assert shipped, "no shipped fla autotune choices"
+    for path in shipped:
+        data = json.loads(path.read_text())
+        assert ft.gpu_file_name(data["gpu"]) == path.name
+        assert data["fla"] and data["triton"] and data["measured"] and data["source"]
+        assert data["choices"] and all(c["kernel"].startswith("fla.") and isinstance(c["key"], list)
+                                       and c["config"]["kwargs"] is not None for c in data["choices"])
