@@ -15,6 +15,10 @@ prediction resting on them carries (runner_cross_kind_layer_error_sd from the fi
 runner_modelled_layer_error_sd from the second).
 
 Usage: python benchmarks/layer_transfer.py [BUILDS.jsonl ...]
+       python benchmarks/layer_transfer.py --gpu h100 --alone BUILDS.jsonl ...   the given builds alone, measured on
+         that GPU type, each model priced from the others at that type's shipped rates (the synthetic MoE family of
+         benchmarks/device/moe_family.sh: a layer timed as another's with other expert counts and top-k); only the
+         leave-one-model-out pass
 """
 from __future__ import annotations
 
@@ -45,14 +49,18 @@ CONFIGS = {"mixtral-8x7b": "benchmarks/models/mixtral-8x7b/config.json",
            "mixtral-8x22b": "benchmarks/models/mixtral-8x22b/config.json"}
 
 
+GPU = {"name": "h200"}   # the GPU type the builds were measured on (--gpu)
+
+
 def components_without(section: dict, rest: list[dict]):
     """The profile's runner components from the builds left (`rest`)."""
-    return parse_runner_components({**section, "builds": rest}, shipped_profile("h200").hbm_copy_tb_s * 1e12)
+    return parse_runner_components({**section, "builds": rest}, shipped_profile(GPU["name"]).hbm_copy_tb_s * 1e12)
 
 
 def one_layer(name: str):
     """One layer of a built model (its first)."""
-    model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else name)
+    config = ROOT / "benchmarks/models" / name / "config.json"
+    model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else str(config) if config.exists() else name)
     return replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
 
 
@@ -70,8 +78,8 @@ def measured_layer(builds: list[dict], model: str, section_microbatches: int) ->
 
 def predicted_layer(model, components, tokens: float) -> tuple[float, str]:
     """The runner stack's price of one layer of `model` per micro-batch at `tokens`, from `components`."""
-    gpu = load_gpu("h200")
-    profile = replace(shipped_profile("h200"), runner=components)
+    gpu = load_gpu(GPU["name"])
+    profile = replace(shipped_profile(GPU["name"]), runner=components)
     rows = max(1, int(tokens // 4096))
     workload = Workload(seq_len=4096, global_batch=rows, framework="megatron")
     layout = Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows)
@@ -157,11 +165,19 @@ def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    section = yaml.safe_load((ROOT / "cost_model/data/profiles/h200.yaml").read_text())["runner_components"]
+    alone = "--alone" in argv
+    argv = [a for a in argv if a != "--alone"]
+    if "--gpu" in argv:
+        i = argv.index("--gpu")
+        GPU["name"] = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    section = yaml.safe_load((ROOT / f"cost_model/data/profiles/{GPU['name']}.yaml").read_text())["runner_components"]
     records = [json.loads(line) for f in argv for line in Path(f).read_text().splitlines()
                if line.strip()]
     extra = section_from_builds(records, {})["builds"]
-    builds = section["builds"] + extra
+    builds = extra if alone else section["builds"] + extra
+    if alone:   # the given builds are this GPU type's measurements: no derivation from another type
+        section = {k: v for k, v in section.items() if k not in ("builds", "derived", "derivation")}
     models = sorted({b["model"] for b in builds if len({b2["signature"] for b2 in builds if b2["model"] == b["model"]}) == 1})
     print(f"{len(builds)} builds ({len(extra)} from {', '.join(argv) or 'no file given'}); "
           f"models with one layer kind: {', '.join(models)}")
@@ -185,6 +201,9 @@ def main(argv: list[str]) -> int:
     summary = {"points": len(errors), "median_ape": statistics.median(errors), "max_ape": max(errors),
                "per_model_median_ape": {k: statistics.median(v) for k, v in per_model.items()}}
     print(f"all: {len(errors)} points, median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%")
+    if alone:
+        print(json.dumps(summary))
+        return 0
     held = [m for m in models if m in per_model]
     summary["kind_out"] = kind_out(builds, section, held, "kind")
     summary["mlp_kind_out"] = kind_out(builds, section, held, "mlp")
