@@ -474,3 +474,17 @@ def test_a_profile_with_a_communicator_of_no_ranks_is_refused_in_one_line(bad):
         with pytest.raises(DeviceMemoryError) as info:
             parse_device_memory(section, "p.yaml")
         assert "\n" not in str(info.value) and str(info.value).startswith("p.yaml: device_memory.")
+
+
+def test_summary_says_how_fla_was_tuned():
+    profile = _sample_profile()
+    la = dict(kind="measured", efficiency=0.05, fla="0.6.0",
+              points=[dict(tokens=8192, qk_heads=32, v_heads=32, fwd_ms=0.56, fwd_bwd_ms=2.08)])
+    seeded = dict(seeded=25, of=43, **{"from": "NVIDIA_H100_80GB_HBM3.json (tuned on NVIDIA H100 80GB HBM3)"})
+    line = next(x for x in hp.summary({**profile, "linear_attention": {**la, "tuning": seeded}})
+                if x.startswith("linear attention"))
+    assert "fla autotune: 25 of 43 shipped choices seeded from NVIDIA_H100_80GB_HBM3.json" in line
+    tuned_here = dict(seeded=0, why="no shipped fla tuning for NVIDIA H200: fla tunes its kernels here")
+    line = next(x for x in hp.summary({**profile, "linear_attention": {**la, "tuning": tuned_here}})
+                if x.startswith("linear attention"))
+    assert line.endswith("fla autotune: no shipped fla tuning for NVIDIA H200: fla tunes its kernels here")

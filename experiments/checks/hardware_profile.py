@@ -396,6 +396,15 @@ def host_vs_shipped(profile: dict) -> str | None:
             f"{shipped.gpu_type} profile ({each}); predictions from this profile use this host's")
 
 
+def _fla_tuning_note(tuning: dict | None) -> str:
+    """How fla's kernels were configured in the kernel timing: the shipped autotune choices, or tuned here."""
+    if not tuning:
+        return ""
+    if tuning.get("seeded"):
+        return f"; fla autotune: {tuning['seeded']} of {tuning.get('of')} shipped choices seeded from {tuning.get('from')}"
+    return f"; fla autotune: {tuning.get('why', 'tuned here')}"
+
+
 def _summary_linear_and_device(profile: dict) -> list[str]:
     lines = []
     la = profile.get("linear_attention") or {}
@@ -406,7 +415,8 @@ def _summary_linear_and_device(profile: dict) -> list[str]:
                            if p.get("qk_heads") == heads)
         lines.append(f"linear attention: {la.get('kind')}, efficiency {la.get('efficiency')}"
                      + (f"; fla {la.get('fla')}, fwd/fwd+bwd {points}" if points else "")
-                     + (f"; {la['backend_problem']}" if la.get("backend_problem") else ""))
+                     + (f"; {la['backend_problem']}" if la.get("backend_problem") else "")
+                     + _fla_tuning_note(la.get("tuning")))
     dm = profile.get("device_memory") or {}
     if dm.get("visible_gib") is not None:
         nccl = ", ".join(f"{r['ranks']} rank(s) {r['init_gib']} + {r['buffers_gib']} GiB" for r in dm.get("nccl") or [])
