@@ -123,3 +123,10 @@ def test_shipped_choices_are_named_for_their_gpu_and_complete():
         assert data["fla"] and data["triton"] and data["measured"] and data["source"]
         assert data["choices"] and all(c["kernel"].startswith("fla.") and isinstance(c["key"], list)
                                        and c["config"]["kwargs"] is not None for c in data["choices"])
+
+
+def test_merge_of_a_broken_record_says_so_in_one_line(tmp_path, capsys):
+    (tmp_path / "1.json").write_text("{not json")
+    assert ft.main(["merge", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fla_tuning: ") and err.count("\n") == 1 and not (tmp_path / "x.json").exists()

@@ -145,11 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--source", default="", help="what ran to make the choices")
     args = parser.parse_args(argv)
-    records = [json.loads(p.read_text()) for d in args.dirs for p in sorted(Path(d).glob("*.json"))]
-    if not records:
-        print(f"fla_tuning: no recorded choices under {', '.join(args.dirs)}", file=sys.stderr)
+    try:
+        records = [json.loads(p.read_text()) for d in args.dirs for p in sorted(Path(d).glob("*.json"))]
+        if not records:
+            raise ValueError(f"no recorded choices under {', '.join(args.dirs)}")
+        shipped = merge(records, args.source)
+    except (ValueError, KeyError, TypeError) as e:   # json's decode error is a ValueError
+        print(f"fla_tuning: {f'a record lacks the field {e}' if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
-    shipped = merge(records, args.source)
     Path(args.out).write_text(json.dumps(shipped, indent=1) + "\n")
     print(f"{args.out}: {len(shipped['choices'])} choices of {len({c['kernel'] for c in shipped['choices']})} "
           f"kernels from {len(records)} processes ({shipped['gpu']}, fla {shipped['fla']}, Triton {shipped['triton']})")
