@@ -95,7 +95,10 @@ def test_recorded_choices_merge_into_one_shipped_file(fake_fla, tmp_path, monkey
     fake_fla.plain.cache.clear()
     assert ft.seed(rec["gpu"], tmp_path, prefix="flafake.")["seeded"] == 1
     assert fake_fla.plain.cache[(16, "torch.bfloat16")].kwargs == {"BLOCK": 64}
-    assert "1 choices of 1 kernels from 2 processes" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "1 choices of 1 kernels from 2 processes" in out.out and not out.err
+    assert ft.main(["merge", str(tmp_path / "a"), "--out", str(tmp_path / "choices.json")]) == 0
+    assert f"seeded only as {ft.SHIPPED_DIR / 'NVIDIA_H100_80GB_HBM3.json'}" in capsys.readouterr().err
 
 
 def test_merge_refuses_records_of_two_gpus():

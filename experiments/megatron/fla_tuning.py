@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(shipped, indent=1) + "\n")
     print(f"{args.out}: {len(shipped['choices'])} choices of {len({c['kernel'] for c in shipped['choices']})} "
           f"kernels from {len(records)} processes ({shipped['gpu']}, fla {shipped['fla']}, Triton {shipped['triton']})")
+    if Path(args.out).name != gpu_file_name(shipped["gpu"]):
+        print(f"fla_tuning: seeded only as {SHIPPED_DIR / gpu_file_name(shipped['gpu'])}", file=sys.stderr)
     return 0
 
 
