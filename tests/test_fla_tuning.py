@@ -133,3 +133,10 @@ def test_merge_of_a_broken_record_says_so_in_one_line(tmp_path, capsys):
     assert ft.main(["merge", str(tmp_path), "--out", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fla_tuning: ") and err.count("\n") == 1 and not (tmp_path / "x.json").exists()
+
+
+def test_a_folder_of_ones_own_choices_is_read_instead(fake_fla, tmp_path, monkeypatch):
+    _shipped(tmp_path, gpu="NVIDIA B200")
+    assert ft.seed("NVIDIA B200", prefix="flafake.")["seeded"] == 0      # none shipped for it
+    monkeypatch.setenv(ft.CHOICES_ENV, str(tmp_path))
+    assert ft.seed("NVIDIA B200", prefix="flafake.")["seeded"] == 2

@@ -7,7 +7,8 @@ into the autotuners before fla's first call, they leave a process to compile the
 cover. A key they do not cover, another fla or Triton, or another GPU tunes as before.
 
 Recording: with ATTUNE_FLA_TUNING_RECORD=DIR set, a process that ran fla writes the choices it holds to
-DIR/<pid>.json; `python -m experiments.megatron.fla_tuning merge DIR... --out FILE` joins them into a shipped file."""
+DIR/<pid>.json; `python -m experiments.megatron.fla_tuning merge DIR... --out FILE` joins them into a shipped file
+(or one under ATTUNE_FLA_CHOICES_DIR, read instead of the shipped folder)."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,11 @@ from pathlib import Path
 
 RECORD_ENV = "ATTUNE_FLA_TUNING_RECORD"
 SHIPPED_DIR = Path(__file__).with_name("fla_autotune_choices")
+CHOICES_ENV = "ATTUNE_FLA_CHOICES_DIR"   # a folder of one's own choices, read instead of the shipped ones
+
+
+def choices_dir() -> Path:
+    return Path(os.environ[CHOICES_ENV]) if os.environ.get(CHOICES_ENV) else SHIPPED_DIR
 CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
@@ -68,9 +74,10 @@ def versions() -> dict:
     return {"fla": fla, "triton": triton.__version__}
 
 
-def seed(gpu_name: str, directory: Path = SHIPPED_DIR, prefix: str = "fla.") -> dict:
-    """Seed the loaded fla autotuners with the shipped choices for this GPU; what it did, for the trial's notes."""
-    path = directory / gpu_file_name(gpu_name)
+def seed(gpu_name: str, directory: Path | None = None, prefix: str = "fla.") -> dict:
+    """Seed the loaded fla autotuners with the shipped choices for this GPU (or those under $ATTUNE_FLA_CHOICES_DIR);
+    what it did, for the trial's notes."""
+    path = (directory or choices_dir()) / gpu_file_name(gpu_name)
     if not path.exists():
         return {"seeded": 0, "why": f"no shipped fla tuning for {gpu_name}: fla tunes its kernels here"}
     shipped = json.loads(path.read_text())
@@ -157,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.out}: {len(shipped['choices'])} choices of {len({c['kernel'] for c in shipped['choices']})} "
           f"kernels from {len(records)} processes ({shipped['gpu']}, fla {shipped['fla']}, Triton {shipped['triton']})")
     if Path(args.out).name != gpu_file_name(shipped["gpu"]):
-        print(f"fla_tuning: seeded only as {SHIPPED_DIR / gpu_file_name(shipped['gpu'])}", file=sys.stderr)
+        print(f"fla_tuning: seeded only as {choices_dir() / gpu_file_name(shipped['gpu'])} (or "
+              f"<{CHOICES_ENV}>/{gpu_file_name(shipped['gpu'])})", file=sys.stderr)
     return 0
 
 
