@@ -2,9 +2,9 @@
 sizes, dtypes) Triton compiles and times every config a kernel lists, often 16 to 48, and keeps the fastest. On a
 machine where no Gated DeltaNet kernel has run that is minutes, most of a first `tune profile` of a GDN model
 (Triton keeps its choices on disk only once made there). The choices fla's autotuner made on a GPU type ship with
-attune (fla_autotune_choices/<GPU name>.json beside this file, for the fla and Triton versions they were made with); seeded
-into the autotuners before fla's first call, they leave a process to compile the one chosen config of each key they
-cover. A key they do not cover, another fla or Triton, or another GPU tunes as before.
+attune (fla_autotune_choices/<GPU name>.json beside this file, for the fla and Triton versions they were made
+with); seeded into the autotuners before fla's first call, they leave a process to compile the one chosen config
+of each key they cover. A key they do not cover, another fla or Triton, or another GPU tunes as before.
 
 Recording: with ATTUNE_FLA_TUNING_RECORD=DIR set, a process that ran fla writes the choices it holds to
 DIR/<pid>.json; `python -m experiments.megatron.fla_tuning merge DIR... --out FILE` joins them into a shipped file
@@ -21,11 +21,12 @@ from pathlib import Path
 RECORD_ENV = "ATTUNE_FLA_TUNING_RECORD"
 SHIPPED_DIR = Path(__file__).with_name("fla_autotune_choices")
 CHOICES_ENV = "ATTUNE_FLA_CHOICES_DIR"   # a folder of one's own choices, read instead of the shipped ones
+CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
 def choices_dir() -> Path:
+    """Where the choices are read from: $ATTUNE_FLA_CHOICES_DIR where set, else the shipped folder."""
     return Path(os.environ[CHOICES_ENV]) if os.environ.get(CHOICES_ENV) else SHIPPED_DIR
-CONFIG_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
 def gpu_file_name(gpu_name: str) -> str:
