@@ -401,7 +401,8 @@ def _fla_tuning_note(tuning: dict | None) -> str:
     if not tuning:
         return ""
     if tuning.get("seeded"):
-        return f"; fla autotune: {tuning['seeded']} of {tuning.get('of')} shipped choices seeded from {tuning.get('from')}"
+        return (f"; fla autotune: {tuning['seeded']} of {tuning.get('of')} shipped choices seeded from "
+                f"{tuning.get('from')}")
     return f"; fla autotune: {tuning.get('why', 'tuned here')}"
 
 
