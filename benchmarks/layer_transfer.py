@@ -5,7 +5,7 @@ files given), the model's own builds are taken out of the profile and its layer'
 predicted from the remaining layers exactly as `tune` prices an unprofiled model (cost_model.step_time's
 runner_layer_terms: the nearest measured layer of the same kind, its GPU work scaled); the measurement is the
 difference of that model's 2- and 1-layer builds at each token count, no recompute. All figures measured on
-the H200 (the builds); nothing is simulated.
+the H200 (the builds; with --gpu, on that GPU type); nothing is simulated.
 
 Then, as for a model whose layer kind the profile never ran (dense Qwen3.5's Gated DeltaNet layers today): every
 measured layer of the held-out model's kind taken out, so a layer of its MLP kind with the other attention kind
@@ -96,9 +96,9 @@ def modelled_layer(model, components, tokens: float) -> float:
         m = replace(model, num_hidden_layers=layers, layer_types=model.layer_types[:1] * layers,
                     mlp_types=model.mlp_types[:1] * layers)
         rows = max(1, int(tokens // 4096))
-        p = predict(m, load_gpu("h200"), Workload(seq_len=4096, global_batch=rows, framework="megatron"),
+        p = predict(m, load_gpu(GPU["name"]), Workload(seq_len=4096, global_batch=rows, framework="megatron"),
                     Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows),
-                    profile=replace(shipped_profile("h200"), runner=components), runtime=MEGATRON_RUNNER)
+                    profile=replace(shipped_profile(GPU["name"]), runner=components), runtime=MEGATRON_RUNNER)
         return sum(v for k, v in p.breakdown.items() if k not in ("optimizer", "step_overhead", "dp_comm", "offload"))
     return work(2) - work(1)
 
