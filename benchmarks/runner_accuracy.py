@@ -106,7 +106,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
           [(B / "runner_grids_h100_v37_suite.json", R / f"runner-grids-h100-v37-{k}-2026-12-07.jsonl") for k in "abcd"] + \
           [(B / "runner_grids_h100_v41_suite.json", R / "runner-grids-h100-v41-a-2026-12-07.jsonl")] + \
           [(B / "runner_grids_h100_v42_suite.json", R / f"runner-grids-h100-v42-{k}-2026-12-07.jsonl") for k in "ab"] + \
-          [(B / "runner_grids_h100_v43_suite.json", R / "runner-grids-h100-v43-a-2026-12-07.jsonl")]
+          [(B / "runner_grids_h100_v43_suite.json", R / "runner-grids-h100-v43-a-2026-12-07.jsonl")] + \
+          [(B / "runner_grids_h100_v44_suite.json", R / f"runner-grids-h100-v44-{k}-2026-12-07.jsonl") for k in "ab"]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -298,6 +299,9 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # Qwen3.5-27B's; registered at b5528f7, reproduced unchanged at e0ce864 before they ran) ran in the seventeenth
 # session: held out. v43's 11 (1 x H100: Mistral-7B-v0.3 at 8 layers, the synthetic 32-expert MoE at 2; registered at
 # 35c8ea5, reproduced unchanged before they were read) ran in the seventeenth session: held out.
+# v44's 12 (1 x H100: MiMo-7B's shape at 6 layers, two borderline layouts and one predicted not to fit; Qwen3.6 with its
+# real GDN at 1 layer seq 8k; registered at a2c902f, reproduced unchanged before they ran) ran in the twentieth
+# session: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
