@@ -300,8 +300,8 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # session: held out. v43's 11 (1 x H100: Mistral-7B-v0.3 at 8 layers, the synthetic 32-expert MoE at 2; registered at
 # 35c8ea5, reproduced unchanged before they were read) ran in the seventeenth session: held out.
 # v44's 12 (1 x H100: MiMo-7B's shape at 6 layers, two borderline layouts and one predicted not to fit; Qwen3.6 with its
-# real GDN at 1 layer seq 8k; registered at a2c902f, reproduced unchanged before they ran) ran in the twentieth
-# session: held out.
+# real GDN at 1 layer seq 8k; registered at a2c902f, no cost-model change since, the registration reproduces
+# unchanged) ran in the twentieth session: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
