@@ -125,6 +125,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            *((f"runner-grids-h100-v42-{k}-2026-12-07.jsonl", "runner_grids_h100_v42_suite.json") for k in "ab"),
            ("runner-grids-h100-v43-a-2026-12-07.jsonl", "runner_grids_h100_v43_suite.json"),
            *((f"runner-grids-h100-v44-{k}-2026-12-07.jsonl", "runner_grids_h100_v44_suite.json") for k in "ab"),
+           ("runner-grids-h100-v45-a-2026-12-07.jsonl", "runner_grids_h100_v45_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -412,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
           "v42 (1 x H100: Yi-6B and a synthetic GDN-dense model at 8 layers) and v43 (1 x H100: Mistral-7B-v0.3 at 8 "
           "layers, a synthetic 32-expert MoE at 2) ran 2026-12-07 (seventeenth session), predictions committed before: "
           "held out; "
-          "v44 (1 x H100: MiMo-7B's shape at 6 layers, Qwen3.6 at 1 layer seq 8k) ran 2026-12-07 (twentieth session), "
-          "predictions committed before: held out; "
+          "v44 (1 x H100: MiMo-7B's shape at 6 layers, Qwen3.6 at 1 layer seq 8k) and v45 (1 x H100: OLMoE-1B-7B's shape "
+          "at 5 layers) ran 2026-12-07 (twentieth session), predictions committed before: held out; "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
