@@ -302,8 +302,8 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # 35c8ea5, reproduced unchanged before they were read) ran in the seventeenth session: held out.
 # v44's 12 (1 x H100: MiMo-7B's shape at 6 layers, two borderline layouts and one predicted not to fit; Qwen3.6 with its
 # real GDN at 1 layer seq 8k; registered at a2c902f, no cost-model change since, the registration reproduces
-# unchanged) ran in the twentieth session: held out. v45's 10 (1 x H100: OLMoE-1B-7B's shape at 5 layers, 64 experts
-# no build measured; registered at 73058fe, reproduced unchanged before its results were read) ran in the same session:
+# unchanged) ran in the twentieth session: held out. v45's 10 (1 x H100: OLMoE-1B-7B's shape at 5 layers, 64 experts,
+# a count no build measured; registered at 73058fe, reproduced unchanged before its results were read) ran in the same session:
 # held out (its predicted no-fit layout was not reached: the call's budget ran out).
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
