@@ -22,6 +22,7 @@ Usage: python benchmarks/layer_transfer.py [BUILDS.jsonl ...]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -164,13 +165,22 @@ def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
     return error_summary(errors)
 
 
+def parse_args(argv: list[str]):
+    parser = argparse.ArgumentParser(prog="python benchmarks/layer_transfer.py")
+    parser.add_argument("builds", nargs="*", help="runner_components build records (JSON lines)")
+    parser.add_argument("--gpu", default="h200", choices=("h200", "h100"),
+                        help="the GPU type the builds were measured on (its shipped profile's rates)")
+    parser.add_argument("--alone", action="store_true", help="the given builds alone, not the shipped profile's too")
+    args = parser.parse_args(argv)
+    if args.alone and not args.builds:
+        parser.error("--alone prices the given builds from each other: name at least one builds file")
+    return args
+
+
 def main(argv: list[str]) -> int:
-    alone = "--alone" in argv
-    argv = [a for a in argv if a != "--alone"]
-    if "--gpu" in argv:
-        i = argv.index("--gpu")
-        GPU["name"] = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+    args = parse_args(argv)
+    alone, argv = args.alone, args.builds
+    GPU["name"] = args.gpu
     section = yaml.safe_load((ROOT / f"cost_model/data/profiles/{GPU['name']}.yaml").read_text())["runner_components"]
     records = [json.loads(line) for f in argv for line in Path(f).read_text().splitlines()
                if line.strip()]
