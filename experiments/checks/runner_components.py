@@ -407,10 +407,10 @@ def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> 
                 return EXIT_LEAKED
         return 0
     finally:
-        if base.has_linear_attention:
+        bench.dist.destroy_process_group()
+        if base.has_linear_attention:   # with ATTUNE_FLA_TUNING_RECORD set (device scripts): after the teardown
             from experiments.megatron import fla_tuning
             fla_tuning.record()
-        bench.dist.destroy_process_group()
 
 
 def import_ahead() -> None:
