@@ -1117,7 +1117,8 @@ def test_tune_profile_starts_its_builds_process_once_the_gpu_is_shared_and_stops
 
     events = []
 
-    def fake_run_profile(model, quick=False, gpu_shared=None):
+    def fake_run_profile(model, quick=False, gpu_shared=None, kernel_batches=(1,)):
+        assert kernel_batches == (1,)   # no Gated DeltaNet builds: the kernel section's batch only
         events.append("early parts")
         gpu_shared()
         events.append("timed sections")

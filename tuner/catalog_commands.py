@@ -75,14 +75,17 @@ def cmd_profile(args) -> int:
 
     model = load_model(args.model) if args.model else None
     builds = model is not None and not args.quick and _has_megatron()
+    batches = (1,)   # the profile's kernel section runs fla's GDN kernel at batch 1; its builds at their rows
     if builds:
-        from experiments.checks.runner_components import start_builds_ahead
+        from experiments.checks.runner_components import gdn_kernel_batches, start_builds_ahead
+        batches = tuple(sorted({1, *gdn_kernel_batches(model)}))
     with tempfile.TemporaryDirectory() as tmp:
         ahead = []
         # the builds' process imports while the profile's timed sections run (it touches no GPU until its plan)
         start = (lambda: ahead.append(start_builds_ahead(args.model, Path(tmp) / "builds.jsonl"))) if builds else None
         try:
-            profile = run_profile(model, quick=args.quick, gpu_shared=start)  # NoGpuError without torch or a GPU
+            # NoGpuError without torch or a GPU
+            profile = run_profile(model, quick=args.quick, gpu_shared=start, kernel_batches=batches)
             if model is not None and not args.quick:
                 _runner_components(profile, args.model, ahead[0] if ahead else None)
         finally:

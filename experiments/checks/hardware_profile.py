@@ -34,7 +34,7 @@ import yaml
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.model_spec import ModelSpec, load_model
 from experiments.checks.collectives import NCCL_ENV, measure_collectives
-from experiments.checks.compute import (linear_attention_estimate, measure_attention, measure_gemm,
+from experiments.checks.compute import (gdn_series, linear_attention_estimate, measure_attention, measure_gemm,
                                         measure_gemm_fp8, measure_grouped_gemm, measure_linear_attention)
 from experiments.checks.cpu_adam import ADAM_NUMEL, measure_cpu_adam
 from experiments.checks.device_memory import device_memory_section, measure_device_memory
@@ -130,8 +130,16 @@ class _Sections:
     """Runs the profile's sections one by one: progress lines, one failure never loses the others, and
     only the sections asked for (`only`; all by default) are measured."""
 
-    def __init__(self, device, t0: float, notes: list, only=None):
-        self.device, self.t0, self.notes, self.only = device, t0, notes, only
+    def __init__(self, device, t0: float, notes: list, only=None, ahead=None):
+        self.device, self.t0, self.notes, self.only, self.ahead = device, t0, notes, only, ahead
+
+    def kernels_compiled(self) -> None:
+        """Before the first section that runs fla's kernels: wait for those compiled ahead (`ahead`, a
+        tilelang_ahead.CompileAhead), and note what they did."""
+        if self.ahead is not None and self.ahead.results is None:
+            _progress(self.t0, "fla's TileLang kernels compiled ahead: waiting for them ...")
+            self.notes.append(self.ahead.note())
+            _progress(self.t0, self.notes[-1])
 
     def wants(self, name: str) -> bool:
         return self.only is None or name in self.only
@@ -175,6 +183,7 @@ def _compute_sections(run: _Sections, shapes: dict, repeats: int, gpu_type: str,
                                        note="not measured: the profiled model has no Gated DeltaNet layers (`tune "
                                             "profile` without --model, or with such a model, measures the kernel)")
     else:
+        run.kernels_compiled()
         out["linear_attention"] = run("linear_attention", "linear_attention (fla Gated DeltaNet)",
                                       lambda: measure_linear_attention(
                                           shapes["linear_attention"] or default_linear_attention_shape(),
@@ -222,9 +231,10 @@ class ProfilePlan:
 
 
 def _profile(device, plan: ProfilePlan, *, model_name: str | None = None, t0: float | None = None,
-             early_memory: dict | None = None) -> dict:
+             early_memory: dict | None = None, ahead=None) -> dict:
     """Measure everything on `device` (and `plan.world` ranks for collectives); the profile dict.
-    `early_memory`: _early_device_memory's parts, measured before anything touched the GPU."""
+    `early_memory`: _early_device_memory's parts, measured before anything touched the GPU; `ahead`: fla's
+    kernels compiling in other processes (tilelang_ahead.CompileAhead), waited for before the GDN kernel."""
     shapes, repeats, world, only = plan.shapes, plan.repeats, plan.world, plan.only
     torch = load_torch()
     t0 = time.perf_counter() if t0 is None else t0
@@ -232,7 +242,7 @@ def _profile(device, plan: ProfilePlan, *, model_name: str | None = None, t0: fl
     device_name = torch.cuda.get_device_name(device) if cuda else "cpu"
     gpu_type = gpu_type_from_name(device_name)
     notes = _conventions()
-    run = _Sections(device, t0, notes, only)
+    run = _Sections(device, t0, notes, only, ahead)
     if only is None or set(only) - {"device_memory", "linear_attention", "cpu_adam"}:
         run(None, "clock warm-up", lambda: _warm_up_clocks(device), None)
     compute = _compute_sections(run, shapes, repeats, gpu_type, plan.fp8)
@@ -273,13 +283,15 @@ def _early_device_memory(t0: float, world: int, gdn: bool = True) -> dict:
 
 
 def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool = False, only=None,
-                gpu_shared=None) -> dict:
+                gpu_shared=None, kernel_batches=(1,)) -> dict:
     """Profile the local GPUs (compute on GPU 0, collectives over all of them); the profile dict.
 
     Raises NoGpuError when torch or a CUDA GPU is missing. quick=True shrinks the grids (smoke run).
     `only`: the sections to measure (SECTIONS names); all by default. `gpu_shared()`: called once the parts that
     need the device to themselves (device-level memory readings) are done, before the timed sections (`tune
-    profile --model` starts its builds' process there, to import while these run)."""
+    profile --model` starts its builds' process there, to import while these run). `kernel_batches`: the batch
+    sizes fla's Gated DeltaNet kernel will run at, here and in the builds that follow (their TileLang kernel is
+    compiled ahead for each, beside the first sections: experiments.megatron.tilelang_ahead)."""
     t0 = time.perf_counter()
     for key, value in NCCL_ENV.items():  # forced, not setdefault: an inherited NCCL_NVLS_ENABLE=1 is wrong here
         os.environ[key] = value
@@ -296,17 +308,41 @@ def run_profile(model: ModelSpec | None = None, repeats: int = 10, quick: bool =
     if quick:
         shapes = quick_shapes(shapes)
         repeats = min(repeats, 5)
-    early = None
-    if only is None or "device_memory" in only:
-        early = _early_device_memory(t0, torch.cuda.device_count(), probe_with_gdn(model))
-    if gpu_shared is not None:
-        gpu_shared()
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    torch.manual_seed(0)
-    plan = ProfilePlan(shapes, max(1, repeats), torch.cuda.device_count(),
-                       adam_numel=ADAM_NUMEL // 8 if quick else ADAM_NUMEL, only=only)
-    return _profile(device, plan, model_name=model.name if model is not None else None, t0=t0, early_memory=early)
+    ahead = _compile_ahead(shapes["linear_attention"], only, kernel_batches)
+    try:
+        early = None
+        if only is None or "device_memory" in only:
+            early = _early_device_memory(t0, torch.cuda.device_count(), probe_with_gdn(model))
+        if gpu_shared is not None:
+            gpu_shared()
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        torch.manual_seed(0)
+        plan = ProfilePlan(shapes, max(1, repeats), torch.cuda.device_count(),
+                           adam_numel=ADAM_NUMEL // 8 if quick else ADAM_NUMEL, only=only)
+        return _profile(device, plan, model_name=model.name if model is not None else None, t0=t0,
+                        early_memory=early, ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.close()
+
+
+TILELANG_AHEAD_ENV = "ATTUNE_TILELANG_AHEAD"
+
+
+def _compile_ahead(shape: dict | None, only, batches):
+    """fla's TileLang kernel compiling for each of `batches` in processes of its own (tilelang_ahead), where the
+    profile times the model's Gated DeltaNet kernel; None otherwise."""
+    if shape is None or (only is not None and "linear_attention" not in only) or not batches:
+        return None
+    if os.environ.get(TILELANG_AHEAD_ENV, "1") == "0":   # the same profile without it, to time what it saves
+        return None
+    import importlib.util
+    if importlib.util.find_spec("fla") is None or importlib.util.find_spec("tilelang") is None:
+        return None
+    from experiments.megatron.tilelang_ahead import CompileAhead, KernelShape
+    (qk, v), = gdn_series(shape)
+    return CompileAhead(KernelShape(qk, v, shape["key_head_dim"], shape["value_head_dim"]), batches)
 
 
 def write_profile(profile: dict, path) -> None:

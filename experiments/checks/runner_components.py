@@ -352,6 +352,14 @@ def build_rows(model, extra: str) -> tuple[int, ...]:
     return ROWS[:4] if model.has_linear_attention else ROWS
 
 
+def gdn_kernel_batches(model) -> tuple[int, ...]:
+    """The batch sizes (rows per micro-batch) at which `tune profile`'s builds run `model`'s Gated DeltaNet
+    layers; () for a model without them."""
+    rows = {r for kind, _layers, extra in build_plan(model) if kind[0] == "linear_attention"
+            for r in build_rows(model, extra)}
+    return tuple(sorted(rows))
+
+
 def run_builds(args, plan: list[tuple[tuple[str, str], int, str]], rows_for) -> int:
     """The builds of `plan` in this process, each appended as a JSON line to --out when it ends (measured or
     failed); returns EXIT_LEAKED, leaving the rest to a fresh process, once the memory earlier builds hold passes
