@@ -108,7 +108,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
           [(B / "runner_grids_h100_v42_suite.json", R / f"runner-grids-h100-v42-{k}-2026-12-07.jsonl") for k in "ab"] + \
           [(B / "runner_grids_h100_v43_suite.json", R / "runner-grids-h100-v43-a-2026-12-07.jsonl")] + \
           [(B / "runner_grids_h100_v44_suite.json", R / f"runner-grids-h100-v44-{k}-2026-12-07.jsonl") for k in "ab"] + \
-          [(B / "runner_grids_h100_v45_suite.json", R / "runner-grids-h100-v45-a-2026-12-07.jsonl")]
+          [(B / "runner_grids_h100_v45_suite.json", R / f"runner-grids-h100-v45-{k}-2026-12-07.jsonl") for k in "ab"] + \
+          [(B / "runner_grids_h100_v46_suite.json", R / "runner-grids-h100-v46-a-2026-12-07.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -304,7 +305,10 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # real GDN at 1 layer seq 8k; registered at a2c902f, no cost-model change since, the registration reproduces
 # unchanged) ran in the twentieth session: held out. v45's 10 (1 x H100: OLMoE-1B-7B's shape at 5 layers, 64 experts,
 # a count no build measured; registered at 73058fe, reproduced unchanged before its results were read) ran in the same session:
-# held out (its predicted no-fit layout was not reached: the call's budget ran out).
+# held out (its predicted no-fit layout was not reached then: it ran, out of memory, in the twenty-first session).
+# v46's 10 (1 x H100: Granite-3.0-3B-A800M's shape at 8 layers, 40 experts of width 512, an expert count and width no
+# build measured; registered at 4955e68, reproduced unchanged before its results were read) ran in the twenty-first
+# session: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
