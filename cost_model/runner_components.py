@@ -365,8 +365,9 @@ class RunnerComponents:
         if not found:
             return None
         sig, curves = min(found, key=lambda sc: _layer_distance(signature_dims(sc[0]), model))
-        return sig, replace(curves, none=_lowest_floor(curves.none, [c.none for _, c in found]),
-                            full=_lowest_floor(curves.full, [c.full for _, c in found]))
+        host = self.host_floor(attn_kind, mlp_kind)
+        return sig, replace(curves, none=_lowest_floor(curves.none, [c.none for _, c in found], host and host.layer_s),
+                            full=_lowest_floor(curves.full, [c.full for _, c in found], host and host.layer_full_s))
 
     def cpu_adam_rate(self, ranks_per_host: int) -> float:
         """CPU Adam parameters/s of one rank when `ranks_per_host` ranks step at once: measured at 1, 2, 4
@@ -397,8 +398,11 @@ def _layer_distance(dims: dict, model) -> float:
     return total
 
 
-def _lowest_floor(curve: Curve | None, curves: list) -> Curve | None:
-    floors = [c.floor for c in curves if c is not None]
+def _lowest_floor(curve: Curve | None, curves: list, host_s: float | None = None) -> Curve | None:
+    """`curve` with the lowest floor of `curves`, and no higher than `host_s` (the kind's host floor measured by its
+    host-floor builds, where there are any): a donor's own first points are its GPU work where it is the larger
+    layer, and a kind measured on one model alone has no other floor to take."""
+    floors = [c.floor for c in curves if c is not None] + ([host_s] if host_s is not None else [])
     if curve is None or not floors:
         return curve
     return replace(curve, floor=min(curve.floor, min(floors)))

@@ -125,6 +125,27 @@ def test_the_nearest_measured_layer_is_nearest_in_every_size_and_keeps_the_lowes
     assert chosen.model == "big" and chosen.none.floor == 0.010
 
 
+def test_a_kind_measured_on_one_model_takes_the_kinds_host_floor_not_its_first_point():
+    """A profile that ran one MoE model (`tune profile --model qwen3-30b-a3b`): the floor another MoE layer gets from
+    that donor is no higher than the kind's host floor (its host-floor builds): the donor's own first point is its
+    GPU work (Granite's 40-expert layer priced from Qwen3-30B's 128-expert one on an H100 profile: -40% at 4k tokens
+    on v46's r1 with the donor's 12.9 ms, -1% with the kind's 5.8 ms; looked at)."""
+    from cost_model.runner_components import Curve, HostFloor, LayerCurves, RunnerComponents, layer_signature
+    donor = load_model("qwen3-30b-a3b")
+    granite = load_model("benchmarks/models/granite-moe-shape-3b/config.json")
+    curves = LayerCurves("qwen3-30b-a3b", Curve((4096.0, 8192.0, 16384.0), (0.0129, 0.0184, 0.032), floor=0.0129,
+                                                line=(0.0047, 1.67e-6)), None)
+    sig = layer_signature(donor, "full_attention", "moe")
+    alone = RunnerComponents({sig: curves}, {}, 0.0, 0.0, (), 4096, "test")
+    assert alone.same_kind("full_attention", "moe", granite)[1].none.floor == 0.0129   # no host floor measured
+    floor = HostFloor(layer_s=0.0058, layer_full_s=0.0081, ends_s=0.0047, models=("qwen3-30b-a3b-host-floor",),
+                      points=3)
+    with_floor = replace(alone, host_floors={"full_attention+moe": floor})
+    _, priced = with_floor.same_kind("full_attention", "moe", granite)
+    assert priced.none.floor == 0.0058 and priced.none.line == curves.none.line
+    assert with_floor.layer_for(donor, "full_attention", "moe")[1].none.floor == 0.0129   # its own layer: as measured
+
+
 def test_te_stack_is_priced_by_the_fitted_terms():
     p = predict(qwen3_moe(), H200, MEGATRON, Layout(1, max_tokens_per_gpu=8192), precision_aware_optimizer=True)
     assert p.breakdown["layers"] == 0 and p.breakdown["microbatch_ends"] == 0
