@@ -53,7 +53,7 @@ def compare(measured, derived, gpu) -> list[dict]:
     models = sorted({c.model for c in measured.runner.layers.values() if not c.borrowed})   # its own builds
     for name in models:
         try:
-            model = trial_model(load_model(name), 2)
+            model = trial_model(_model(name), 2)
         except ModelError:
             continue
         for tokens in TOKENS:
@@ -71,6 +71,17 @@ def compare(measured, derived, gpu) -> list[dict]:
                             # the step's time terms: not allocator_remap, which follows each profile's memory
                             "step_ratio": _time_s(d) / _time_s(m)})
     return out
+
+
+def _model(name: str):
+    """A catalog model, or one of benchmarks/models/ by its folder's name (a config.json model's builds carry that)."""
+    try:
+        return load_model(name)
+    except ModelError:
+        config = Path(__file__).resolve().parent / "models" / name / "config.json"
+        if not config.exists():
+            raise
+        return load_model(str(config))
 
 
 def _time_s(p) -> float:

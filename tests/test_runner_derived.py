@@ -256,6 +256,19 @@ def test_the_derivation_check_prices_both_profiles_and_an_identity_derivation_ha
     assert "no runner builds measured on its GPU" in capsys.readouterr().err
 
 
+def test_the_derivation_check_judges_a_config_json_models_builds_too():
+    """A profile of benchmarks/models/granite-moe-shape-3b (its builds name the folder, not a catalog model) is judged:
+    the shipped H100 profile prices Granite's layer from Qwen3-30B-A3B's, and the check compares that with its own."""
+    from benchmarks.derivation_check import compare
+    from cost_model.profile import load_profile
+
+    root = Path(__file__).resolve().parents[1]
+    measured = load_profile(root / "benchmarks/results/profile-h100-granite-moe-shape-3b-2026-12-07.yaml")
+    rows = compare(measured, shipped_profile("h100"), load_gpu("h100"))
+    assert {r["model"] for r in rows} == {"granite-moe-shape-3b"} and len(rows) == 8
+    assert all(r["layers_ratio"] > 0 for r in rows)
+
+
 def test_tune_gpus_says_where_each_profiles_runner_components_come_from(capsys):
     assert main(["gpus"]) == 0
     lines = {ln.split(":", 1)[0]: ln for ln in capsys.readouterr().out.splitlines()}
