@@ -20,11 +20,12 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.built_models import load_built_model  # noqa: E402
 from cost_model.activations import (layer_bytes, runner_dense_layer_bytes, runner_gdn_bytes,  # noqa: E402
                                     shared_expert_counts, unfused_extra_bytes, unfused_scaled)
 from cost_model.constants import default_constants  # noqa: E402
 from cost_model.nouns.layout import Layout  # noqa: E402
-from cost_model.nouns.model_spec import MOE, load_model  # noqa: E402
+from cost_model.nouns.model_spec import MOE  # noqa: E402
 from cost_model.runner_components import signature_model  # noqa: E402
 
 R = Path(__file__).resolve().parents[1] / "benchmarks/results"
@@ -75,8 +76,7 @@ def counted_per_token(build: dict) -> tuple[float, float]:
     (runner_dense_layer_bytes), a MoE layer's count with its factor on all but the Gated DeltaNet block and the
     shared expert, counted tensor by tensor)."""
     name = BASE.get(build["model"], build["model"])
-    local = Path(__file__).resolve().parent / "models" / name / "config.json"
-    base = load_model(local if local.exists() else name)
+    base = load_built_model(name)
     model = signature_model(base, build["signature"])
     attn, mlp = build["kind"]
     layout = Layout(world_size=1)

@@ -36,7 +36,8 @@ if __package__ in (None, ""):
 
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from cost_model.nouns.layout import Layout  # noqa: E402
-from cost_model.nouns.model_spec import ModelError, load_model  # noqa: E402
+from benchmarks.built_models import load_built_model  # noqa: E402
+from cost_model.nouns.model_spec import ModelError  # noqa: E402
 from cost_model.nouns.workload import Workload  # noqa: E402
 from cost_model.predict import predict  # noqa: E402
 from cost_model.profile import ProfileError, load_profile, profile_from_dict, shipped_profile  # noqa: E402
@@ -53,7 +54,7 @@ def compare(measured, derived, gpu) -> list[dict]:
     models = sorted({c.model for c in measured.runner.layers.values() if not c.borrowed})   # its own builds
     for name in models:
         try:
-            model = trial_model(_model(name), 2)
+            model = trial_model(load_built_model(name), 2)
         except ModelError:
             continue
         for tokens in TOKENS:
@@ -71,17 +72,6 @@ def compare(measured, derived, gpu) -> list[dict]:
                             # the step's time terms: not allocator_remap, which follows each profile's memory
                             "step_ratio": _time_s(d) / _time_s(m)})
     return out
-
-
-def _model(name: str):
-    """A catalog model, or one of benchmarks/models/ by its folder's name (a config.json model's builds carry that)."""
-    try:
-        return load_model(name)
-    except ModelError:
-        config = Path(__file__).resolve().parent / "models" / name / "config.json"
-        if not config.exists():
-            raise
-        return load_model(str(config))
 
 
 def _time_s(p) -> float:

@@ -32,10 +32,11 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.built_models import load_built_model
 from cost_model.constants import default_constants
 from cost_model.nouns.hardware import load_gpu
 from cost_model.nouns.layout import Layout
-from cost_model.nouns.model_spec import LINEAR_ATTENTION, load_model
+from cost_model.nouns.model_spec import LINEAR_ATTENTION
 from cost_model.predict import _step_context, predict
 from cost_model.profile import shipped_profile
 from cost_model.runner_components import parse_runner_components
@@ -45,11 +46,6 @@ from cost_model.nouns.workload import Workload
 from experiments.checks.runner_components import section_from_builds
 
 ROOT = Path(__file__).resolve().parents[1]
-# config.json models the builds name (the catalog holds the rest)
-CONFIGS = {"mixtral-8x7b": "benchmarks/models/mixtral-8x7b/config.json",
-           "mixtral-8x22b": "benchmarks/models/mixtral-8x22b/config.json"}
-
-
 GPU = {"name": "h200"}   # the GPU type the builds were measured on (--gpu)
 
 
@@ -60,8 +56,7 @@ def components_without(section: dict, rest: list[dict]):
 
 def one_layer(name: str):
     """One layer of a built model (its first)."""
-    config = ROOT / "benchmarks/models" / name / "config.json"
-    model = load_model(str(ROOT / CONFIGS[name]) if name in CONFIGS else str(config) if config.exists() else name)
+    model = load_built_model(name)
     return replace(model, num_hidden_layers=1, layer_types=model.layer_types[:1], mlp_types=model.mlp_types[:1])
 
 
@@ -156,7 +151,7 @@ def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
         kind = sig.split("|")[0]
         if not kind.startswith(LINEAR_ATTENTION + "+"):
             continue
-        model = load_model(curves.model)
+        model = load_built_model(curves.model)
         one = replace(model, num_hidden_layers=1, layer_types=(LINEAR_ATTENTION,), mlp_types=(kind.split("+")[1],))
         errs = [predicted_layer(one, rest, t)[0] / curves.none(t) - 1 for t in curves.none.tokens]
         errors += errs
