@@ -243,7 +243,7 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue, nice: b
     `steps` steps for each item `go` gives, until None. `nice`: set up at the lowest CPU priority (started ahead,
     beside the profile's timed sections), back to the usual one where allowed once set up."""
     if nice:
-        _set_priority(19)
+        set_priority(19)
     import torch
     torch.set_num_threads(threads)
     params = [torch.zeros(n_params // 8, requires_grad=True) for _ in range(8)]
@@ -255,7 +255,7 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue, nice: b
         opt.step()
     queue.put("ready")
     if nice:   # set up; it waits idle until timed, so the usual priority costs nothing beside the builds
-        _set_priority(0)
+        set_priority(0)
     while go.get() is not None:
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -263,7 +263,7 @@ def _cpu_adam_worker(n_params: int, threads: int, steps: int, go, queue, nice: b
         queue.put(n_params * steps / (time.perf_counter() - t0))
 
 
-def _set_priority(value: int) -> None:
+def set_priority(value: int) -> None:
     """This process's CPU priority, where the host allows it (lowering the nice value back needs privilege)."""
     try:
         os.setpriority(os.PRIO_PROCESS, 0, value)
@@ -429,7 +429,7 @@ def import_ahead() -> None:
     device's name."""
     import importlib
 
-    _set_priority(19)
+    set_priority(19)
     for name in ("torch", "megatron.core", "megatron.core.distributed", "megatron.core.pipeline_parallel",
                  "experiments.megatron.train_loop", "experiments.megatron.config", "experiments.megatron.data",
                  "experiments.megatron.torch_native", "cost_model.runner_components"):
@@ -713,7 +713,7 @@ def main(argv=None) -> int:
             text = sys.stdin.readline()
             if not text.strip():
                 return 0    # the profile ended without builds
-            _set_priority(0)   # the builds time the host: back to the usual priority where allowed
+            set_priority(0)   # the builds time the host: back to the usual priority where allowed
         plan = [(tuple(k.split("+")), int(n), e) for k, n, e in json.loads(text)]
         return run_builds(args, plan, lambda extra: build_rows(model, extra))
     import yaml

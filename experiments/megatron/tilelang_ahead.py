@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from experiments.checks.runner_components import set_priority
+
 MODULE = "fla.ops.common.backends.tilelang.chunk_bwd"
 BUILDER = "_build_chunk_bwd_dqkwg_kernel"
 SEQ_LEN = 4096   # any length: TileLang's T is dynamic; a multiple of fla's chunk of 64
@@ -133,13 +135,6 @@ def compile_kernel(batch: int, shape: KernelShape) -> dict:
     return {**out, "error": "fla returned without building the kernel"}
 
 
-def _lowest_priority() -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-    except (OSError, AttributeError):
-        pass
-
-
 class CompileAhead:
     """One compiling process per batch size, started now (`start`), at the lowest CPU priority so that the timed
     sections beside them keep the host's cores; `wait` collects what each did."""
@@ -204,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("qk-heads", "v-heads", "key-dim", "value-dim"):
         p.add_argument(f"--{name}", type=int, required=True)
     args = p.parse_args(argv)
-    _lowest_priority()   # before its imports: the profile's timed sections run beside it
+    set_priority(19)   # before its imports: the profile's timed sections run beside it
     try:
         shape = KernelShape(args.qk_heads, args.v_heads, args.key_dim, args.value_dim)
         if args.batch < 1:
