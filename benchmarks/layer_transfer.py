@@ -46,12 +46,10 @@ from cost_model.nouns.workload import Workload
 from experiments.checks.runner_components import section_from_builds
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU = {"name": "h200"}   # the GPU type the builds were measured on (--gpu)
-
-
-def components_without(section: dict, rest: list[dict]):
-    """The profile's runner components from the builds left (`rest`)."""
-    return parse_runner_components({**section, "builds": rest}, shipped_profile(GPU["name"]).hbm_copy_tb_s * 1e12)
+def components_without(base, section: dict, rest: list[dict]):
+    """`base` (the shipped profile of the GPU type the builds were measured on) with the runner components of the
+    builds left (`rest`)."""
+    return replace(base, runner=parse_runner_components({**section, "builds": rest}, base.hbm_copy_tb_s * 1e12))
 
 
 def one_layer(name: str):
@@ -72,10 +70,9 @@ def measured_layer(builds: list[dict], model: str, section_microbatches: int) ->
     return {t: two[t] - one[t] for t in sorted(set(one) & set(two))}
 
 
-def predicted_layer(model, components, tokens: float) -> tuple[float, str]:
-    """The runner stack's price of one layer of `model` per micro-batch at `tokens`, from `components`."""
-    gpu = load_gpu(GPU["name"])
-    profile = replace(shipped_profile(GPU["name"]), runner=components)
+def predicted_layer(model, profile, tokens: float) -> tuple[float, str]:
+    """The runner stack's price of one layer of `model` per micro-batch at `tokens`, from `profile`'s components."""
+    gpu = load_gpu(profile.gpu_type)
     rows = max(1, int(tokens // 4096))
     workload = Workload(seq_len=4096, global_batch=rows, framework="megatron")
     layout = Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows)
@@ -85,21 +82,21 @@ def predicted_layer(model, components, tokens: float) -> tuple[float, str]:
     return terms["layers"], source
 
 
-def modelled_layer(model, components, tokens: float) -> float:
-    """One layer's seconds per micro-batch as the step prices it from `components` (a measured layer of its kind or,
+def modelled_layer(model, profile, tokens: float) -> float:
+    """One layer's seconds per micro-batch as the step prices it from `profile` (a measured layer of its kind or,
     without one, the fitted terms): the 2-layer step's layer-work terms less the 1-layer step's."""
     def work(layers: int) -> float:
         m = replace(model, num_hidden_layers=layers, layer_types=model.layer_types[:1] * layers,
                     mlp_types=model.mlp_types[:1] * layers)
         rows = max(1, int(tokens // 4096))
-        p = predict(m, load_gpu(GPU["name"]), Workload(seq_len=4096, global_batch=rows, framework="megatron"),
-                    Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows),
-                    profile=replace(shipped_profile(GPU["name"]), runner=components), runtime=MEGATRON_RUNNER)
+        p = predict(m, load_gpu(profile.gpu_type), Workload(seq_len=4096, global_batch=rows, framework="megatron"),
+                    Layout(1, max_tokens_per_gpu=int(tokens), rows_per_microbatch=rows), profile=profile,
+                    runtime=MEGATRON_RUNNER)
         return sum(v for k, v in p.breakdown.items() if k not in ("optimizer", "step_overhead", "dp_comm", "offload"))
     return work(2) - work(1)
 
 
-def kind_out(builds: list[dict], section: dict, models: list[str], leave: str) -> dict:
+def kind_out(base, builds: list[dict], section: dict, models: list[str], leave: str) -> dict:
     """Each model's layer priced with no measured layer of its kind left in the profile: `leave` "kind" takes out the
     layers of its attention + MLP kind (a layer of another attention kind with its MLP kind prices it, where the
     profile has one), "mlp" every layer of its MLP kind too (the fitted terms price it)."""
@@ -119,7 +116,7 @@ def kind_out(builds: list[dict], section: dict, models: list[str], leave: str) -
                 continue   # no layer of its MLP kind left: the fitted terms price it, as in the "mlp" pass
         else:
             rest = [b for b in builds if b not in of_its_mlp]
-        comps = components_without(section, rest)
+        comps = components_without(base, section, rest)
         one = one_layer(name)
         per_model[name] = [modelled_layer(one, comps, t) / s - 1 for t, s in measured.items()]
         print(f"{name:18} {kind:22} " + " ".join(f"{t:>6}:{100 * e:+4.0f}%" for t, e in zip(measured, per_model[name])))
@@ -139,13 +136,13 @@ def error_summary(errors: list[float]) -> dict:
     return out
 
 
-def gdn_from_softmax(builds: list[dict], section: dict) -> dict:
+def gdn_from_softmax(base, builds: list[dict], section: dict) -> dict:
     """The other direction, the one dense Qwen3.5 takes: each Gated DeltaNet layer the profile measured (Qwen3.6,
     Qwen3-Next) priced with every Gated DeltaNet layer taken out, so a softmax-attention layer of its MLP kind prices
     it; the measurement is the profile's own curve of that layer (builds of the model's kinds, 1 and 2 layers)."""
     print("\nGated DeltaNet layers priced from softmax-attention layers of their MLP kind (all GDN builds out):")
-    full = components_without(section, builds)
-    rest = components_without(section, [b for b in builds if not b["signature"].startswith(LINEAR_ATTENTION + "+")])
+    full = components_without(base, section, builds).runner
+    rest = components_without(base, section, [b for b in builds if not b["signature"].startswith(LINEAR_ATTENTION + "+")])
     errors = []
     for sig, curves in full.layers.items():
         kind = sig.split("|")[0]
@@ -175,8 +172,8 @@ def parse_args(argv: list[str]):
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     alone, argv = args.alone, args.builds
-    GPU["name"] = args.gpu
-    section = yaml.safe_load((ROOT / f"cost_model/data/profiles/{GPU['name']}.yaml").read_text())["runner_components"]
+    base = shipped_profile(args.gpu)
+    section = yaml.safe_load((ROOT / f"cost_model/data/profiles/{args.gpu}.yaml").read_text())["runner_components"]
     records = [json.loads(line) for f in argv for line in Path(f).read_text().splitlines()
                if line.strip()]
     extra = section_from_builds(records, {})["builds"]
@@ -192,7 +189,7 @@ def main(argv: list[str]) -> int:
         measured = measured_layer(builds, name, int(section["microbatches"]))
         if not measured:
             continue
-        comps = components_without(section, [b for b in builds if b["model"] != name])
+        comps = components_without(base, section, [b for b in builds if b["model"] != name])
         one = one_layer(name)
         for tokens, seconds in measured.items():
             pred, source = predicted_layer(one, comps, tokens)
@@ -210,9 +207,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(summary))
         return 0
     held = [m for m in models if m in per_model]
-    summary["kind_out"] = kind_out(builds, section, held, "kind")
-    summary["mlp_kind_out"] = kind_out(builds, section, held, "mlp")
-    swap = gdn_from_softmax(builds, section)
+    summary["kind_out"] = kind_out(base, builds, section, held, "kind")
+    summary["mlp_kind_out"] = kind_out(base, builds, section, held, "mlp")
+    swap = gdn_from_softmax(base, builds, section)
     both = summary["kind_out"]["logs"] + swap["logs"]
     summary["gdn_from_softmax"] = swap
     summary["across_kinds_rms_log_error"] = math.sqrt(statistics.mean(x * x for x in both))
