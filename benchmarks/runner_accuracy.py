@@ -24,7 +24,9 @@ from cost_model.nouns.case import Case
 from cost_model.constants import default_constants
 from cost_model.hypotheses import Z90
 from cost_model.nouns.hardware import load_gpu
-from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.model_spec import MOE, load_model
+from cost_model.profile import shipped_profile
+from cost_model.runner_components import signature_dims
 from experiments.megatron.model_run import predict_run, trial_model
 
 if __package__ in (None, ""):
@@ -370,6 +372,11 @@ STRAIN_LOOKED_AT = _stored_through("runner-grids-h100-v37-d-2026-12-07.jsonl")
 # power, runner_scaled_linear_work_exponent (benchmarks/scaled_layer_exponent.py --linear, fitted to them with each
 # model held out in turn): their tokens/s are looked at from then on.
 LINEAR_EXPONENT_LOOKED_AT = _stored_through("runner-grids-h100-v41-a-2026-12-07.jsonl")
+# v46's Granite shape (40 experts) priced from Qwen3-30B-A3B's 128-expert layer, 27.5% under at 4k tokens, and the
+# other stored MoE models priced from a layer with another expert count then led to moving the measured layer's fixed
+# cost per local expert with the count (cost_model.step_time.fixed_cost_shift: its intercept beyond its gradient
+# accumulation, over its experts; no constant fitted): their tokens/s are looked at from then on.
+EXPERT_COUNT_LOOKED_AT = _stored_through("runner-grids-h100-v46-a-2026-12-07.jsonl")
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",
@@ -398,6 +405,17 @@ def trial_prediction(t, gpu, runtime=None, profile=None):
     model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
     own = profile if profile is not None and profile.gpu_type == gpu.name else None
     return model, predict_run(Case(model, gpu, t.workload, t.layout), runtime, own)
+
+
+def moves_expert_count(model, gpu) -> bool:
+    """Whether the GPU type's shipped profile times a MoE layer of `model` as another model's with another expert
+    count (its fixed cost per expert moved: cost_model.step_time.fixed_cost_shift)."""
+    runner = shipped_profile(gpu.name).runner
+    for attn, mlp in set(zip(model.layer_types, model.mlp_types)):
+        found = runner.layer_for(model, attn, mlp) if mlp == MOE else None
+        if found and found[0] and signature_dims(found[0]).get("num_experts") != model.num_experts:
+            return True
+    return False
 
 
 def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
@@ -434,7 +452,8 @@ def rows(suite_path: Path, results_path: Path, profile=None) -> list[dict]:
                            for f, prefix in HOST_FLOOR_LOOKED_AT | GDN_DERIVATION_LOOKED_AT)
                     or (results_path.name, t.name) in REPEATS_LOOKED_AT
                     or (results_path.name in STRAIN_LOOKED_AT and p.breakdown.get("allocator_remap", 0.0) > 0)
-                    or (results_path.name in LINEAR_EXPONENT_LOOKED_AT and scales_linear_layers(model, gpu))})
+                    or (results_path.name in LINEAR_EXPONENT_LOOKED_AT and scales_linear_layers(model, gpu))
+                    or (results_path.name in EXPERT_COUNT_LOOKED_AT and moves_expert_count(model, gpu))})
     return out
 
 
@@ -457,7 +476,9 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
            f"the H100's CPU optimizer is priced as the H200 host's) and GDN_DERIVATION_LOOKED_AT (the GDN models' runs "
            f"on H100, since a GDN layer's rest ratio) and REPEATS_LOOKED_AT (v35's Qwen3.6 layouts that repeat v31's) and STRAIN_LOOKED_AT (the five MoE runs "
            f"with no room for the allocator's cache, since allocator_remap) and LINEAR_EXPONENT_LOOKED_AT (the runs of "
-           f"models whose GDN layer is scaled from another's, since runner_scaled_linear_work_exponent)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
+           f"models whose GDN layer is scaled from another's, since runner_scaled_linear_work_exponent) and "
+           f"EXPERT_COUNT_LOOKED_AT (the runs of MoE models priced from a layer with another expert count, since its "
+           f"fixed cost per expert)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")
     grids = {}
