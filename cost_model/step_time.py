@@ -522,7 +522,7 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
     derived = ctx.runner.derivation_of(curves)
     hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
     per_expert = max(line[0] - measured * GRAD_ACCUMULATION_BYTES / hbm_there, 0.0) / measured_experts
-    per_expert /= derived.rest_ratio if derived else 1.0
+    per_expert /= derived.rest_for(attn_kind == LINEAR_ATTENTION) if derived else 1.0
     note = (f"fixed cost {per_expert * 1e6:.0f} us an expert (the measured layer's intercept beyond its gradient "
             f"accumulation) for {held_experts:g} local experts, not {measured_experts:g}")
     return shift + (held_experts - measured_experts) * per_expert, note
