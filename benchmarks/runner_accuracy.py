@@ -111,7 +111,8 @@ DEFAULT = [(B / "runner_grids_h200_suite.json", R / "runner-grids-h200-2026-12-0
           [(B / "runner_grids_h100_v43_suite.json", R / "runner-grids-h100-v43-a-2026-12-07.jsonl")] + \
           [(B / "runner_grids_h100_v44_suite.json", R / f"runner-grids-h100-v44-{k}-2026-12-07.jsonl") for k in "ab"] + \
           [(B / "runner_grids_h100_v45_suite.json", R / f"runner-grids-h100-v45-{k}-2026-12-07.jsonl") for k in "ab"] + \
-          [(B / "runner_grids_h100_v46_suite.json", R / "runner-grids-h100-v46-a-2026-12-07.jsonl")]
+          [(B / "runner_grids_h100_v46_suite.json", R / "runner-grids-h100-v46-a-2026-12-07.jsonl")] + \
+          [(B / "runner_grids_h100_v47_suite.json", R / "runner-grids-h100-v47-a-2026-12-07.jsonl")]
 # What the shipped model was built or fitted from, by results file. No constant is fitted to any of these
 # runs. The first grids were looked at when the profile's method was changed (4 micro-batches per timed step,
 # after their Qwen3-30B 4k-token run came out 27% slow; an offload build, after their offload run came out 32%
@@ -310,7 +311,9 @@ HOST_FLOOR_LOOKED_AT = ({("runner-grids-h200-v26-a-2026-12-06.jsonl", "q508-L24-
 # held out (its predicted no-fit layout was not reached then: it ran, out of memory, in the twenty-first session).
 # v46's 10 (1 x H100: Granite-3.0-3B-A800M's shape at 8 layers, 40 experts of width 512, an expert count and width no
 # build measured; registered at 4955e68, reproduced unchanged before its results were read) ran in the twenty-first
-# session: held out.
+# session: held out. v47's 12 (1 x H100: Falcon3-7B at 4 layers; ERNIE-4.5-21B-A3B's shape at 3, 64 experts of width
+# 1536; registered at e3c9fd1, re-registered at b4301d8 with the per-expert fixed cost, before any of it ran; the
+# registration reproduced unchanged before its results were read) ran in the twenty-second session: held out.
 DERIVATION_LOOKED_AT = {"runner-grids-h100-v27-a-2026-12-06.jsonl"}
 # In the eighth session a `tune profile --model qwen3.6-35b-a3b` on an H100 measured Qwen3.6's layers 6-10% slower
 # than the derivation priced them, and the H100 derivation got a Gated DeltaNet layer's own rest ratio fitted to those
@@ -374,7 +377,7 @@ STRAIN_LOOKED_AT = _stored_through("runner-grids-h100-v37-d-2026-12-07.jsonl")
 LINEAR_EXPONENT_LOOKED_AT = _stored_through("runner-grids-h100-v41-a-2026-12-07.jsonl")
 # v46's Granite shape (40 experts) priced from Qwen3-30B-A3B's 128-expert layer, 27.5% under at 4k tokens, and the
 # other stored MoE models priced from a layer with another expert count then led to moving the measured layer's fixed
-# cost per local expert with the count (cost_model.step_time.fixed_cost_shift: its intercept beyond its gradient
+# cost per expert with the count (cost_model.step_time.fixed_cost_shift: its intercept beyond its gradient
 # accumulation, over its experts; no constant fitted): their tokens/s are looked at from then on.
 EXPERT_COUNT_LOOKED_AT = _stored_through("runner-grids-h100-v46-a-2026-12-07.jsonl")
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
