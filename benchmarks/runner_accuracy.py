@@ -481,7 +481,8 @@ def summarize(table: list[dict], label: str, held_out: bool = False) -> dict:
            f"with no room for the allocator's cache, since allocator_remap) and LINEAR_EXPONENT_LOOKED_AT (the runs of "
            f"models whose GDN layer is scaled from another's, since runner_scaled_linear_work_exponent) and "
            f"EXPERT_COUNT_LOOKED_AT (the runs of MoE models priced from a layer with another expert count, since its "
-           f"fixed cost per expert)): " if left_out else "tokens/s: ") + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
+           f"fixed cost per expert)): " if left_out else "tokens/s: ")
+          + f"median APE {100 * summary['median_ape']:.1f}%, max {100 * summary['max_ape']:.1f}%, above 25%: "
           f"{summary['above_25pct'] or 'none'} (the predictions recorded when they ran: median "
           f"{100 * (summary['median_ape_recorded_then'] or float('nan')):.1f}%)")
     grids = {}

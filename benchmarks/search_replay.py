@@ -127,6 +127,7 @@ SOURCES = (("runner-grids-h200-2026-12-02.jsonl", "runner_grids_h200_suite.json"
            *((f"runner-grids-h100-v44-{k}-2026-12-07.jsonl", "runner_grids_h100_v44_suite.json") for k in "ab"),
            *((f"runner-grids-h100-v45-{k}-2026-12-07.jsonl", "runner_grids_h100_v45_suite.json") for k in "ab"),
            ("runner-grids-h100-v46-a-2026-12-07.jsonl", "runner_grids_h100_v46_suite.json"),
+           ("runner-grids-h100-v47-a-2026-12-07.jsonl", "runner_grids_h100_v47_suite.json"),
            ("megatron-h200-gdn-suite.jsonl", "megatron_h200_gdn_suite.json"),
            ("x2-h200-vs-leaderboard-gdn-suite.jsonl", "x2_vs_leaderboard_gdn_suite.json"))
 
@@ -417,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
           "v44 (1 x H100: MiMo-7B's shape at 6 layers, Qwen3.6 at 1 layer seq 8k) and v45 (1 x H100: OLMoE-1B-7B's shape "
           "at 5 layers) ran 2026-12-07 (twentieth session; v45's predicted no-fit layout in the twenty-first), "
           "predictions committed before: held out; v46 (1 x H100: Granite-3.0-3B-A800M's shape at 8 layers) ran "
-          "2026-12-07 (twenty-first session), predictions committed before: held out; "
+          "2026-12-07 (twenty-first session), predictions committed before: held out; v47 (1 x H100: Falcon3-7B at 4 "
+          "layers, ERNIE-4.5-21B-A3B's shape at 3) ran 2026-12-07 (twenty-second session), predictions committed "
+          "before: held out; "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,

@@ -530,9 +530,10 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
 
 def layer_experts(model: ModelSpec, mlp_kind: str) -> int:
     """Routed experts of a layer of this MLP kind (0 for a dense layer), all of them whatever the expert parallelism:
-    the stored two-GPU runs say an EP 2 shard keeps the whole layer's fixed cost (priced with half of it, their 37 runs
-    went from median 4.5%, max 27.2% to 5.1%, 30.1%, 33 of them over-predicted: benchmarks/runner_multi_gpu_accuracy.py),
-    so the cost counts the layer's experts (its routing and permutation over all of them), not a GPU's."""
+    the stored two-GPU runs say an EP 2 shard keeps the whole layer's fixed cost (priced with half of it, their 37
+    runs went from median 4.5%, max 27.2% to 5.1%, 30.1%, 33 of them over-predicted:
+    benchmarks/runner_multi_gpu_accuracy.py), so the cost counts the layer's experts (its routing and permutation
+    over all of them), not a GPU's."""
     return (model.num_experts or 0) if mlp_kind == MOE else 0
 
 
