@@ -15,14 +15,15 @@ build against a prediction; nothing is simulated.
 from __future__ import annotations
 
 import statistics
-from contextlib import nullcontext
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from unittest import mock
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.built_models import load_built_model  # noqa: E402
 from benchmarks.measured_runs import load_runs  # noqa: E402
 from benchmarks.runner_accuracy import DEFAULT, EXPERT_COUNT_LOOKED_AT, moves_expert_count  # noqa: E402
 from cost_model import step_time  # noqa: E402
@@ -43,10 +44,7 @@ def layer_table() -> None:
           f"{'rest/expert us':>14}")
     for sig, curves in sorted(profile.runner.layers.items()):
         attn, mlp = sig.split("|")[0].split("+")
-        try:
-            model = signature_model(load_model(curves.model), sig)
-        except (KeyError, ValueError, FileNotFoundError):
-            model = signature_model(load_model(f"benchmarks/models/{curves.model}/config.json"), sig)
+        model = signature_model(load_built_model(curves.model), sig)
         if curves.none.line is None:
             continue
         params = step_time.shard_layer_params(model, attn, mlp, Layout(1))
