@@ -1,5 +1,5 @@
 # One device call of the registered, not yet run held-out runner grid for the GPUs this machine has: v38 on 1 H200 (its GDN trials: the gdn stage),
-# v47 on 1 H100 (no GDN trials; v41-v46 ran), v39 on 2 H200s, v40 on 2 H100s (their predictions are committed in
+# v48 on 1 H100 (no GDN trials; v41-v47 ran), v39 on 2 H200s, v40 on 2 H100s (their predictions are committed in
 # benchmarks/results/runner-grids-*-predicted-before.txt).
 #   bash benchmarks/device/held_out_call.sh plain [BUDGET_S]   carry .whl/m .whl/c .whl/f .whl/t1: the trials
 #                                                              without Gated DeltaNet layers
@@ -16,7 +16,7 @@ name=$(head -1 <<< "$names"); count=$(wc -l <<< "$names")
 echo "gpu: $count x $name; $(date -u +%FT%TZ)"
 case "$count:$name" in
   1:*H200*) suite=benchmarks/runner_grids_h200_v38_suite.json ;;
-  1:*H100*) suite=benchmarks/runner_grids_h100_v47_suite.json ;;   # v41-v46 ran (sixteenth to twenty-first sessions)
+  1:*H100*) suite=benchmarks/runner_grids_h100_v48_suite.json ;;   # v41-v47 ran (sixteenth to twenty-second sessions)
   2:*H200*) suite=benchmarks/runner_grids_h200_v39_suite.json ;;
   2:*H100*) suite=benchmarks/runner_grids_h100_v40_suite.json ;;
   *) echo "held_out_call: no registered grid for $count x $name" >&2; exit 3 ;;
