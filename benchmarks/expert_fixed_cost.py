@@ -32,7 +32,7 @@ from cost_model.nouns.layout import Layout  # noqa: E402
 from cost_model.nouns.model_spec import load_model  # noqa: E402
 from cost_model.predict import predict  # noqa: E402
 from cost_model.profile import shipped_profile  # noqa: E402
-from cost_model.runner_components import GRAD_ACCUMULATION_BYTES, signature_model  # noqa: E402
+from cost_model.runner_components import signature_model  # noqa: E402
 from experiments.megatron.model_run import trial_model  # noqa: E402
 
 
@@ -43,14 +43,16 @@ def layer_table() -> None:
     print(f"{'model':24} {'layer kind':24} {'experts':>7} {'params M':>9} {'fixed ms':>9} {'grad acc ms':>11} "
           f"{'rest/expert us':>14}")
     for sig, curves in sorted(profile.runner.layers.items()):
-        attn, mlp = sig.split("|")[0].split("+")
-        model = signature_model(load_built_model(curves.model), sig)
         if curves.none.line is None:
             continue
+        attn, mlp = sig.split("|")[0].split("+")
+        model = signature_model(load_built_model(curves.model), sig)
         params = step_time.shard_layer_params(model, attn, mlp, Layout(1))
-        fixed, accumulate = curves.none.line[0], params * GRAD_ACCUMULATION_BYTES / hbm
+        fixed = curves.none.line[0]
+        beyond = step_time.fixed_beyond_accumulation(curves, model, attn, mlp, hbm)
+        accumulate = fixed - beyond
         experts = step_time.layer_experts(model, mlp)
-        rest = f"{(fixed - accumulate) / experts * 1e6:14.1f}" if experts else f"{'-':>14}"
+        rest = f"{beyond / experts * 1e6:14.1f}" if experts else f"{'-':>14}"
         print(f"{curves.model:24} {attn + '+' + mlp:24} {experts:7.0f} {params / 1e6:9.1f} {fixed * 1e3:9.2f} "
               f"{accumulate * 1e3:11.2f} {rest}")
 

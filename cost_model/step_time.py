@@ -521,11 +521,20 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
         return shift, ""
     derived = ctx.runner.derivation_of(curves)
     hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
-    per_expert = max(line[0] - measured * GRAD_ACCUMULATION_BYTES / hbm_there, 0.0) / measured_experts
+    beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there)
+    per_expert = max(beyond, 0.0) / measured_experts
     per_expert /= derived.rest_for(attn_kind == LINEAR_ATTENTION) if derived else 1.0
     note = (f"fixed cost {per_expert * 1e6:.0f} us an expert (the measured layer's intercept beyond its gradient "
             f"accumulation) for {held_experts} experts, not {measured_experts}")
     return shift + (held_experts - measured_experts) * per_expert, note
+
+
+def fixed_beyond_accumulation(curves: LayerCurves, model: ModelSpec, attn_kind: str, mlp_kind: str,
+                              hbm: float) -> float:
+    """A measured layer's fixed cost per micro-batch (its line's intercept, which it must have) beyond its gradient
+    accumulation over every parameter it holds (`model`: the layer's own, at the copy rate `hbm` it ran at)."""
+    params = shard_layer_params(model, attn_kind, mlp_kind, Layout(1))
+    return curves.none.line[0] - params * GRAD_ACCUMULATION_BYTES / hbm
 
 
 def layer_experts(model: ModelSpec, mlp_kind: str) -> int:

@@ -13,7 +13,7 @@ from cost_model.nouns.model_spec import load_model
 from cost_model.nouns.workload import Workload
 from cost_model.predict import predict
 from cost_model.profile import shipped_profile
-from cost_model.runner_components import GRAD_ACCUMULATION_BYTES, signature_model
+from cost_model.runner_components import signature_model
 from experiments.megatron.model_run import trial_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,7 @@ def test_the_shipped_dense_layers_fixed_cost_is_their_gradient_accumulation_and_
         if curves.model.startswith("mixtral") or curves.none.line is None:
             continue
         model = signature_model(load_model(curves.model), sig)
-        params = step_time.shard_layer_params(model, attn, mlp, Layout(1))
-        rest[(curves.model, attn, mlp)] = (curves.none.line[0] - params * GRAD_ACCUMULATION_BYTES / hbm,
+        rest[(curves.model, attn, mlp)] = (step_time.fixed_beyond_accumulation(curves, model, attn, mlp, hbm),
                                            step_time.layer_experts(model, mlp))
     for (name, _, mlp), (left, experts) in rest.items():
         if mlp == "dense" and name.startswith("llama"):
