@@ -521,7 +521,7 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
         return shift, ""
     derived = ctx.runner.derivation_of(curves)
     hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
-    beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there)
+    beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there, measured)
     per_expert = max(beyond, 0.0) / measured_experts
     per_expert /= derived.rest_for(attn_kind == LINEAR_ATTENTION) if derived else 1.0
     note = (f"fixed cost {per_expert * 1e6:.0f} us an expert (the measured layer's intercept beyond its gradient "
@@ -530,10 +530,12 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
 
 
 def fixed_beyond_accumulation(curves: LayerCurves, model: ModelSpec, attn_kind: str, mlp_kind: str,
-                              hbm: float) -> float:
+                              hbm: float, params: float | None = None) -> float:
     """A measured layer's fixed cost per micro-batch (its line's intercept, which it must have) beyond its gradient
-    accumulation over every parameter it holds (`model`: the layer's own, at the copy rate `hbm` it ran at)."""
-    params = shard_layer_params(model, attn_kind, mlp_kind, Layout(1))
+    accumulation over every parameter it holds (`model`: the layer's own, at the copy rate `hbm` it ran at;
+    `params`: that layer's parameters where the caller has counted them)."""
+    if params is None:
+        params = shard_layer_params(model, attn_kind, mlp_kind, Layout(1))
     return curves.none.line[0] - params * GRAD_ACCUMULATION_BYTES / hbm
 
 
