@@ -378,8 +378,11 @@ LINEAR_EXPONENT_LOOKED_AT = _stored_through("runner-grids-h100-v41-a-2026-12-07.
 # v46's Granite shape (40 experts) priced from Qwen3-30B-A3B's 128-expert layer, 27.5% under at 4k tokens, and the
 # other stored MoE models priced from a layer with another expert count then led to moving the measured layer's fixed
 # cost per expert with the count (cost_model.step_time.fixed_cost_shift: its intercept beyond its gradient
-# accumulation, over its experts; no constant fitted): their tokens/s are looked at from then on.
-EXPERT_COUNT_LOOKED_AT = _stored_through("runner-grids-h100-v46-a-2026-12-07.jsonl")
+# accumulation, over its experts; no constant fitted): their tokens/s are looked at from then on. In the twenty-third
+# session those runs and v47's ERNIE shape (64 experts, held out until then: the donor's cost per expert overstated
+# its own) led to the slope of the measured MoE layers' fixed costs against their experts as the cost an expert
+# (step_time.expert_fixed_line; benchmarks/expert_fixed_cost.py): v47's runs are looked at from then on too.
+EXPERT_COUNT_LOOKED_AT = _stored_through("runner-grids-h100-v47-a-2026-12-07.jsonl")
 OFFLOAD_LOOKED_AT = {"runner-grids-h200-v14-a-2026-12-03.jsonl", "runner-grids-h200-v14-b-2026-12-03.jsonl",
                      "runner-grids-h200-v14-c-2026-12-03.jsonl", "runner-grids-h200-v11-dense-2026-12-03.jsonl", "runner-grids-h200-v11-q36-2026-12-03.jsonl",
                      "runner-grids-h200-v11-bound-2026-12-03.jsonl", "runner-grids-h200-v12-2026-12-03.jsonl",

@@ -504,12 +504,14 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
                      mlp_kind: str) -> tuple[float, str]:
     """Seconds per micro-batch by which this shard's fixed cost differs from the measured layer's, and a note where
     experts count in it. A measured layer's fixed cost (its line's intercept) is its gradient accumulation over every
-    parameter it holds plus, for an MoE layer, a cost per expert whatever its tokens: the H200 builds' dense
-    layers' intercepts are their gradient accumulation alone (Llama3-8B 0.60 ms against 0.51, Llama3-70B 2.02 against
-    2.02), their MoE layers' exceed it by 19-43 us an expert (Qwen3-30B-A3B, Qwen3-235B-A22B, Qwen3.6-35B-A3B,
-    Qwen3-Next-80B-A3B) and Mixtral's 8 by nothing measurable. The cost an expert is the measured layer's own
-    (its intercept beyond its gradient accumulation, over its experts), moved to this GPU type's rest ratio where
-    the layer was measured on another."""
+    parameter it holds plus, for an MoE layer, a cost that grows with its experts whatever its tokens: the H200
+    builds' dense layers' intercepts are their gradient accumulation alone (Llama3-8B 0.60 ms against 0.51,
+    Llama3-70B 2.02 against 2.02), their MoE layers' exceed it by 5.3-5.5 ms at 128 experts (Qwen3-30B-A3B,
+    Qwen3-235B-A22B), 7.0 at 256 (Qwen3.6-35B-A3B), 13.8 at 512 (Qwen3-Next-80B-A3B): not a cost per expert alone
+    (27 us an expert at 256, 43 at 128). The cost of an expert is the slope of a line through the profile's
+    measured layers of the kind (`expert_fixed_line`), else, with one expert count measured, the measured layer's
+    own (its intercept beyond its gradient accumulation, over its experts); moved to this GPU type's rest ratio
+    where the layers were measured on another."""
     layout = ctx.layout
     held = shard_layer_params(ctx.model, attn_kind, mlp_kind, layout)
     measured = shard_layer_params(measured_model, attn_kind, mlp_kind, Layout(1))
@@ -520,13 +522,53 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
     if line is None or not measured_experts or held_experts == measured_experts:
         return shift, ""
     derived = ctx.runner.derivation_of(curves)
-    hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
-    beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there, measured)
-    per_expert = max(beyond, 0.0) / measured_experts
+    fixed_line = expert_fixed_line(ctx, curves, attn_kind, mlp_kind)
+    if fixed_line is None:
+        hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
+        beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there, measured)
+        per_expert, whence = max(beyond, 0.0) / measured_experts, "the measured layer's intercept beyond its " \
+            "gradient accumulation, over its experts"
+    else:
+        per_expert, whence = max(fixed_line[1], 0.0), f"the slope of the measured {attn_kind}+{mlp_kind} layers' intercepts beyond " \
+            "their gradient accumulation against their experts"
     per_expert /= derived.rest_for(attn_kind == LINEAR_ATTENTION) if derived else 1.0
-    note = (f"fixed cost {per_expert * 1e6:.0f} us an expert (the measured layer's intercept beyond its gradient "
-            f"accumulation) for {held_experts} experts, not {measured_experts}")
+    note = f"fixed cost {per_expert * 1e6:.0f} us an expert ({whence}) for {held_experts} experts, not " \
+           f"{measured_experts}"
     return shift + (held_experts - measured_experts) * per_expert, note
+
+
+_EXPERT_LINE_MEMO = IdentityMemo(1_000)
+
+
+def expert_fixed_line(ctx: StepContext, curves: LayerCurves, attn_kind: str, mlp_kind: str) -> tuple | None:
+    """(seconds at no experts, seconds an expert): the least-squares line, against their experts, of the fixed costs
+    per micro-batch beyond gradient accumulation of the measured layers of this kind measured as `curves` was (the
+    same builds: a borrowed layer only with those borrowed with it), in that GPU type's seconds; None where fewer than
+    two expert counts are measured. A layer whose intercept sits at its gradient accumulation is left out: the
+    profile's parser raised it to that floor (Mixtral's two), so it bounds the cost and does not measure it."""
+    derived = ctx.runner.derivation_of(curves)
+    # the donor's curves are a fresh copy each call (its kind's lowest host floor): keyed by what the line reads
+    key = (id(ctx.runner), curves.borrowed, id(derived), id(ctx.model), id(ctx.rates), attn_kind, mlp_kind)
+    hit = _EXPERT_LINE_MEMO.get(key)
+    if hit is not None:
+        return hit[1]
+    points = []
+    for sig, c in ctx.runner.layers.items():
+        if not sig.startswith(f"{attn_kind}+{mlp_kind}|") or c.none.line is None or c.borrowed != curves.borrowed:
+            continue
+        model = signature_model(ctx.model, sig)
+        there = ctx.runner.derivation_of(c)
+        beyond = fixed_beyond_accumulation(c, model, attn_kind, mlp_kind,
+                                           ctx.rates.hbm / there.hbm if there else ctx.rates.hbm)
+        if beyond > 1e-6 and there == derived:    # a microsecond: the floor comes back within rounding
+            points.append((layer_experts(model, mlp_kind), beyond))
+    line = None
+    if len({e for e, _ in points}) > 1:
+        mean_e = sum(e for e, _ in points) / len(points)
+        mean_s = sum(s for _, s in points) / len(points)
+        slope = sum((e - mean_e) * (s - mean_s) for e, s in points) / sum((e - mean_e) ** 2 for e, _ in points)
+        line = (mean_s - slope * mean_e, slope)
+    return _EXPERT_LINE_MEMO.put(key, (ctx.runner, derived, ctx.model, ctx.rates), line)[1]
 
 
 def fixed_beyond_accumulation(curves: LayerCurves, model: ModelSpec, attn_kind: str, mlp_kind: str,

@@ -1,7 +1,10 @@
-"""A layer priced from another model's measured MoE layer moves that layer's fixed cost per expert with the expert
-count (cost_model.step_time.fixed_cost_shift); a dense layer moves its gradient accumulation
-alone."""
+"""A layer priced from another model's measured MoE layer moves its fixed cost with the expert count
+(cost_model.step_time.fixed_cost_shift: the slope of the measured MoE layers' fixed costs against their experts,
+step_time.expert_fixed_line; with one expert count measured, the donor's own cost per expert); a dense layer moves
+its gradient accumulation alone."""
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -75,3 +78,39 @@ def test_an_expert_parallel_shard_keeps_the_whole_layers_fixed_cost_per_expert()
     with without_per_expert():
         ep2_before, _ = layers_s(q30, gpus=2, ep=2, max_tokens_per_gpu=8192, rows_per_microbatch=2)
     assert "us an expert" not in source and ep2 == ep2_before
+
+
+def _line_context(runner, model):
+    """What step_time.expert_fixed_line reads of a step's context: the profile's components, the model, the copy rate."""
+    profile = shipped_profile("h200")
+    return SimpleNamespace(runner=runner, model=model, rates=SimpleNamespace(hbm=profile.hbm_copy_tb_s * 1e12))
+
+
+def test_the_cost_an_expert_is_the_slope_through_the_measured_moe_layers_not_one_layers_average():
+    runner = shipped_profile("h200").runner
+    sig, curves = next((s, c) for s, c in runner.layers.items()
+                       if c.model == "qwen3.6-35b-a3b" and s.startswith("full_attention+moe|"))
+    fixed, slope = step_time.expert_fixed_line(_line_context(runner, load_model("qwen3.6-35b-a3b")), curves,
+                                               "full_attention", "moe")
+    # 5.3-5.5 ms at 128 experts, 7.0 at 256, 13.8 at 512: a line with a fixed part, its slope below 256's average
+    assert 15e-6 < slope < 27e-6 and 1e-3 < fixed < 4e-3, (fixed, slope)
+
+
+def test_one_measured_expert_count_leaves_the_donors_own_cost_per_expert():
+    runner = shipped_profile("h200").runner
+    only = {s: c for s, c in runner.layers.items() if not s.startswith("full_attention+moe|")
+            or c.model == "qwen3.6-35b-a3b"}
+    one = replace(runner, layers=only)
+    curves = next(c for s, c in only.items() if s.startswith("full_attention+moe|"))
+    assert step_time.expert_fixed_line(_line_context(one, load_model("qwen3.6-35b-a3b")), curves,
+                                       "full_attention", "moe") is None
+
+
+def test_a_layer_priced_from_mixtrals_floored_intercept_takes_the_measured_layers_slope():
+    # Mixtral's intercepts sit at their gradient accumulation (the parser's floor): no cost an expert of their own
+    phi = trial_model(load_model(str(ROOT / "benchmarks/models/phi3.5-moe/config.json")), 3)
+    shifted, source = layers_s(phi, max_tokens_per_gpu=8192, rows_per_microbatch=2)
+    with mock.patch.object(step_time, "expert_fixed_line", lambda *_: None):
+        donor_own, _ = layers_s(phi, max_tokens_per_gpu=8192, rows_per_microbatch=2)
+    assert "mixtral" in source and "the slope of the measured" in source and "16 experts, not 8" in source
+    assert shifted > donor_own
