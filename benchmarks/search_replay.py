@@ -420,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
           "predictions committed before: held out; v46 (1 x H100: Granite-3.0-3B-A800M's shape at 8 layers) ran "
           "2026-12-07 (twenty-first session), predictions committed before: held out; v47 (1 x H100: Falcon3-7B at 4 "
           "layers, ERNIE-4.5-21B-A3B's shape at 3) ran 2026-12-07 (twenty-second session), predictions committed "
-          "before: held out; "
+          "before: held out; the grids of MoE models priced from a layer with another expert count (v46's Granite "
+          "and v47's ERNIE shapes among them) are looked at since the per-expert fixed cost (twenty-second session) "
+          "and its slope through the measured layers (twenty-third; runner_accuracy EXPERT_COUNT_LOOKED_AT); "
           "a layout whose allocator retried every step (counted from v32 on) is told to the agent as `tune` tells it "
           "(History.strained) (--suite v19 ... v32 replays them alone)")
     print(json.dumps({"grids": [g.name for g in grids], "seeds": args.seeds, "proposers": summary,
