@@ -526,14 +526,15 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
     if fixed_line is None:
         hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
         beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there, measured)
-        per_expert, whence = max(beyond, 0.0) / measured_experts, "the measured layer's intercept beyond its " \
-            "gradient accumulation, over its experts"
+        per_expert = max(beyond, 0.0) / measured_experts
+        whence = "the measured layer's intercept beyond its gradient accumulation, over its experts"
     else:
-        per_expert, whence = max(fixed_line[1], 0.0), f"the slope of the measured {attn_kind}+{mlp_kind} layers' intercepts beyond " \
-            "their gradient accumulation against their experts"
+        per_expert = max(fixed_line[1], 0.0)
+        whence = (f"the slope of the measured {attn_kind}+{mlp_kind} layers' intercepts beyond their gradient "
+                  "accumulation against their experts")
     per_expert /= derived.rest_for(attn_kind == LINEAR_ATTENTION) if derived else 1.0
-    note = f"fixed cost {per_expert * 1e6:.0f} us an expert ({whence}) for {held_experts} experts, not " \
-           f"{measured_experts}"
+    note = (f"fixed cost {per_expert * 1e6:.0f} us an expert ({whence}) for {held_experts} experts, not "
+            f"{measured_experts}")
     return shift + (held_experts - measured_experts) * per_expert, note
 
 
