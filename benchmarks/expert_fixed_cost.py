@@ -63,8 +63,9 @@ def layer_table() -> None:
               f"{accumulate * 1e3:11.2f} {rest}")
 
 
-def run_errors() -> None:
-    with_shift, without = {}, {}
+def moved_runs():
+    """(results file, run, its model as it ran, GPU type) of every stored run, offload left out (its CPU step is the
+    host's), of a model whose MoE layer the shift moves (runner_accuracy moves_expert_count)."""
     for suite, results in DEFAULT:
         for run in load_runs(suite, results):
             t = run.trial
@@ -72,14 +73,23 @@ def run_errors() -> None:
                 continue
             gpu = load_gpu(run.gpu)
             model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-            if not moves_expert_count(model, gpu):
-                continue
-            key = ("in sample (looked at)" if results.name in EXPERT_COUNT_LOOKED_AT else "held out", str(t.model))
-            for out, patch in ((with_shift, None), (without, lambda *a: 0)):
-                with mock.patch.object(step_time, "layer_experts", patch) if patch else nullcontext():
-                    p = predict(model, gpu, t.workload, t.layout, precision_aware_optimizer=False,
-                                runtime=run.runtime)
-                out.setdefault(key, []).append(abs(p.tokens_per_s_per_gpu / run.measured - 1))
+            if moves_expert_count(model, gpu):
+                yield results, run, model, gpu
+
+
+def _predicted(run, model, gpu):
+    t = run.trial
+    return predict(model, gpu, t.workload, t.layout, precision_aware_optimizer=False, runtime=run.runtime)
+
+
+def run_errors() -> None:
+    with_shift, without = {}, {}
+    for results, run, model, gpu in moved_runs():
+        key = ("in sample (looked at)" if results.name in EXPERT_COUNT_LOOKED_AT else "held out", str(run.trial.model))
+        for out, patch in ((with_shift, None), (without, lambda *a: 0)):
+            with mock.patch.object(step_time, "layer_experts", patch) if patch else nullcontext():
+                p = _predicted(run, model, gpu)
+            out.setdefault(key, []).append(abs(p.tokens_per_s_per_gpu / run.measured - 1))
     print("\nstored runs of MoE models priced from a layer with another expert count (offload left out)")
     for label in ("in sample (looked at)", "held out"):
         keys = sorted(k for k in with_shift if k[0] == label)
@@ -109,7 +119,7 @@ def _value_form():
         derived = ctx.runner.derivation_of(curves)
         rest = derived.rest_for(attn_kind == step_time.LINEAR_ATTENTION) if derived else 1.0
         own = step_time.fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind,
-                                                  ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm)
+                                                  step_time.copy_rate_measured_at(ctx, derived))
         value = line[0] + line[1] * held - own
         return seconds + (value - (held - measured) * max(own, 0.0) / measured) / rest, note
     return shift
@@ -123,18 +133,10 @@ FORMS = {"the measured layers' slope (shipped)": nullcontext,
 
 def other_forms() -> None:
     errors = {name: [] for name in FORMS}
-    for suite, results in DEFAULT:
-        for run in load_runs(suite, results):
-            t = run.trial
-            gpu = load_gpu(run.gpu)
-            model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-            if not run.ok or t.layout.offloaded or not moves_expert_count(model, gpu):
-                continue
-            for name, out in errors.items():
-                with FORMS[name]():
-                    p = predict(model, gpu, t.workload, t.layout, precision_aware_optimizer=False,
-                                runtime=run.runtime)
-                out.append(abs(p.tokens_per_s_per_gpu / run.measured - 1))
+    for _, run, model, gpu in moved_runs():
+        for name, out in errors.items():
+            with FORMS[name]():
+                out.append(abs(_predicted(run, model, gpu).tokens_per_s_per_gpu / run.measured - 1))
     print("\nforms of the cost an expert, on the same runs (all looked at when the shipped one was chosen: in sample)")
     for name, e in errors.items():
         print(f"  {name:58} {len(e)} runs: median APE {100 * statistics.median(e):.1f}%, max {100 * max(e):.1f}%")
@@ -161,23 +163,18 @@ def _with_extra(seconds: float):
 
 def residual_lines() -> None:
     points: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for suite, results in DEFAULT:
-        for run in load_runs(suite, results):
-            t = run.trial
-            gpu = load_gpu(run.gpu)
-            model = trial_model(load_model(t.model), t.layers if isinstance(t.layers, int) else None, t.replace_gdn)
-            if not run.ok or t.layout.offloaded or t.layout.recompute_granularity == "full" \
-                    or not moves_expert_count(model, gpu):
-                continue
-            predicted = []
-            for extra in (0.0, 1e-3):
-                with mock.patch.object(step_time, "fixed_cost_shift", _with_extra(extra)):
-                    predicted.append(predict(model, gpu, t.workload, t.layout, precision_aware_optimizer=False,
-                                             runtime=run.runtime))
-            inverse = [1 / p.tokens_per_s_per_gpu for p in predicted]
-            if inverse[1] > inverse[0]:
-                needed = 1e-3 * (1 / run.measured - inverse[0]) / (inverse[1] - inverse[0])
-                points.setdefault((str(t.model), gpu.name), []).append((predicted[0].tokens_per_microbatch, needed))
+    for _, run, model, gpu in moved_runs():
+        if run.trial.layout.recompute_granularity == "full":
+            continue
+        predicted = []
+        for extra in (0.0, 1e-3):
+            with mock.patch.object(step_time, "fixed_cost_shift", _with_extra(extra)):
+                predicted.append(_predicted(run, model, gpu))
+        inverse = [1 / p.tokens_per_s_per_gpu for p in predicted]
+        if inverse[1] > inverse[0]:
+            needed = 1e-3 * (1 / run.measured - inverse[0]) / (inverse[1] - inverse[0])
+            points.setdefault((str(run.trial.model), gpu.name), []).append((predicted[0].tokens_per_microbatch,
+                                                                            needed))
     print("\nthe error left, as seconds a layer would need added per micro-batch: a line (Theil-Sen) against tokens per"
           " micro-batch (full recompute and offload left out)")
     for (model, gpu), pts in sorted(points.items()):

@@ -524,8 +524,8 @@ def fixed_cost_shift(ctx: StepContext, curves: LayerCurves, measured_model: Mode
     derived = ctx.runner.derivation_of(curves)
     fixed_line = expert_fixed_line(ctx, curves, attn_kind, mlp_kind)
     if fixed_line is None:
-        hbm_there = ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
-        beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind, hbm_there, measured)
+        beyond = fixed_beyond_accumulation(curves, measured_model, attn_kind, mlp_kind,
+                                           copy_rate_measured_at(ctx, derived), measured)
         per_expert = max(beyond, 0.0) / measured_experts
         whence = "the measured layer's intercept beyond its gradient accumulation, over its experts"
     else:
@@ -553,15 +553,14 @@ def expert_fixed_line(ctx: StepContext, curves: LayerCurves, attn_kind: str, mlp
     hit = _EXPERT_LINE_MEMO.get(key)
     if hit is not None:
         return hit[1]
-    points = []
+    hbm, points = copy_rate_measured_at(ctx, derived), []
     for sig, c in ctx.runner.layers.items():
-        if not sig.startswith(f"{attn_kind}+{mlp_kind}|") or c.none.line is None or c.borrowed != curves.borrowed:
+        if not sig.startswith(f"{attn_kind}+{mlp_kind}|") or c.none.line is None or c.borrowed != curves.borrowed \
+                or ctx.runner.derivation_of(c) != derived:
             continue
         model = signature_model(ctx.model, sig)
-        there = ctx.runner.derivation_of(c)
-        beyond = fixed_beyond_accumulation(c, model, attn_kind, mlp_kind,
-                                           ctx.rates.hbm / there.hbm if there else ctx.rates.hbm)
-        if beyond > 1e-6 and there == derived:    # a microsecond: the floor comes back within rounding
+        beyond = fixed_beyond_accumulation(c, model, attn_kind, mlp_kind, hbm)
+        if beyond > 1e-6:    # a microsecond: the floor comes back within rounding
             points.append((layer_experts(model, mlp_kind), beyond))
     line = None
     if len({e for e, _ in points}) > 1:
@@ -570,6 +569,12 @@ def expert_fixed_line(ctx: StepContext, curves: LayerCurves, attn_kind: str, mlp
         slope = sum((e - mean_e) * (s - mean_s) for e, s in points) / sum((e - mean_e) ** 2 for e, _ in points)
         line = (mean_s - slope * mean_e, slope)
     return _EXPERT_LINE_MEMO.put(key, (ctx.runner, derived, ctx.model, ctx.rates), line)[1]
+
+
+def copy_rate_measured_at(ctx: StepContext, derived: Derivation | None) -> float:
+    """The copy rate (bytes/s) of the GPU type whose builds a layer's curves come from: this one's, or for curves
+    `derived` from another type's builds, that type's."""
+    return ctx.rates.hbm / derived.hbm if derived else ctx.rates.hbm
 
 
 def fixed_beyond_accumulation(curves: LayerCurves, model: ModelSpec, attn_kind: str, mlp_kind: str,
