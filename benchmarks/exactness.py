@@ -25,7 +25,7 @@ if __package__ in (None, ""):
 from cost_model.nouns.hardware import load_gpu  # noqa: E402
 from cost_model.hypotheses import default_hypotheses, tokens_per_s_under  # noqa: E402
 from cost_model.nouns.model_spec import catalog_names, load_model  # noqa: E402
-from cost_model.predict import memory_verdict, predict, step_time_only  # noqa: E402
+from cost_model.predict import memory_verdict, predict, predict_from_verdict, step_time_only  # noqa: E402
 from cost_model.nouns.stack import Stack  # noqa: E402
 from cost_model.nouns.workload import Workload  # noqa: E402
 from search_space.enumerate import SpaceOptions, shape_layouts, space_plan  # noqa: E402
@@ -82,8 +82,8 @@ def figures() -> dict:
                     key = (name, gpu_name, n, wname, layout.key())
                     try:
                         v = memory_verdict(model, gpu, workload, layout, precision_aware_optimizer=pao)
-                        p = predict(model, gpu, workload, layout, precision_aware_optimizer=pao,
-                                    verdict=v if rng.random() < 0.5 else None)
+                        p = (predict_from_verdict(v, gpu, workload, precision_aware_optimizer=pao)
+                             if rng.random() < 0.5 else predict(model, gpu, workload, layout, precision_aware_optimizer=pao))
                         row = [prediction_figures(p), verdict_figures(v)]
                         if pao and wname != "vision":
                             for h in hypotheses:
@@ -126,6 +126,13 @@ def main(argv: list[str]) -> int:
     now = figures()
     took = time.monotonic() - started
     path = Path(argv[1])
+    # a layout the cost model refuses is a figure, but a run where most raise is a broken benchmark, not a reference
+    raised = [v for k, v in now.items() if len(k) == 5 and v.startswith("[") and "Error(" in v[:80]]
+    print(f"{len(raised):,} of {sum(len(k) == 5 for k in now):,} layouts raised"
+          + (f" (first: {raised[0][:160]})" if raised else ""))
+    if len(raised) * 2 > len(now):
+        print("exactness: most layouts raised; fix the benchmark before saving or comparing", file=sys.stderr)
+        return 2
     if argv[0] == "save":
         path.write_bytes(pickle.dumps(now))
         print(f"saved {len(now):,} figures to {path} ({took:.0f} s)")
