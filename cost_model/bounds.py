@@ -111,7 +111,7 @@ def floors_below(fastest: list[Layout], model: ModelSpec, gpu: GpuSpec, workload
     outside = dp_comm + optimizer_time(first, ctx.rates, dense, expert) + overhead
     out = []
     for layout in fastest:
-        tokens, n_mb = microbatches(layout, workload)
+        tokens, n_mb, _ = microbatches(layout, workload)
         overlap = ep_overlap_share(layout, n_mb)
         # what rank_microbatch_terms reads that differs between the shapes of one scoring
         key = (_rank_fields(layout), tokens, overlap, whole.kinds, whole.has_head, whole.mtp_layers, whole.vision)

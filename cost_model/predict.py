@@ -11,7 +11,7 @@ from operator import attrgetter
 
 from cost_model.nouns.quick_init import quick_init
 from cost_model.memo import IdentityMemo
-from cost_model.nouns.batching import rows_per_microbatch, tokens_per_microbatch
+from cost_model.nouns.batching import rows_per_microbatch, slime_schedule, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
 from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.layout import Layout
@@ -20,7 +20,7 @@ from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_pe
 from cost_model import memory_fit
 from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
 from cost_model.allocator_strain import allocator_remap_s, remap_seconds
-from cost_model.metrics import mfu as model_flops_utilisation
+from cost_model.metrics import format_mfu
 from cost_model.metrics import usd_per_million_tokens
 from cost_model.nouns.model_spec import ModelSpec
 from cost_model.profile import HardwareProfile, shipped_profile
@@ -130,15 +130,24 @@ class Prediction:
         }
 
 
-def microbatches(layout: Layout, workload: Workload) -> tuple[float, int]:
-    """(tokens of one micro-batch on each GPU, its CP shard; micro-batches per DP rank in one step)."""
+def microbatches(layout: Layout, workload: Workload) -> tuple[float, int, float]:
+    """(tokens of one micro-batch on each GPU, its CP shard, as the step's time sees them; micro-batches per DP
+    rank in one step; tokens of the largest micro-batch, which sets the memory peak). slime packs the step's rows
+    into bins of --max-tokens-per-gpu and deals them to the DP ranks (`slime_schedule`): the time is the mean
+    micro-batch of the rows the step waits for, not a full bin per micro-batch. Megatron's fixed micro-batch
+    (--framework megatron, the runner) holds `rows` rows each."""
     rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
+    if workload.framework == "slime":
+        align = layout.dp * (layout.pp if layout.vpp > 1 else 1)   # microbatch_group_size_per_vp_stage: PP
+        work, n_mb, largest = slime_schedule(workload.global_batch, layout.dp, rows, align, layout.ep > 1)
+        return (tokens_per_microbatch(work / n_mb, layout.cp, workload.seq_len), n_mb,
+                tokens_per_microbatch(largest, layout.cp, workload.seq_len))
     tokens = tokens_per_microbatch(rows, layout.cp, workload.seq_len)
     rows_per_dp = -(-workload.global_batch // layout.dp)
     n_mb = -(-rows_per_dp // rows)
-    if layout.vpp > 1:  # slime raises the bin count to a multiple of DP x PP for interleaving
+    if layout.vpp > 1:  # the interleaved schedule runs a multiple of PP micro-batches
         n_mb = -(-n_mb // layout.pp) * layout.pp
-    return tokens, n_mb
+    return tokens, n_mb, tokens
 
 
 def vision_work(model: ModelSpec, workload: Workload, layout: Layout) -> VisionWork | None:
@@ -208,13 +217,13 @@ def runner_components(rt: Runtime, profile: HardwareProfile | None):
 
 def _step_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout, c: Constants,
                   profile: HardwareProfile | None, rt: Runtime) -> StepContext:
-    tokens, n_mb = microbatches(layout, workload)
+    tokens, n_mb, largest = microbatches(layout, workload)
     vision = vision_work(model, workload, layout)
     rates, imbalance, ranks, dense, expert, runner, ranks_per_host = _shape_context(
         model, gpu, workload, layout, c, profile, rt, vision is not None)
     return StepContext(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c, workload.framework,
                        dense, expert, rt.gdn_sharded, workload.cuda_graphs, workload.frozen_weights, vision,
-                       rt.per_expert_gemm_calls, runner, ranks_per_host)
+                       rt.per_expert_gemm_calls, runner, ranks_per_host, largest)
 
 
 # Scoring a space builds a context for every layout, and the layouts of one parallel shape share most of it: the
@@ -294,7 +303,7 @@ def _memory_verdict(ctx: StepContext, gpu: GpuSpec, workload: Workload, profile:
                     precision_aware_optimizer: bool) -> MemoryVerdict:
     model, layout, c = ctx.model, ctx.layout, ctx.c
     routed_rows_per_token = model.num_experts_per_tok * ctx.imbalance * layout.etp
-    inputs = MemoryInputs(workload.precision, ctx.tokens, routed_rows_per_token, ctx.num_microbatches, rt, gpu,
+    inputs = MemoryInputs(workload.precision, ctx.largest_tokens, routed_rows_per_token, ctx.num_microbatches, rt, gpu,
                           profile.device_memory if profile is not None else None, precision_aware_optimizer,
                           workload.frozen_weights, ctx.vision)
     memory = peak_memory(ctx.ranks, model, layout, inputs, c)
@@ -358,8 +367,7 @@ def _prediction(ctx: StepContext, gpu: GpuSpec, workload: Workload, rt: Runtime,
         reasons.append(borderline_reason(memory.total, capacity, c.memory_error_sd, p_fit, moe=moe, strain=strain))
 
     tokens_per_s_per_gpu = workload.tokens_per_step / step_time / layout.world_size
-    mfu = model_flops_utilisation(model.params.active_non_embedding, tokens_per_s_per_gpu,
-                                  gpu.peak_tflops(workload.precision))
+    mfu = format_mfu(model.params.active_non_embedding, tokens_per_s_per_gpu, gpu)   # the format's: bf16 peak
     usd = usd_per_million_tokens(gpu.usd_per_gpu_hour, tokens_per_s_per_gpu)
     source = _source(model, gpu, workload, c, rates, rt)
     return Prediction(

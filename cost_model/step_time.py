@@ -60,6 +60,8 @@ class StepContext:
     # step is composed from them (`runner_step_breakdown`), not from the constants fitted to tuned stacks.
     runner: RunnerComponents | None = None
     ranks_per_host: int = 1
+    # the largest micro-batch's tokens (the memory peak's); `tokens` is the mean one the step's time sees
+    largest_tokens: float = 0.0
 
     @property
     def trained_params(self) -> tuple[float, float]:

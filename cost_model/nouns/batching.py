@@ -6,6 +6,9 @@ rows x seq_len / CP tokens on each GPU.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+from heapq import heapify, heappop, heappush
+
 
 def max_tokens_per_gpu(rows_per_microbatch: int, cp: int, seq_len: int) -> int:
     """The --max-tokens-per-gpu that packs `rows_per_microbatch` whole rows on each GPU."""
@@ -21,3 +24,32 @@ def tokens_per_microbatch(rows_per_microbatch: int, cp: int, seq_len: int) -> fl
     """The tokens each GPU holds in one micro-batch: its 1/CP share of the micro-batch's rows (a fraction
     where CP does not divide the row)."""
     return rows_per_microbatch * seq_len / cp
+
+
+@lru_cache(maxsize=4096)
+def slime_schedule(rows: int, dp: int, rows_per_bin: int, align: int, coupled: bool) -> tuple[float, int, int]:
+    """slime's dynamic batching of one step's `rows` equal rows (slime/utils/dp_schedule.py): first-fit bins of
+    `rows_per_bin` rows; their count raised to a multiple of `align` (DP, x PP under VPP) by halving the largest
+    bin (the last of equal ones; its larger half stays, the smaller is appended); bins dealt round-robin, bin k
+    to DP rank k mod DP. Returns (rows the step waits for per DP rank, micro-batches per rank, rows of the largest
+    micro-batch). The step waits for its busiest rank; `coupled` (an all-to-all every layer, EP > 1): each
+    micro-batch waits for its largest bin across the ranks."""
+    full, rem = divmod(rows, rows_per_bin)
+    bins = [rows_per_bin] * full + ([rem] if rem else [])
+    target = max(-(-len(bins) // align) * align, align)
+    heap = [(-size, -index) for index, size in enumerate(bins) if size > 1]
+    heapify(heap)
+    while len(bins) < target and heap:
+        size, index = heappop(heap)
+        big, small = (1 - size) // 2, -size // 2
+        bins[-index] = big
+        bins.append(small)
+        for part, at in ((big, -index), (small, len(bins) - 1)):
+            if part > 1:
+                heappush(heap, (-part, -at))
+    per_rank = -(-len(bins) // dp)   # short of `target` only where slime refuses the step (too few rows)
+    if coupled:
+        work = sum(max(bins[k * dp:(k + 1) * dp]) for k in range(per_rank))
+    else:
+        work = max(sum(bins[r::dp]) for r in range(dp))
+    return float(work), per_rank, max(bins)

@@ -1,0 +1,96 @@
+"""slime's dynamic batching of a step's rows into micro-batches (slime/utils/dp_schedule.py), as the cost model
+prices it: the closed walk in cost_model.nouns.batching.slime_schedule against a plain re-enactment of slime's
+steps, and what it does to a prediction (rows the busiest rank works through, not a full bin per micro-batch)."""
+import itertools
+
+import pytest
+
+from cost_model.nouns.batching import slime_schedule
+from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.layout import Layout
+from cost_model.nouns.model_spec import load_model
+from cost_model.nouns.stack import Stack
+from cost_model.nouns.workload import Workload
+from cost_model.predict import microbatches, predict
+from search_space.rules import violations
+
+
+def _slime_steps(rows: int, dp: int, rows_per_bin: int, align: int, coupled: bool) -> tuple[float, int, int]:
+    """slime's own steps on `rows` equal rows, one list operation at a time: first-fit packing, splitting the
+    largest multi-sample bin (by (tokens, index)) in two with its samples dealt alternately, round-robin ranks."""
+    bins: list[list[int]] = []
+    for i in range(rows):
+        for b in bins:
+            if len(b) + 1 <= rows_per_bin:
+                b.append(i)
+                break
+        else:
+            bins.append([i])
+    target = max(-(-len(bins) // align) * align, align)
+    while len(bins) < target:
+        _, at = max((len(b), k) for k, b in enumerate(bins) if len(b) > 1)
+        halves: list[list[int]] = [[], []]
+        for sample in bins[at]:
+            halves[0 if len(halves[0]) <= len(halves[1]) else 1].append(sample)
+        bins[at] = halves[0]
+        bins.append(halves[1])
+    sizes = [len(b) for b in bins]
+    ranks = [sizes[r::dp] for r in range(dp)]
+    per_rank = len(sizes) // dp
+    if coupled:
+        work = sum(max(ranks[r][k] for r in range(dp)) for k in range(per_rank))
+    else:
+        work = max(sum(r) for r in ranks)
+    return float(work), per_rank, max(sizes)
+
+
+@pytest.mark.parametrize("rows,dp,align_factor", [(16, 1, 1), (24, 2, 1), (64, 4, 2), (128, 8, 1), (96, 8, 2),
+                                                  (40, 4, 4)])
+def test_the_closed_walk_is_slimes_schedule(rows, dp, align_factor):
+    for rows_per_bin, coupled in itertools.product(range(1, rows // dp + 1), (False, True)):
+        align = dp * align_factor
+        if -(-(-(-rows // rows_per_bin)) // align) * align > rows:
+            continue   # slime raises: more bins than rows (search_space.rules refuses the layout)
+        assert slime_schedule(rows, dp, rows_per_bin, align, coupled) == \
+            _slime_steps(rows, dp, rows_per_bin, align, coupled), (rows, dp, rows_per_bin, align, coupled)
+
+
+def test_a_bin_that_does_not_divide_the_ranks_rows_costs_the_busiest_ranks_rows():
+    """128 rows of 8k over DP 8 in bins of 12 (--max-tokens-per-gpu 98,304): 16 bins after splitting, the busiest
+    rank gets 12 + 8 = 20 rows; not 2 x 12 = 24 (a full bin per micro-batch), nor the mean 16."""
+    assert slime_schedule(128, 8, 12, 8, False) == (20.0, 2, 12)
+    assert slime_schedule(128, 8, 8, 8, False) == (16.0, 2, 8)
+
+
+def test_an_uneven_bin_is_priced_between_the_even_ones():
+    model, gpu = load_model("qwen3-30b-a3b"), load_gpu("h200")
+    w = Workload()
+    step = {mt: predict(model, gpu, w, Layout(8, ep=8, max_tokens_per_gpu=mt)).step_time_s
+            for mt in (65536, 98304, 131072)}
+    tokens, n_mb, largest = microbatches(Layout(8, ep=8, max_tokens_per_gpu=98304), w)
+    assert (n_mb, tokens, largest) == (2, 10 * 8192, 12 * 8192)
+    # 20 rows a rank (the even layouts run 16) at most 25% more than the even bins' time; more than 8 rows a bin
+    assert step[65536] < step[98304] < 1.25 * step[65536]
+    assert step[98304] != step[131072]
+
+
+def test_interleaving_splits_bins_rather_than_adding_whole_ones():
+    """Under VPP slime raises the micro-batch count to a multiple of DP x PP by halving bins: PP 2 x VPP 2 over
+    DP 2 with 16 rows in bins of 8 runs 2 micro-batches of 4 rows a rank, 8 rows in all."""
+    w = Workload(global_batch=16)
+    layout = Layout(8, tp=2, pp=2, vpp=2, max_tokens_per_gpu=8 * 8192)
+    assert (layout.dp, microbatches(layout, w)) == (2, (4 * 8192, 2, 4 * 8192))
+    # Megatron's fixed micro-batch keeps its rows (the runner and --framework megatron)
+    assert microbatches(layout, Workload(global_batch=16, framework="megatron"))[0] == 8 * 8192
+
+
+def test_interleaving_with_fewer_rows_than_dp_x_pp_micro_batches_is_refused():
+    model = load_model("llama3-8b")
+    layout = Layout(64, pp=8, vpp=4)
+    refused = lambda gbs, lay: [v for v in violations(lay, model, Workload(global_batch=gbs), Stack())  # noqa: E731
+                                if v.rule == "vpp_rows_per_step"]
+    found = refused(32, layout)
+    assert found and "DP 8 x PP 8 = 64" in str(found[0])
+    assert not refused(64, layout)
+    # 72 one-row bins round up to 128 micro-batches: more than the rows; bins of 2 rows make 64 of them
+    assert refused(72, layout) and not refused(72, Layout(64, pp=8, vpp=4, max_tokens_per_gpu=2 * 8192))
