@@ -225,8 +225,12 @@ def test_tune_prints_the_narrowing_and_never_repeats_a_failed_layout(tmp_path, m
 
     monkeypatch.setattr(study_commands, "make_runner", make)
     storage = str(tmp_path / "s.db")
-    assert main(CLI + ["--trials", "5", "--verify-top", "1", "--storage", storage]) == 0
+    # every trial fails (BareMegatron(fail=None)): exit 1, and the last line says that nothing completed
+    assert main(CLI + ["--trials", "5", "--verify-top", "1", "--storage", storage]) == 1
     err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"tune: no trial of study '{MODEL}-h200-x2-megatron-L4' has "
+                                                   f"completed (5 trials, 5 failed or pruned; the last, trial 4: "
+                                                   f"invalid_config: cannot build it here)")
     assert "search space narrowed: no flex dispatcher: it needs DeepEP" in err
     assert "search space narrowed: no bf16 Adam moments" in err
     assert "note: ranked by predictions for Qwen3-30B-A3B [L4] (4 of 48 layers)" in err
@@ -381,15 +385,15 @@ def test_a_borderline_prediction_ranks_by_its_figure_times_its_chance_to_fit():
 
 
 def test_an_fp8_tables_mfu_says_which_peak():
-    """MFU is of the workload's peak (fp8's is twice bf16's on Hopper): an fp8 study's table says so, since the
-    leaderboard's MFU divides by the bf16 peak; a bf16 table needs no such line."""
+    """MFU is the leaderboard's, of the dense bf16 peak whatever the precision: an fp8 study's table says so (its
+    GEMMs run against twice that peak on Hopper); a bf16 table needs no such line."""
     from cost_model.nouns.layout import Layout
     from tuner.report import Row, format_table
 
     rows = [Row(number=0, layout=Layout(8), tokens_per_s_per_gpu=1000.0, peak_memory_gib=70.0, mfu=0.07,
                 usd_per_million_tokens=1.0, kind="predicted", source="s", predicted_tokens_per_s_per_gpu=1000.0,
                 rationale="")]
-    assert "MFU: of the GPU's dense fp8 peak" in format_table(rows, precision="fp8")
+    assert "MFU: of the GPU's dense bf16 peak, as the leaderboard's, for fp8" in format_table(rows, precision="fp8")
     assert "MFU: of" not in format_table(rows)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cost_model.metrics import usd_per_million_tokens
+from cost_model.metrics import mfu_counting, usd_per_million_tokens
 from cost_model.predict import predict
 from experiments.runner import allocator_retries_per_step
 from tuner.dominated import adds_work
@@ -194,10 +194,9 @@ def measured_run_fields(result: RunResult, config) -> dict:
     window = detail.get("window") or list(config.window)
     rows = detail.get("global_batch_rows") or config.workload.global_batch
     seq = detail.get("seq_len") or config.workload.seq_len
-    peak = config.gpu.peak_tflops(config.workload.precision)
     return {"measured": measured,
             "mfu_note": (f"measured: 6 x active params of the model run{f' ({run})' if run else ''} x tokens/s per "
-                         f"GPU / {peak:g} TFLOP/s ({config.gpu.display_name} dense {config.workload.precision} peak)"),
+                         f"GPU / {mfu_counting(config.gpu, config.workload, None)}"),
             "steps_per_run": detail.get("steps_run") or config.steps, "window": list(window),
             "window_tokens": (window[1] - window[0] + 1) * rows * seq, "runs": 1,
             "gpu_hours_note": "measured: the trial's wall time (start-up included) x its GPUs"}

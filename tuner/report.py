@@ -88,7 +88,7 @@ def fit_of(prediction: Predicted) -> str:
 
 def format_table(rows: list[Row], limit: int | None = None, precision: str = "bf16") -> str:
     """The ranked rows as a text table, with what its figures come from; `precision`: the workload's (an fp8 run's
-    MFU is of the fp8 peak, which the table says)."""
+    MFU, the leaderboard's, is of the dense bf16 peak, which the table says)."""
     header = ("#", "trial", "layout", "tokens/s/GPU", "predicted 90%", "peak GiB", "fit", "MFU", "$/1M tok",
               "figures")
     lines = []
@@ -110,7 +110,7 @@ def format_table(rows: list[Row], limit: int | None = None, precision: str = "bf
     for s in sources:
         out.append(f"figures from: {s}")
     if precision != "bf16":
-        out.append(f"MFU: of the GPU's dense {precision} peak (the leaderboard's MFU divides by the dense bf16 peak)")
+        out.append(f"MFU: of the GPU's dense bf16 peak, as the leaderboard's, for {precision} GEMMs too")
     if any(r.expected_tokens_per_s_per_gpu != r.tokens_per_s_per_gpu for r in (rows[:limit] if limit else rows)):
         out.append("ranked by tokens/s/GPU, a predicted borderline layout's times its chance to fit (an out-of-memory "
                    "run delivers nothing)")

@@ -363,7 +363,7 @@ class MegatronRunner(TrialRunner):
         return self._result(
             status="ok", source=self._source(ranks, spec, launcher), extras=extras,
             tokens_per_s_per_gpu=tps, step_time_s=mean, peak_memory_gib=peak, peak_memory_gib_per_rank=allocated,
-            mfu=metrics.mfu(plan["model"].params.active_non_embedding, tps, gpu.peak_tflops(workload.precision)),
+            mfu=metrics.format_mfu(plan["model"].params.active_non_embedding, tps, gpu),
             usd_per_million_tokens=metrics.usd_per_million_tokens(gpu.usd_per_gpu_hour, tps),
             step_times_s=tuple(step_times), losses=tuple(losses), step_time_cv_percent=cv,
             gpu_hours=metrics.gpu_hours(layout.world_size, wall))

@@ -49,8 +49,8 @@ def summarize(spec: TrialSpec, log: SlimeLog, text: str, end: RunEnd, *, source:
     tps = stats.tokens_per_s_per_gpu
     details.update(window_tokens=stats.tokens, window_wall_s=round(stats.wall_s, 3), time_source=stats.time_source,
                    grad_norms=list(log.grad_norms()))
-    peak_tflops = spec.case.gpu.peak_tflops(spec.case.workload.precision)
-    mfu = metrics.mfu(spec.case.model.params.active_non_embedding, tps, peak_tflops) if peak_tflops else None
+    mfu = metrics.format_mfu(spec.case.model.params.active_non_embedding, tps, spec.case.gpu) \
+        if metrics.format_peak_tflops(spec.case.gpu) else None
     usd = metrics.usd_per_million_tokens(spec.case.gpu.usd_per_gpu_hour, tps)
     return TrialResult(status="ok", tokens_per_s_per_gpu=tps, step_time_s=stats.wall_s / stats.steps,
                        step_times_s=stats.step_times_s, step_time_cv_percent=stats.step_time_cv_percent,
