@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from cost_model.metrics import mfu_counting
 from cost_model.nouns.case import Case
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.hardware import GpuSpec, HardwareError, load_gpu
@@ -29,7 +30,7 @@ from cost_model.nouns.user_file import parse_yaml, read_user_text
 from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload, WorkloadError
 from recipes.correctness import CorrectnessError, correctness_block
 from recipes.files import LinkedTarget, write_atomic
-from recipes.slime_command import actor_placement, slime_env, slime_run
+from recipes.slime_command import actor_placement, slime_env, slime_run, unpriced_setup
 from search_space.enumerate import MAX_GPUS
 from search_space.rules import STACK, violations
 
@@ -69,20 +70,7 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         },
         "author": {"name": "attune-llm", "url": None},
         "status": status,
-        "stack": {
-            "framework": (f"slime (Megatron backend); version {NOT_MEASURED}" if workload.framework == "slime" else
-                          f"a Megatron-LM/Bridge step, as the cost model priced it (workload fields beyond the format "
-                          f"say how); the slime command below does not set them up; version {NOT_MEASURED}"),
-            "megatron_lm": None,
-            "transformer_engine": None,
-            "pytorch": None,
-            "cuda": None,
-            "nccl": None,
-            "deepep": None,
-            "python": None,
-            "network": _network(gpu),
-            "source": stack_note or f"{NOT_MEASURED}: no training image was inspected",
-        },
+        "stack": _stack_block(gpu, workload, stack_note),
         "workload": _workload_block(workload),
         "layout": layout_block(layout, workload, model.is_moe),
         "result": {
@@ -90,8 +78,7 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
             "usd_per_million_tokens": round(usd, 2),
             "step_time_cv_percent": None,
             "mfu": round(mfu, 4),
-            "mfu_note": (f"predicted: 6 x active params x tokens/s per GPU / {_number(gpu.peak_tflops(workload.precision))}"
-                         f" TFLOP/s ({gpu.display_name} dense {workload.precision} peak)"),
+            "mfu_note": f"predicted: 6 x active params x tokens/s per GPU / {mfu_counting(gpu, workload, mfu)}",
             "active_params": {
                 "count": model.params.active_non_embedding,
                 "source": f"https://huggingface.co/{model.hf_repo}" if model.hf_repo else None,
@@ -132,11 +119,34 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     }
 
 
+def _stack_block(gpu: GpuSpec, workload: Workload, stack_note: str | None) -> dict:
+    """The recipe's `stack` group: versions not read from any image (null), and what the framework is; a workload
+    slime's command does not set up (`unpriced_setup`) says so, and that its launch stops."""
+    unpriced = unpriced_setup(workload)
+    return {
+        "framework": (f"slime (Megatron backend); version {NOT_MEASURED}" if not unpriced else
+                      f"{'Megatron-LM/Bridge' if workload.framework != 'slime' else 'slime (Megatron backend)'} as "
+                      f"the cost model priced it (the workload fields beyond the format say how): {unpriced}; the "
+                      f"launch beside this recipe stops at once; version {NOT_MEASURED}"),
+        "megatron_lm": None,
+        "transformer_engine": None,
+        "pytorch": None,
+        "cuda": None,
+        "nccl": None,
+        "deepep": None,
+        "python": None,
+        "network": _network(gpu),
+        "source": stack_note or f"{NOT_MEASURED}: no training image was inspected",
+    }
+
+
 def layout_block(layout: Layout, workload: Workload, moe: bool) -> dict:
     """The recipe's `layout` group: its prose (label, summary, highlights), then the codec's layout fields."""
     block = {"label": layout.label, "summary": layout_summary(layout, workload, moe),
-             "highlights": layout_highlights(layout)}
-    return {**block, **recipe_block(layout)}
+             "highlights": layout_highlights(layout), **recipe_block(layout)}
+    if not moe:   # a dense model routes no tokens: no dispatcher (load_recipe reads null back as the default)
+        block["dispatcher"] = None
+    return block
 
 
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
@@ -147,7 +157,7 @@ def layout_summary(layout: Layout, workload: Workload, moe: bool) -> str:
     grid = [f"TP {layout.tp}", f"PP {layout.pp}"]
     if layout.vpp > 1:
         grid.append(f"VPP {layout.vpp}")
-    grid += [f"CP {layout.cp}", f"EP {layout.ep}", f"ETP {layout.etp}", f"DP {layout.dp}"]
+    grid += [f"CP {layout.cp}"] + ([f"EP {layout.ep}", f"ETP {layout.etp}"] if moe else []) + [f"DP {layout.dp}"]
     n = layout.rows_per_microbatch
     count = _NUMBER_WORDS[n] if n < len(_NUMBER_WORDS) else f"{n:,}"
     rows = f"{count} {workload.seq_len:,}-token row{'s' if n != 1 else ''} per microbatch"
@@ -471,8 +481,11 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None, model: M
     gpu, world_size = _gpu(top)
     workload = _workload(top)
     layout_fields = top.mapping("layout")
+    block = dict(layout_fields.data)
+    if block.get("dispatcher", "") is None and not model.is_moe:   # a dense model's recipe names no dispatcher
+        block["dispatcher"] = Layout.dispatcher
     try:
-        layout = layout_from_recipe_block(layout_fields.data, world_size)
+        layout = layout_from_recipe_block(block, world_size)
     except InvalidLayout as e:
         top.fail(f"field 'layout': invalid layout: {e}")
     if stack is None:

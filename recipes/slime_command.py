@@ -5,11 +5,16 @@ line for line: the export lines, a blank line, then `python3 -m <entry> --async 
 (or one fixed group of flags) per line. The layout's flags come from `search_space.megatron_args`
 and sit where the reference puts them: parallel flags after `--debug-train-only`, then recompute,
 then batching; offload flags between `--use-distributed-optimizer` and
-`--use-precision-aware-optimizer`; the flex dispatcher flags after `--attention-backend flash`
-(argparse keeps the later value, so they override the alltoall in slime's MODEL_ARGS).
+`--use-precision-aware-optimizer`; an fp8 workload's flags (FP8_ARGS) after `--attention-backend flash`, then the
+flex dispatcher flags (argparse keeps the later value, so they override the alltoall in slime's MODEL_ARGS). A dense
+model's command has no expert flags (Megatron's defaults: EP 1, ETP = TP).
 
 The model's architecture flags are `${MODEL_ARGS[@]}`, as in the reference. The first line of the
-command is a comment naming the slime script that defines them (`slime_model_script`).
+command is a comment naming the slime script that defines them (`slime_model_script`: only for the catalog model
+that script defines, never for another config.json in a folder of its name), or the flags built from the config.
+
+A workload the slime command does not set up (`unpriced_setup`: a Megatron-LM/Bridge step, LoRA, CUDA graphs,
+images) keeps its recipe as the prediction it is, says so in a second comment line, and its launch stops at once.
 
 The recipe keeps the leaderboard's format byte for byte; a job submitted to slime translates its shorthand
 (`job_entry_words`: `--async` is the train_async.py entry, not a flag; `job_flags`: DEPRECATED_FLAGS replaced;
@@ -21,6 +26,7 @@ import re
 import shlex
 from collections.abc import Mapping
 
+from cost_model.metrics import PEFT_NAMES
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.hardware import GpuSpec
 from cost_model.nouns.model_spec import ModelSpec
@@ -29,6 +35,18 @@ from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import clean_name
 from search_space.megatron_args import (batch_args, dispatcher_args, launch_model_args, moment_args, offload_args,
                                         parallel_args, recompute_args)
+
+# Megatron's flags for the fp8 the cost model prices. Its fp8 GEMM rates are torch._scaled_mm with e4m3 x e4m3
+# operands and one fp32 scale per tensor (experiments/checks/compute.py, cost_model/profile.py fp8_ratio), applied
+# to every linear and expert GEMM, with fp8 copies of the linear layers' inputs saved for the backward
+# (constants.yaml fp8_activation_factor); attention, embedding and LM head stay bf16. In Megatron/Transformer
+# Engine that is `--fp8-format e4m3` (e4m3 for every fp8 tensor) with per-tensor current scaling,
+# `--fp8-recipe tensorwise` (choices tensorwise, delayed, mxfp8, blockwise at slime's pin 1dcf0da). Blockwise
+# (slime's own fp8 example) and mxfp8 (Blackwell) scale per block: GEMMs the profile did not measure.
+FP8_ARGS = ("--fp8-format", "e4m3", "--fp8-recipe", "tensorwise")
+
+# Flags of Megatron's expert grid: left out for a dense model (Megatron's defaults, EP 1 and ETP = TP, hold).
+_EXPERT_FLAGS = ("--expert-model-parallel-size", "--expert-tensor-parallel-size")
 
 ENTRY_MODULE = "<slime entry module>"
 
@@ -91,21 +109,95 @@ PLACEHOLDERS = {name: Raw(f'"${name}"') for name in ("HF_CKPT", "TORCH_DIST", "S
 
 def slime_model_script(model: ModelSpec) -> str | None:
     """slime's MODEL_ARGS script for the model, relative to the slime checkout
-    (e.g. 'scripts/models/qwen3.5-35B-A3B.sh'); None when slime has none for it."""
-    return _MODEL_SCRIPTS.get(model.name)
+    (e.g. 'scripts/models/qwen3.5-35B-A3B.sh'); None when slime has none for it. The script defines one
+    architecture: it serves only the catalog model it is listed for (`catalog_twin`), never another config.json
+    that happens to sit in a folder of that model's name."""
+    key = catalog_twin(model)
+    return _MODEL_SCRIPTS[key] if key is not None else None
 
 
-def slime_loss_mask_type(model: ModelSpec) -> str:
-    """slime's `--loss-mask-type` (choices qwen, qwen3, qwen3_5, distill_qwen) for the model's chat template.
+def catalog_twin(model: ModelSpec) -> str | None:
+    """The catalog key, among those slime has a script for, of the model `model` is: the catalog model itself, or
+    a config.json equal to it in every field but its names (launch-only fields too: slime's script sets the RoPE base
+    and norm epsilon). None: no script defines this model."""
+    from dataclasses import replace
 
-    Models without a Qwen chat template get slime's default, `qwen`; the reference's pre-tokenized rows
-    carry their own loss mask.
+    from cost_model.nouns.model_spec import catalog_names, load_model
+
+    known = set(catalog_names())
+    keys = sorted(_MODEL_SCRIPTS, key=lambda k: k != model.name)   # its own name first
+    for key in keys:
+        if key not in known:
+            continue
+        catalog = load_model(key)
+        if replace(model, name=catalog.name, display_name=catalog.display_name, hf_repo=catalog.hf_repo) == catalog:
+            return key
+    return None
+
+
+def _no_script(model: ModelSpec) -> str:
+    """Why the launch does not source a slime script for the model (see `slime_model_script`)."""
+    shown_model = clean_name(model.display_name)
+    if model.name in _MODEL_SCRIPTS:   # a config.json in a folder named like a catalog model, of another architecture
+        return (f"{shown_model}'s config.json is not the architecture slime's {_MODEL_SCRIPTS[model.name]} "
+                f"defines")
+    return f"slime has no scripts/models script for {shown_model}"
+
+
+def slime_loss_mask_type(model: ModelSpec) -> str | None:
+    """slime's `--loss-mask-type` (choices qwen, qwen3, qwen3_5, distill_qwen at 624b824: Qwen chat templates
+    only) for the model's chat template; None (the flag left out) for a model of another family.
+
+    Neither value changes the reference run: its pre-tokenized rows carry their own loss mask, and attune's
+    rollout function never builds one. A Qwen3.5/3.6 model names qwen3_5 (the reference recipes), Qwen3 qwen3,
+    Qwen2 qwen (slime's default, its ChatML template); for Llama, Mistral, DeepSeek, GLM or GPT-OSS no choice is
+    their template, so the command does not claim one (slime's default applies and is not read).
     """
     if model.model_type.startswith("qwen3_5"):
         return "qwen3_5"
     if model.model_type in ("qwen3", "qwen3_moe", "qwen3_next"):
         return "qwen3"
-    return "qwen"
+    if model.model_type in ("qwen2", "qwen2_moe"):
+        return "qwen"
+    return None
+
+
+def unpriced_setup(workload: Workload) -> str | None:
+    """What the cost model priced that slime's command does not set up (None: the command runs the priced job):
+    a Megatron-LM/Bridge step, LoRA on a frozen base, CUDA graphs, images through a vision encoder. The command
+    trains every weight of the model on pre-tokenized text rows with slime's eager step."""
+    parts = []
+    if workload.framework != "slime":
+        parts.append(f"a Megatron-LM/Bridge step (--framework {workload.framework})")
+    if workload.peft != "none":
+        name = PEFT_NAMES.get(workload.peft, workload.peft)
+        parts.append(f"{name} adapters on a frozen base (--peft {workload.peft})")
+    if workload.cuda_graphs != "none":
+        parts.append(f"CUDA graphs (--cuda-graphs {workload.cuda_graphs})")
+    if workload.images_per_row:
+        parts.append(f"{workload.images_per_row} image(s) per row through the vision encoder")
+    if not parts:
+        return None
+    return ("the prediction is of " + ", ".join(parts) + ", which this slime command does not set up: it would run "
+            "slime's full fine-tuning of text rows, another job")
+
+
+def precision_args(workload: Workload) -> list[str]:
+    """The workload's precision as Megatron's flags: none for bf16 (the reference's), FP8_ARGS for fp8."""
+    return list(FP8_ARGS) if workload.precision == "fp8" else []
+
+
+def launch_model_args_for(model: ModelSpec, layout: Layout) -> tuple[list[str] | None, str]:
+    """`launch_model_args`, with its MoE dispatcher left out where the layout's own flags set another (flex): the
+    command then names the dispatcher once."""
+    built, missing = launch_model_args(model)
+    if built is None or "--moe-token-dispatcher-type" not in dispatcher_args(layout):
+        return built, missing
+    built = list(built)
+    i = built.index("--moe-token-dispatcher-type") if "--moe-token-dispatcher-type" in built else None
+    if i is not None:
+        del built[i:i + 2]
+    return built, missing
 
 
 def actor_placement(layout: Layout, gpu: GpuSpec) -> tuple[int, int]:
@@ -198,11 +290,11 @@ def slime_flag_lines(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout:
         ("--rollout-batch-size", str(workload.global_batch)),
         ("--global-batch-size", str(workload.global_batch)),
         ("--loss-type", "sft_loss"),
-        ("--loss-mask-type", slime_loss_mask_type(model)),
+        *([("--loss-mask-type", mask)] if (mask := slime_loss_mask_type(model)) else []),
         ("--calculate-per-token-loss",),
         ("--disable-compute-advantages-and-returns",),
         ("--debug-train-only",),
-        *per_flag(parallel_args(layout)),
+        *[line for line in per_flag(parallel_args(layout)) if model.is_moe or line[0] not in _EXPERT_FLAGS],
         *per_flag(recompute_args(layout)),
         *per_flag(batch_args(layout)),
         *_OPTIMIZER_LINES,
@@ -211,6 +303,7 @@ def slime_flag_lines(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout:
         ("--use-precision-aware-optimizer",),
         *per_flag(moment_args(layout)),
         *_MISC_LINES,
+        *([tuple(fp8)] if (fp8 := precision_args(workload)) else []),
         *per_flag(dispatcher_args(layout)),
         ("--distributed-timeout-minutes", "30"),
         ("--tensorboard-dir", paths["PROFILE_DIR"]),
@@ -222,18 +315,19 @@ def slime_run(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout
     """The exact shell command of the recipe's `run` (ends with a newline)."""
     lines = slime_flag_lines(model, gpu, workload, layout, num_rollout=num_rollout)
     script = slime_model_script(model)
-    built, missing = (None, "") if script else launch_model_args(model)
+    built, missing = (None, "") if script else launch_model_args_for(model, layout)
     # the display name comes from a user's config.json: one printable line, never a shell line of its own
-    shown_model = clean_name(model.display_name)
     if script:
         comment = f"# MODEL_ARGS: source <slime>/{script}"
     elif built is not None:
-        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {shown_model}; built from its config: "
+        comment = (f"# MODEL_ARGS: {_no_script(model)}; built from its config: "
                    + " ".join(shlex.quote(a) for a in built))
     else:
-        comment = (f"# MODEL_ARGS: slime has no scripts/models script for {shown_model}; define MODEL_ARGS "
-                   f"({missing})")
+        comment = f"# MODEL_ARGS: {_no_script(model)}; define MODEL_ARGS ({missing})"
     out = [comment]
+    unpriced = unpriced_setup(workload)
+    if unpriced:
+        out.append(f"# NOT THE PRICED JOB: {unpriced}; its launch refuses to run")
     out += [f"export {name}={_env_value(value)}" for name, value in slime_env(layout, gpu).items()]
     out.append("")
     entry = Raw(entry_module) if re.fullmatch(r"<[\w .-]*>", entry_module) else entry_module
@@ -270,6 +364,9 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
            f"# {clean_name(title)}: the recipe's run as a launch you can execute (bash this file on the Ray head, or",
            "# ray job submit --working-dir . -- bash this file). Set the variables below to your cluster's paths.",
            "set -eu   # not pipefail: NVLINK_COUNT's pipeline finds no NV link on a machine without one"]
+    unpriced = unpriced_setup(workload)
+    if unpriced:   # a job other than the one priced must not start (nor wait for paths set to start it)
+        out.append(f"echo {shlex.quote('not launched: ' + unpriced)} >&2; exit 2")
     out += [f': "${{{name}:?set {name} (see the recipe)}}"' for name in LAUNCH_VARIABLES]
     out.append(f': "${{ATTUNE_SLIME_FILES:={shlex.quote(rollout_dir)}}}"   # the folder of pretokenized_sft_rollout.py')
     out.append('[ -f "$ATTUNE_SLIME_FILES/pretokenized_sft_rollout.py" ] || { echo "set ATTUNE_SLIME_FILES to the '
@@ -280,13 +377,13 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     out += [SHELL_ENV_INPUTS[v] for v in dict.fromkeys(env.values()) if v in SHELL_ENV_INPUTS]
     out += [f"export {name}={_env_value(value)}" for name, value in env.items()]
     script = slime_model_script(model)
-    built, missing = (None, "") if script is not None else launch_model_args(model)
+    built, missing = (None, "") if script is not None else launch_model_args_for(model, layout)
     if script is not None:
         out.append(f"source {shlex.quote(script)}   # MODEL_ARGS")
     elif built is not None:   # slime's scripts/models/*.sh define this array; here it is built from the config
         out.append("MODEL_ARGS=(" + " ".join(shlex.quote(a) for a in built) + ")   # from the model's config.json")
     else:
-        why = f"slime has no scripts/models script for this model and {missing}: define MODEL_ARGS here"
+        why = f"{_no_script(model)} and {missing}: define MODEL_ARGS here"
         out.append(f"echo {shlex.quote(why)} >&2; exit 2")
     lines = [tuple(job_flags(list(line))[0]) for line in slime_flag_lines(model, gpu, workload, layout,
                                                                          num_rollout=num_rollout)]

@@ -280,7 +280,8 @@ EVIL = "Evil\nrm -rf ~\n\x1b[31mRED\x1b[0m\x07"
 
 
 def test_a_display_name_with_a_newline_adds_no_shell_line(tmp_path, capsys):
-    model = config(tmp_path, _attune={"display_name": EVIL})
+    # another RoPE base than the catalog's: not the model slime's script defines, so the comment names the config's
+    model = config(tmp_path, _attune={"display_name": EVIL}, rope_theta=2000000.0)
     out = tmp_path / "out" / "r.yaml"
     assert main(["predict", "--model", str(model), "--gpu", "h200", "--layout", "ep=8", "--recipe-out", str(out)]) == 0
     printed = capsys.readouterr()
