@@ -12,16 +12,46 @@ def measured_window(steps: int) -> tuple[int, int]:
     return (5, 19) if steps == 20 else (max(min(2, steps - 1), steps // 4), steps - 1)
 
 
+def not_set_up(backend: str, peft: str = "none", cuda_graphs: str = "none", images_per_row: int = 0) -> str | None:
+    """Why the `backend` runner would not run the workload asked: an option the cost model prices but no runner
+    sets up (a measured trial would measure a different run); None where there is none."""
+    for flag, value in (("--peft", peft), ("--cuda-graphs", cuda_graphs), ("--images-per-row", images_per_row or "none")):
+        if value != "none":
+            return f"{flag} {value}: the {backend} runner does not set it up (it would measure a different run)"
+    return None
+
+
+def check_set_up(args) -> None:
+    """CliError for a workload flag a measuring backend does not set up (before the workload's own rules, so the
+    reason given is the final one)."""
+    if args.backend != "predict":
+        reason = not_set_up(args.backend, getattr(args, "peft", "none"), getattr(args, "cuda_graphs", "none"),
+                            getattr(args, "images_per_row", 0))
+        if reason:
+            raise CliError(f"{reason}; it is predicted only, with --backend predict")
+
+
+def megatron_unsupported(model, workload, layout=None) -> str | None:
+    """Why the megatron runner refuses to run `model` with `workload` (and `layout`): its own refusals
+    (experiments.megatron.config: the model, the precision, the layout) and the options it does not set up; None
+    where it runs it. `tune trial --backend megatron` and `tune predict --stack megatron-runner` both ask here."""
+    from experiments.megatron.config import layout_unsupported, unsupported
+
+    return (unsupported(model, workload.precision) or (layout_unsupported(layout) if layout is not None else None)
+            or not_set_up("megatron", workload.peft, workload.cuda_graphs, workload.images_per_row))
+
+
+def megatron_refused(reason: str):
+    """The error `--backend megatron` ends with for what its runner refuses (megatron_unsupported's reason)."""
+    from experiments.runner import RunnerError
+
+    return RunnerError(f"--backend megatron: {reason} (--backend slime runs it on a cluster's training image, "
+                       f"--backend predict prices it)")
+
+
 def make_runner(args, profile=None):
     """The trial runner the --backend flags ask for; RunnerError if it cannot run trials at all."""
-    if args.backend != "predict":
-        # Workload options the cost model prices but no runner sets up: a measured trial would not be the run asked
-        asked = (("--peft", getattr(args, "peft", "none")), ("--cuda-graphs", getattr(args, "cuda_graphs", "none")),
-                 ("--images-per-row", getattr(args, "images_per_row", 0) or "none"))
-        for flag, value in asked:
-            if value != "none":
-                raise CliError(f"{flag} {value}: the {args.backend} runner does not set it up (it would measure a "
-                               f"different run); it is predicted only, with --backend predict")
+    check_set_up(args)
     if args.backend == "predict":
         from experiments.predicted_runner import PredictedRunner
 
@@ -42,8 +72,7 @@ def _megatron_runner(args):
 
         reason = unsupported(load_model(args.model), getattr(args, "precision", "bf16"))
         if reason:
-            raise RunnerError(f"--backend megatron: {reason} (--backend slime runs it on a cluster's training image, "
-                              f"--backend predict prices it)")
+            raise megatron_refused(reason)
     missing = [name for name, module in (("torch", "torch"), ("megatron-core", "megatron.core"))
                if _find_spec(module) is None]
     if missing:

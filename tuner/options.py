@@ -308,7 +308,9 @@ def check_profile_gpu(profile, gpu) -> None:
 def run_parser():
     p = Parser(prog="tune", formatter_class=argparse.RawDescriptionHelpFormatter,
                description="Find the fastest training layout for a model on a GPU cluster.\nSubcommands: "
-                           + ", ".join(SUBCOMMANDS + OWN_PARSER_SUBCOMMANDS) + "\n(tune SUBCOMMAND --help).")
+                           + ", ".join(SUBCOMMANDS + OWN_PARSER_SUBCOMMANDS) + "\n(tune SUBCOMMAND --help).",
+               epilog="exit 0: the study holds a completed trial; 1: none of its trials has completed (nothing to\n"
+                      "rank or export; one line says why); 2: bad input (one line; an existing study is left as it was)")
     add_target(p)
     add_workload(p)
     add_storage(p, named_by_target=True)
@@ -398,7 +400,7 @@ def predict_parser():
                         "or {\"line\": N, \"error\": ...} for a request that cannot be answered (blank lines are "
                         f"skipped; lines up to {MAX_REQUEST_CHARS:,} characters, at most {MAX_BATCH_REQUESTS:,} "
                         "requests). Exit 0: every request answered with a result; 1: at least one error object; "
-                        "2: the file cannot be read")
+                        "2: the file cannot be read (a file of no request: 0, and a note on stderr says so)")
     return p
 
 

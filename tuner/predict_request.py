@@ -46,7 +46,29 @@ CASE_KEYS = ("model", "gpu", "gpus", "seq_len", "global_batch", "precision", "ro
 
 def resolve(request: dict, notes: list[str] | None = None) -> Case:
     """The case a request asks about; `notes` gets what the answer's reader must know (a recipe whose model
-    could not be checked)."""
+    could not be checked, rows longer than a micro-batch's token cap)."""
+    case = _resolve(request, notes)
+    note = long_rows_note(case)
+    if note and notes is not None:
+        notes.append(note)
+    return case
+
+
+def long_rows_note(case: Case) -> str | None:
+    """Where one row holds more tokens a GPU than max_tokens_per_gpu: slime still runs it, a row longer than the cap
+    in a micro-batch of its own, so the layout's label (mt M) is not what a micro-batch holds; None otherwise."""
+    layout, seq_len = case.layout, case.workload.seq_len
+    per_gpu = seq_len / layout.cp
+    if layout.max_tokens_per_gpu >= per_gpu:
+        return None
+    cp = f" ({per_gpu:,.0f} a GPU at CP {layout.cp})" if layout.cp > 1 else ""
+    how = ("as slime packs them (a row longer than the cap gets a micro-batch of its own)" if case.stack.dynamic_batching
+           else "as the megatron runner splits them (whole rows)")
+    return (f"rows of {seq_len:,} tokens{cp} exceed max_tokens_per_gpu {layout.max_tokens_per_gpu:,}, so each "
+            f"micro-batch holds one row, {how}: the prediction prices {per_gpu:,.0f} tokens a GPU per micro-batch")
+
+
+def _resolve(request: dict, notes: list[str] | None) -> Case:
     if not isinstance(request, dict):
         raise RequestError("a request must be a JSON object")
     unknown = sorted(set(request) - set(REQUEST_KEYS))
@@ -63,6 +85,8 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
         from recipes.recipe import load_recipe
 
         extra = [k for k in CASE_KEYS if k != "model" and request.get(k) not in (None, {}, [])]
+        if request.get("stack") not in (None, "image"):   # a recipe runs on its training image (its source)
+            extra.append("stack")
         if extra:
             raise RequestError(f"a request with a recipe takes its model, GPUs, workload and layout from it; drop "
                                f"{', '.join(extra)}")
@@ -102,13 +126,24 @@ def resolve(request: dict, notes: list[str] | None = None) -> Case:
         runs = " or ".join(_STEPS[f] for f in stack.frameworks)
         raise RequestError(f"the {name} stack runs {runs}: give framework {' or '.join(stack.frameworks)} "
                            f"(--framework {stack.frameworks[0]})")
-    if not stack.dynamic_batching:
-        from experiments.megatron.backend_support import microbatch_refusal
-        refusal = microbatch_refusal(layout, workload.global_batch)
-        if refusal:
-            raise RequestError(f"{stack.source} cannot run this layout: {refusal} (slime's dynamic batching "
-                               f"can: predict it with the image stack)")
-    return Case(model, gpu, workload, layout, stack)
+    case = Case(model, gpu, workload, layout, stack)
+    _stack_refusal(name, stack, case)
+    return case
+
+
+def _stack_refusal(name: str, stack: Stack, case: Case) -> None:
+    """RequestError for what the megatron runner refuses to run, in the runner's own words (a price of its stack
+    for a run it would not start answers what no run can check), or a global batch the stack cannot split."""
+    from experiments.megatron.backend_support import microbatch_refusal
+    from tuner.backends import megatron_unsupported
+
+    reason = megatron_unsupported(case.model, case.workload, case.layout) if name == "megatron-runner" else None
+    if reason:
+        raise RequestError(f"{stack.source} does not run this: {reason}; the image stack prices it")
+    refusal = None if stack.dynamic_batching else microbatch_refusal(case.layout, case.workload.global_batch)
+    if refusal:
+        raise RequestError(f"{stack.source} cannot run this layout: {refusal} (slime's dynamic batching "
+                           f"can: predict it with the image stack)")
 
 
 _STEPS = {"slime": "slime's step", "megatron": "Megatron's own step"}   # a Workload.framework in words

@@ -716,13 +716,25 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     if learn is not None:
         ended.update(learn(trial, layout, result))
     if result.status != "ok":
-        ended["fail_reason"] = f"{result.failure_class}: {result.detail}"
+        ended["fail_reason"] = fail_reason_of(result)
     set_trial_attrs(trial, ended)
     if result.status == "ok":
         study.tell(trial, result.tokens_per_s_per_gpu)
         return TrialState.COMPLETE
     study.tell(trial, state=TrialState.FAIL)
     return TrialState.FAIL
+
+
+# A failure the cost model predicted, in words: nothing ran, so no measured class (cuda_oom...) heads its reason
+PREDICTED_FAILURES = {"cuda_oom": "out of GPU memory", "host_oom": "out of host memory"}
+
+
+def fail_reason_of(result: TrialResult) -> str:
+    """A failed trial's reason: the measured failure's class and detail, or for a predicted one what was predicted."""
+    if result.kind == "predicted":
+        what = PREDICTED_FAILURES.get(result.failure_class, f"to fail ({result.failure_class})")
+        return f"predicted {what} (nothing ran): {result.detail}"
+    return f"{result.failure_class}: {result.detail}"
 
 
 def _jsonable(value):

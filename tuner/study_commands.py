@@ -10,6 +10,7 @@ from pathlib import Path
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.layout_codec import layout_from_values, parse_pairs, to_optuna_params
 from cost_model.nouns.model_spec import ModelError, catalog_names, load_model
+from cost_model.nouns.names import printable
 from cost_model.nouns.hardware import load_gpu
 from cost_model.nouns.stack import Stack
 from cost_model.nouns.workload import Workload
@@ -18,7 +19,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_opt
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
-from tuner.space_scoring import PARTIAL_OFFLOADS, NoFitError, score_space
+from tuner.space_scoring import PARTIAL_OFFLOADS, NoFitError, ScoredSpace, score_space
 from tuner.export import distinct_top, export_rows
 from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
@@ -84,12 +85,14 @@ def cmd_run(args) -> int:
               f", but {e.partial:g} is predicted to fit: the search also tries {_listed(sorted(PARTIAL_OFFLOADS))}",
               file=sys.stderr)
         candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
+    candidates, settled = runnable_by_prediction(candidates, config, runner)
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
         study = load_or_create(storage, name, config, runner.figures)
         _record_model_path(study, args.model)
-        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache), progress)
+        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache, settled),
+                    progress)
 
 
 def _listed(fractions) -> str:
@@ -134,25 +137,68 @@ class _Tune:
     url: str
     study: object
     cache: SpaceCache | None = None
+    settled: int = 0   # borderline layouts left out as the predict backend's certain failures (runnable_by_prediction)
+
+
+def runnable_by_prediction(candidates, config, runner: TrialRunner) -> tuple[list, int]:
+    """(the candidates a trial can complete, how many were left out). A runner whose trial is the cost model's own
+    verdict (the predict backend) fails every borderline layout over the usable memory by its point prediction, for
+    certain: such a trial teaches nothing and costs one of --trials, so none is proposed. A measuring backend tries
+    them where the agent weighs the risk worth it. CliError, before any study is touched, when that leaves none."""
+    if runner.figures != "predicted":
+        return candidates, 0
+    kept = [(layout, p) for layout, p in candidates if p.under_limit]
+    if len(kept) == len(candidates):
+        return candidates, 0
+    if not kept:
+        layout, p = max(candidates, key=lambda c: (c[1].fit_probability, -c[1].peak_memory_gib))
+        raise CliError(f"no layout of {config.model.display_name} is predicted to fit on {config.world_size} x "
+                       f"{config.gpu.display_name}: the {len(candidates):,} that may (borderline) are all predicted "
+                       f"over the limit, the nearest {layout.long_label} at {p.peak_memory_gib:.1f} of "
+                       f"{p.gpu_memory_gib:.1f} GiB (P(fits) {p.fit_probability:.0%}); the predict backend's trial of "
+                       f"one fails for certain, a measured run settles it (--backend megatron|slime), or give more "
+                       f"GPUs (--gpus)")
+    return ScoredSpace(kept, getattr(candidates, "pruned", None)), len(candidates) - len(kept)
+
 
 def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
-    config, runner, space, candidates, reference = tune.config, tune.runner, tune.space, tune.candidates, tune.reference
-    name, url, study, cache, gpus = tune.name, tune.url, tune.study, tune.cache, tune.config.world_size
-    known = None if cache is None else len(cache.hypothesis_values)
-    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03), cache,
+    """The study loop and its report. Exit 0 when the study holds a completed trial, 1 when none of its trials
+    completed (nothing to rank or export: said in one line)."""
+    config, runner, candidates, study = tune.config, tune.runner, tune.candidates, tune.study
+    known = None if tune.cache is None else len(tune.cache.hypothesis_values)
+    proposer = make_proposer(args.proposer, candidates, config, runner, getattr(args, "stop_margin", 0.03), tune.cache,
                              progress)
-    if cache is not None and (known == 0 or len(cache.hypothesis_values) != known):
+    if tune.cache is not None and (known == 0 or len(tune.cache.hypothesis_values) != known):
         # scored now, or the agent predicted more: a resume reads it back
         with progress.step(f"saving the {len(candidates):,} scored layouts to the study's cache ...") \
                 if progress is not None else nullcontext():
-            cache.save(candidates)
+            tune.cache.save(candidates)
+    _say_plan(args, tune, proposer)
+    interrupted = recover_interrupted(study)
+    if interrupted:
+        what = "skipped" if args.on_interrupted == "skip" else "retried when proposed again"
+        print(f"trials {', '.join(map(str, interrupted))} were interrupted (the tuner stopped while they ran): "
+              f"marked failed, their layouts {what}", file=sys.stderr)
+    summary = run_study(study, config, runner, proposer, args.trials, progress=not args.no_progress,
+                        skip_interrupted=args.on_interrupted == "skip", gpu_hours=args.gpu_hours)
+    if summary.exhausted:
+        print(summary.reason, file=sys.stderr)
+    return _report(args, tune)
+
+
+def _say_plan(args, tune: _Tune, proposer) -> None:
+    """What the study loop is about to search, on stderr: the space, the study, the backend, the notes."""
+    config, space, candidates = tune.config, tune.space, tune.candidates
     kind = "predicted by the cost model" if args.backend == "predict" else f"measured by the {args.backend} runner"
     borderline = sum(p.borderline for _, p in candidates)
     how = ("the agent weighs them by their chance to fit" if proposer.weighs_fit_risk
            else "left out: the sampler does not weigh the risk")
     also = f" and {borderline:,} borderline ones (they may not fit; {how})" if borderline else ""
+    if tune.settled:
+        also += (f"; {tune.settled:,} more borderline ones predicted over the limit are left out (the predict "
+                 f"backend's trial of one fails for certain; a measured run settles them)")
     print(f"tuning {config.describe()}: {len(candidates) - borderline:,} fitting layouts of the search space{also}; "
-          f"study '{name}' in {shown(url)}; backend {args.backend} (figures are {kind})", file=sys.stderr)
+          f"study '{tune.name}' in {shown(tune.url)}; backend {args.backend} (figures are {kind})", file=sys.stderr)
     pruned = getattr(candidates, "pruned", None)
     if pruned is not None:
         print(f"  search space pruned: {pruned.line()}", file=sys.stderr)
@@ -164,15 +210,11 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     if unused:
         print(f"  note: {', '.join(unused)} only shape measured runs; the {args.backend} backend ignores them",
               file=sys.stderr)
-    interrupted = recover_interrupted(study)
-    if interrupted:
-        what = "skipped" if args.on_interrupted == "skip" else "retried when proposed again"
-        print(f"trials {', '.join(map(str, interrupted))} were interrupted (the tuner stopped while they ran): "
-              f"marked failed, their layouts {what}", file=sys.stderr)
-    summary = run_study(study, config, runner, proposer, args.trials, progress=not args.no_progress,
-                        skip_interrupted=args.on_interrupted == "skip", gpu_hours=args.gpu_hours)
-    if summary.exhausted:
-        print(summary.reason, file=sys.stderr)
+
+
+def _report(args, tune: _Tune) -> int:
+    """The ranked table, its notes, the convergence arm and the recipes; 1 when no trial of the study completed."""
+    config, runner, study = tune.config, tune.runner, tune.study
     rows = ranked_rows(study)
     as_json = getattr(args, "json", False)
     out = sys.stderr if as_json else sys.stdout   # with --json, stdout holds the JSON object alone
@@ -188,7 +230,8 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
     verify_top = args.verify_top if args.verify_top is not None else (0 if args.backend == "predict" else 3)
     if verify_top > 0 and args.backend != "predict":
         failed = history_of(study, backend=runner.name).failed
-        _verify(study, config, runner, verify_top, reference or default_reference_of(candidates, gpus, failed))
+        _verify(study, config, runner, verify_top, tune.reference or default_reference_of(tune.candidates,
+                                                                                         config.world_size, failed))
         rows = ranked_rows(study)
     paths = export_rows(distinct_top(rows, args.top), config, Path(args.out), study) if rows and args.top > 0 else []
     if paths:
@@ -196,10 +239,32 @@ def _run(args, tune: _Tune, progress: Progress | None = None) -> int:
         for path in paths:
             print(f"  {path}", file=out)
     if as_json:
-        print(json.dumps({"study": name, "storage": shown(url), "backend": args.backend,
+        print(json.dumps({"study": tune.name, "storage": shown(tune.url), "backend": args.backend,
                           "figures": runner.figures, "trials": json.loads(trials_json(study, limit=10)),
                           "recipes": [str(p) for p in paths]}, indent=1))
+    nothing = none_completed(study)
+    if nothing:   # last, so a script sees why it exits 1
+        print(f"tune: {nothing}", file=sys.stderr)
+        return 1
     return 0
+
+
+def none_completed(study) -> str | None:
+    """One line when no trial of the study has completed (nothing to rank or export), naming the last ended trial's
+    reason; None when one has."""
+    from optuna.trial import TrialState
+
+    from tuner.trial_record import read_trials
+
+    records = read_trials(study)
+    if any(r.state == TrialState.COMPLETE for r in records):
+        return None
+    ended = [r for r in records if r.state in (TrialState.FAIL, TrialState.PRUNED)]
+    last = (f"; the last, trial {ended[-1].number}: {printable(ended[-1].reason[:200])}"
+            if ended and ended[-1].reason else "")
+    return (f"no trial of study '{printable(study.study_name)}' has completed ({len(records)} trials, "
+            f"{len(ended)} failed or pruned{last}): nothing to rank or export")
+
 
 MEASURED_ONLY = ("steps", "layers", "rows", "hang_timeout", "verify_top", "reference")
 

@@ -15,7 +15,7 @@ from cost_model.nouns.layout_codec import parse_pairs
 from cost_model.nouns.model_spec import ModelSpec
 from cost_model.predict import Prediction
 from cost_model.nouns.user_file import parse_json, read_user_text
-from tuner.backends import make_runner, measured_window
+from tuner.backends import check_set_up, make_runner, measured_window, megatron_refused, megatron_unsupported
 from cost_model.step_time import runner_host_to_gpu
 from tuner.intervals import CROSSING_RATIO, at_crossing, host_launch_extra_sd, is_shipped, runner_priced
 from tuner.options import CliError, check_profile_gpu, flags_set, profile, writing_user_file
@@ -26,7 +26,8 @@ from tuner.predict_request import (CASE_KEYS, MAX_BATCH_REQUESTS, MAX_REQUEST_CH
 def request_from_args(args) -> dict:
     """The flags as one request (tuner.predict_request), so flags and a batch line are answered alike."""
     if getattr(args, "recipe", None):
-        extra = [f for f in flags_set(args, CASE_KEYS, "predict") if f != "--model"]   # what a recipe gives instead
+        # what a recipe gives instead (its stack: the training image it was run on)
+        extra = [f for f in flags_set(args, CASE_KEYS + ("stack",), "predict") if f != "--model"]
         if extra:   # the recipe gives them; silently answering the recipe would ignore what was asked
             raise CliError(f"--recipe gives the model, GPUs, workload and layout; drop {', '.join(extra)} "
                            f"(or leave out --recipe; --model PATH names the config.json a recipe was exported from)")
@@ -46,14 +47,14 @@ def request_from_args(args) -> dict:
 def cmd_predict(args) -> int:
     hardware = profile(args)
     if args.batch:
-        extra = flags_set(args, CASE_KEYS + ("recipe", "explain", "recipe_out"), "predict")
+        extra = flags_set(args, CASE_KEYS + ("stack", "recipe", "explain", "recipe_out"), "predict")
         if extra:
             raise CliError(f"--batch takes each request from its lines; drop {', '.join(extra)}")
         return predict_batch(args.batch, hardware)
     case = resolve(request_from_args(args), notes := [])
-    _say(notes)
     check_profile_gpu(hardware, case.gpu)
     prediction = answer(case, hardware)
+    _say(notes)   # after the layout's rules: an invalid layout is one error line alone
     interval = interval_for(case, hardware, prediction)
     if not (args.recipe or args.layout or prediction.fits):
         gpus = f" --gpus {args.gpus}" if args.gpus else ""
@@ -119,6 +120,9 @@ def predict_batch(path: str, hardware) -> int:
             print(json.dumps(out), flush=True)
             if asked > MAX_BATCH_REQUESTS or line is ENDLESS:
                 break
+    if not asked:   # exit 0 (no request got an error), but an empty answer must not pass for a batch answered
+        print(f"tune: note: {'stdin' if path == '-' else 'the request file'} held no requests (empty or blank lines "
+              f"only): nothing was predicted", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -321,9 +325,14 @@ def cmd_trial(args) -> int:
     dry_run = getattr(args, "dry_run", False)
     if dry_run and args.backend != "slime":
         raise CliError("--dry-run prints the Ray job of --backend slime; the other backends submit no job")
+    check_set_up(args)   # an option the runner does not set up: the final reason, before the workload's own rules
     case = resolve(request_from_args(args), notes := [])
-    _say(notes)
     answer(case)  # the layout's rules, before any GPU is touched
+    _say(notes)
+    if args.backend == "megatron":   # what the runner refuses (model, precision, layout): before any GPU is looked for
+        reason = megatron_unsupported(case.model, case.workload, case.layout)
+        if reason:
+            raise megatron_refused(reason)
     hardware = profile(args)
     check_profile_gpu(hardware, case.gpu)
     runner = make_runner(args, hardware)

@@ -48,12 +48,16 @@ def unsupported(model: ModelSpec, precision: str = "bf16") -> str | None:
     return None
 
 
-def _check_supported(model: ModelSpec, workload: Workload, layout: Layout | None = None) -> None:
-    if layout is not None and layout.overlap_moe_expert_parallel_comm:
+def layout_unsupported(layout: Layout) -> str | None:
+    """Why the megatron runner cannot run `layout` whatever the model; None where it can."""
+    if layout.overlap_moe_expert_parallel_comm:
         # the combined 1F1B schedule needs the model's schedule plan, which the runner's loop does not build
-        raise NotImplementedError("EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not wired into the "
-                                  "megatron runner")
-    reason = unsupported(model, workload.precision)
+        return "EP all-to-all overlap (overlap_moe_expert_parallel_comm) is not wired into the megatron runner"
+    return None
+
+
+def _check_supported(model: ModelSpec, workload: Workload, layout: Layout | None = None) -> None:
+    reason = (layout_unsupported(layout) if layout is not None else None) or unsupported(model, workload.precision)
     if reason:
         raise NotImplementedError(reason)
 
