@@ -199,3 +199,16 @@ def test_the_report_leads_with_the_figure_the_table_prints(tmp_path, capsys):
     text = (out / "index.html").read_text()
     assert f"{first} tokens/s/GPU (predicted)" in text
     assert f"best predicted {first} tokens/s/GPU" in text
+
+
+def test_equal_weights_name_no_heaviest_hypothesis():
+    """A predicted-only study never moves the weights: the caption says they are equal, not that one leads."""
+    from types import SimpleNamespace
+
+    from tuner.report_figures import hypothesis_weights
+
+    equal = {"per_layer_pass flex 0.6": 1.0, "per_token flex 0.8": 1.0, "shipped": 1.0}
+    drawn = hypothesis_weights([SimpleNamespace(number=n, weights=equal) for n in range(3)])
+    assert "all 3 weigh the same (33% each)" in drawn.caption and "heaviest" not in drawn.caption
+    moved = hypothesis_weights([SimpleNamespace(number=0, weights={**equal, "shipped": 2.0})])
+    assert "the heaviest is shipped (50%)" in moved.caption

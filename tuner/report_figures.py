@@ -233,5 +233,8 @@ def hypothesis_weights(facts) -> Drawn | None:
     png = _png(fig)
     last = shares[-1]
     lead = max(last, key=last.get)
+    if max(last.values()) - min(last.values()) < 1e-9:   # no measurement has moved them: no hypothesis leads
+        return Drawn(f"{len(weighted)} trials carry weights; at trial {xs[-1]} all {len(last)} weigh the same "
+                     f"({last[lead]:.0%} each): nothing measured has told them apart", png)
     return Drawn(f"{len(weighted)} trials carry weights; at trial {xs[-1]} the heaviest is {lead} ({last[lead]:.0%})",
                  png)
