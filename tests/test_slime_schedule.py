@@ -94,3 +94,13 @@ def test_interleaving_with_fewer_rows_than_dp_x_pp_micro_batches_is_refused():
     assert not refused(64, layout)
     # 72 one-row bins round up to 128 micro-batches: more than the rows; bins of 2 rows make 64 of them
     assert refused(72, layout) and not refused(72, Layout(64, pp=8, vpp=4, max_tokens_per_gpu=2 * 8192))
+
+
+def test_explain_says_the_micro_batches_are_uneven():
+    from tuner.what_if import microbatch_line
+
+    model, gpu, w = load_model("qwen3-30b-a3b"), load_gpu("h200"), Workload()
+    uneven = microbatch_line(predict(model, gpu, w, Layout(8, ep=8, max_tokens_per_gpu=98304)))
+    assert uneven.startswith("2 micro-batches of 81,920 tokens") and "the largest, 98,304 tokens" in uneven
+    assert microbatch_line(predict(model, gpu, w, Layout(8, ep=8, max_tokens_per_gpu=65536))) == \
+        "2 micro-batches of 65,536 tokens per GPU per step"

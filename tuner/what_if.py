@@ -278,7 +278,7 @@ def explain(model: ModelSpec, gpu: GpuSpec, layout: Layout, p: Prediction, inter
              + (f"\nthe breakdown below is the shipped model's own prediction, one of the hypotheses: "
                 f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}"
                 if leads_with_median(interval, p) else ""),
-             f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step",
+             microbatch_line(p),
              "",
              f"{'step time':<28}{'seconds':>9}{'share':>8}  where it comes from"]
     sources = p.term_sources   # where each term comes from: measured, modelled or fitted
@@ -317,6 +317,17 @@ def memory_lines(p: Prediction) -> list[str]:
     for part, source in sorted(p.memory.sources.items()):
         lines.append(f"    {part}: {source}")
     return lines
+
+
+def microbatch_line(p: Prediction) -> str:
+    """The step's micro-batches; where slime's schedule makes them uneven, the mean the time sees and the largest the
+    memory does (cost_model.predict.microbatches)."""
+    line = f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step"
+    largest = p.context.largest_tokens if p.context is not None else 0.0
+    if largest and abs(largest - p.tokens_per_microbatch) > 0.5:
+        line += (f" on the busiest rank, on average (slime's schedule deals uneven bins; the largest, "
+                 f"{largest:,.0f} tokens, sets the memory peak)")
+    return line
 
 
 def cmd_trial(args) -> int:
