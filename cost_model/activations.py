@@ -307,12 +307,16 @@ def in_flight_microbatches(layout: Layout, num_microbatches: int) -> float:
     more forward (a virtual stage's chunk) in the interleaved warmup. Without a pipeline its combined steps
     pair one micro-batch's forward, layer by layer, with the previous one's backward, which frees as the other
     allocates: still about one micro-batch (a published run's allocated peak agrees, r000 of the public rows)."""
-    pp, vpp = layout.pp, layout.vpp
+    return in_flight_count(layout.pp, layout.vpp, layout.overlap_moe_expert_parallel_comm, num_microbatches)
+
+
+def in_flight_count(pp: int, vpp: int, ep_overlap: bool, num_microbatches: int) -> float:
+    """`in_flight_microbatches` from the fields it reads (a space's scoring asks it of layouts it has not built)."""
     if pp == 1:
         return 1.0
     if vpp == 1:
         return float(min(pp, num_microbatches))
-    extra = 1.0 / vpp if layout.overlap_moe_expert_parallel_comm else 0.0
+    extra = 1.0 / vpp if ep_overlap else 0.0
     return min(pp * (1 + (pp - 1) / (pp * vpp)) + extra, float(num_microbatches))
 
 

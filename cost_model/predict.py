@@ -136,17 +136,23 @@ def microbatches(layout: Layout, workload: Workload) -> tuple[float, int, float]
     into bins of --max-tokens-per-gpu and deals them to the DP ranks (`slime_schedule`): the time is the mean
     micro-batch of the rows the step waits for, not a full bin per micro-batch. Megatron's fixed micro-batch
     (--framework megatron, the runner) holds `rows` rows each."""
-    rows = rows_per_microbatch(layout.max_tokens_per_gpu, layout.cp, workload.seq_len)
+    return microbatch_split(layout.max_tokens_per_gpu, layout.dp, layout.pp, layout.vpp, layout.cp, layout.ep,
+                            workload)
+
+
+def microbatch_split(max_tokens: int, dp: int, pp: int, vpp: int, cp: int, ep: int,
+                     workload: Workload) -> tuple[float, int, float]:
+    """`microbatches` from the fields it reads (a space's scoring asks it of layouts it has not built)."""
+    rows = rows_per_microbatch(max_tokens, cp, workload.seq_len)
     if workload.framework == "slime":
-        align = layout.dp * (layout.pp if layout.vpp > 1 else 1)   # microbatch_group_size_per_vp_stage: PP
-        work, n_mb, largest = slime_schedule(workload.global_batch, layout.dp, rows, align, layout.ep > 1)
-        return (tokens_per_microbatch(work / n_mb, layout.cp, workload.seq_len), n_mb,
-                tokens_per_microbatch(largest, layout.cp, workload.seq_len))
-    tokens = tokens_per_microbatch(rows, layout.cp, workload.seq_len)
-    rows_per_dp = -(-workload.global_batch // layout.dp)
-    n_mb = -(-rows_per_dp // rows)
-    if layout.vpp > 1:  # the interleaved schedule runs a multiple of PP micro-batches
-        n_mb = -(-n_mb // layout.pp) * layout.pp
+        align = dp * (pp if vpp > 1 else 1)   # microbatch_group_size_per_vp_stage: PP
+        work, n_mb, largest = slime_schedule(workload.global_batch, dp, rows, align, ep > 1)
+        return (tokens_per_microbatch(work / n_mb, cp, workload.seq_len), n_mb,
+                tokens_per_microbatch(largest, cp, workload.seq_len))
+    tokens = tokens_per_microbatch(rows, cp, workload.seq_len)
+    n_mb = -(-(-(-workload.global_batch // dp)) // rows)
+    if vpp > 1:  # the interleaved schedule runs a multiple of PP micro-batches
+        n_mb = -(-n_mb // pp) * pp
     return tokens, n_mb, tokens
 
 

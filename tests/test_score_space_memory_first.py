@@ -112,3 +112,41 @@ def test_ruling_out_larger_micro_batches_keeps_what_scoring_each_layout_alone_ke
     for (_, pf), (_, pa) in zip(fast, alone):
         assert (pf.tokens_per_s_per_gpu, pf.peak_memory_gib, pf.fit_verdict) == \
             (pa.tokens_per_s_per_gpu, pa.peak_memory_gib, pa.fit_verdict)
+
+
+def test_a_larger_micro_batch_that_holds_less_memory_is_not_ruled_out_unscored():
+    """Memory need not grow with max_tokens_per_gpu: at 12 rows a step over PP 4, one micro-batch of 6 rows fills one
+    pipeline slot where two of 4 rows fill two (Llama3-70B on 32 x H200: TP4 PP4 at 4 rows a micro-batch does not fit,
+    at 6 it does). Scoring keeps what pricing each layout alone keeps."""
+    from search_space.enumerate import SpaceOptions
+
+    config = StudyConfig(load_model("llama3-70b"), load_gpu("h200"), 32, Workload(global_batch=12),
+                         options=SpaceOptions(max_cp=1, dispatchers=("alltoall",)))
+    fast, alone = score_space(config, PredictedRunner()), _each_alone(config, FullPricing())
+    assert [l for l, _ in fast] == [l for l, _ in alone] and len(alone) > 0
+    kept = {l.key() for l, _ in fast}
+    six = [l for l, _ in alone if (l.tp, l.pp, l.rows_per_microbatch, l.exp_avg_dtype) == (4, 4, 6, "fp32")
+           and not l.recompute_granularity and not l.offloaded]
+    assert six and all(l.key() in kept for l in six)
+
+
+def test_memory_scales_are_what_prediction_reads_of_the_micro_batch():
+    from cost_model.activations import in_flight_microbatches
+    from cost_model.nouns.stack import Stack
+    from cost_model.predict import microbatches
+    from search_space.enumerate import ShapeRuns, SpaceOptions, space_plan
+    from tuner.space_scoring import memory_scales
+
+    model, workload = load_model("qwen3.6-35b-a3b"), Workload()
+    shapes, options, _ = space_plan(model, 32, workload, Stack())
+    checked = 0
+    for shape in [s for s in shapes if s["pp"] > 1][:6]:
+        runs = ShapeRuns(shape, model, 32, workload, Stack(), options)
+        for ri, scale in enumerate(memory_scales(runs)):
+            layout = runs.layout(ri, 0)
+            if layout is None:
+                continue
+            _, n_mb, largest = microbatches(layout, workload)
+            assert scale == (largest, in_flight_microbatches(layout, n_mb))
+            checked += 1
+    assert checked > 10

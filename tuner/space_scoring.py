@@ -4,12 +4,12 @@ A very large space is pruned: the parallel shapes and layouts that no judge (the
 could rank among its best are not scored (tuner.space_pruning), and the result says how many.
 
 Memory first: most of a space does not fit, and the memory verdict is cheaper than the step time, so a layout's
-step is priced only when it may fit; a layout ruled out by memory rules out its siblings with more tokens per
-micro-batch, unscored (tests/test_score_space_memory_first.py checks the result is scoring each alone).
+step is priced only when it may fit; a layout ruled out by memory rules out, unscored, its siblings whose
+micro-batches hold no less memory (`memory_scales`: the largest micro-batch no smaller, no fewer in flight;
+tests/test_score_space_memory_first.py checks the result is scoring each alone).
 """
 from __future__ import annotations
 
-import math
 import signal
 import time
 from dataclasses import replace
@@ -17,10 +17,11 @@ from operator import itemgetter
 
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.layout_codec import layout_pairs
-from cost_model.predict import Prediction, memory_verdict, predict, predict_from_verdict
+from cost_model.activations import in_flight_count
+from cost_model.predict import Prediction, memory_verdict, microbatch_split, predict, predict_from_verdict
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
-                                    space_plan, space_size)
+                                    shape_dp, space_plan, space_size)
 from search_space.runner_space import RunnerSpace
 from tuner.gc_pause import kept_work
 from tuner.options import CliError
@@ -29,6 +30,25 @@ from tuner import space_pruning
 from tuner.space_pruning import PRUNE_ABOVE, Bars, Pruned, bounds_of, highest_first, judges, prunable
 
 _first = itemgetter(0)
+
+
+def memory_scales(runs: ShapeRuns) -> list[tuple[float, float]]:
+    """Per micro-batch choice of a shape (runs.max_tokens), what its layouts' memory reads of the micro-batch: the
+    tokens of the largest one and the micro-batches in flight (cost_model.memory.peak_memory grows with each, all
+    else alike). Neither need grow with max_tokens_per_gpu: slime's schedule halves bins under VPP, and fewer,
+    larger micro-batches fill fewer pipeline slots."""
+    s, workload = runs.shape, runs.workload
+    dp, pp, vpp = shape_dp(s, runs.world_size), s["pp"], s.get("vpp", 1)
+    out = []
+    for max_tokens in runs.max_tokens:
+        _, n_mb, largest = microbatch_split(max_tokens, dp, pp, vpp, s["cp"], s["ep"], workload)
+        out.append((largest, in_flight_count(pp, vpp, s.get("overlap_moe_expert_parallel_comm", False), n_mb)))
+    return out
+
+
+def _dominates(ruled_out: list[tuple[float, float]] | None, scale: tuple[float, float]) -> bool:
+    """Whether a layout of memory scale `scale` holds no less memory than one of those ruled out (of its run)."""
+    return ruled_out is not None and any(t <= scale[0] and f <= scale[1] for t, f in ruled_out)
 
 
 class _Scoring:
@@ -74,8 +94,9 @@ class _Scoring:
         placed, refusal, least, left_out = [], None, None, 0
         n_templates, max_tokens = len(runs.templates), runs.max_tokens
         # per run (its first template's index; templates of the same memory are one run where `same_memory`): the
-        # fewest tokens ruled out
-        ruled_out: dict[int, int] = {}
+        # memory scales of its layouts ruled out (memory_scales)
+        ruled_out: dict[int, list[tuple[float, float]]] = {}
+        scales = memory_scales(runs)
         looked = self.looked
         runs_of = runs.same_memory_as if self.same_memory else runs.same_as
         lighter = runs.lighter_than if self.same_memory else [None] * n_templates
@@ -88,7 +109,7 @@ class _Scoring:
                 if live is not None and (tokens, dispatcher) not in live:
                     left_out += 1   # counted as the enumeration would build it, before its rules (as Pruned says)
                     continue
-                if ruled_out.get(run, math.inf) <= tokens:
+                if _dominates(ruled_out.get(run), scales[ri]):
                     looked.add()
                     self.count += 1
                     continue
@@ -98,10 +119,10 @@ class _Scoring:
                         return 0
                     continue
                 looked.add()
-                if lighter_run is not None and ruled_out.get(lighter_run, math.inf) <= tokens:
+                if lighter_run is not None and _dominates(ruled_out.get(lighter_run), scales[ri]):
                     # a layout holding no more memory does not fit: nor does this one (counted, not priced)
                     self.count += 1
-                    ruled_out[run] = min(ruled_out.get(run, math.inf), tokens)
+                    ruled_out.setdefault(run, []).append(scales[ri])
                     continue
                 place = ri * n_templates + ti
                 try:
@@ -115,7 +136,7 @@ class _Scoring:
                 if p is not None and p.may_fit:
                     placed.append((place, layout, p))
                     continue
-                ruled_out[run] = min(ruled_out.get(run, math.inf), tokens)
+                ruled_out.setdefault(run, []).append(scales[ri])
                 peak = p.peak_memory_gib if p is not None else mv.memory.total
                 if least is None or (peak, place) < least[:2]:
                     least = (peak, place, layout)
