@@ -24,7 +24,7 @@ from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.layout_codec import layout_from_recipe_block, recipe_block
 from cost_model.nouns.model_spec import ModelError, ModelSpec, catalog_names, load_model
 from cost_model.nouns.names import file_name, shown
-from cost_model.predict import Prediction
+from cost_model.predict import Prediction, microbatches
 from cost_model.nouns.stack import Stack
 from cost_model.nouns.user_file import parse_yaml, read_user_text
 from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload, WorkloadError
@@ -149,6 +149,20 @@ def layout_block(layout: Layout, workload: Workload, moe: bool) -> dict:
     return block
 
 
+def _schedule_note(layout: Layout, workload: Workload) -> str:
+    """Where slime's schedule runs other micro-batches than full bins of the layout's rows (it halves bins until
+    each rank has as many as DP, x PP under VPP, ask; a step's last bin holds what is left), what it runs."""
+    if workload.framework != "slime":
+        return ""
+    mean, n_mb, largest = microbatches(layout, workload)
+    full = layout.rows_per_microbatch * workload.seq_len / layout.cp
+    if mean == largest == full:
+        return ""
+    rows = largest * layout.cp / workload.seq_len
+    return (f" (slime's schedule: {n_mb} micro-batches a rank, the largest of {rows:g} row{'s' if rows != 1 else ''}, "
+            f"{mean * layout.cp / workload.seq_len:g} on average on the busiest rank)")
+
+
 _NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 
@@ -163,6 +177,7 @@ def layout_summary(layout: Layout, workload: Workload, moe: bool) -> str:
     rows = f"{count} {workload.seq_len:,}-token row{'s' if n != 1 else ''} per microbatch"
     if layout.cp > 1:
         rows += f", split over CP {layout.cp}"
+    rows += _schedule_note(layout, workload)
     if layout.recompute_granularity == "full":
         k = layout.recompute_num_layers
         recompute = f"full recompute ({layout.recompute_method}, {k} layer{'s' if k != 1 else ''})"

@@ -104,3 +104,28 @@ def test_explain_says_the_micro_batches_are_uneven():
     assert uneven.startswith("2 micro-batches of 81,920 tokens") and "the largest, 98,304 tokens" in uneven
     assert microbatch_line(predict(model, gpu, w, Layout(8, ep=8, max_tokens_per_gpu=65536))) == \
         "2 micro-batches of 65,536 tokens per GPU per step"
+
+
+def test_layouts_slime_runs_alike_are_one_candidate():
+    """Under VPP slime halves bins until DP x PP of them: 128 rows over DP 16 x PP 8 (DeepSeek-V3 on 256 GPUs at
+    CP 2) are 128 one-row micro-batches whatever the bin; one layout of them is kept, the smallest bin."""
+    from tuner.space_scoring import distinct_runs
+
+    w = Workload()
+    same = [Layout(256, pp=8, vpp=4, cp=2, ep=16, max_tokens_per_gpu=mt, rows_per_microbatch=mt * 2 // 8192)
+            for mt in (4096, 8192, 16384)]
+    other = Layout(8, ep=8, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+    kept, dropped = distinct_runs([(l, None) for l in same + [other]], w)
+    assert [l for l, _ in kept] == [same[0], other] and dropped == 2
+    # Megatron's fixed micro-batch runs each size as asked
+    assert distinct_runs([(l, None) for l in same], Workload(framework="megatron")) == ([(l, None) for l in same], 0)
+
+
+def test_a_recipe_says_what_slimes_schedule_runs():
+    from recipes.recipe import layout_summary
+
+    vpp = Layout(64, pp=2, vpp=4, ep=8, max_tokens_per_gpu=32768, rows_per_microbatch=4)
+    assert "four 8,192-token rows per microbatch (slime's schedule: 2 micro-batches a rank, the largest of 2 rows" in \
+        layout_summary(vpp, Workload(), True)
+    even = Layout(8, ep=8, max_tokens_per_gpu=16384, rows_per_microbatch=2)
+    assert "two 8,192-token rows per microbatch;" in layout_summary(even, Workload(), True)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import replace
-from operator import itemgetter
+from dataclasses import fields, replace
+from operator import attrgetter, itemgetter
 
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.layout_codec import layout_pairs
 from cost_model.activations import in_flight_count
-from cost_model.predict import Prediction, memory_verdict, microbatch_split, predict, predict_from_verdict
+from cost_model.predict import (Prediction, memory_verdict, microbatch_split, microbatches, predict,
+                                predict_from_verdict)
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
                                     shape_dp, space_plan, space_size)
@@ -373,3 +374,28 @@ def _check_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
     except OSError as e:
         raise CliError(f"--ray-address {address}: nothing answers there ({e.strerror or e})") from None
+
+
+# A layout's fields but its micro-batch size: two layouts alike in these whose micro-batches slime schedules alike
+# are one run (distinct_runs)
+_NOT_MICROBATCH = attrgetter(*(f.name for f in fields(Layout) if f.name not in ("max_tokens_per_gpu",
+                                                                                 "rows_per_microbatch")))
+
+
+def distinct_runs(candidates: list, workload) -> tuple[list, int]:
+    """(the candidates without a layout that runs exactly as an earlier one, how many were left out). Under slime's
+    schedule two max_tokens_per_gpu can make the same micro-batches (under VPP it halves bins until there are DP x PP
+    of them: DeepSeek-V3's 128 rows over DP 16 x PP 8 are 128 one-row micro-batches at 1, 2 or 4 rows a bin); a trial
+    of the second would run the first again. The first, the smaller bin, is kept: its recipe says what runs. A VLM's
+    encoder reads the bin's rows: its layouts are kept."""
+    if workload.framework != "slime" or workload.images_per_row:
+        return candidates, 0
+    seen, kept = set(), []
+    for layout, p in candidates:
+        key = (_NOT_MICROBATCH(layout), microbatches(layout, workload))
+        if key not in seen:
+            seen.add(key)
+            kept.append((layout, p))
+    if len(kept) == len(candidates):
+        return candidates, 0
+    return ScoredSpace(kept, getattr(candidates, "pruned", None)), len(candidates) - len(kept)

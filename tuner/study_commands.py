@@ -19,7 +19,7 @@ from search_space.enumerate import SpaceOptions, enumerate_layouts, workload_opt
 from search_space.runner_space import RunnerSpace
 from tuner.backends import make_runner, measured_window
 from tuner.space_cache import SpaceCache
-from tuner.space_scoring import PARTIAL_OFFLOADS, NoFitError, ScoredSpace, score_space
+from tuner.space_scoring import PARTIAL_OFFLOADS, NoFitError, ScoredSpace, distinct_runs, score_space
 from tuner.export import distinct_top, export_rows
 from tuner.gc_pause import kept_work
 from tuner.options import CliError, check_output_folder, check_profile_gpu, flags_set, profile, target, workload
@@ -86,13 +86,14 @@ def cmd_run(args) -> int:
               file=sys.stderr)
         candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
     candidates, settled = runnable_by_prediction(candidates, config, runner)
+    candidates, same_runs = distinct_runs(candidates, config.workload)
     reference = parse_reference(args.reference, config, space) if args.reference else None
     storage = storage or open_storage(url, create_dirs=args.storage is None)
     with storage_errors(url):
         study = load_or_create(storage, name, config, runner.figures)
         _record_model_path(study, args.model)
-        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache, settled),
-                    progress)
+        return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache, settled,
+                                same_runs), progress)
 
 
 def _listed(fractions) -> str:
@@ -138,6 +139,7 @@ class _Tune:
     study: object
     cache: SpaceCache | None = None
     settled: int = 0   # borderline layouts left out as the predict backend's certain failures (runnable_by_prediction)
+    same_runs: int = 0   # layouts left out that slime runs as an earlier one (space_scoring.distinct_runs)
 
 
 def runnable_by_prediction(candidates, config, runner: TrialRunner) -> tuple[list, int]:
@@ -197,6 +199,9 @@ def _say_plan(args, tune: _Tune, proposer) -> None:
     if tune.settled:
         also += (f"; {tune.settled:,} more borderline ones predicted over the limit are left out (the predict "
                  f"backend's trial of one fails for certain; a measured run settles them)")
+    if tune.same_runs:
+        also += (f"; {tune.same_runs:,} more left out: slime's schedule runs them as a layout with a smaller "
+                 f"max_tokens_per_gpu (the same micro-batches)")
     print(f"tuning {config.describe()}: {len(candidates) - borderline:,} fitting layouts of the search space{also}; "
           f"study '{tune.name}' in {shown(tune.url)}; backend {args.backend} (figures are {kind})", file=sys.stderr)
     pruned = getattr(candidates, "pruned", None)
