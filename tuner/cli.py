@@ -14,6 +14,7 @@ import os
 import sys
 
 from cost_model.nouns.errors import AttuneError
+from tuner.interrupts import ReaderLeft
 from tuner.options import OWN_PARSER_SUBCOMMANDS, PARSERS, SUBCOMMANDS, CliError, one_line_usage_errors
 
 # Subcommands whose module parses its own arguments and returns its own exit code.
@@ -27,6 +28,7 @@ COMMANDS = {"run": ("tuner.study_commands", "cmd_run"), "show": ("tuner.study_co
             "gpus": ("tuner.catalog_commands", "cmd_gpus"), "profile": ("tuner.catalog_commands", "cmd_profile")}
 STUDY_COMMANDS = ("run", "show", "export", "report")
 EXIT_USAGE = 2
+EXIT_READER_LEFT = 141   # 128 + SIGPIPE: what a shell shows for a tool the signal ended (`set -o pipefail`)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,12 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     except AttuneError as e:
         print(f"tune: error: {e.one_line()}", file=sys.stderr)
         return EXIT_USAGE
+    except ReaderLeft:   # `tune ... | head` left while a run was on: its trial was marked interrupted; say nothing
+        return EXIT_READER_LEFT
     except KeyboardInterrupt:
         print("tune: interrupted; finished trials are kept in the study", file=sys.stderr)
         return 130
     except BrokenPipeError:   # `tune show | head`: the reader left; say nothing, as a SIGPIPE'd tool would
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+        return EXIT_READER_LEFT
 
 
 def _run_command(argv: list[str]) -> int:

@@ -186,7 +186,16 @@ def _records(study: optuna.Study, limit: int | None) -> list[dict]:
 
 
 def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
-    return trials_frame(study, limit).to_csv(index=False)
+    """The trials as CSV. A layout column whose values are whole numbers prints them as integers, as JSON does:
+    pandas stores a column with a missing value (a trial without a layout) as floats, which print as 1.0."""
+    import numbers
+
+    frame = trials_frame(study, limit)
+    for column in LAYOUT_COLUMNS:
+        values = frame[column].dropna()
+        if all(isinstance(v, numbers.Real) and float(v).is_integer() for v in values):
+            frame[column] = frame[column].astype("Int64")
+    return frame.to_csv(index=False)
 
 
 def trials_json(study: optuna.Study, limit: int | None = None) -> str:

@@ -32,7 +32,11 @@ Where this check is stricter than the original, on purpose:
 - a NaN/Inf loss or grad norm anywhere in either curve (skipped steps included) fails. In the
   original a NaN loss slips through: NaN comparisons are False, so NaN correlation, NaN point and
   NaN final differences all "pass"; only the grad-norm scan catches a divergence;
-- an undefined correlation (a constant curve after the skip) fails instead of passing silently;
+- a correlation left undefined by a NaN/Inf fails instead of passing silently; one left undefined by a flat curve
+  (either curve constant after the skip: it has no shape to correlate) is not checked, and the output says so
+  ("undefined (a flat curve): not checked"); the other rules judge it, so identical flat curves pass while a flat
+  candidate against a falling reference fails by the point-wise and final-loss rules (the original's NaN
+  correlation passes silently);
 - the curves must cover exactly the same steps: a length or step mismatch is an input error
   (`CurveError`), never a silent truncation or a NaN-filled gap.
 """
@@ -122,6 +126,7 @@ class RuleResult:
     threshold: Any
     threshold_text: str
     passed: bool
+    checked: bool = True   # False: the rule could not apply (a flat curve's correlation) and passes, saying so
 
 
 @dataclass(frozen=True)
@@ -174,7 +179,7 @@ class Verdict:
             "nonfinite": list(self.nonfinite),
             "rules": [{"rule": r.rule, "figure": r.figure, "measured": _json_value(r.measured),
                        "threshold": _json_value(r.threshold), "threshold_text": r.threshold_text,
-                       "passed": r.passed} for r in self.rules],
+                       "passed": r.passed, "checked": r.checked} for r in self.rules],
             "points": [{"step": p.step, "candidate": _json_float(p.candidate),
                         "reference": _json_float(p.reference), "relative_diff": _json_float(p.relative_diff),
                         "tolerance": p.tolerance, "passed": p.passed} for p in self.points],
@@ -192,7 +197,8 @@ class Verdict:
                    f"{len(self.compared_steps)} compared")
         out.append("")
         rows = [("figure", "measured", "threshold", "verdict")]
-        rows += [(r.figure, r.measured_text, r.threshold_text, "pass" if r.passed else "FAIL") for r in self.rules]
+        rows += [(r.figure, r.measured_text, r.threshold_text,
+                  "not checked" if not r.checked else "pass" if r.passed else "FAIL") for r in self.rules]
         out += _table(rows)
         out.append("")
         rows = [("step", "candidate", "reference", "rel. diff", "tolerance", "verdict")]
@@ -263,6 +269,29 @@ def _pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
         return None
     r = math.fsum(a * b for a, b in zip(dx, dy)) / math.sqrt(sxx * syy)
     return max(-1.0, min(1.0, r))
+
+
+def _flat(values: Sequence[float]) -> bool:
+    """A finite curve without variance (as `_pearson` computes it): its correlation is undefined, not failed."""
+    if not all(math.isfinite(v) for v in values):
+        return False
+    scaled = _unit_scaled(values)
+    mean = math.fsum(scaled) / len(scaled)
+    return math.fsum((v - mean) ** 2 for v in scaled) == 0.0
+
+
+def _correlation_rule(cur: Sequence[float], gold: Sequence[float], t: Thresholds) -> tuple[float | None, RuleResult]:
+    """The correlation and its rule. A flat curve (no variance) has no correlation to test: the rule is not checked
+    and passes, saying so; the other rules judge the curves. Undefined by a NaN/Inf, it fails."""
+    correlation = _pearson(cur, gold)
+    if correlation is None and (_flat(cur) or _flat(gold)):
+        return None, RuleResult("correlation", "correlation", None, "undefined (a flat curve): not checked",
+                                t.min_correlation, f">= {t.min_correlation:g}", True, checked=False)
+    return correlation, RuleResult(
+        "correlation", "correlation", correlation,
+        "undefined" if correlation is None else f"{correlation:.6f}",
+        t.min_correlation, f">= {t.min_correlation:g}",
+        correlation is not None and not correlation < t.min_correlation)
 
 
 def _relative(current: float, reference: float) -> float:
@@ -346,12 +375,7 @@ def check(candidate: Curve, reference: Curve, thresholds: Thresholds = Threshold
         "finite", "NaN/Inf loss or grad norm", len(nonfinite), str(len(nonfinite)), 0,
         "none (all steps, both curves)", not nonfinite)
 
-    correlation = _pearson(cur, gold)
-    corr_rule = RuleResult(
-        "correlation", "correlation", correlation,
-        "undefined" if correlation is None else f"{correlation:.6f}",
-        t.min_correlation, f">= {t.min_correlation:g}",
-        correlation is not None and not correlation < t.min_correlation)
+    correlation, corr_rule = _correlation_rule(cur, gold, t)
 
     points = []
     for step, c, g in zip(compared, cur, gold):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.names import shown, shown_name
 from cost_model.nouns.user_file import parse_yaml, read_user_text
+from tuner.storages import shown as shown_url
 
 # The recipe's cluster paths: field -> (its recipe variable, the slime flag it feeds).
 PATHS = {
@@ -76,10 +77,15 @@ class ClusterConfig:
             raise ClusterError(f"{self.source}: slime_commit must be a git commit hash (7 to 40 hex digits), "
                                f"got {self.slime_commit!r}")
         object.__setattr__(self, "env", _check_env(self.env, self.source))
+        if self.ray_address is not None:
+            jobs_api_address(self.ray_address, "--ray-address" if self.source == "the flags"
+                             else f"{self.source}: ray_address")
 
     def with_overrides(self, **values) -> "ClusterConfig":
         """The config with each field given a value that is not None (the command-line flags)."""
         given = {k: v for k, v in values.items() if v is not None}
+        if isinstance(given.get("ray_address"), str):
+            jobs_api_address(given["ray_address"], "--ray-address")   # the flag's own line, not the file's
         if not given:
             return self
         return dataclasses.replace(self, source=f"{self.source} and the flags" if self.source != "the flags"
@@ -94,6 +100,41 @@ class ClusterConfig:
         missing = self.missing_paths()
         if missing:
             raise ClusterError(missing_paths_message(missing))
+
+
+def jobs_api_address(address: str, where: str = "--ray-address") -> str:
+    """The slime backend's Ray address as its Jobs API client takes it: the dashboard's http(s)://HEAD:8265, a bare
+    HEAD:PORT given http://. ClusterError (one line, before any connection, a password shown as ***) for one it
+    cannot submit to: Ray's client address (ray://HEAD:10001, what --backend predict scores on, which the Jobs API
+    client would try for half a minute), `local` (predict's Ray started in this process), no host, a bad port."""
+    import urllib.parse
+
+    text = address.strip()
+    said = f"{where} {shown_url(text)[:200]}"
+    jobs = "the slime backend submits through Ray's Jobs API, the dashboard's http://HEAD:8265"
+    if text.lower() in ("local", "auto"):
+        raise ClusterError(f"{said}: {jobs}; 'local' is --backend predict's Ray, started in this process; for a "
+                           f"Ray head on this machine give http://127.0.0.1:8265")
+    url = text if "://" in text else f"http://{text}"
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname
+    if parts.scheme.lower() == "ray":
+        suggestion = f"http://{_host_in_url(host)}:8265" if host else "http://HEAD:8265"
+        raise ClusterError(f"{said}: {jobs}, not Ray's client address ray://HEAD:10001 (--backend predict's); "
+                           f"give {suggestion}")
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ClusterError(f"{said}: {jobs}; expected http://HEAD:8265 or https://HEAD:PORT")
+    if not host:
+        raise ClusterError(f"{said}: names no host; {jobs}: give it as http://HEAD:8265")
+    try:
+        parts.port
+    except ValueError:
+        raise ClusterError(f"{said}: the port must be a number in 0..65535; {jobs}") from None
+    return url
+
+
+def _host_in_url(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def missing_paths_message(missing: list[str]) -> str:

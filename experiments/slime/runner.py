@@ -49,13 +49,15 @@ from dataclasses import dataclass
 
 from cost_model.nouns.stack import Stack
 from experiments.runner import RunnerError, TrialResult, TrialRunner, TrialSpec
-from experiments.slime.cluster import ClusterConfig, missing_paths_message
+from experiments.slime.cluster import ClusterConfig, jobs_api_address, missing_paths_message
 from experiments.slime.model_scripts import SLIME_COMMIT, listed, same_commit
 from experiments.slime.summary import RunEnd, summarize
 from experiments.slime.watch import STARTUP_GRACE_S, JobWatch, Limits, one_line
 from recipes.slime_command import (ASYNC_ENTRY, MODEL_ARGS, SHELL_ENV_INPUTS, flat, job_entry_words, job_flags,
                                    slime_env, slime_flag_lines, slime_model_script)
 from search_space.megatron_args import launch_model_args, model_args
+from tuner.storages import masked
+from tuner.storages import shown as shown_url
 
 # Seconds a submission waits for the head node's job agent (Ray answers 500 'No available agent' until it is up).
 SUBMIT_AGENT_WAIT_S = 60.0
@@ -184,8 +186,8 @@ class SlimeRunner(TrialRunner):
         MODEL_ARGS as a list instead of sourcing slime's script. queue_timeout_s: the most seconds to wait for a
         free cluster. client: a JobSubmissionClient-like object (tests); connect=False: no client at all
         (`job_request` only, for a dry run)."""
-        address = cluster.ray_address
-        self.ray_address = address if "://" in address else f"http://{address}"
+        self.ray_address = jobs_api_address(cluster.ray_address)
+        self.address_shown = shown_url(self.ray_address)    # what messages and records name: no password
         self.slime_dir = cluster.slime_dir
         self.entry_module = cluster.entry_module
         self.env = dict(cluster.env)      # a copy: the runner's own, the cluster config stays as loaded
@@ -212,14 +214,21 @@ class SlimeRunner(TrialRunner):
         try:
             from ray.job_submission import JobSubmissionClient
         except ImportError as e:
-            raise RunnerError(f"cannot reach the Ray cluster at {self.ray_address}: the ray package is not "
+            raise RunnerError(f"cannot reach the Ray cluster at {self.address_shown}: the ray package is not "
                               f"installed ({e}); pip install 'ray[default]'") from None
         try:
             client = JobSubmissionClient(self.ray_address)
             client.list_jobs()        # an authenticated call: a cluster with token auth refuses it without one
         except Exception as e:  # ConnectionError, requests errors, RuntimeError from the version check, auth
-            raise RunnerError(f"cannot reach the Ray cluster at {self.ray_address}: {one_line(e)}") from None
+            raise RunnerError(self._unreachable(e)) from None
         return client
+
+    def _masked(self, text: str) -> str:
+        """An error's line with the address's password (in whatever form the client printed it) as ***."""
+        return masked(text, self.ray_address)
+
+    def _unreachable(self, e: Exception) -> str:
+        return self._masked(f"cannot reach the Ray cluster at {self.address_shown}: {one_line(e)}")
 
     # -- the command ---------------------------------------------------------------------------------
 
@@ -313,7 +322,7 @@ class SlimeRunner(TrialRunner):
         files = {name: {"from": path, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
                  for name, path in SHIPPED_FILES.items()}
         return {
-            "ray_address": self.ray_address,
+            "ray_address": self.address_shown,
             "submission_id": f"attune-{_slug(spec.case.layout.label)}-{uuid.uuid4().hex[:8]}",
             "entrypoint": cmd.entrypoint,
             "runtime_env": {"working_dir": "<a folder made at submission holding working_dir_files>",
@@ -343,11 +352,11 @@ class SlimeRunner(TrialRunner):
             try:
                 active = self._our_active_jobs()
             except Exception as e:
-                raise RunnerError(f"cannot reach the Ray cluster at {self.ray_address}: {one_line(e)}") from None
+                raise RunnerError(self._unreachable(e)) from None
             if not active:
                 return time.monotonic() - start
             if time.monotonic() - start > self.queue_timeout_s:
-                raise RunnerError(f"the Ray cluster at {self.ray_address} stayed busy with job(s) "
+                raise RunnerError(f"the Ray cluster at {self.address_shown} stayed busy with job(s) "
                                   f"{', '.join(active)} for {self.queue_timeout_s:.0f} s")
             time.sleep(self._limits.poll_interval_s)
 
@@ -362,7 +371,7 @@ class SlimeRunner(TrialRunner):
         steps, window = self.trial_steps(spec)
         cmd = self.command(spec)
         job = self.submit(spec, cmd)
-        watch = JobWatch(self.client, job.job_id, self.limits(), submitted=job.monotonic, where=self.ray_address)
+        watch = JobWatch(self.client, job.job_id, self.limits(), submitted=job.monotonic, where=self.address_shown)
         status = watch.follow()
         finished_wall = time.time()
         text = watch.drain(last_step=window[1])
@@ -374,7 +383,7 @@ class SlimeRunner(TrialRunner):
             details["log_path"] = self._save_log(job.job_id, text)
         succeeded = status == JobStatus.SUCCEEDED and watch.stopped is None
         end = RunEnd(window, steps, details["exit_code"], succeeded, watch.stopped, wall_s)
-        return summarize(spec, watch.log, text, end, source=f"slime on Ray at {self.ray_address}, job {job.job_id}",
+        return summarize(spec, watch.log, text, end, source=f"slime on Ray at {self.address_shown}, job {job.job_id}",
                          runner=self.name, details=details)
 
     def submit(self, spec: TrialSpec, cmd: SlimeCommand) -> _Submitted:
@@ -392,7 +401,8 @@ class SlimeRunner(TrialRunner):
                     entrypoint=request["entrypoint"], submission_id=request["submission_id"],
                     runtime_env={"working_dir": stage, "env_vars": cmd.env}, metadata=request["metadata"])
             except Exception as e:
-                raise RunnerError(f"cannot submit to the Ray cluster at {self.ray_address}: {one_line(e)}") from None
+                raise RunnerError(self._masked(f"cannot submit to the Ray cluster at {self.address_shown}: "
+                                                f"{one_line(e)}")) from None
         finally:
             shutil.rmtree(stage, ignore_errors=True)
         return _Submitted(job_id=job_id, wall=submitted_wall, monotonic=submitted, queued_s=queued_s)
@@ -408,7 +418,7 @@ class SlimeRunner(TrialRunner):
                    cmd: SlimeCommand) -> dict:
         """The result's details about the job: its id, status, exit code, times, command and environment."""
         return {
-            "job_id": job.job_id, "ray_address": self.ray_address,
+            "job_id": job.job_id, "ray_address": self.address_shown,
             "job_status": str(getattr(status, "value", status)), "exit_code": getattr(info, "driver_exit_code", None),
             "job_message": one_line(getattr(info, "message", "") or "")[:500],
             "queued_s": round(job.queued_s, 3), "wall_s": round(wall_s, 3), "steps_requested": steps,
