@@ -8,6 +8,8 @@ Pure functions of the profile data; reading files happens in `load_profile`.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -16,6 +18,7 @@ from pathlib import Path
 
 
 from cost_model.device_memory import DeviceMemory, DeviceMemoryError, parse_device_memory
+from cost_model.nouns.hardware import gpu_names
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.names import clean_name
 from cost_model.runner_components import RunnerComponents, parse_runner_components
@@ -174,6 +177,11 @@ class HardwareProfile:
         curve = self.collectives.get(op) or self.collectives.get("all_gather")
         return curve(nbytes)
 
+    def digest(self) -> str:
+        """A short digest of what the profile file holds (`content_digest`): a study records it, so a resume with
+        another profile's figures under the same name is refused."""
+        return content_digest(self.raw)
+
     def summary(self) -> dict:
         """The headline figures `tune gpus --json` shows."""
         big = self.gemm_bf16(self.gemm_bf16.ms[-1], self.gemm_bf16.ns[-1], self.gemm_bf16.ks[-1])
@@ -252,10 +260,58 @@ def _require_curves(grouped: dict, attention: dict, collectives: dict, origin: s
                            f"curve to stand in for them")
 
 
+def content_digest(data: dict) -> str:
+    """The digest of a profile's parsed content: the same figures written with other spacing, key order, quoting
+    or number forms (6.80, 6.8; 2, 2.0) give the same digest. Its free-text `notes` price nothing and are left out."""
+    body = _canonical({k: v for k, v in data.items() if k != "notes"})
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _canonical(value):
+    """`value` as plain JSON: numbers as floats, mapping keys as strings, anything else (a date) as its text."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    return str(value)
+
+
+# The sections every profile has (`tune profile` writes them), with the fields the model reads from each mapping.
+REQUIRED_SECTIONS = {"gemm_bf16": (), "grouped_gemm_bf16": (), "attention_bf16": (),
+                     "memory": ("hbm_copy_tb_s", "h2d_gb_s", "d2h_gb_s"), "cpu_adam": ("params_per_s",)}
+
+
+def check_sections(data: dict, origin: str) -> None:
+    """A hand-edited profile missing a section or one of its figures, or with a non-string gpu_type, is refused in
+    one line naming it (not a KeyError)."""
+    for key, what in (("gpu_type", "a GPU type name such as h200"), ("provenance", "measured or derived")):
+        value = data.get(key)
+        if not isinstance(value, str) or not value.strip():
+            shown = "nothing" if value is None else f"{type(value).__name__} {repr(value)[:40]}"
+            raise ProfileError(f"{origin}: {key} must be {what}, got {shown}")
+    for section, fields in REQUIRED_SECTIONS.items():
+        value = data.get(section)
+        if value is None:
+            raise ProfileError(f"{origin}: the {section} section is missing (every profile `tune profile` "
+                               f"writes has it)")
+        kind = dict if fields else list
+        if not isinstance(value, kind):
+            raise ProfileError(f"{origin}: the {section} section must be a {'mapping' if fields else 'list'}, "
+                               f"got {type(value).__name__}")
+        missing = [f for f in fields if value.get(f) is None]
+        if missing:
+            raise ProfileError(f"{origin}: the {section} section has no {', '.join(missing)}")
+
+
 def profile_from_dict(data: dict, origin: str = "profile", shipped: bool = False) -> HardwareProfile:
     try:
         if data.get("schema_version") != 1:
             raise ProfileError(f"{origin}: unknown schema_version {repr(data.get('schema_version'))[:40]} (expected 1)")
+        check_sections(data, origin)
         check_numbers(data, origin)
         if not [p for p in data["gemm_bf16"] or [] if not p.get("label")]:
             raise ProfileError(f"{origin}: gemm_bf16 has no measured points")
@@ -393,7 +449,12 @@ def parse_profile(text: str, origin: str, shipped: bool = False) -> HardwareProf
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    return parse_profile(read_user_text(path, ProfileError, "profile"), str(path))
+    """A user's profile file; one of a GPU type tune has no catalog entry for is refused (nothing could use it)."""
+    profile = parse_profile(read_user_text(path, ProfileError, "profile"), str(path))
+    if profile.gpu_type not in gpu_names():
+        raise ProfileError(f"{path}: gpu_type {profile.gpu_type[:40]} is not a GPU type tune knows "
+                           f"(known: {', '.join(gpu_names())})")
+    return profile
 
 
 @lru_cache(maxsize=16)

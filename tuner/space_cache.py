@@ -2,7 +2,8 @@
 
 What is kept: the layouts that may fit with their predictions (`score_space`) and the agent's predictions of them
 under each hypothesis. The key is everything they are computed from: the study's model, GPU, GPU count,
-workload, stack, space options and profile, the runner and its model run, and the source of the code that scores
+workload, stack, space options and profile (its figures, and the digest of all its file holds), the runner and its
+model run, and the source of the code that scores
 (cost_model, search_space, experiments, tuner and the data they read). Any change is another key; a file that
 cannot be read, or that another user could have written, is ignored and the space is scored again. Only SQLite
 studies keep one (a folder `.attune-cache` beside the file); a server storage scores the space each time.
@@ -40,7 +41,8 @@ def space_key(config, runner, space) -> str:
     """The key of a study's scored space (see the module docstring)."""
     parts = (FORMAT, code_digest(), repr(config.model), repr(config.gpu), config.world_size, repr(config.workload),
              repr(config.stack), repr(space.options if space is not None else config.options),
-             repr(config.profile), runner.name, repr(getattr(runner, "layers", None)),
+             repr(config.profile), config.profile.digest() if config.profile is not None else None,   # all it holds
+             runner.name, repr(getattr(runner, "layers", None)),
              repr(getattr(runner, "stack", None)), repr(getattr(space, "reasons", None)))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 

@@ -58,6 +58,10 @@ from tuner.storages import (DEFAULT_STORAGE, StudyError, masked, postgresql_engi
                             unreadable_attribute_at)
 
 
+# The identity's digest of a --profile's content (cost_model.profile.content_digest); studies made before it have none
+PROFILE_DIGEST = "profile_digest"
+
+
 def workload_identity(workload: Workload) -> dict:
     """The workload's fields, its step options only when set: studies made before those options resume."""
     base = {k: v for k, v in asdict(workload).items() if k not in (*STEP_OPTION_DEFAULTS, "image_size")}
@@ -101,6 +105,8 @@ class StudyConfig:
         digest = architecture_digest(self.model)
         if digest:   # a config.json is named by its folder: two folders of one name are two models
             out["architecture"] = digest
+        if self.profile is not None:   # a profile is named by its header: an edited file keeps the name
+            out[PROFILE_DIGEST] = self.profile.digest()
         return out
 
     def profile_name(self) -> str:
@@ -243,18 +249,27 @@ def check_existing(study: optuna.Study, name: str, config: StudyConfig, figures:
         if write:
             study.set_user_attr("config", identity)
         existing = identity
-    if existing is not None and _added_since(existing, identity, config):
-        if write:
-            study.set_user_attr("config", identity)   # a study made before price and profile were recorded
-        existing = identity
-    if existing != identity:
+    asked = as_recorded_before_profile_digests(existing, identity)
+    if existing is not None and _added_since(existing, asked, config):
+        existing = asked   # a study made before price and profile were recorded
+    if existing != asked:
         was = f"{existing['model']} on {existing['gpus']} x {existing['gpu']}" if existing else "something else"
         differ = "; ".join(_differences(existing, identity)[:3]) if existing else ""
         raise StudyError(f"study '{name}' was created for {was} with other settings"
                          + (f" ({differ})" if differ else "")
                          + f"; pass another --study to tune {config.describe()}")
+    if write and study.user_attrs.get("config") != identity:
+        study.set_user_attr("config", identity)   # what it lacked (price, profile, its digest) recorded now
     if figures:
         check_figures(study, figures)
+
+
+def as_recorded_before_profile_digests(existing: dict | None, identity: dict) -> dict:
+    """`identity` as a study recorded before profile digests has it (without the digest) when that study lacks one:
+    such a study resumes with the profile of the name it recorded, and records its digest then."""
+    if isinstance(existing, dict) and PROFILE_DIGEST in identity and PROFILE_DIGEST not in existing:
+        return {k: v for k, v in identity.items() if k != PROFILE_DIGEST}
+    return identity
 
 
 def _differences(recorded: dict, asked: dict, prefix: str = "") -> list[str]:
@@ -266,6 +281,10 @@ def _differences(recorded: dict, asked: dict, prefix: str = "") -> list[str]:
         a, b = recorded.get(key, "default"), asked.get(key, "default")
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
+        elif key == PROFILE_DIGEST and not prefix:
+            # said only where the names agree (else the name's line says it); none on one side: no --profile there
+            if a != b and "default" not in (a, b) and recorded.get("profile") == asked.get("profile"):
+                out.append(f"profile: other figures under the same name, content digest {a} recorded, {b} asked")
         elif a != b and not _at_default(f"{prefix}{key}", a, b):
             out.append(f"{prefix}{key}: {a} recorded, {b} asked")
     return out

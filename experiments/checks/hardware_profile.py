@@ -346,7 +346,9 @@ def _compile_ahead(shape: dict | None, only, batches):
 
 
 def write_profile(profile: dict, path) -> None:
-    """Write the profile as YAML, atomically (a temp file in the same folder, then os.replace)."""
+    """Write the profile as YAML, atomically (a temp file in the same folder, synced, then os.replace), with the
+    mode open() would give it (0666 less the umask: 0644 under umask 022), as recipes and reports are
+    (recipes.files.write_atomic): a profile is meant to be shared, and mkstemp's 0600 would keep it private."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -355,6 +357,9 @@ def write_profile(profile: dict, path) -> None:
             yaml.safe_dump(profile, fh, sort_keys=False, default_flow_style=None, width=120)
             fh.flush()
             os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
