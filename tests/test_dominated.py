@@ -59,3 +59,19 @@ def test_the_exported_recipes_are_distinct_choices():
     assert [r.layout for r in distinct_top(rows, 3)] == [bf16, BASE.replace(max_tokens_per_gpu=16384),
                                                          BASE.replace(tp=4)]
     assert distinct_top(rows, 1) == rows[:1] and distinct_top(rows, 0) == []
+
+
+def test_the_same_recompute_in_other_chunks_is_no_faster():
+    """Full uniform recompute reruns every layer whatever its chunk: a layout that differs from one run only there
+    (or in more block layers, or more selective modules) cannot run faster; fewer block layers can."""
+    uniform = lambda n: BASE.replace(recompute_granularity="full", recompute_method="uniform",  # noqa: E731
+                                     recompute_num_layers=n)
+    block = lambda n: BASE.replace(recompute_granularity="full", recompute_method="block",  # noqa: E731
+                                   recompute_num_layers=n)
+    assert adds_work(uniform(4), uniform(1)) and adds_work(uniform(1), uniform(4))
+    assert adds_work(uniform(1), block(2)) and adds_work(block(4), block(2))
+    assert not adds_work(block(2), block(4)) and not adds_work(block(2), uniform(1))
+    selective = lambda mods: BASE.replace(recompute_granularity="selective", recompute_modules=mods)  # noqa: E731
+    assert adds_work(selective(("core_attn", "moe_act")), selective(("moe_act",)))
+    assert not adds_work(selective(("moe_act",)), selective(("core_attn", "moe_act")))
+    assert not adds_work(uniform(1), selective(("moe_act",)))   # another kind: not comparable

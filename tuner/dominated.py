@@ -26,15 +26,27 @@ def base(layout: Layout) -> tuple:
 
 
 def adds_work(layout: Layout, measured: Layout) -> bool:
-    """Whether `layout` is `measured` with recompute and/or offload added, or fp32 moments for bf16 (and nothing
-    else changed)."""
-    if base(layout) != base(measured):
+    """Whether `layout` is `measured` with no less recompute (recompute added, or the same layers rerun in other
+    chunks), offload added, or fp32 moments for bf16, and nothing else changed (the layout itself excepted)."""
+    if base(layout) != base(measured) or layout == measured:
         return False
-    more_recompute = measured.recompute_granularity is None and layout.recompute_granularity is not None
-    same_recompute = all(getattr(layout, f) == getattr(measured, f) for f in _RECOMPUTE)
     more_offload = not measured.offloaded and layout.offloaded
     same_offload = all(getattr(layout, f) == getattr(measured, f) for f in _OFFLOAD)
     wider_moments = measured.exp_avg_dtype != "fp32" and layout.exp_avg_dtype == "fp32"
     same_moments = layout.exp_avg_dtype == measured.exp_avg_dtype
-    return ((more_recompute or same_recompute) and (more_offload or same_offload) and (wider_moments or same_moments)
-            and (more_recompute or more_offload or wider_moments))
+    return _no_less_recompute(layout, measured) and (more_offload or same_offload) and (wider_moments or same_moments)
+
+
+def _no_less_recompute(layout: Layout, measured: Layout) -> bool:
+    """Whether `layout` reruns at least the forward work `measured` does. Full uniform recompute reruns every layer,
+    whatever its chunk (recompute_num_layers sets only how many layers' inputs are kept); full block reruns the first
+    N layers of each stage; selective reruns its modules."""
+    if measured.recompute_granularity is None:
+        return True
+    if layout.recompute_granularity != measured.recompute_granularity:
+        return False
+    if layout.recompute_granularity == "selective":
+        return set(layout.selective_modules) >= set(measured.selective_modules)
+    if layout.recompute_method == "uniform":
+        return True
+    return measured.recompute_method == "block" and layout.recompute_num_layers >= measured.recompute_num_layers
