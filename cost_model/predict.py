@@ -13,7 +13,7 @@ from cost_model.nouns.quick_init import quick_init
 from cost_model.memo import IdentityMemo
 from cost_model.nouns.batching import rows_per_microbatch, slime_schedule, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
-from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.hardware import GpuSpec, placed
 from cost_model.nouns.layout import Layout
 from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_per_node, most_loaded_params,
                                peak_memory)
@@ -226,7 +226,7 @@ def _step_context(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: La
     tokens, n_mb, largest = microbatches(layout, workload)
     vision = vision_work(model, workload, layout)
     rates, imbalance, ranks, dense, expert, runner, ranks_per_host = _shape_context(
-        model, gpu, workload, layout, c, profile, rt, vision is not None)
+        model, placed(gpu, layout.world_size), workload, layout, c, profile, rt, vision is not None)
     return StepContext(ranks, model, rates, layout, tokens, n_mb, workload.seq_len, imbalance, c, workload.framework,
                        dense, expert, rt.gdn_sharded, workload.cuda_graphs, workload.frozen_weights, vision,
                        rt.per_expert_gemm_calls, runner, ranks_per_host, largest)
@@ -308,6 +308,7 @@ class MemoryVerdict:
 def _memory_verdict(ctx: StepContext, gpu: GpuSpec, workload: Workload, profile: HardwareProfile | None, rt: Runtime,
                     precision_aware_optimizer: bool) -> MemoryVerdict:
     model, layout, c = ctx.model, ctx.layout, ctx.c
+    gpu = placed(gpu, layout.world_size)   # the GPUs a node holds as slime places them
     routed_rows_per_token = model.num_experts_per_tok * ctx.imbalance * layout.etp
     inputs = MemoryInputs(workload.precision, ctx.largest_tokens, routed_rows_per_token, ctx.num_microbatches, rt, gpu,
                           profile.device_memory if profile is not None else None, precision_aware_optimizer,

@@ -70,7 +70,7 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
         },
         "author": {"name": "attune-llm", "url": None},
         "status": status,
-        "stack": _stack_block(gpu, workload, stack_note),
+        "stack": _stack_block(gpu, workload, stack_note, per_node),
         "workload": _workload_block(workload),
         "layout": layout_block(layout, workload, model.is_moe),
         "result": {
@@ -119,7 +119,7 @@ def build_recipe(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     }
 
 
-def _stack_block(gpu: GpuSpec, workload: Workload, stack_note: str | None) -> dict:
+def _stack_block(gpu: GpuSpec, workload: Workload, stack_note: str | None, per_node: int) -> dict:
     """The recipe's `stack` group: versions not read from any image (null), and what the framework is; a workload
     slime's command does not set up (`unpriced_setup`) says so, and that its launch stops."""
     unpriced = unpriced_setup(workload)
@@ -135,7 +135,7 @@ def _stack_block(gpu: GpuSpec, workload: Workload, stack_note: str | None) -> di
         "nccl": None,
         "deepep": None,
         "python": None,
-        "network": _network(gpu),
+        "network": _network(gpu, per_node),
         "source": stack_note or f"{NOT_MEASURED}: no training image was inspected",
     }
 
@@ -255,9 +255,10 @@ def _workload_block(workload: Workload) -> dict:
     return block
 
 
-def _network(gpu: GpuSpec) -> str:
+def _network(gpu: GpuSpec, per_node: int) -> str:
     per_node_tbps = gpu.internode_gb_s * 8 * gpu.gpus_per_node / 1000
-    return (f"{gpu.gpus_per_node} GPUs per node, {per_node_tbps:g} Tb/s inter-node per node "
+    placed = "" if per_node == gpu.gpus_per_node else f" (this run places {per_node} on each)"
+    return (f"{gpu.gpus_per_node} GPUs per node{placed}, {per_node_tbps:g} Tb/s inter-node per node "
             f"(cost-model catalog figure for {gpu.instance}; {NOT_MEASURED})")
 
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from cost_model.metrics import PEFT_NAMES
 from cost_model.nouns.errors import AttuneError
-from cost_model.nouns.hardware import GpuSpec
+from cost_model.nouns.hardware import GpuSpec, node_placement
 from cost_model.nouns.model_spec import ModelSpec
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import Layout
@@ -202,12 +202,8 @@ def launch_model_args_for(model: ModelSpec, layout: Layout) -> tuple[list[str] |
 
 def actor_placement(layout: Layout, gpu: GpuSpec) -> tuple[int, int]:
     """(--actor-num-nodes, --actor-num-gpus-per-node): ceil(world / GPUs per node) nodes, the same
-    number of GPUs on each. Raises ValueError when the world size does not split evenly over them."""
-    nodes = -(-layout.world_size // gpu.gpus_per_node)
-    if layout.world_size % nodes:
-        raise ValueError(f"world size {layout.world_size} does not split evenly over {nodes} nodes of "
-                         f"{gpu.gpus_per_node} {gpu.display_name} GPUs (slime's world = nodes x GPUs per node)")
-    return nodes, layout.world_size // nodes
+    number of GPUs on each. Raises HardwareError (a ValueError) when the world size does not split evenly over them."""
+    return node_placement(gpu, layout.world_size)
 
 
 def slime_env(layout: Layout, gpu: GpuSpec) -> dict[str, str]:
@@ -274,7 +270,7 @@ def slime_flag_lines(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout:
 
     `(MODEL_ARGS,)` stands where the model's architecture flags go; `paths` gives the values of
     $HF_CKPT, $TORCH_DIST, $SFT_DATA and $PROFILE_DIR (the recipe keeps the shell variables, a runner
-    passes the cluster's paths). Raises ValueError when the world size does not split over the nodes."""
+    passes the cluster's paths). Raises HardwareError (a ValueError) when the world size does not split over the nodes."""
     nodes, per_node = actor_placement(layout, gpu)
     return [
         ("--actor-num-nodes", str(nodes)),

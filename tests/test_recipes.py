@@ -292,8 +292,35 @@ def test_a_dense_models_summary_names_no_dispatcher():
 
 def test_uneven_nodes_rejected():
     layout = Layout(world_size=9, tp=1, ep=1, **FULL)
-    with pytest.raises(ValueError, match="does not split evenly"):
+    with pytest.raises(ValueError, match="do not split evenly over 2 nodes.*6, 7, 8, 10 GPUs do"):
         slime_run(load_model("llama3-8b"), load_gpu("h200"), Workload(), layout)
+
+
+def test_a_gpu_count_slime_cannot_place_is_refused_before_scoring(tmp_path):
+    """13 x H200 is 2 nodes that cannot hold the same number each: one line, exit 2, no study (it had scored the
+    space, run its trials and died in a traceback at export)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "tuner", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--gpus", "13"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "10, 12, 14, 16 GPUs do" in out.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+def test_a_node_holding_fewer_gpus_than_it_can_narrows_the_nvlink_domain():
+    """12 x H200 places as 2 nodes of 6: a group of 8 consecutive ranks crosses nodes, and the recipe says so."""
+    from cost_model.nouns.hardware import placed
+
+    gpu = load_gpu("h200")
+    assert (placed(gpu, 12).gpus_per_node, placed(gpu, 12).nvlink_domain) == (6, 6)
+    assert placed(gpu, 16) is gpu and placed(gpu, 8) is gpu and placed(gpu, 6) is gpu
+    gb200 = load_gpu("gb200")   # NVLink spans the rack: its domain stays
+    assert placed(gb200, 6).nvlink_domain == gb200.nvlink_domain
+    model = load_model("llama3-8b")
+    tp8 = Layout(world_size=12, tp=4, pp=3, **FULL)
+    recipe_run = slime_run(model, gpu, Workload(), tp8)
+    assert "--actor-num-gpus-per-node 6" in recipe_run
 
 
 # ------------------------------------------------------------------ (4) errors

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cost_model.nouns.errors import AttuneError
 from recipes.files import LinkedTarget
-from cost_model.nouns.hardware import GpuSpec, load_gpu
+from cost_model.nouns.hardware import GpuSpec, load_gpu, node_placement
 from cost_model.nouns.layout_codec import LAYOUT_KEYS
 from cost_model.nouns.model_spec import ModelSpec, load_model
 from cost_model.nouns.stack import STACK_FIXES, STACK_NAMES
@@ -271,6 +271,7 @@ def target(args) -> tuple[ModelSpec, GpuSpec, int]:
     gpus = args.gpus if args.gpus is not None else gpu.gpus_per_node
     if gpus < 1:
         raise CliError(f"--gpus must be at least 1, got {gpus}")
+    node_placement(gpu, gpus)   # slime runs the same number of GPUs on each node: HardwareError, one line
     return model, gpu, gpus
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from cost_model.nouns.hardware import load_gpu
+from cost_model.nouns.hardware import load_gpu, node_placement
 from cost_model.hypotheses import Interval as HypothesesInterval, default_hypotheses, predict_interval
 from cost_model.nouns.model_spec import load_model
 from cost_model.predict import Prediction, predict
@@ -110,6 +110,7 @@ def _resolve(request: dict, notes: list[str] | None) -> Case:
     gpus = request["gpus"] if request.get("gpus") is not None else gpu.gpus_per_node   # 0 is refused, not a node
     if not 1 <= gpus <= MAX_GPUS:
         raise RequestError(f"gpus must be between 1 and {MAX_GPUS:,}, got {shown(gpus)}")
+    node_placement(gpu, gpus)   # slime runs the same number of GPUs on each node: HardwareError, one line
     name = request.get("stack") or "image"
     stack = Stack.named(name, list(fixes))
     given = {k: request[k] for k in ("seq_len", "global_batch", "precision", "routing", "framework",

@@ -71,3 +71,32 @@ def load_gpu(name: str) -> GpuSpec:
 
 def all_gpus() -> list[GpuSpec]:
     return [load_gpu(n) for n in gpu_names()]
+
+
+def node_placement(gpu: GpuSpec, world_size: int) -> tuple[int, int]:
+    """(nodes, GPUs on each) as slime places `world_size` GPUs: the fewest nodes that hold them, the same number on
+    each (--actor-num-nodes x --actor-num-gpus-per-node). HardwareError where they do not split evenly."""
+    nodes = -(-world_size // gpu.gpus_per_node)
+    if world_size % nodes:
+        near = sorted((n for n in range(max(1, world_size - 16), world_size + 17)
+                       if n % -(-n // gpu.gpus_per_node) == 0), key=lambda n: (abs(n - world_size), n))[:4]
+        raise HardwareError(f"{world_size} {gpu.display_name} GPUs ({gpu.gpus_per_node} a node) do not split evenly "
+                            f"over {nodes} nodes: slime runs the same number of GPUs on each node; "
+                            f"{', '.join(map(str, sorted(near)))} GPUs do")
+    return nodes, world_size // nodes
+
+
+def placed(gpu: GpuSpec, world_size: int) -> GpuSpec:
+    """`gpu` as `world_size` of them are placed (node_placement): where a node holds fewer than it can (12 x H200 is
+    2 nodes of 6), its GPUs a node and, where NVLink spans one node, its NVLink domain are the placement's: a group
+    of 8 consecutive ranks then crosses nodes. Otherwise `gpu` itself."""
+    if world_size <= gpu.gpus_per_node or world_size % gpu.gpus_per_node == 0:
+        return gpu   # itself: the cost model's memos key on its identity
+    return _fewer_a_node(gpu, node_placement(gpu, world_size)[1])
+
+
+@lru_cache(maxsize=256)
+def _fewer_a_node(gpu: GpuSpec, per_node: int) -> GpuSpec:
+    """One object per (GPU, GPUs a node): the cost model's memos key on it."""
+    domain = per_node if gpu.nvlink_domain == gpu.gpus_per_node else gpu.nvlink_domain
+    return dataclasses.replace(gpu, gpus_per_node=per_node, nvlink_domain=domain)
