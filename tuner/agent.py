@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cost_model.hypotheses import Z90, Hypothesis, default_hypotheses, weighted_quantile
+from cost_model.memory_fit import percent
 from cost_model.nouns.layout import Layout
 from tuner.dominated import adds_work, base
 from tuner.proposer import Candidate, History, Proposal, Proposer, family
@@ -371,7 +372,7 @@ class AgentProposer(Proposer):
                   f"(allocator_remap)" if remap > 0 else "")
         # the whole layout: two candidates may differ only in their offload or Adam moments' dtype
         return (f"{why}; {c.layout.long_label}{fam}: expects {o.median:,.0f} "
-                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU (posterior median, 90%), P(fits) {o.p_fit:.0%} ({borderline}predicted peak "
+                f"[{o.low:,.0f}-{o.high:,.0f}] tokens/s/GPU (posterior median, 90%), P(fits) {percent(o.p_fit)} ({borderline}predicted peak "
                 f"{p.peak_memory_gib:.1f} of {p.gpu_memory_gib:.1f} GiB); {weights}; largest terms {top}{strain}")
 
     def after_trial(self, history: History) -> dict:

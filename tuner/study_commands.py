@@ -7,6 +7,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cost_model.memory_fit import percent
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.layout_codec import layout_from_values, parse_pairs, to_optuna_params
 from cost_model.nouns.model_spec import ModelError, catalog_names, load_model
@@ -157,7 +158,7 @@ def runnable_by_prediction(candidates, config, runner: TrialRunner) -> tuple[lis
         raise CliError(f"no layout of {config.model.display_name} is predicted to fit on {config.world_size} x "
                        f"{config.gpu.display_name}: the {len(candidates):,} that may (borderline) are all predicted "
                        f"over the limit, the nearest {layout.long_label} at {p.peak_memory_gib:.1f} of "
-                       f"{p.gpu_memory_gib:.1f} GiB (P(fits) {p.fit_probability:.0%}); the predict backend's trial of "
+                       f"{p.gpu_memory_gib:.1f} GiB (P(fits) {percent(p.fit_probability)}); the predict backend's trial of "
                        f"one fails for certain, a measured run settles it (--backend megatron|slime), or give more "
                        f"GPUs (--gpus)")
     return ScoredSpace(kept, getattr(candidates, "pruned", None)), len(candidates) - len(kept)

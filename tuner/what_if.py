@@ -322,7 +322,8 @@ def memory_lines(p: Prediction) -> list[str]:
 def microbatch_line(p: Prediction) -> str:
     """The step's micro-batches; where slime's schedule makes them uneven, the mean the time sees and the largest the
     memory does (cost_model.predict.microbatches)."""
-    line = f"{p.num_microbatches} micro-batches of {p.tokens_per_microbatch:,.0f} tokens per GPU per step"
+    n = p.num_microbatches
+    line = f"{n} micro-batch{'es' if n != 1 else ''} of {p.tokens_per_microbatch:,.0f} tokens per GPU per step"
     largest = p.context.largest_tokens if p.context is not None else 0.0
     if largest and abs(largest - p.tokens_per_microbatch) > 0.5:
         line += (f" on the busiest rank, on average (slime's schedule deals uneven bins; the largest, "
