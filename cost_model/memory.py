@@ -388,6 +388,8 @@ class MemoryInputs:
     precision_aware: bool = True
     frozen_weights: bool = False    # LoRA's frozen base: weights only, no gradients or optimizer state
     vision: VisionWork | None = None  # a VLM's encoder work per micro-batch (first rank)
+    # the first stage's micro-batches in flight, in units of `tokens` (predict.in_flight_share); None: the layout's count
+    in_flight: float | None = None
 
 
 # The static memory of a rank (weights, gradients, optimizer state, the optimizer step's temporary) is the same for
@@ -469,7 +471,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
         return _peak_memory(ranks, model, layout, inputs, c)
     held = (ranks, model, c, inputs.runtime, inputs.gpu, inputs.device)
     key = (tuple(map(id, held)), _memory_fields(layout), inputs.precision, inputs.tokens, inputs.routed_rows_per_token,
-           inputs.num_microbatches, inputs.precision_aware, inputs.frozen_weights)
+           inputs.num_microbatches, inputs.precision_aware, inputs.frozen_weights, inputs.in_flight)
     hit = _PEAK_MEMO.get(key) or _PEAK_MEMO.put(key, held, _peak_memory(ranks, model, layout, inputs, c))
     return hit[1]
 
@@ -477,7 +479,7 @@ def peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout,
 def _peak_memory(ranks: tuple[RankLayers, ...], model: ModelSpec, layout: Layout, inputs: MemoryInputs,
                  c: Constants) -> MemoryBreakdown:
     rt = inputs.runtime
-    in_flight = in_flight_microbatches(layout, inputs.num_microbatches)
+    in_flight = in_flight_microbatches(layout, inputs.num_microbatches) if inputs.in_flight is None else inputs.in_flight
     # The same for every rank but the allocator's reserve: worked out once (its sources are long strings).
     fixed = overheads(layout, rt, model.is_moe, 0.0, inputs.gpu, inputs.device, c, model.has_linear_attention)
     outside = fixed.outside_pytorch

@@ -11,13 +11,14 @@ from operator import attrgetter
 
 from cost_model.nouns.quick_init import quick_init
 from cost_model.memo import IdentityMemo
-from cost_model.nouns.batching import rows_per_microbatch, slime_schedule, tokens_per_microbatch
+from cost_model.nouns.batching import rows_per_microbatch, slime_rows_held, slime_schedule, tokens_per_microbatch
 from cost_model.constants import Constants, default_constants
 from cost_model.nouns.hardware import GpuSpec, placed
 from cost_model.nouns.layout import Layout
 from cost_model.memory import (MemoryBreakdown, MemoryInputs, host_memory_gib_per_node, most_loaded_params,
                                peak_memory)
 from cost_model import memory_fit
+from cost_model.activations import in_flight_microbatches
 from cost_model.memory_fit import BORDERLINE, DOES_NOT_FIT, FITS, borderline_reason, fit_probability, fit_verdict
 from cost_model.allocator_strain import allocator_remap_s, remap_seconds
 from cost_model.metrics import format_mfu
@@ -138,6 +139,21 @@ def microbatches(layout: Layout, workload: Workload) -> tuple[float, int, float]
     (--framework megatron, the runner) holds `rows` rows each."""
     return microbatch_split(layout.max_tokens_per_gpu, layout.dp, layout.pp, layout.vpp, layout.cp, layout.ep,
                             workload)
+
+
+def in_flight_share(max_tokens: int, dp: int, pp: int, vpp: int, cp: int, workload: Workload,
+                    in_flight: float) -> float:
+    """`in_flight` micro-batches of a pipeline's first stage in units of the largest micro-batch: slime's uneven bins
+    hold fewer rows than that many of the largest (a rank's 4- and 2-row micro-batches hold 6 rows, not 8).
+    Megatron's fixed micro-batch: `in_flight` itself."""
+    if workload.framework != "slime" or in_flight <= 1:
+        return in_flight
+    rows = rows_per_microbatch(max_tokens, cp, workload.seq_len)
+    held = slime_rows_held(workload.global_batch, dp, rows, dp * (pp if vpp > 1 else 1))
+    whole = min(int(in_flight), len(held))
+    part = in_flight - whole if whole < len(held) else 0.0
+    count = held[whole - 1] + (part * (held[whole] - held[whole - 1]) if part else 0.0)
+    return count / held[0]
 
 
 def microbatch_split(max_tokens: int, dp: int, pp: int, vpp: int, cp: int, ep: int,
@@ -310,9 +326,11 @@ def _memory_verdict(ctx: StepContext, gpu: GpuSpec, workload: Workload, profile:
     model, layout, c = ctx.model, ctx.layout, ctx.c
     gpu = placed(gpu, layout.world_size)   # the GPUs a node holds as slime places them
     routed_rows_per_token = model.num_experts_per_tok * ctx.imbalance * layout.etp
+    in_flight = in_flight_share(layout.max_tokens_per_gpu, layout.dp, layout.pp, layout.vpp, layout.cp, workload,
+                                in_flight_microbatches(layout, ctx.num_microbatches))
     inputs = MemoryInputs(workload.precision, ctx.largest_tokens, routed_rows_per_token, ctx.num_microbatches, rt, gpu,
                           profile.device_memory if profile is not None else None, precision_aware_optimizer,
-                          workload.frozen_weights, ctx.vision)
+                          workload.frozen_weights, ctx.vision, in_flight)
     memory = peak_memory(ctx.ranks, model, layout, inputs, c)
     host = host_memory_gib_per_node(gpu, layout, workload.framework, ctx.dense, ctx.expert, c, workload.frozen_weights)
     capacity = memory.usable

@@ -133,7 +133,7 @@ def test_a_larger_micro_batch_that_holds_less_memory_is_not_ruled_out_unscored()
 def test_memory_scales_are_what_prediction_reads_of_the_micro_batch():
     from cost_model.activations import in_flight_microbatches
     from cost_model.nouns.stack import Stack
-    from cost_model.predict import microbatches
+    from cost_model.predict import in_flight_share, microbatches
     from search_space.enumerate import ShapeRuns, SpaceOptions, space_plan
     from tuner.space_scoring import memory_scales
 
@@ -147,6 +147,8 @@ def test_memory_scales_are_what_prediction_reads_of_the_micro_batch():
             if layout is None:
                 continue
             _, n_mb, largest = microbatches(layout, workload)
-            assert scale == (largest, in_flight_microbatches(layout, n_mb))
+            share = in_flight_share(layout.max_tokens_per_gpu, layout.dp, layout.pp, layout.vpp, layout.cp, workload,
+                                    in_flight_microbatches(layout, n_mb))
+            assert scale == (largest, largest * share)
             checked += 1
     assert checked > 10

@@ -129,3 +129,19 @@ def test_a_recipe_says_what_slimes_schedule_runs():
         layout_summary(vpp, Workload(), True)
     even = Layout(8, ep=8, max_tokens_per_gpu=16384, rows_per_microbatch=2)
     assert "two 8,192-token rows per microbatch;" in layout_summary(even, Workload(), True)
+
+
+def test_a_pipelines_uneven_micro_batches_in_flight_hold_their_own_rows():
+    """Llama3-70B on 32 x H200 at 12 rows a step, TP4 PP4 (DP 2): bins of 4 rows make a rank's micro-batches 4 + 2
+    rows, both in flight on the first stage: 6 rows, as bins of 3 (3 + 3) hold; priced as two of the largest (8 rows)
+    it was called out of memory (146.9 GiB) where the 3-row one fits."""
+    from cost_model.activations import in_flight_microbatches
+    from cost_model.nouns.batching import slime_rows_held
+    from cost_model.predict import in_flight_share
+
+    assert slime_rows_held(12, 2, 4, 2) == (4, 6) and slime_rows_held(12, 2, 3, 2) == (3, 6)
+    model, gpu, w = load_model("llama3-70b"), load_gpu("h200"), Workload(global_batch=12)
+    four, three = (Layout(32, tp=4, pp=4, max_tokens_per_gpu=r * 8192, rows_per_microbatch=r) for r in (4, 3))
+    assert in_flight_share(four.max_tokens_per_gpu, 2, 4, 1, 1, w, in_flight_microbatches(four, 2)) == 1.5
+    peaks = [predict(model, gpu, w, layout).peak_memory_gib for layout in (four, three)]
+    assert peaks[1] <= peaks[0] < peaks[1] * 1.02

@@ -18,8 +18,8 @@ from operator import attrgetter, itemgetter
 from cost_model.nouns.layout import InvalidLayout, Layout
 from cost_model.nouns.layout_codec import layout_pairs
 from cost_model.activations import in_flight_count
-from cost_model.predict import (Prediction, memory_verdict, microbatch_split, microbatches, predict,
-                                predict_from_verdict)
+from cost_model.predict import (Prediction, in_flight_share, memory_verdict, microbatch_split, microbatches,
+                                predict, predict_from_verdict)
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
                                     shape_dp, space_plan, space_size)
@@ -43,7 +43,8 @@ def memory_scales(runs: ShapeRuns) -> list[tuple[float, float]]:
     out = []
     for max_tokens in runs.max_tokens:
         _, n_mb, largest = microbatch_split(max_tokens, dp, pp, vpp, s["cp"], s["ep"], workload)
-        out.append((largest, in_flight_count(pp, vpp, s.get("overlap_moe_expert_parallel_comm", False), n_mb)))
+        count = in_flight_count(pp, vpp, s.get("overlap_moe_expert_parallel_comm", False), n_mb)
+        out.append((largest, largest * in_flight_share(max_tokens, dp, pp, vpp, s["cp"], workload, count)))
     return out
 
 

@@ -34,6 +34,28 @@ def slime_schedule(rows: int, dp: int, rows_per_bin: int, align: int, coupled: b
     to DP rank k mod DP. Returns (rows the step waits for per DP rank, micro-batches per rank, rows of the largest
     micro-batch). The step waits for its busiest rank; `coupled` (an all-to-all every layer, EP > 1): each
     micro-batch waits for its largest bin across the ranks."""
+    bins = _slime_bins(rows, rows_per_bin, align)
+    per_rank = -(-len(bins) // dp)   # short of `target` only where slime refuses the step (too few rows)
+    if coupled:
+        work = sum(max(bins[k * dp:(k + 1) * dp]) for k in range(per_rank))
+    else:
+        work = max(sum(bins[r::dp]) for r in range(dp))
+    return float(work), per_rank, max(bins)
+
+
+@lru_cache(maxsize=4096)
+def slime_rows_held(rows: int, dp: int, rows_per_bin: int, align: int) -> tuple[int, ...]:
+    """Per count k of a rank's micro-batches, the most rows any DP rank's k largest hold (`slime_schedule`'s bins): what
+    a pipeline's first stage holds with k micro-batches in flight, at worst."""
+    bins = _slime_bins(rows, rows_per_bin, align)
+    per_rank = [sorted(bins[r::dp], reverse=True) for r in range(dp)]
+    longest = max(len(b) for b in per_rank)
+    return tuple(max(sum(b[:k]) for b in per_rank) for k in range(1, longest + 1))
+
+
+@lru_cache(maxsize=4096)
+def _slime_bins(rows: int, rows_per_bin: int, align: int) -> tuple[int, ...]:
+    """The bins slime's schedule makes of a step's `rows` rows, in the order it deals them (`slime_schedule`)."""
     full, rem = divmod(rows, rows_per_bin)
     bins = [rows_per_bin] * full + ([rem] if rem else [])
     target = max(-(-len(bins) // align) * align, align)
@@ -47,9 +69,4 @@ def slime_schedule(rows: int, dp: int, rows_per_bin: int, align: int, coupled: b
         for part, at in ((big, -index), (small, len(bins) - 1)):
             if part > 1:
                 heappush(heap, (-part, -at))
-    per_rank = -(-len(bins) // dp)   # short of `target` only where slime refuses the step (too few rows)
-    if coupled:
-        work = sum(max(bins[k * dp:(k + 1) * dp]) for k in range(per_rank))
-    else:
-        work = max(sum(bins[r::dp]) for r in range(dp))
-    return float(work), per_rank, max(bins)
+    return tuple(bins)
