@@ -57,7 +57,7 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
             number=r.number, layout=r.parsed_layout(),
             tokens_per_s_per_gpu=r.value, peak_memory_gib=number(result.peak_memory_gib),
             mfu=number(result.mfu), usd_per_million_tokens=number(result.usd_per_million_tokens),
-            kind=printable(r.result_kind), source=printable(result.source or ""),
+            kind=_kind_of(r), source=printable(result.source or ""),
             predicted_tokens_per_s_per_gpu=r.predicted, rationale=printable(r.rationale or ""),
             predicted_low=number(interval.low), predicted_high=number(interval.high),
             fit=fit_of(r.prediction), breakdown=r.prediction.breakdown if r.prediction else None,
@@ -66,6 +66,20 @@ def ranked_rows(study: optuna.Study) -> list[Row]:
         ))
     # Measured rows first among equals: a measurement outranks a prediction of the same figure.
     return sorted(rows, key=lambda r: (-r.expected_tokens_per_s_per_gpu, r.kind != "measured"))
+
+
+EARLIER_MODEL = "predicted (earlier cost model)"
+
+
+def _kind_of(r) -> str:
+    """predicted or measured; a prediction by a cost model other than this one (a study resumed after an upgrade,
+    or made before trials recorded theirs) says so: its figure is not what `tune predict` gives now."""
+    from tuner.space_cache import cost_model_digest
+
+    kind = printable(r.result_kind)
+    if kind == "predicted" and r.cost_model != cost_model_digest():
+        return EARLIER_MODEL
+    return kind
 
 
 def _borderline_p(prediction: Predicted | None) -> float | None:
@@ -111,6 +125,9 @@ def format_table(rows: list[Row], limit: int | None = None, precision: str = "bf
         out.append(f"figures from: {s}")
     if precision != "bf16":
         out.append(f"MFU: of the GPU's dense bf16 peak, as the leaderboard's, for {precision} GEMMs too")
+    if any(r.kind == EARLIER_MODEL for r in (rows[:limit] if limit else rows)):
+        out.append(f"{EARLIER_MODEL}: the figure an earlier version of the cost model gave when the trial ran (its "
+                   f"MFU may divide by another peak); `tune predict` and an export price the layout with today's")
     if any(r.expected_tokens_per_s_per_gpu != r.tokens_per_s_per_gpu for r in (rows[:limit] if limit else rows)):
         out.append("ranked by tokens/s/GPU, a predicted borderline layout's times its chance to fit (an out-of-memory "
                    "run delivers nothing)")

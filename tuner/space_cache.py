@@ -37,6 +37,18 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+@lru_cache(maxsize=1)
+def cost_model_digest() -> str:
+    """The cost model's code and data, in 12 hex digits: a trial records the one that priced it, so a study resumed
+    after the model changed tells its earlier predictions from today's (tuner.report)."""
+    h = hashlib.sha256()
+    for path in sorted((ROOT / "cost_model").rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".json", ".csv"):
+            h.update(str(path.relative_to(ROOT)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def space_key(config, runner, space) -> str:
     """The key of a study's scored space (see the module docstring)."""
     parts = (FORMAT, code_digest(), repr(config.model), repr(config.gpu), config.world_size, repr(config.workload),

@@ -53,6 +53,7 @@ from tuner.space_params import distributions
 from tuner.interrupts import as_interrupt, storage_calls_held
 from tuner.trial_claims import (CLAIM_LOST, ask_trial, create_trial, end_interrupted, fail_reason, fail_stale,
                                   heartbeat, is_lost_claim, lost_to, still_running)
+from tuner.space_cache import cost_model_digest
 from tuner.sqlite_file import check_sqlite_file, first_line
 from tuner.storages import (DEFAULT_STORAGE, StudyError, masked, postgresql_engine, shown, storage_url,  # noqa: F401
                             unreadable_attribute_at)
@@ -60,6 +61,7 @@ from tuner.storages import (DEFAULT_STORAGE, StudyError, masked, postgresql_engi
 
 # The identity's digest of a --profile's content (cost_model.profile.content_digest); studies made before it have none
 PROFILE_DIGEST = "profile_digest"
+
 
 
 def workload_identity(workload: Workload) -> dict:
@@ -705,7 +707,7 @@ def _evaluate(study: optuna.Study, trial: optuna.Trial, config: StudyConfig, run
     except InvalidLayout as e:
         return prune(str(e))
     attrs.update(layout={"world_size": layout.world_size, **layout_values(layout)}, layout_key=layout.key(),
-                 label=layout.long_label)
+                 label=layout.long_label, cost_model=cost_model_digest())
     if layout.key() in history.tried:
         return prune("already evaluated in this study")
     refusal = space.refusal(layout) if space is not None else None

@@ -107,7 +107,7 @@ PREDICTION = {**{k: NUMBER for k in ("tokens_per_s_per_gpu", "step_time_s", "pea
               "reasons": ListOf(TEXT), "breakdown": Mapping(NUMBER), "interval": INTERVAL}
 ATTRIBUTES = {"layout": _layout, "result": RESULT, "prediction": PREDICTION, "hypothesis_weights": Mapping(NUMBER),
               **{k: TEXT for k in ("label", "rationale", "learnt", "prune_reason", "fail_reason", "backend",
-                                   "proposer", "layout_key")}}
+                                   "proposer", "layout_key", "cost_model")}}
 # What a figure stands on: one of these malformed (or anything inside the last three) and the trial is not
 # ranked (see the module docstring).
 GROUNDS = ("result", "result.status", "result.kind", "result.source", "result.failure_class", "layout",
@@ -201,6 +201,7 @@ class TrialRecord:
     prune_reason: str | None
     fail_reason: str | None
     rankable: bool                     # its layout and result are sound enough to rank and export it
+    cost_model: str | None = None      # the cost model's code digest when it was priced (tuner.space_cache)
 
     @property
     def interval(self) -> Interval | None:
@@ -250,7 +251,7 @@ def read_trial(t) -> TrialRecord:
     return TrialRecord(
         number=t.number, state=t.state, value=t.value, layout=attrs.get("layout"),
         **{k: attrs.get(k) for k in ("layout_key", "label", "backend", "proposer", "rationale", "hypothesis_weights",
-                                     "learnt", "prune_reason", "fail_reason")},
+                                     "learnt", "prune_reason", "fail_reason", "cost_model")},
         prediction=Predicted(recorded=bool(prediction), interval=Interval.from_dict(prediction.get("interval")),
                              **{k: prediction.get(k) for k in _PREDICTED}),
         result=RunResult(recorded=bool(result), stored=result, **{k: result.get(k) for k in _RESULT}),
