@@ -443,6 +443,8 @@ def test_show_json_is_a_list_of_trial_records(tmp_path, capsys):
     assert (records[1]["tp"], records[1]["pp"], records[1]["ep"]) == (1, 1, 4)
     assert records[1] | {"rationale": None} == {
         "number": 1, "state": "complete", "kind": "measured", "label": records[1]["label"],
+        "layout_args": ("ep=4 max_tokens_per_gpu=8192 rows_per_microbatch=1 recompute_granularity=full "
+                        "recompute_method=uniform recompute_num_layers=1"),
         **{k: records[1][k] for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu")},
         "tokens_per_s_per_gpu": 1234.5, "step_time_s": 2.5, "peak_memory_gib": 60.25, "mfu": 0.125,
         "usd_per_million_tokens": 0.75, "predicted_tokens_per_s_per_gpu": records[1]["predicted_tokens_per_s_per_gpu"],

@@ -149,7 +149,7 @@ def counts_line(study: optuna.Study) -> str:
 # One record per trial (`tune show --format csv|json`): its figures come from its result when it ran,
 # else from its prediction (a pruned trial), and `kind` says which.
 LAYOUT_COLUMNS = ("tp", "pp", "vpp", "cp", "ep", "etp", "max_tokens_per_gpu")
-TRIAL_COLUMNS = ("number", "state", "kind", "label", *LAYOUT_COLUMNS, "tokens_per_s_per_gpu", "step_time_s",
+TRIAL_COLUMNS = ("number", "state", "kind", "label", "layout_args", *LAYOUT_COLUMNS, "tokens_per_s_per_gpu", "step_time_s",
                  "peak_memory_gib", "mfu", "usd_per_million_tokens", "predicted_tokens_per_s_per_gpu", "predicted_low",
                  "predicted_high", "source", "backend", "reason", "rationale", "learnt")
 FIGURES = ("tokens_per_s_per_gpu", "step_time_s", "peak_memory_gib", "mfu", "usd_per_million_tokens")
@@ -182,12 +182,26 @@ def trial_row(r: TrialRecord) -> dict:
     """One trial's row of TRIAL_COLUMNS; a malformed attribute (another program's, a peer's) reads as missing."""
     figures, layout, interval = r.figures, as_dict(r.layout), r.interval or NO_INTERVAL
     return {"number": r.number, "state": STATES[r.state], "kind": printable(r.kind),
-            "label": printable(r.label), **{k: number(layout.get(k)) for k in LAYOUT_COLUMNS},
+            "label": printable(r.label), "layout_args": _layout_args(r),
+            **{k: number(layout.get(k)) for k in LAYOUT_COLUMNS},
             **{k: number(getattr(figures, k)) for k in FIGURES},
             "predicted_tokens_per_s_per_gpu": r.predicted,
             "predicted_low": number(interval.low), "predicted_high": number(interval.high),
             "source": printable(figures.source), "backend": printable(r.backend),
             "reason": printable(r.reason), "rationale": printable(r.rationale), "learnt": printable(r.learnt)}
+
+
+def _layout_args(r: TrialRecord) -> str | None:
+    """The trial's layout as `tune predict --layout` takes it (every field that differs from its default), so a row
+    can be priced again; None where the trial has no sound layout."""
+    from cost_model.nouns.layout import InvalidLayout
+    from cost_model.nouns.layout_codec import layout_pairs
+
+    try:
+        layout = r.parsed_layout() if r.layout else None
+    except (InvalidLayout, KeyError, TypeError, ValueError):   # another program's, a peer's: read as missing
+        return None
+    return printable(" ".join(layout_pairs(layout))) if layout is not None else None
 
 
 def trials_frame(study: optuna.Study, limit: int | None = None):
