@@ -573,10 +573,11 @@ def interval_check(table: list[dict]) -> dict:
         mine = [r for r in held if sel(r)]
         inside = sum(abs(math.log(r["predicted"] / r["measured"])) <= Z90 * r["band_sd"] for r in mine)
         fitted = sd_holding_90pct(ins)
-        widths = sorted(math.exp(2 * Z90 * r["band_sd"]) for r in mine) or [float("nan")]
+        widths = sorted(math.exp(2 * Z90 * r["band_sd"]) for r in mine)
+        width = f"x{widths[len(widths) // 2]:.2f}" if widths else "-"
         print(f"interval ({name}): shipped sd {'-' if shipped is None else f'{shipped:.3f}'} (the {len(ins)} "
               f"in-sample runs give {fitted if fitted is None else round(fitted, 3)}); the band each held-out run "
-              f"gets, width x{widths[len(widths) // 2]:.2f} before any trial, holds {inside} of {len(mine)}")
+              f"gets, width {width} before any trial, holds {inside} of {len(mine)}")
         out[name] = {"sd": shipped, "sd_from_in_sample": fitted, "held_out_inside": inside, "held_out": len(mine)}
     return out
 
