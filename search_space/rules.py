@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cost_model.nouns.batching import rows_per_microbatch
+from cost_model.nouns.batching import rows_per_microbatch, slime_bin_count
 from cost_model.nouns.model_spec import MLA, ModelError, ModelSpec
 from cost_model.nouns.workload import Workload
 from cost_model.nouns.layout import InvalidLayout, Layout
@@ -229,7 +229,7 @@ def _batching_rules(out: list[Violation], layout: Layout, workload: Workload) ->
         # calculator (built at start-up by slime) asserts GBS % (MBS x DP) == 0.
         out.append(Violation("global_batch_divisible_by_dp", MEGATRON,
                              f"global batch {gbs} rows is not divisible by DP {dp}"))
-    elif layout.vpp > 1 and (bins := _vpp_bins(gbs, rows, dp * layout.pp)) > gbs:
+    elif layout.vpp > 1 and (bins := slime_bin_count(gbs, rows, dp * layout.pp)) > gbs:
         # slime's schedule raises its bin count to a multiple of DP x PP under VPP by splitting bins; a row never splits
         out.append(Violation("vpp_rows_per_step", SLIME,
                              f"the interleaved schedule needs {bins} micro-batches per step (a multiple of DP {dp} x "
@@ -240,11 +240,6 @@ def _batching_rules(out: list[Violation], layout: Layout, workload: Workload) ->
         out.append(Violation("microbatch_within_rank_rows", CANONICAL,
                              f"rows_per_microbatch {layout.rows_per_microbatch} is more than the {gbs // dp} rows "
                              f"each DP rank gets per step (global batch {gbs} / DP {dp})"))
-
-
-def _vpp_bins(rows: int, rows_per_bin: int, align: int) -> int:
-    """The micro-batches slime's schedule makes of a step of `rows` rows under VPP (slime/utils/dp_schedule.py)."""
-    return max(-(-(-(-rows // rows_per_bin)) // align) * align, align)
 
 
 def check(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> None:

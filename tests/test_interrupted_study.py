@@ -3,13 +3,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+from blocking_tuner import blocking_tuner
 from tuner.cli import main
 from tuner.trial_claims import fail_reason
 
@@ -19,21 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = ["--model", "qwen3.6-35b-a3b", "--gpu", "h200", "--gpus", "4"]   # a space scored in about 2 s (8 GPUs: 12 s)
 
 # A tuner whose runner blocks forever on the third trial, started as its own process so it can be killed.
-SLOW_TUNER = textwrap.dedent("""
-    import sys, time
-    import experiments.predicted_runner as pr
-    calls = {"n": 0}
-    real = pr.PredictedRunner.run
-    def run(self, spec):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            print("BLOCKING", flush=True)
-            time.sleep(600)
-        return real(self, spec)
-    pr.PredictedRunner.run = run
-    from tuner.cli import main
-    sys.exit(main(sys.argv[1:]))
-""")
+SLOW_TUNER = blocking_tuner(3, ["time.sleep(600)"])
 
 
 def start_and_kill(tmp_path: Path, storage: Path) -> None:

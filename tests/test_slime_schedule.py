@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from cost_model.nouns.batching import slime_schedule
+from cost_model.nouns.batching import slime_bin_count, slime_schedule
 from cost_model.nouns.hardware import load_gpu
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.model_spec import load_model
@@ -49,7 +49,7 @@ def _slime_steps(rows: int, dp: int, rows_per_bin: int, align: int, coupled: boo
 def test_the_closed_walk_is_slimes_schedule(rows, dp, align_factor):
     for rows_per_bin, coupled in itertools.product(range(1, rows // dp + 1), (False, True)):
         align = dp * align_factor
-        if -(-(-(-rows // rows_per_bin)) // align) * align > rows:
+        if slime_bin_count(rows, rows_per_bin, align) > rows:
             continue   # slime raises: more bins than rows (search_space.rules refuses the layout)
         assert slime_schedule(rows, dp, rows_per_bin, align, coupled) == \
             _slime_steps(rows, dp, rows_per_bin, align, coupled), (rows, dp, rows_per_bin, align, coupled)

@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import optuna
@@ -19,6 +18,7 @@ from optuna.trial import TrialState
 from experiments.checks.convergence import Curve, check
 from experiments.checks.convergence import main as convergence_main
 from tuner import interrupts
+from blocking_tuner import blocking_tuner
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,23 +61,8 @@ def test_as_interrupt_guards_the_streams_and_gives_them_back():
 
 # A tuner whose runner, on its second trial, waits until the test has closed stderr's pipe, then writes to it (as a
 # runner that logs does): the reader left while the trial ran.
-WRITING_TUNER = textwrap.dedent("""
-    import os, sys, time
-    import experiments.predicted_runner as pr
-    calls = {"n": 0}
-    real = pr.PredictedRunner.run
-    def run(self, spec):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            print("BLOCKING", flush=True)
-            while not os.path.exists("closed"):
-                time.sleep(0.02)
-            print("the runner's progress line", file=sys.stderr, flush=True)
-        return real(self, spec)
-    pr.PredictedRunner.run = run
-    from tuner.cli import main
-    sys.exit(main(sys.argv[1:]))
-""")
+WRITING_TUNER = blocking_tuner(2, ['while not os.path.exists("closed"):', '    time.sleep(0.02)',
+                                   'print("the runner\'s progress line", file=sys.stderr, flush=True)'])
 
 
 def test_a_reader_that_leaves_ends_the_run_quietly_with_the_trial_interrupted(tmp_path):

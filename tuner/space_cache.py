@@ -28,25 +28,25 @@ KEEP = 8   # scored spaces kept per SQLite file (one per study and code version)
 @lru_cache(maxsize=1)
 def code_digest() -> str:
     """The digest of the scoring code and its data files (a new version of either is another key)."""
-    h = hashlib.sha256()
-    for pkg in CODE:
-        for path in sorted((ROOT / pkg).rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".json", ".csv"):
-                h.update(str(path.relative_to(ROOT)).encode())
-                h.update(path.read_bytes())
-    return h.hexdigest()
+    return _packages_digest(CODE)
 
 
 @lru_cache(maxsize=1)
 def cost_model_digest() -> str:
     """The cost model's code and data, in 12 hex digits: a trial records the one that priced it, so a study resumed
     after the model changed tells its earlier predictions from today's (tuner.report)."""
+    return _packages_digest(("cost_model",))[:12]
+
+
+def _packages_digest(packages) -> str:
+    """sha256 over the packages' code and data files, each named by its path."""
     h = hashlib.sha256()
-    for path in sorted((ROOT / "cost_model").rglob("*")):
-        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".json", ".csv"):
-            h.update(str(path.relative_to(ROOT)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()[:12]
+    for pkg in packages:
+        for path in sorted((ROOT / pkg).rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".json", ".csv"):
+                h.update(str(path.relative_to(ROOT)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def space_key(config, runner, space) -> str:

@@ -53,12 +53,18 @@ def slime_rows_held(rows: int, dp: int, rows_per_bin: int, align: int) -> tuple[
     return tuple(max(sum(b[:k]) for b in per_rank) for k in range(1, longest + 1))
 
 
+def slime_bin_count(rows: int, rows_per_bin: int, align: int) -> int:
+    """The micro-batches slime's schedule makes of a step's `rows` rows: first-fit bins of `rows_per_bin` rows, their
+    count raised to a multiple of `align`. More than `rows`: slime refuses the step (a row never splits)."""
+    return max(-(-(-(-rows // rows_per_bin)) // align) * align, align)
+
+
 @lru_cache(maxsize=4096)
 def _slime_bins(rows: int, rows_per_bin: int, align: int) -> tuple[int, ...]:
     """The bins slime's schedule makes of a step's `rows` rows, in the order it deals them (`slime_schedule`)."""
     full, rem = divmod(rows, rows_per_bin)
     bins = [rows_per_bin] * full + ([rem] if rem else [])
-    target = max(-(-len(bins) // align) * align, align)
+    target = slime_bin_count(rows, rows_per_bin, align)
     heap = [(-size, -index) for index, size in enumerate(bins) if size > 1]
     heapify(heap)
     while len(bins) < target and heap:
