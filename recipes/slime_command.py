@@ -30,7 +30,7 @@ from cost_model.metrics import PEFT_NAMES
 from cost_model.nouns.errors import AttuneError
 from cost_model.nouns.hardware import GpuSpec, node_placement
 from cost_model.nouns.model_spec import ModelSpec
-from cost_model.nouns.workload import Workload
+from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, Workload
 from cost_model.nouns.layout import Layout
 from cost_model.nouns.names import clean_name
 from search_space.megatron_args import (batch_args, dispatcher_args, launch_model_args, moment_args, offload_args,
@@ -162,6 +162,12 @@ def slime_loss_mask_type(model: ModelSpec) -> str | None:
     return None
 
 
+# What each step option (`STEP_OPTION_DEFAULTS`) asks that slime's command does not set up, in words.
+_UNSET_UP = {"peft": lambda v: f"{PEFT_NAMES.get(v, v)} adapters on a frozen base (--peft {v})",
+             "cuda_graphs": lambda v: f"CUDA graphs (--cuda-graphs {v})",
+             "images_per_row": lambda v: f"{v} image(s) per row through the vision encoder"}
+
+
 def unpriced_setup(workload: Workload) -> str | None:
     """What the cost model priced that slime's command does not set up (None: the command runs the priced job):
     a Megatron-LM/Bridge step, LoRA on a frozen base, CUDA graphs, images through a vision encoder. The command
@@ -169,13 +175,10 @@ def unpriced_setup(workload: Workload) -> str | None:
     parts = []
     if workload.framework != "slime":
         parts.append(f"a Megatron-LM/Bridge step (--framework {workload.framework})")
-    if workload.peft != "none":
-        name = PEFT_NAMES.get(workload.peft, workload.peft)
-        parts.append(f"{name} adapters on a frozen base (--peft {workload.peft})")
-    if workload.cuda_graphs != "none":
-        parts.append(f"CUDA graphs (--cuda-graphs {workload.cuda_graphs})")
-    if workload.images_per_row:
-        parts.append(f"{workload.images_per_row} image(s) per row through the vision encoder")
+    options = workload.step_options
+    for name in STEP_OPTION_DEFAULTS:
+        if name in options:
+            parts.append(_UNSET_UP[name](options[name]))
     if not parts:
         return None
     return ("the prediction is of " + ", ".join(parts) + ", which this slime command does not set up: it would run "

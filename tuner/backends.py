@@ -1,6 +1,7 @@
 """The trial runner the --backend flags ask for, and the measured window of a trial's steps."""
 from __future__ import annotations
 
+from cost_model.nouns.workload import STEP_OPTION_DEFAULTS, STEP_OPTION_FLAGS
 from tuner.options import CliError
 
 
@@ -12,12 +13,15 @@ def measured_window(steps: int) -> tuple[int, int]:
     return (5, 19) if steps == 20 else (max(min(2, steps - 1), steps // 4), steps - 1)
 
 
-def not_set_up(backend: str, peft: str = "none", cuda_graphs: str = "none", images_per_row: int = 0) -> str | None:
-    """Why the `backend` runner would not run the workload asked: an option the cost model prices but no runner
-    sets up (a measured trial would measure a different run); None where there is none."""
-    for flag, value in (("--peft", peft), ("--cuda-graphs", cuda_graphs), ("--images-per-row", images_per_row or "none")):
-        if value != "none":
-            return f"{flag} {value}: the {backend} runner does not set it up (it would measure a different run)"
+def not_set_up(backend: str, **options) -> str | None:
+    """Why the `backend` runner would not run the workload asked: a step option (`STEP_OPTION_DEFAULTS`, given by
+    name) the cost model prices but no runner sets up (a measured trial would measure a different run); None where
+    there is none."""
+    for name, default in STEP_OPTION_DEFAULTS.items():
+        value = options.get(name, default)
+        if value != default:
+            return f"{STEP_OPTION_FLAGS[name]} {value}: the {backend} runner does not set it up (it would measure a " \
+                   f"different run)"
     return None
 
 
@@ -25,8 +29,7 @@ def check_set_up(args) -> None:
     """CliError for a workload flag a measuring backend does not set up (before the workload's own rules, so the
     reason given is the final one)."""
     if args.backend != "predict":
-        reason = not_set_up(args.backend, getattr(args, "peft", "none"), getattr(args, "cuda_graphs", "none"),
-                            getattr(args, "images_per_row", 0))
+        reason = not_set_up(args.backend, **{k: getattr(args, k, d) for k, d in STEP_OPTION_DEFAULTS.items()})
         if reason:
             raise CliError(f"{reason}; it is predicted only, with --backend predict")
 
@@ -38,7 +41,7 @@ def megatron_unsupported(model, workload, layout=None) -> str | None:
     from experiments.megatron.config import layout_unsupported, unsupported
 
     return (unsupported(model, workload.precision) or (layout_unsupported(layout) if layout is not None else None)
-            or not_set_up("megatron", workload.peft, workload.cuda_graphs, workload.images_per_row))
+            or not_set_up("megatron", **workload.step_options))
 
 
 def megatron_refused(reason: str):

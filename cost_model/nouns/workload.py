@@ -26,6 +26,8 @@ MAX_IMAGE_SIZE = 16384
 # The step options beyond a full-training text step, at the values that leave them out (image_size goes with
 # images_per_row): what study identities and recipes record only when set.
 STEP_OPTION_DEFAULTS = {"cuda_graphs": "none", "peft": "none", "images_per_row": 0}
+# Each step option's command-line flag: what a runner or a command that does not set one up names.
+STEP_OPTION_FLAGS = {"cuda_graphs": "--cuda-graphs", "peft": "--peft", "images_per_row": "--images-per-row"}
 # Far above any job trained today; bounds keep every derived size (tokens per step) small.
 MAX_SEQ_LEN = 1 << 20
 MAX_GLOBAL_BATCH = 1 << 20
