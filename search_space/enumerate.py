@@ -216,6 +216,22 @@ def parallel_shapes(model: ModelSpec, world_size: int, workload: Workload, stack
                     yield dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, etp=etp, **split)
 
 
+def smallest_global_batch(model: ModelSpec, world_size: int, workload: Workload, stack: Stack,
+                          options: SpaceOptions) -> int | None:
+    """Where no parallel shape passes the rules, the smallest global batch (rows per step) with which one would:
+    every DP rank needs a row, so a batch below the smallest DP leaves none (1,000 GPUs at the default 128 rows).
+    None where the batch is not what stands in the way."""
+    ample = replace(workload, global_batch=world_size)   # a multiple of every DP the GPUs allow
+    dps = [shape_dp(s, world_size) for s in parallel_shapes(model, world_size, ample, stack, options)]
+    if not dps:
+        return None
+    for gbs in sorted({dp * k for dp in dps for k in range(1, world_size // dp + 1)}):
+        if gbs > workload.global_batch and any(parallel_shapes(model, world_size, replace(workload, global_batch=gbs),
+                                                               stack, options)):
+            return gbs
+    return None
+
+
 def pipeline_splits(model: ModelSpec, pp: int, vpp: int) -> list[dict]:
     """Megatron's even split where the layers divide over PP x VPP; else the balanced uneven splits; where
     neither works (DeepSeek-V3's 61 layers over PP 8 x VPP 4), the balanced layout string."""

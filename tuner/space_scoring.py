@@ -22,6 +22,7 @@ from cost_model.predict import (Prediction, in_flight_share, memory_verdict, mic
                                 predict, predict_from_verdict)
 from experiments.runner import TrialRunner
 from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
+                                    smallest_global_batch,
                                     shape_dp, space_plan, space_size)
 from search_space.runner_space import RunnerSpace
 from tuner.gc_pause import kept_work
@@ -156,6 +157,12 @@ class _Scoring:
             if self.refused:
                 raise CliError(f"no layout of {config.describe()} can run on the {runner.name} runner: "
                                f"{self.refused[0]}")
+            gbs = smallest_global_batch(config.model, config.world_size, config.workload, config.stack,
+                                        config.options)
+            if gbs is not None:
+                raise CliError(f"no valid layout exists for {config.describe()}: the global batch of "
+                               f"{config.workload.global_batch:,} rows is too small to give every data-parallel "
+                               f"rank a row; --global-batch {gbs:,} (or more, a multiple of DP) has layouts")
             raise CliError(f"no valid layout exists for {config.describe()} (check the GPU count against the "
                            f"model's heads, experts and layers)")
         if not self.fitting:
