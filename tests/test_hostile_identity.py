@@ -60,6 +60,18 @@ def test_export_with_another_model_of_the_name_names_the_study_and_both_sources(
 
 
 @pytest.mark.slow
+def test_export_with_another_catalog_model_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "qwen3-30b-a3b", *RUN, "--storage", "s.db", "--study", "cat"]) == 0
+    capsys.readouterr()
+    assert main(["export", "--study", "cat", "--storage", "s.db", "--out", "r", "--model", "llama3-8b"]) == 2
+    line = one_line(capsys)
+    assert "study 'cat' was tuned on qwen3-30b-a3b" in line and "catalog's llama3-8b" in line, line
+    assert not Path("r").exists()
+    assert main(["export", "--study", "cat", "--storage", "s.db", "--out", "r", "--model", "qwen3-30b-a3b"]) == 0
+
+
+@pytest.mark.slow
 def test_export_of_a_config_edited_after_tuning_names_the_study_and_the_recorded_digest(tmp_path, capsys,
                                                                                       monkeypatch):
     from tuner.model_identity import architecture_digest

@@ -45,8 +45,14 @@ def check_model_identity(identity: dict, model: ModelSpec, study: str | None = N
     was tuned on (the digest it recorded; none for a catalog model): a config.json edited after tuning, or
     another model under the name, is refused."""
     recorded, now = identity.get("architecture"), architecture_digest(model)
+    # two catalog models record no digest: their keys tell them apart
+    other_catalog = recorded is None is now and identity.get("model") not in (None, model.name)
+    who = f"study '{study}'" if study else "the study"
+    if other_catalog:
+        raise ModelIdentityError(f"{who} was tuned on {identity.get('model')}; the model asked now "
+                                 f"({source or model.name}) is the catalog's {model.name}: its figures would be "
+                                 f"another model's")
     if recorded != now:
-        who = f"study '{study}'" if study else "the study"
         raise ModelIdentityError(
             f"{who} was tuned on {identity.get('model')} with {_described(recorded)}; the model loaded now "
             f"({source or model.name}) has {_described(now)} (a config.json changed, or another model has its "
