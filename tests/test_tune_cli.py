@@ -563,8 +563,18 @@ def test_flags_of_measured_runs_are_named_when_the_backend_predicts(tmp_path, ca
     monkeypatch.chdir(tmp_path)
     assert main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "2", "--trials", "1", "--no-progress", "--top",
                  "0", "--layers", "4", "--steps", "5"]) == 0
-    assert "note: --steps, --layers only shape measured runs; the predict backend ignores them" in \
+    assert "note: --steps, --layers only apply to measured runs; the predict backend ignores them" in \
         capsys.readouterr().err
+    assert main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "2", "--trials", "1", "--no-progress", "--top",
+                 "0", "--gpu-hours", "0.001", "--stop-margin", "0.5", "--study", "b"]) == 0
+    assert "note: --gpu-hours, --stop-margin only apply to measured runs" in capsys.readouterr().err
+    from tuner.options import PARSERS
+    from tuner.study_commands import agent_only_flags
+
+    parse = PARSERS["run"]().parse_args
+    base = ["--model", "llama3-8b", "--gpu", "h100", "--backend", "megatron", "--stop-margin", "0.5"]
+    assert agent_only_flags(parse([*base, "--proposer", "tpe"])) == ["--stop-margin"]
+    assert agent_only_flags(parse(base)) == []   # the agent reads it
 
 
 def test_one_posterior_in_the_table_the_recipe_and_predict(tmp_path, monkeypatch, capsys):

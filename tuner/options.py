@@ -316,7 +316,7 @@ def run_parser():
     add_workload(p)
     add_storage(p, named_by_target=True)
     p.add_argument("--trials", type=bounded_int(1, MAX_TRIALS), default=20,
-                   help=f"trials to add to the study (default 20; at most {MAX_TRIALS:,})")
+                   help=f"trials to add to the study (default 20; 1 to {MAX_TRIALS:,})")
     add_backend(p)
     p.add_argument("--proposer", choices=("agent", "tpe", "gp", "random"), default="agent",
                    help="agent: reads predictions and measurements (default); tpe: Optuna's TPE sampler; "

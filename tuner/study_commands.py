@@ -214,7 +214,11 @@ def _say_plan(args, tune: _Tune, proposer) -> None:
         print(f"  note: {line}", file=sys.stderr)
     unused = measured_only_flags(args)
     if unused:
-        print(f"  note: {', '.join(unused)} only shape measured runs; the {args.backend} backend ignores them",
+        print(f"  note: {', '.join(unused)} only apply to measured runs; the {args.backend} backend ignores them",
+              file=sys.stderr)
+    unused = [f for f in agent_only_flags(args) if f not in unused]
+    if unused:
+        print(f"  note: {', '.join(unused)} only stops the agent proposer; --proposer {args.proposer} ignores it",
               file=sys.stderr)
 
 
@@ -241,9 +245,9 @@ def _report(args, tune: _Tune) -> int:
         rows = ranked_rows(study)
     paths = export_rows(distinct_top(rows, args.top), config, Path(args.out), study) if rows and args.top > 0 else []
     if paths:
-        print("recipes (status predicted, measured or verified):", file=out)
+        print("recipes (status in brackets):", file=out)
         for path in paths:
-            print(f"  {path}", file=out)
+            print(f"  {path} ({recipe_status(path)})", file=out)
     if as_json:
         print(json.dumps({"study": tune.name, "storage": shown(tune.url), "backend": args.backend,
                           "figures": runner.figures, "trials": json.loads(trials_json(study, limit=10)),
@@ -253,6 +257,14 @@ def _report(args, tune: _Tune) -> int:
         print(f"tune: {nothing}", file=sys.stderr)
         return 1
     return 0
+
+
+def recipe_status(path: Path) -> str:
+    """The status a written recipe records (its line `status: ...`)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("status:"):
+            return line.split(":", 1)[1].strip()
+    return "status not recorded"
 
 
 def none_completed(study) -> str | None:
@@ -272,7 +284,7 @@ def none_completed(study) -> str | None:
             f"{len(ended)} failed or pruned{last}): nothing to rank or export")
 
 
-MEASURED_ONLY = ("steps", "layers", "rows", "hang_timeout", "verify_top", "reference")
+MEASURED_ONLY = ("steps", "layers", "rows", "hang_timeout", "verify_top", "reference", "gpu_hours", "stop_margin")
 
 def small_batch_notes(config) -> tuple[str, ...]:
     """A line when the global batch has fewer rows than there are GPUs: every layout then runs a step of a few
@@ -288,6 +300,11 @@ def small_batch_notes(config) -> tuple[str, ...]:
 def measured_only_flags(args) -> list[str]:
     """The flags given that only a measuring backend uses, when the backend predicts."""
     return flags_set(args, MEASURED_ONLY, "run") if args.backend == "predict" else []
+
+
+def agent_only_flags(args) -> list[str]:
+    """The flags given that only the agent proposer reads (its stopping rule), when another proposes."""
+    return flags_set(args, ("stop_margin",), "run") if getattr(args, "proposer", "agent") != "agent" else []
 
 def make_proposer(kind: str, candidates, config, runner, stop_margin: float | None = 0.03, cache=None,
                   progress: Progress | None = None):
@@ -519,7 +536,9 @@ def cmd_export(args) -> int:
                        f"re-create the study") from None
     rows = ranked_rows(study)
     if not rows:
-        raise CliError(f"study '{args.study}' has no completed trial to export")
+        # as the tuning run that completed none: nothing is wrong with the input, there is just no result (exit 1)
+        print(f"tune: study '{args.study}' has no completed trial to export", file=sys.stderr)
+        return 1
     paths = export_rows(distinct_top(rows, args.top), config, check_output_folder(args.out), study)
     if args.json:
         print(json.dumps({"study": args.study, "recipes": [str(p) for p in paths]}))
