@@ -212,3 +212,18 @@ def test_equal_weights_name_no_heaviest_hypothesis():
     assert "all 3 weigh the same (33% each)" in drawn.caption and "heaviest" not in drawn.caption
     moved = hypothesis_weights([SimpleNamespace(number=0, weights={**equal, "shipped": 2.0})])
     assert "the heaviest is shipped (50%)" in moved.caption
+
+
+def test_an_interrupted_report_leaves_no_figure_without_a_page(tmp_path, capsys, monkeypatch):
+    from tuner import report_html
+
+    storage = tmp_path / "s.db"
+    name = make_study(storage, "agent-study")
+    out = tmp_path / "report"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(report_html, "render_page", interrupted)
+    assert main(["report", "--study", name, "--storage", str(storage), "--out", str(out)]) == 130
+    assert list(out.iterdir()) == []
+    assert capsys.readouterr().err.strip() == "tune: report interrupted; nothing it had not finished was written"

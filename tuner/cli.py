@@ -47,11 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     except ReaderLeft:   # `tune ... | head` left while a run was on: its trial was marked interrupted; say nothing
         return EXIT_READER_LEFT
     except KeyboardInterrupt:
-        print("tune: interrupted; finished trials are kept in the study", file=sys.stderr)
+        print(f"tune: {_interrupted(argv)}", file=sys.stderr)
         return 130
     except BrokenPipeError:   # `tune show | head`: the reader left; say nothing, as a SIGPIPE'd tool would
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_READER_LEFT
+
+
+def _interrupted(argv: list[str]) -> str:
+    """What an interrupt (Ctrl-C) left: a tuning run keeps its finished trials; another command wrote nothing
+    it had not finished (its files are written whole or not at all)."""
+    command = argv[0] if argv and argv[0] in SUBCOMMANDS else "run"
+    if command in ("run", "trial"):
+        return "interrupted; finished trials are kept in the study"
+    return f"{command} interrupted; nothing it had not finished was written"
 
 
 def _run_command(argv: list[str]) -> int:

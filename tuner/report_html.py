@@ -144,9 +144,16 @@ def write_report(study, out: Path) -> Path:
             if _OWN.fullmatch(name) and (out / name).is_symlink():
                 raise CliError(f"{out / name} is a symbolic link: the report is not written "
                                f"(remove it or use another --out)")
-        for _, name, png in figures.values():
-            write_atomic(out / name, png)
-        page = write_atomic(out / PAGE, render_page(study, facts, {k: (c, n) for k, (c, n, _) in figures.items()}))
+        new = [name for _, name, _ in figures.values() if not (out / name).exists()]
+        try:
+            for _, name, png in figures.values():
+                write_atomic(out / name, png)
+            page = write_atomic(out / PAGE, render_page(study, facts,
+                                                        {k: (c, n) for k, (c, n, _) in figures.items()}))
+        except BaseException:   # interrupted: no figure is left that no page shows
+            for name in new:
+                (out / name).unlink(missing_ok=True)
+            raise
         # only now that the new page is in place: the earlier reports' figures, and what a killed one left
         keep = {PAGE, *(name for _, name, _ in figures.values())}
         for name in os.listdir(out):
