@@ -406,3 +406,16 @@ def test_a_signal_the_tuner_was_started_ignoring_stays_ignored(tmp_path):
         if p.poll() is None:
             p.kill()
     assert not [t for t in load(url).trials if t.state == TrialState.RUNNING]
+
+
+def test_export_of_a_study_with_no_completed_trial_exits_1_as_the_run_does(tmp_path, capsys):
+    url = str(tmp_path / "s.db")
+    assert main(ARGS + ["--trials", "1", "--storage", url]) == 0
+    tuned = optuna.load_study(study_name="conc", storage=f"sqlite:///{url}")
+    empty = optuna.create_study(study_name="empty", storage=f"sqlite:///{url}", direction="maximize")
+    for key, value in tuned.user_attrs.items():   # the same configuration, no trial yet (a run interrupted early)
+        empty.set_user_attr(key, value)
+    capsys.readouterr()
+    assert main(["export", "--study", "empty", "--storage", url, "--out", str(tmp_path / "r")]) == 1
+    assert capsys.readouterr().err.strip() == "tune: study 'empty' has no completed trial to export"
+    assert not (tmp_path / "r").exists()
