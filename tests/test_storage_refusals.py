@@ -265,3 +265,10 @@ def test_a_trial_the_user_enqueued_runs_first(tmp_path, capsys, monkeypatch):
     seeded = trials[1]
     assert seeded.state == optuna.trial.TrialState.COMPLETE and seeded.user_attrs["layout_key"] == mine.key()
     assert "enqueued by the user" in seeded.user_attrs["rationale"]
+
+
+@pytest.mark.parametrize("url", ["journal:///tmp/j.log", "mysql://u:secret@host/x"])
+def test_a_storage_scheme_tune_has_no_driver_for_is_named_not_a_library_plugin(url, tmp_path, capsys):
+    assert main([*RUN, "--storage", url]) == 2
+    line = one_line(capsys)
+    assert "its scheme is not supported" in line and "postgresql://" in line and "secret" not in line, line

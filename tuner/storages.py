@@ -43,6 +43,10 @@ def storage_url(value: str | None) -> str:
                              f"give the file alone")
     elif scheme.lower() in ("postgres", "postgresql"):
         url = f"postgresql://{rest}"   # SQLAlchemy 2 knows only the long name
+    elif not scheme.lower().startswith("postgresql+"):
+        # journal://, mysql://...: tune installs no driver for them (SQLAlchemy's error names a plugin or module)
+        raise StudyError(f"--storage {shown(value)}: its scheme is not supported; give an SQLite "
+                         f"file (or sqlite:///FILE) or a postgresql:// URL")
     return url
 
 
