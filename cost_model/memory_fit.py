@@ -63,10 +63,10 @@ def strain_note(strain_s: float, step_s: float, priced: bool = False) -> str:
     share = strain_s / (step_s - strain_s if priced else step_s) if step_s > strain_s else 0.0
     if priced:
         return (f"; a MoE model with no room for the allocator's cache: its predicted step includes mapping each "
-                f"micro-batch's fp32 logits again ({strain_s:.2f} s a step, {share:.0%}: allocator_remap)")
+                f"micro-batch's fp32 logits again ({strain_s:.2f} s a step, {share:.1%}: allocator_remap)")
     return (f"; a MoE model this near the limit may also run slower than predicted: with no room for the "
             f"allocator's cache the measured runner layouts retried about once a micro-batch, mapping its fp32 "
-            f"logits again (here about {strain_s:.2f} s a step, {share:.0%} slower)")
+            f"logits again (here about {strain_s:.2f} s a step, {share:.1%} slower)")
 
 
 def borderline_reason(needed_gib: float, capacity_gib: float, sd: float, p: float, moe: bool = False,

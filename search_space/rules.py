@@ -141,6 +141,11 @@ def balanced_splits_hint(layers: int, pp: int, vpp: int) -> str:
                                                    ("account_for_loss_in_pipeline_split", l)) if on)
                 for e, l in accounting_splits(layers, pp, vpp)]
     if not options:
+        from cost_model.nouns.pipeline_layout import balanced_layout
+
+        text = balanced_layout(layers, pp, vpp)
+        if text:   # what the search space uses where neither divides (DeepSeek-V3's 61 over PP 8 x VPP 4)
+            return f"; the balanced layout string the search space uses: pipeline_model_parallel_layout={text}"
         return " (an uneven split sets decoder_first/last_pipeline_num_layers; none balances these stages)"
     return f"; the balanced splits the search space uses: {' | '.join(options)}"
 

@@ -96,7 +96,7 @@ def test_half_a_percent_under_the_limit_is_borderline_ten_percent_is_a_plain_fit
     assert 0 < strain_s < near.step_time_s
     note = strain_note(strain_s, near.step_time_s)
     assert reason.endswith(f"gives a {math.floor(near.fit_probability * 100)}% chance to fit{note}")
-    assert f"about {strain_s:.2f} s a step, {strain_s / near.step_time_s:.0%} slower" in note
+    assert f"about {strain_s:.2f} s a step, {strain_s / near.step_time_s:.1%} slower" in note
     dense = borderline_reason(near.memory.total, near.gpu_memory_gib, sd, near.fit_probability)
     assert reason == dense + note and "slower" not in dense
     # without the step's figures (a caller that has none) the note says the measured range only
