@@ -384,3 +384,35 @@ def test_a_flag_is_never_an_abbreviation_of_another(capsys):
     line = one_line_error(capsys, main([*TARGET, "--stack", "megatron-runner"]))
     assert "unrecognized arguments: --stack megatron-runner" in line and "stack-fix" not in line
     assert "unrecognized arguments: --trial 3" in one_line_error(capsys, main([*TARGET, "--trial", "3"]))
+
+
+def test_a_space_of_borderline_layouts_alone_is_widened_to_partial_offloads(tmp_path, monkeypatch, capsys):
+    """Kimi-K2 on 64 x B200 had only borderline layouts at offload 0, 0.5, 1 (the best 59% likely to fit) while
+    offload 0.6 fits plainly, 2.3x faster: a space with no plain fit is scored again with the partial fractions,
+    and kept only where they add one."""
+    from types import SimpleNamespace
+
+    from tuner import study_commands as sc
+
+    calls = []
+
+    def scored(args, config, runner, space, *where):
+        fractions = config.options.offload_fractions
+        calls.append(fractions)
+        partial = any(0 < f < 1 and f != 0.5 for f in fractions)
+        return [("layout", SimpleNamespace(fits=partial and widen_fits))], None
+    monkeypatch.setattr(sc, "_scored", scored)
+    monkeypatch.setattr(sc, "runner_space", lambda config, runner: None)
+    args = SimpleNamespace(offload_fractions=None)
+    config = SimpleNamespace(options=SimpleNamespace(offload_fractions=(0.0, 0.5, 1.0)))
+    monkeypatch.setattr(sc, "_with_fractions", lambda c, f: SimpleNamespace(
+        options=SimpleNamespace(offload_fractions=tuple(sorted(set(f))))))
+    for widen_fits in (True, False):
+        calls.clear()
+        out_config, _, candidates, _ = sc._scored_widened(args, config, None, None, ("u", None, "n"), None)
+        assert len(calls) == 2 and set(sc.PARTIAL_OFFLOADS) <= set(calls[1])
+        assert (out_config is not config) == widen_fits and candidates[0][1].fits == widen_fits
+    assert ("only borderline layouts may fit" in capsys.readouterr().err)
+    calls.clear()
+    sc._scored_widened(SimpleNamespace(offload_fractions=(0.0, 0.5, 1.0)), config, None, None, ("u", None, "n"), None)
+    assert len(calls) == 1   # fractions the user gave are searched as given

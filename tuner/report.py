@@ -211,9 +211,14 @@ def trials_frame(study: optuna.Study, limit: int | None = None):
     return pd.DataFrame.from_records(_records(study, limit), columns=list(TRIAL_COLUMNS))
 
 
-def _records(study: optuna.Study, limit: int | None) -> list[dict]:
-    records = [trial_row(r) for r in read_trials(study)]
-    return records[:limit] if limit else records
+def _records(study: optuna.Study, limit: int | None, best_first: bool = False) -> list[dict]:
+    """The trials' rows in trial order; `best_first`: the table's ranked trials first, in its order, then the rest."""
+    records = read_trials(study)
+    if best_first:
+        rank = {row.number: i for i, row in enumerate(ranked_rows(study))}
+        records.sort(key=lambda r: (rank.get(r.number, len(rank)), r.number))
+    rows = [trial_row(r) for r in (records[:limit] if limit else records)]
+    return rows
 
 
 def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
@@ -229,9 +234,11 @@ def trials_csv(study: optuna.Study, limit: int | None = None) -> str:
     return frame.to_csv(index=False)
 
 
-def trials_json(study: optuna.Study, limit: int | None = None) -> str:
-    """A JSON array of trial records; a figure a trial does not have is null."""
-    return json.dumps([{k: _short(r.get(k)) for k in TRIAL_COLUMNS} for r in _records(study, limit)], indent=1)
+def trials_json(study: optuna.Study, limit: int | None = None, best_first: bool = False) -> str:
+    """A JSON array of trial records (`best_first`: ranked as the table is); a figure a trial does not have is
+    null."""
+    return json.dumps([{k: _short(r.get(k)) for k in TRIAL_COLUMNS} for r in _records(study, limit, best_first)],
+                      indent=1)
 
 
 # A share of the step above which the CPU optimizer's host is worth a word (the shipped profile never ran on it).

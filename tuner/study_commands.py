@@ -75,17 +75,7 @@ def cmd_run(args) -> int:
             print(f"  search space: optimizer offload fractions {_listed(recorded)}, as study '{name}' recorded",
                   file=sys.stderr)
     progress = Progress(json_out=getattr(args, "json", False), quiet=getattr(args, "no_progress", False))
-    try:
-        candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
-    except NoFitError as e:
-        if e.partial is None or args.offload_fractions or e.partial in config.options.offload_fractions:
-            raise
-        config = _with_fractions(config, config.options.offload_fractions + PARTIAL_OFFLOADS)
-        space = runner_space(config, runner)
-        print(f"  search space widened: no layout fits with optimizer offload {_listed(SpaceOptions().offload_fractions)}"
-              f", but {e.partial:g} is predicted to fit: the search also tries {_listed(sorted(PARTIAL_OFFLOADS))}",
-              file=sys.stderr)
-        candidates, cache = _scored(args, config, runner, space, url, storage, name, progress)
+    config, space, candidates, cache = _scored_widened(args, config, runner, space, (url, storage, name), progress)
     candidates, settled = runnable_by_prediction(candidates, config, runner)
     candidates, same_runs = distinct_runs(candidates, config.workload)
     reference = parse_reference(args.reference, config, space) if args.reference else None
@@ -95,6 +85,36 @@ def cmd_run(args) -> int:
         _record_model_path(study, args.model)
         return _run(args, _Tune(config, runner, space, candidates, reference, name, url, study, cache, settled,
                                 same_runs), progress)
+
+
+def _scored_widened(args, config: StudyConfig, runner: TrialRunner, space: RunnerSpace, where: tuple,
+                    progress: Progress) -> tuple:
+    """(config, space, candidates, cache): the scored space, its offload fractions widened by PARTIAL_OFFLOADS
+    where the default ones leave no plain fit (none may fit, or only borderline layouts do) and a fraction between
+    fits; --offload-fractions given is searched as given."""
+    try:
+        candidates, cache = _scored(args, config, runner, space, *where, progress)
+    except NoFitError as e:
+        if e.partial is None or args.offload_fractions or e.partial in config.options.offload_fractions:
+            raise
+        config = _with_fractions(config, config.options.offload_fractions + PARTIAL_OFFLOADS)
+        space = runner_space(config, runner)
+        print(f"  search space widened: no layout fits with optimizer offload "
+              f"{_listed(SpaceOptions().offload_fractions)}, but {e.partial:g} is predicted to fit: the search also "
+              f"tries {_listed(sorted(PARTIAL_OFFLOADS))}", file=sys.stderr)
+        return (config, space, *_scored(args, config, runner, space, *where, progress))
+    fractions = config.options.offload_fractions
+    if args.offload_fractions or set(PARTIAL_OFFLOADS) <= set(fractions) or fractions == (0.0,) \
+            or any(p.fits for _, p in candidates):
+        return config, space, candidates, cache
+    wider = _with_fractions(config, fractions + PARTIAL_OFFLOADS)
+    wider_space = runner_space(wider, runner)
+    more, more_cache = _scored(args, wider, runner, wider_space, *where, progress)
+    if not any(p.fits for _, p in more):
+        return config, space, candidates, cache
+    print(f"  search space widened: with optimizer offload {_listed(fractions)} only borderline layouts may fit; "
+          f"the search also tries {_listed(sorted(PARTIAL_OFFLOADS))}, where some fit", file=sys.stderr)
+    return wider, wider_space, more, more_cache
 
 
 def _listed(fractions) -> str:
@@ -249,9 +269,9 @@ def _report(args, tune: _Tune) -> int:
         for path in paths:
             print(f"  {path} ({recipe_status(path)})", file=out)
     if as_json:
+        best = json.loads(trials_json(study, limit=10, best_first=True))   # the table's ten best, in its order
         print(json.dumps({"study": tune.name, "storage": shown(tune.url), "backend": args.backend,
-                          "figures": runner.figures, "trials": json.loads(trials_json(study, limit=10)),
-                          "recipes": [str(p) for p in paths]}, indent=1))
+                          "figures": runner.figures, "trials": best, "recipes": [str(p) for p in paths]}, indent=1))
     nothing = none_completed(study)
     if nothing:   # last, so a script sees why it exits 1
         print(f"tune: {nothing}", file=sys.stderr)
