@@ -635,3 +635,14 @@ def test_a_recipe_of_a_users_config_json_is_priced_with_that_file(tmp_path, caps
     assert main(["predict", "--recipe", recipe, "--model", str(other)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "exported from a model of architecture" in err[0]
+
+
+def test_the_runs_json_lists_the_tables_ten_best_in_its_order(tmp_path, monkeypatch, capsys):
+    from tuner.report import ranked_rows
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "llama3-8b", "--gpu", "h100", "--gpus", "4", "--trials", "14", "--no-progress", "--top",
+                 "0", "--json", "--storage", "s.db", "--study", "j"]) == 0
+    listed = [t["number"] for t in json.loads(capsys.readouterr().out)["trials"]]
+    ranked = [r.number for r in ranked_rows(optuna.load_study(study_name="j", storage="sqlite:///s.db"))]
+    assert len(ranked) == 14 and listed == ranked[:10] and listed != sorted(listed)   # not trial order
