@@ -226,3 +226,12 @@ def test_the_shipped_profile_still_measures_the_layers_it_ran():
     qwen2 = from_hf_config(QWEN25_7B, "q")
     signature = layer_signature(qwen2, FULL_ATTENTION, DENSE)
     assert "attention_output_bias=False" in signature and signature_model(qwen2, signature) == qwen2
+
+
+def test_heads_wider_than_the_hidden_size_are_refused_in_one_line_not_divided_by_zero():
+    from cost_model.nouns.model_spec import ModelError
+
+    with pytest.raises(ModelError, match=r"hidden_size=16 over num_attention_heads=32 leaves heads of 0 dim"):
+        from_hf_config({**QWEN25_7B, "hidden_size": 16, "num_attention_heads": 32, "num_key_value_heads": 32})
+    assert from_hf_config({**QWEN25_7B, "hidden_size": 16, "num_attention_heads": 32, "num_key_value_heads": 32,
+                           "head_dim": 8}).head_dim == 8

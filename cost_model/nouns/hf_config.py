@@ -432,6 +432,9 @@ def _common_fields(r: _Reader, config: dict, model_type: str) -> dict[str, Any]:
 def _check_consistency(kw: dict[str, Any], family: str, origin: str, prefix: str) -> None:
     """The cross-field checks, once every field is read."""
     heads, kv_heads = kw["num_attention_heads"], kw["num_key_value_heads"]
+    if family != "deepseek" and not kw["head_dim"]:
+        raise ModelError(f"{origin}: hidden_size={kw['hidden_size']} over num_attention_heads={heads} leaves heads "
+                         f"of 0 dimensions; give '{prefix}head_dim'")
     if family != "deepseek" and heads % kv_heads:
         raise ModelError(f"{origin}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     if DENSE in kw["mlp_types"] and not kw.get("intermediate_size"):
