@@ -55,6 +55,20 @@ def test_the_closed_walk_is_slimes_schedule(rows, dp, align_factor):
             _slime_steps(rows, dp, rows_per_bin, align, coupled), (rows, dp, rows_per_bin, align, coupled)
 
 
+@pytest.mark.parametrize("rows,dp,align_factor", [(16, 1, 1), (24, 2, 1), (64, 4, 2), (40, 4, 4), (7, 8, 1)])
+def test_rows_held_in_flight_are_each_ranks_k_largest_bins(rows, dp, align_factor):
+    """slime_rows_held sums running totals (a step of 65,536 rows deals thousands of bins to a rank): the same as
+    summing each rank's k largest bins afresh for every k."""
+    from cost_model.nouns.batching import _slime_bins, slime_rows_held
+
+    for rows_per_bin in range(1, max(rows // dp, 1) + 1):
+        align = dp * align_factor
+        bins = _slime_bins(rows, rows_per_bin, align)
+        ranks = [sorted(bins[r::dp], reverse=True) for r in range(dp)]
+        want = tuple(max(sum(b[:k]) for b in ranks) for k in range(1, max(len(b) for b in ranks) + 1))
+        assert slime_rows_held(rows, dp, rows_per_bin, align) == want, (rows, dp, rows_per_bin, align)
+
+
 def test_a_bin_that_does_not_divide_the_ranks_rows_costs_the_busiest_ranks_rows():
     """128 rows of 8k over DP 8 in bins of 12 (--max-tokens-per-gpu 98,304): 16 bins after splitting, the busiest
     rank gets 12 + 8 = 20 rows; not 2 x 12 = 24 (a full bin per micro-batch), nor the mean 16."""

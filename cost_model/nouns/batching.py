@@ -7,6 +7,7 @@ rows x seq_len / CP tokens on each GPU.
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import accumulate
 from heapq import heapify, heappop, heappush
 
 
@@ -48,9 +49,10 @@ def slime_rows_held(rows: int, dp: int, rows_per_bin: int, align: int) -> tuple[
     """Per count k of a rank's micro-batches, the most rows any DP rank's k largest hold (`slime_schedule`'s bins): what
     a pipeline's first stage holds with k micro-batches in flight, at worst."""
     bins = _slime_bins(rows, rows_per_bin, align)
-    per_rank = [sorted(bins[r::dp], reverse=True) for r in range(dp)]
-    longest = max(len(b) for b in per_rank)
-    return tuple(max(sum(b[:k]) for b in per_rank) for k in range(1, longest + 1))
+    # each rank's running totals of its bins, largest first (a step of 65,536 rows deals thousands to a rank)
+    held = [list(accumulate(sorted(bins[r::dp], reverse=True))) for r in range(dp)]
+    longest = max(len(h) for h in held)
+    return tuple(max(h[min(k, len(h)) - 1] if h else 0 for h in held) for k in range(1, longest + 1))
 
 
 def slime_bin_count(rows: int, rows_per_bin: int, align: int) -> int:
