@@ -235,3 +235,24 @@ def test_heads_wider_than_the_hidden_size_are_refused_in_one_line_not_divided_by
         from_hf_config({**QWEN25_7B, "hidden_size": 16, "num_attention_heads": 32, "num_key_value_heads": 32})
     assert from_hf_config({**QWEN25_7B, "hidden_size": 16, "num_attention_heads": 32, "num_key_value_heads": 32,
                            "head_dim": 8}).head_dim == 8
+
+
+@pytest.mark.parametrize("left_out", ["num_experts", "shared_expert_intermediate_size"])
+def test_a_moe_config_missing_its_experts_is_refused_not_read_as_dense(left_out):
+    """transformers would fill in its class default (qwen2_moe: 60 experts, a 5,632-wide shared expert): reading
+    the missing field as 0 made Qwen1.5-MoE a smaller model with a third less active compute, silently."""
+    from cost_model.nouns.model_spec import ModelError
+
+    with pytest.raises(ModelError, match=f"field '{left_out}' is missing"):
+        from_hf_config({k: v for k, v in QWEN2_57B.items() if k != left_out})
+    qwen3 = {**QWEN25_7B, "model_type": "qwen3_moe", "moe_intermediate_size": 768, "num_experts_per_tok": 8}
+    with pytest.raises(ModelError, match="field 'num_experts' is missing"):
+        from_hf_config(qwen3)
+    assert from_hf_config({**qwen3, "model_type": "qwen3"}).num_experts == 0   # dense Qwen3 has none
+
+
+def test_a_mistral_config_without_a_window_has_transformers_default():
+    mistral = {**QWEN25_7B, "model_type": "mistral"}
+    mistral.pop("sliding_window")
+    assert from_hf_config(mistral).sliding_window == 4096
+    assert from_hf_config({**mistral, "sliding_window": None}).sliding_window == 0   # v0.2 on: null, full attention

@@ -35,6 +35,10 @@ _FAMILIES = {
     "qwen2_moe": "qwen2",         # Qwen1.5-MoE / Qwen2-57B-A14B: Qwen2's attention, gated shared expert
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
+# Types that name a MoE model: a config of one without num_experts is refused, not read as dense (transformers
+# would fill in its class default, 60 to 512 experts by type).
+MISTRAL_DEFAULT_WINDOW = 4096   # transformers' MistralConfig.sliding_window
+_MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "qwen2_moe")
 
 
 # ---------------------------------------------------------------------- typed field access
@@ -154,7 +158,8 @@ def _pre_softmax(r: _Reader) -> bool:
 
 def _qwen_experts(r: _Reader, num_experts: int) -> dict[str, Any]:
     """Qwen's MoE fields (Qwen2-MoE, Qwen3.5, Qwen3-Next): routed experts and one shared expert with a sigmoid gate."""
-    shared = r.int("shared_expert_intermediate_size", 0, minimum=0)
+    # every release of these families has a shared expert: one left out is refused, not read as none
+    shared = r.int("shared_expert_intermediate_size", minimum=0)
     return dict(num_experts=num_experts, num_experts_per_tok=r.int("num_experts_per_tok"),
                 moe_intermediate_size=r.int("moe_intermediate_size"),
                 shared_expert_intermediate_size=shared, shared_expert_gate=shared > 0,
@@ -172,9 +177,15 @@ def _shared_expert_moe(r: _Reader, num_experts: int, n_shared: int, router_bias:
 
 # ---------------------------------------------------------------------- architecture families
 # Each reads the fields of its family, in a fixed order (the first bad field is the one reported).
+def _qwen_num_experts(r: _Reader) -> int:
+    """num_experts of a Qwen config: required where its model_type is a MoE one (_MOE_TYPES), else 0 if absent."""
+    return r.int("num_experts", minimum=0) if r.cfg.get("model_type") in _MOE_TYPES else r.int("num_experts", 0,
+                                                                                                   minimum=0)
+
+
 def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
     """Qwen3.5 / Qwen3-Next: Gated DeltaNet layers between gated softmax attention, shared-expert MoE."""
-    num_experts = r.int("num_experts", 0, minimum=0)
+    num_experts = _qwen_num_experts(r)
     layer_types = r.str_list("layer_types", n, (FULL_ATTENTION, LINEAR_ATTENTION))
     if layer_types is None:
         interval = r.int("full_attention_interval", 4)
@@ -200,7 +211,7 @@ def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:
 
 def _qwen3_moe(r: _Reader, n: int) -> dict[str, Any]:
     """Qwen3 MoE: softmax attention with q/k norms, routed experts only (dense Qwen3 has none)."""
-    num_experts = r.int("num_experts", 0, minimum=0)
+    num_experts = _qwen_num_experts(r)
     kw: dict[str, Any] = dict(
         layer_types=(FULL_ATTENTION,) * n, mlp_types=_qwen_mlp_types(r, n, num_experts),
         intermediate_size=r.int("intermediate_size", 0, minimum=0), qk_norm=True,
@@ -275,8 +286,8 @@ def _llama(r: _Reader, n: int) -> dict[str, Any]:
 
 def _mistral(r: _Reader, n: int) -> dict[str, Any]:
     """Mistral: Llama's dense layers, with a sliding window on every layer when the config sets one (7B v0.1 sets
-    4096; v0.2/v0.3 set null)."""
-    window = r.int("sliding_window", 0, minimum=0)
+    4096; v0.2/v0.3 set null). A config without the field has transformers' default for Mistral, 4096."""
+    window = r.int("sliding_window", 0, minimum=0) if "sliding_window" in r.cfg else MISTRAL_DEFAULT_WINDOW
     return dict(
         layer_types=((SLIDING_ATTENTION if window else FULL_ATTENTION),) * n, mlp_types=(DENSE,) * n,
         sliding_window=window, intermediate_size=r.int("intermediate_size"),
@@ -289,7 +300,7 @@ def _qwen2(r: _Reader, n: int) -> dict[str, Any]:
     release sets it). qwen2_moe adds routed experts and a gated shared expert (Qwen's MoE layer rule)."""
     window = r.int("sliding_window", 0, minimum=0) if r.bool("use_sliding_window", False) else 0
     first_windowed = r.int("max_window_layers", n, minimum=0) if window else n
-    num_experts = r.int("num_experts", 0, minimum=0) if r.cfg.get("model_type") == "qwen2_moe" else 0
+    num_experts = _qwen_num_experts(r) if r.cfg.get("model_type") == "qwen2_moe" else 0
     kw: dict[str, Any] = dict(
         layer_types=tuple(SLIDING_ATTENTION if i >= first_windowed else FULL_ATTENTION for i in range(n)),
         mlp_types=_qwen_mlp_types(r, n, num_experts), sliding_window=window,
