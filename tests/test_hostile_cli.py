@@ -302,7 +302,7 @@ def test_an_unknown_command_is_named(capsys, word, near):
 
 @pytest.mark.parametrize("argv", [
     [], ["--bogus"], ["--model"], ["show", "--bogus"], ["export", "--study", "x"], ["report"],
-    ["predict", "--gpus"], ["models", "extra"], ["gpus", "--json", "x"], ["profile", "--quick=1"],
+    ["predict", "--gpus"], ["models", "--bogus"], ["gpus", "--json", "x"], ["profile", "--quick=1"],
     ["trial", *TARGET], ["check-convergence"], ["check-convergence", "--candidate", "a"],
     ["component-test", "--ep", "0"], ["component-test", "adam", "--bogus"],
 ])
@@ -416,3 +416,14 @@ def test_a_space_of_borderline_layouts_alone_is_widened_to_partial_offloads(tmp_
     calls.clear()
     sc._scored_widened(SimpleNamespace(offload_fractions=(0.0, 0.5, 1.0)), config, None, None, ("u", None, "n"), None)
     assert len(calls) == 1   # fractions the user gave are searched as given
+
+
+def test_models_shows_what_tune_reads_from_a_config_json(capsys):
+    from pathlib import Path
+
+    mixtral = str(Path(__file__).resolve().parents[1] / "benchmarks" / "models" / "mixtral-8x7b" / "config.json")
+    assert main(["models", mixtral, "qwen3-30b-a3b", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["mixtral-8x7b", "qwen3-30b-a3b"]
+    assert rows[0]["experts"] == 8 and abs(rows[0]["total_params"] / 46.7e9 - 1) < 0.01   # Mixtral-8x7B: 46.7B
+    assert "unknown model" in one_line_error(capsys, main(["models", "extra"]))

@@ -14,10 +14,10 @@ from tuner.options import writing_user_file
 
 def cmd_models(args) -> int:
     rows = []
-    for name in catalog_names():
-        m = load_model(name)
+    for name in getattr(args, "model", None) or catalog_names():
+        m = load_model(name)   # a config.json that does not load: ModelError, one line
         pc = m.params
-        rows.append({"name": name, "display_name": m.display_name, "model_type": m.model_type,
+        rows.append({"name": m.name, "display_name": m.display_name, "model_type": m.model_type,
                      "layers": m.num_hidden_layers, "hidden": m.hidden_size, "experts": m.num_experts,
                      "top_k": m.num_experts_per_tok, "total_params": pc.total, "active_params": pc.active,
                      "active_non_embedding": pc.active_non_embedding, "hf_repo": m.hf_repo})
@@ -30,7 +30,8 @@ def cmd_models(args) -> int:
         print(f"{r['name']:<20}{r['display_name']:<22}{r['layers']:>7}{r['hidden']:>8}{r['experts']:>9}"
               f"{r['top_k']:>6}{r['total_params'] / 1e9:>9.2f}B{r['active_params'] / 1e9:>8.2f}B"
               f"{r['active_non_embedding'] / 1e9:>10.2f}B")
-    print("parameter counts derived from each architecture (catalog: cost_model/catalog/models)")
+    source = "the files given" if getattr(args, "model", None) else "catalog: cost_model/catalog/models"
+    print(f"parameter counts derived from each architecture ({source})")
     return 0
 
 

@@ -406,7 +406,10 @@ def predict_parser():
 
 
 def models_parser():
-    p = Parser(prog="tune models", description="The model catalog.")
+    p = Parser(prog="tune models", description="The model catalog, or the models read from config.json files.")
+    p.add_argument("model", nargs="*", metavar="MODEL",
+                   help="catalog names or config.json paths to show (default: the whole catalog); a config.json "
+                        "shows what tune reads from it: layers, experts, parameter counts")
     p.add_argument("--json", action="store_true")
     return p
 
