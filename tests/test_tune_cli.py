@@ -601,6 +601,9 @@ def test_one_posterior_in_the_table_the_recipe_and_predict(tmp_path, monkeypatch
     answer = json.loads(capsys.readouterr().out)
     assert answer["headline_tokens_per_s_per_gpu"] == pytest.approx(best.value, abs=0.01)
     assert answer["tokens_per_s_per_gpu"] == pytest.approx(result["predicted"]["tokens_per_s_per_gpu"], abs=0.1)
+    # the rest of the headline at the same figure: the recipe's and the text line's MFU and $/1M tokens
+    assert answer["headline_mfu"] == pytest.approx(result["mfu"], abs=5e-4)
+    assert answer["headline_usd_per_million_tokens"] == pytest.approx(result["usd_per_million_tokens"], abs=0.005)
 
 
 def test_a_global_batch_smaller_than_the_gpu_count_is_named_once():

@@ -209,8 +209,11 @@ def result_dict(resolved: Case, prediction: Prediction, interval: HypothesesInte
     out = prediction.to_dict()
     # the figure to lead with (what `tune` ranks by); tokens_per_s_per_gpu, step_time_s and breakdown are the
     # shipped model's own prediction, one of the hypotheses
-    out["headline_tokens_per_s_per_gpu"] = (interval.median if leads_with_median(interval, prediction)
-                                            else prediction.tokens_per_s_per_gpu)
+    headline = interval.median if leads_with_median(interval, prediction) else prediction.tokens_per_s_per_gpu
+    out["headline_tokens_per_s_per_gpu"] = headline
+    # the rest of the headline (what the text line prints), at that figure (Prediction.figures_at)
+    out["headline_step_time_s"], out["headline_mfu"], out["headline_usd_per_million_tokens"] = \
+        prediction.figures_at(headline)
     if interval is not None:
         out["interval"] = {**Interval.of_hypotheses(interval).to_dict(),
                            "by_hypothesis": [{"hypothesis": n, "weight": w, "tokens_per_s_per_gpu": v}
