@@ -293,7 +293,9 @@ def test_main_exit_codes(tmp_path, capsys):
         assert captured.out == ""
         assert captured.err.startswith("tune: error: ") and captured.err.count("\n") == 1
     assert main(["--candidate", str(good), "--reference", str(r), "--skip-fraction", "1.5"]) == 2
-    assert "skip_fraction" in capsys.readouterr().err
+    assert "tune: error: --skip-fraction must lie in [0, 1), got 1.5" in capsys.readouterr().err   # the flag's name
+    assert main(["--candidate", str(good), "--reference", str(r), "--min-correlation", "nan"]) == 2
+    assert "tune: error: --min-correlation must be a finite number" in capsys.readouterr().err
 
 
 def test_main_json(tmp_path, capsys):

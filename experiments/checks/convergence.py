@@ -460,9 +460,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    given = ("min_correlation", "max_final_diff", "max_failing_share", "skip_fraction")
     try:
-        thresholds = Thresholds(min_correlation=args.min_correlation, max_final_diff=args.max_final_diff,
-                                max_failing_share=args.max_failing_share, skip_fraction=args.skip_fraction)
+        thresholds = Thresholds(**{name: getattr(args, name) for name in given})
+    except ValueError as e:   # named as the flag that gave it
+        text = str(e)
+        for name in given:
+            text = text.replace(f"threshold {name}", name).replace(name, "--" + name.replace("_", "-"))
+        print(f"tune: error: {printable(' '.join(text.split()))}", file=sys.stderr)
+        return 2
+    try:
         candidate = load_curve(args.candidate)
         reference = load_curve(args.reference)
         verdict = check(candidate, reference, thresholds)
