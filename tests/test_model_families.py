@@ -256,3 +256,18 @@ def test_a_mistral_config_without_a_window_has_transformers_default():
     mistral.pop("sliding_window")
     assert from_hf_config(mistral).sliding_window == 4096
     assert from_hf_config({**mistral, "sliding_window": None}).sliding_window == 0   # v0.2 on: null, full attention
+
+
+def test_a_config_in_the_hugging_face_cache_is_named_by_its_repository_not_its_revision(tmp_path):
+    import json
+
+    from cost_model.nouns.model_spec import load_model
+
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-7B" / "snapshots" / "a09a35458c702b33eeacc393d103063234e8bc28"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(QWEN25_7B))
+    assert load_model(str(snapshot / "config.json")).name == "Qwen2.5-7B"
+    plain = tmp_path / "my-model"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(QWEN25_7B))
+    assert load_model(str(plain / "config.json")).name == "my-model"

@@ -494,8 +494,18 @@ def _load_catalog(key: str) -> ModelSpec:
 @lru_cache(maxsize=64)
 def _load_path(path: Path, mtime_ns: int) -> ModelSpec:
     data = _read_yaml(path) if path.suffix in (".yaml", ".yml") else _read_json(path)
-    stem = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    return _from_hf_config(data, name=stem, origin=str(path))
+    return _from_hf_config(data, name=_name_of_path(path), origin=str(path))
+
+
+def _name_of_path(path: Path) -> str:
+    """A config.json's model name: its folder's; in the Hugging Face cache (models--ORG--NAME/snapshots/REVISION/),
+    the repository's NAME, not the revision hash; another file's stem."""
+    if path.name != "config.json" or not path.parent.name:
+        return path.stem
+    repo = path.parent.parent.parent.name
+    if path.parent.parent.name == "snapshots" and repo.startswith("models--") and repo.count("--") >= 2:
+        return repo.split("--", 2)[2]
+    return path.parent.name
 
 
 def _short(text: str) -> str:
