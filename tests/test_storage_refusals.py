@@ -272,3 +272,22 @@ def test_a_storage_scheme_tune_has_no_driver_for_is_named_not_a_library_plugin(u
     assert main([*RUN, "--storage", url]) == 2
     line = one_line(capsys)
     assert "its scheme is not supported" in line and "postgresql://" in line and "secret" not in line, line
+
+
+def test_a_profile_replaces_only_a_new_name_or_an_earlier_profile(tmp_path, capsys):
+    """`tune profile --derive --out /dev/full` (as root) had replaced the device with a YAML file; a FIFO, a link
+    or someone's config.json went the same way."""
+    import os
+
+    fifo, link, other, ok = tmp_path / "p.fifo", tmp_path / "l.yaml", tmp_path / "config.json", tmp_path / "p.yaml"
+    os.mkfifo(fifo)
+    link.symlink_to(tmp_path / "target.yaml")
+    other.write_text('{"model_type": "llama"}')
+    for path, why in ((fifo, "is not a regular file"), (link, "is a symbolic link"),
+                      (other, "is not a profile tune can read")):
+        assert main(["profile", "--derive", "b200", "--out", str(path)]) == 2
+        assert f"{path} {why}: not replaced" in one_line(capsys)
+    assert fifo.is_fifo() and link.is_symlink() and not (tmp_path / "target.yaml").exists()
+    assert other.read_text() == '{"model_type": "llama"}'
+    assert main(["profile", "--derive", "b200", "--out", str(ok)]) == 0
+    assert main(["profile", "--derive", "b200", "--out", str(ok)]) == 0   # an earlier profile is replaced

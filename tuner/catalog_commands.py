@@ -70,9 +70,12 @@ def cmd_gpus(args) -> int:
 
 
 def cmd_profile(args) -> int:
+    from experiments.checks.hardware_profile import check_profile_target, report_written, run_profile
+
+    if args.out:   # before minutes of measuring
+        check_profile_target(args.out)
     if args.derive:
         return _derive(args)
-    from experiments.checks.hardware_profile import report_written, run_profile
 
     model = load_model(args.model) if args.model else None
     builds = model is not None and not args.quick and _has_megatron()
@@ -127,7 +130,7 @@ def _derive(args) -> int:
     """A profile for another GPU type, derived from the shipped measured one."""
     from cost_model.derive_profile import derive_profile
     from cost_model.profile import ProfileError, shipped_profile
-    from experiments.checks.hardware_profile import write_profile
+    from experiments.checks.hardware_profile import check_profile_target, write_profile
 
     source, target = load_gpu(args.source), load_gpu(args.derive)
     measured = shipped_profile(source.name)
@@ -135,6 +138,7 @@ def _derive(args) -> int:
         raise ProfileError(f"no shipped profile for {source.name} to derive from")
     derived = derive_profile(measured.raw, source, target)
     out = Path(args.out or f"profile-{target.name}.yaml")
+    check_profile_target(out)
     with writing_user_file(out):
         write_profile(derived, out)
     if args.json:

@@ -345,11 +345,41 @@ def _compile_ahead(shape: dict | None, only, batches):
     return CompileAhead(KernelShape(qk, v, shape["key_head_dim"], shape["value_head_dim"]), batches)
 
 
+def profile_target_problem(path) -> str | None:
+    """Why `path` may not be replaced by a profile (None: it may): only a new name or an earlier profile tune can
+    read is; never a link (the write would land where it points), a device, a FIFO, or another file."""
+    from cost_model.profile import load_profile
+
+    path = Path(path)
+    if path.is_symlink():
+        return "is a symbolic link"
+    if not path.exists():
+        return None
+    if not path.is_file():
+        return "is not a regular file"
+    try:
+        load_profile(path)
+    except AttuneError:
+        return "is not a profile tune can read"
+    return None
+
+
+def check_profile_target(path) -> None:
+    """ProfileError naming `path` where a profile may not replace it (profile_target_problem)."""
+    from cost_model.profile import ProfileError
+
+    problem = profile_target_problem(path)
+    if problem:
+        raise ProfileError(f"{path} {problem}: not replaced (remove it or give another --out)")
+
+
 def write_profile(profile: dict, path) -> None:
     """Write the profile as YAML, atomically (a temp file in the same folder, synced, then os.replace), with the
     mode open() would give it (0666 less the umask: 0644 under umask 022), as recipes and reports are
-    (recipes.files.write_atomic): a profile is meant to be shared, and mkstemp's 0600 would keep it private."""
+    (recipes.files.write_atomic): a profile is meant to be shared, and mkstemp's 0600 would keep it private.
+    A path a profile may not replace is refused (check_profile_target)."""
     path = Path(path)
+    check_profile_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -517,6 +547,9 @@ def merge_sections(existing: dict, measured: dict) -> dict:
 def report_written(profile: dict, out: str | None) -> Path:
     """Write the profile (default profile-<gpu>.yaml) and print its headline figures."""
     path = Path(out or f"profile-{profile['gpu_type']}.yaml")
+    n = 2
+    while out is None and profile_target_problem(path):   # the default name is taken: a measurement is not lost
+        path, n = Path(f"profile-{profile['gpu_type']}-{n}.yaml"), n + 1
     write_profile(profile, path)
     for line in summary(profile):
         print(line)
