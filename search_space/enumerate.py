@@ -351,7 +351,7 @@ class ShapeRuns:
             self.broken = bool(shape_violations(layout, model, workload, stack))
             if self.broken:
                 return None
-        passes = not template_violations(layout, model, stack)
+        passes = not template_violations(layout, model, stack, workload)
         self.built[template_index] = (layout, passes)
         return layout if passes and not microbatch_violations(layout, workload) else None
 

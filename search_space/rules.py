@@ -48,19 +48,25 @@ def shape_violations(layout: Layout, model: ModelSpec, workload: Workload, stack
     _pipeline_rules(out, layout, model)
     if workload.framework == "slime":   # a Megatron-LM/Bridge run sets its own --seq-length
         _context_parallel_rules(out, layout)
+        if model.has_linear_attention and layout.pipeline_model_parallel_layout is not None:
+            # slime_plugins/models/qwen3_5.py and qwen3_next.py build the Gated DeltaNet models' layer specs and
+            # assert config.pipeline_model_parallel_layout is None
+            out.append(Violation("gdn_spec_no_layout_string", SLIME,
+                                 f"slime's {model.display_name} layer spec (slime_plugins qwen3_5/qwen3_next) takes no "
+                                 f"--pipeline-model-parallel-layout; use --decoder-first/last-pipeline-num-layers"))
     return out
 
 
 def layout_violations(layout: Layout, model: ModelSpec, workload: Workload, stack: Stack) -> list[Violation]:
     """The other rules (recompute, dispatcher and offload, batching), after `shape_violations` in `violations`."""
-    return template_violations(layout, model, stack) + microbatch_violations(layout, workload)
+    return template_violations(layout, model, stack, workload) + microbatch_violations(layout, workload)
 
 
-def template_violations(layout: Layout, model: ModelSpec, stack: Stack) -> list[Violation]:
+def template_violations(layout: Layout, model: ModelSpec, stack: Stack, workload: Workload) -> list[Violation]:
     """The rules of recompute, dispatcher and offload: they read no micro-batch field, so the layouts of a shape
     that differ only in their micro-batch (Layout.with_microbatch) share them."""
     out: list[Violation] = []
-    _recompute_rules(out, layout, model)
+    _recompute_rules(out, layout, model, workload)
     _feature_rules(out, layout, model, stack)
     return out
 
@@ -129,6 +135,23 @@ def _pipeline_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> N
                              f"{balanced_splits_hint(layers, pp, vpp)}"))
 
 
+def _uniform_chunk_rule(out: list[Violation], layout: Layout, model: ModelSpec) -> None:
+    """slime's image pins Megatron 1dcf0da, whose uniform recompute checkpoints layers [i, i + N) of each (virtual)
+    pipeline chunk with no clamp (transformer_block._checkpointed_forward): a chunk whose layers N does not divide
+    indexes past its last layer and fails at the first step (later Megatron, megatron/core/recompute.py, clamps)."""
+    n = layout.recompute_num_layers
+    try:
+        sizes = sorted({c for row in model.layout_chunks(layout) for c in row if c})
+    except ModelError:
+        return   # the split itself is refused by _pipeline_rules
+    bad = [c for c in sizes if c % n]
+    if bad:
+        out.append(Violation("uniform_recompute_divides_chunks", SLIME,
+                             f"recompute_num_layers {n} (uniform) does not divide a pipeline chunk of "
+                             f"{' or '.join(map(str, bad))} layers: slime's Megatron (1dcf0da) indexes past the "
+                             f"chunk's last layer"))
+
+
 def balanced_splits_hint(layers: int, pp: int, vpp: int) -> str:
     """The balanced splits the search space uses for these layers (search_space.pipeline_splits), as layout
     fields a user can add; or how Megatron would take an uneven split where there is none."""
@@ -164,17 +187,20 @@ def _context_parallel_rules(out: list[Violation], layout: Layout) -> None:
                              f"and Megatron needs it divisible by 2 x CP = {2 * cp}"))
 
 
-def _recompute_rules(out: list[Violation], layout: Layout, model: ModelSpec) -> None:
+def _recompute_rules(out: list[Violation], layout: Layout, model: ModelSpec, workload: Workload) -> None:
     """Full recompute's layer count against a stage; selective modules against the model's layers."""
     layers, pp, vpp = model.num_hidden_layers, layout.pp, layout.vpp
+    if layout.recompute_method == "uniform" and workload.framework == "slime":
+        _uniform_chunk_rule(out, layout, model)
     if layout.recompute_granularity == "full":
         try:   # the largest virtual stage: Megatron clamps the count to each stage's layers
             stage_layers = max(layers_per_stage(layout, model)) // vpp
         except ModelError:
             stage_layers = layers // pp    # the split itself is refused by _pipeline_rules
         if layout.recompute_num_layers > max(stage_layers, 1):
-            # Megatron clamps the count to the stage (megatron/core/recompute.py), so a larger one
-            # is the same layout as recompute_num_layers = the stage's layer count.
+            # Megatron since 1dcf0da clamps the count to the stage (megatron/core/recompute.py), so a larger
+            # one is the same layout as recompute_num_layers = the stage's layer count (slime's pin fails on it
+            # under uniform: _uniform_chunk_rule).
             out.append(Violation("recompute_num_layers", CANONICAL,
                                      f"recompute_num_layers {layout.recompute_num_layers} exceeds the {stage_layers} "
                                  f"layers of a (virtual) pipeline stage"))

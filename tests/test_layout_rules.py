@@ -188,3 +188,27 @@ def test_comma_joined_pairs_read_as_pairs_and_a_stray_equals_sign_is_named():
     assert parse_pairs(["recompute_modules=core_attn,mlp"]) == {"recompute_modules": ("core_attn", "mlp")}
     with pytest.raises(InvalidLayout, match="separated by spaces"):
         parse_pairs(["tp=2,recompute_modules=mlp,layernorm"])
+
+
+def test_uniform_recompute_must_divide_every_chunk_on_slimes_megatron(qwen36):
+    """slime's image pins Megatron 1dcf0da, whose uniform recompute indexes layers [i, i + N) of a chunk with no
+    clamp: 40 layers over PP 2 x VPP 4 are chunks of 5, which N = 4 overruns (the run fails at its first step)."""
+    def rules(n, framework="slime", **pipeline):
+        layout = Layout(8, ep=4, recompute_granularity="full", recompute_method="uniform", recompute_num_layers=n,
+                        **pipeline)
+        return {v.rule for v in violations(layout, qwen36, Workload(framework=framework), Stack())}
+    assert "uniform_recompute_divides_chunks" in rules(4, pp=2, vpp=4)
+    assert "uniform_recompute_divides_chunks" not in rules(5, pp=2, vpp=4)
+    assert "uniform_recompute_divides_chunks" not in rules(4, "megatron", pp=2, vpp=4)   # later Megatron clamps
+    assert "uniform_recompute_divides_chunks" in rules(3)      # one chunk of 40
+    # a layout string's chunks, each counted: 4, 5 and 6 layers, which neither 4 nor 5 divides all of
+    text = "Et*4|(t*5|)*6t*6L"
+    assert qwen36.layout_chunks(Layout(8, pp=2, vpp=4, ep=4, pipeline_model_parallel_layout=text)) == \
+        ((4, 5), (5, 5), (5, 5), (5, 6))
+    assert "gdn_spec_no_layout_string" in rules(1, pp=2, vpp=4, pipeline_model_parallel_layout=text)
+    llama = load_model("llama3-8b")   # 32 layers: chunks 3, 4 and 5 of a layout string
+    text = "Et*3|(t*4|)*6t*5L"
+    layout = Layout(8, pp=2, vpp=4, recompute_granularity="full", recompute_method="uniform",
+                    recompute_num_layers=4, pipeline_model_parallel_layout=text)
+    assert llama.layout_chunks(layout) == ((3, 4), (4, 4), (4, 4), (4, 5))
+    assert "uniform_recompute_divides_chunks" in {v.rule for v in violations(layout, llama, Workload(), Stack())}

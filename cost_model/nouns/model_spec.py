@@ -230,6 +230,17 @@ class ModelSpec:
         return layout_string_stage_layers(pipeline_layout, self.num_hidden_layers, pp, vpp,
                                           self.num_nextn_predict_layers)
 
+    def layout_chunks(self, layout) -> tuple[tuple[int, ...], ...]:
+        """The decoder layers of each (virtual stage, rank) of a Layout: vpp rows of pp counts (ModelError where
+        Megatron refuses the split)."""
+        if layout.pipeline_model_parallel_layout is None:
+            return stage_chunks(self.num_hidden_layers, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
+                                layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
+                                layout.account_for_loss_in_pipeline_split)
+        self.layout_stage_layers(layout)   # its checks
+        return layout_string_chunks(stage_grid(layout.pipeline_model_parallel_layout, layout.pp,
+                                               self.num_hidden_layers, self.num_nextn_predict_layers))
+
     def layout_stage_layers(self, layout) -> tuple[tuple[int, ...], ...]:
         """stage_layers for a Layout's pipeline fields."""
         return self.stage_layers(layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
@@ -379,7 +390,12 @@ def layout_string_stage_layers(pipeline_layout: str, num_layers: int, pp: int, v
     if len(grid) != vpp:
         raise ModelError(f"pipeline layout '{pipeline_layout}' has {len(grid) * pp} stages; PP {pp} x VPP {vpp} "
                          f"needs {pp * vpp}")
-    return _ranks_of([[stage.count("t") for stage in row] for row in grid], pp, vpp)
+    return _ranks_of(layout_string_chunks(grid), pp, vpp)
+
+
+def layout_string_chunks(grid) -> tuple[tuple[int, ...], ...]:
+    """The decoder layers ('t') of each (virtual stage, rank) of a layout string's stage grid."""
+    return tuple(tuple(stage.count("t") for stage in row) for row in grid)
 
 
 @lru_cache(maxsize=1024)
@@ -395,6 +411,13 @@ def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
     every virtual stage out instead (`layout_string_stage_layers`). Raises ModelError where Megatron's
     TransformerConfig would refuse the split.
     """
+    return _ranks_of(stage_chunks(num_layers, pp, vpp, first, last, embedding, loss), pp, vpp)
+
+
+@lru_cache(maxsize=1024)
+def stage_chunks(num_layers: int, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
+                 embedding: bool = False, loss: bool = False) -> tuple[tuple[int, ...], ...]:
+    """The layers of each (virtual stage, rank) of `stage_layers`' split: vpp rows of pp counts."""
     _check_counts(pp, vpp, num_layers)
     if (embedding or loss) and (first is not None or last is not None):
         raise ModelError("an uneven first/last split and the embedding/loss accounting cannot be set together")
@@ -412,7 +435,7 @@ def stage_layers(num_layers: int, pp: int, vpp: int = 1, first: int | None = Non
     else:
         per_rank = _layers_per_rank(num_layers, pp, vpp, first, last)
         chunks = [[n // vpp for n in per_rank] for _ in range(vpp)]
-    return _ranks_of(chunks, pp, vpp)
+    return tuple(tuple(row) for row in chunks)
 
 
 def _ranks_of(chunks: list[list[int]], pp: int, vpp: int) -> tuple[tuple[int, ...], ...]:

@@ -346,10 +346,9 @@ def _compile_ahead(shape: dict | None, only, batches):
 
 
 def profile_target_problem(path) -> str | None:
-    """Why `path` may not be replaced by a profile (None: it may): only a new name or an earlier profile tune can
-    read is; never a link (the write would land where it points), a device, a FIFO, or another file."""
-    from cost_model.profile import load_profile
-
+    """Why `path` may not be replaced by a profile (None: it may): only a new name or an earlier profile (a YAML
+    mapping with a gpu_type, however old its sections) is; never a link (the write would land where it points), a
+    device, a FIFO, or another file."""
     path = Path(path)
     if path.is_symlink():
         return "is a symbolic link"
@@ -358,8 +357,10 @@ def profile_target_problem(path) -> str | None:
     if not path.is_file():
         return "is not a regular file"
     try:
-        load_profile(path)
-    except AttuneError:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) if path.stat().st_size < 16 << 20 else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = None
+    if not (isinstance(data, dict) and "gpu_type" in data):
         return "is not a profile tune can read"
     return None
 
