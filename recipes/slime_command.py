@@ -360,8 +360,8 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     function (attune's pretokenized_sft_rollout.py) is imported from $ATTUNE_SLIME_FILES, by default
     `rollout_dir` (where it was at export)."""
     out = ["#!/usr/bin/env bash",
-           f"# {clean_name(title)}: the recipe's run as a launch you can execute (bash this file on the Ray head, or",
-           "# ray job submit --working-dir . -- bash this file). Set the variables below to your cluster's paths.",
+           f"# {clean_name(title)}: the recipe's run as a launch you can execute (bash this file; on a running Ray",
+           "# cluster set RAY_ADDRESS to its dashboard). Set the variables below to your cluster's paths.",
            "set -eu   # not pipefail: NVLINK_COUNT's pipeline finds no NV link on a machine without one"]
     unpriced = unpriced_setup(workload)
     if unpriced:   # a job other than the one priced must not start (nor wait for paths set to start it)
@@ -370,11 +370,12 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     out.append(f': "${{ATTUNE_SLIME_FILES:={shlex.quote(rollout_dir)}}}"   # the folder of pretokenized_sft_rollout.py')
     out.append('[ -f "$ATTUNE_SLIME_FILES/pretokenized_sft_rollout.py" ] || { echo "set ATTUNE_SLIME_FILES to the '
                'folder of attune\'s experiments/slime/pretokenized_sft_rollout.py" >&2; exit 2; }')
-    out.append('export PYTHONPATH="$ATTUNE_SLIME_FILES${PYTHONPATH:+:$PYTHONPATH}"')
+    out.append('export PYTHONPATH="$ATTUNE_SLIME_FILES:$SLIME_DIR${PYTHONPATH:+:$PYTHONPATH}"')
     out.append('cd -- "$SLIME_DIR"')
     env = slime_env(layout, gpu)
     out += [SHELL_ENV_INPUTS[v] for v in dict.fromkeys(env.values()) if v in SHELL_ENV_INPUTS]
     out += [f"export {name}={_env_value(value)}" for name, value in env.items()]
+    out += _ray_job_lines(("PYTHONPATH", *env))
     script = slime_model_script(model)
     built, missing = (None, "") if script is not None else launch_model_args_for(model, layout)
     if script is not None:
@@ -384,9 +385,30 @@ def slime_launch(model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Lay
     else:
         why = f"{_no_script(model)} and {missing}: define MODEL_ARGS here"
         out.append(f"echo {shlex.quote(why)} >&2; exit 2")
-    lines = [tuple(job_flags(list(line))[0]) for line in slime_flag_lines(model, gpu, workload, layout,
-                                                                         num_rollout=num_rollout)]
-    return _script(out + _command_block(job_entry_words("python3"), lines), "launch")
+    lines = [tuple(QUOTED_MODEL_ARGS if w == MODEL_ARGS else w for w in job_flags(list(line))[0])
+             for line in slime_flag_lines(model, gpu, workload, layout, num_rollout=num_rollout)]
+    # "$@": the ray job submit words where RAY_ADDRESS names a running cluster (_ray_job_lines), else none
+    head = (Raw('"$@"'), "python3", Raw(f'"$SLIME_DIR"/{ASYNC_ENTRY}'))
+    return _script(out + _command_block(head, lines), "launch")
+
+
+# The launch expands MODEL_ARGS quoted: a word such as '[1]*32' (Mixtral's --moe-layer-freq) stays one word even
+# where a file matches it as a glob (the recipe's `run` keeps the format's unquoted spelling).
+QUOTED_MODEL_ARGS = Raw('"${MODEL_ARGS[@]}"')
+
+
+def _ray_job_lines(names) -> list[str]:
+    """On a Ray cluster already running (RAY_ADDRESS: its dashboard, http://HEAD:8265), slime's actors start in the
+    cluster's own processes, which see none of this script's exports: the job is submitted with them as its runtime
+    environment, as slime's run scripts submit theirs. Without RAY_ADDRESS slime starts Ray here, its workers
+    inheriting the exports."""
+    words = " ".join(names)
+    return ["set --",
+            'if [ -n "${RAY_ADDRESS:-}" ]; then   # a running cluster: its actors get the exports as the job\'s env',
+            "  RUNTIME_ENV_JSON=$(python3 -c 'import json, os, sys; print(json.dumps({\"env_vars\": "
+            f"{{k: os.environ[k] for k in sys.argv[1:]}}}}))' {words})",
+            '  set -- ray job submit --address "$RAY_ADDRESS" --runtime-env-json "$RUNTIME_ENV_JSON" --',
+            "fi"]
 
 
 def flat(lines: list[tuple[str, ...]]) -> list[str]:

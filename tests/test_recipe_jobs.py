@@ -41,7 +41,9 @@ UNPRICED = {
 def command_words(run: str) -> list[str]:
     """The python command's words of a recipe's `run` or a launch (comments and other lines left out)."""
     text = "\n".join(line for line in run.splitlines() if not line.lstrip().startswith("#")).replace("\\\n", " ")
-    return next(line for line in text.splitlines() if line.strip().startswith("python3 ")).split()
+    # a launch's command starts "$@" (the ray job submit words on a running cluster: slime_command._ray_job_lines)
+    return next(line for line in text.splitlines()
+                if line.strip().removeprefix('"$@" ').startswith("python3 ")).split()
 
 
 def recipe_of(model, gpu, workload, layout) -> dict:
@@ -243,3 +245,30 @@ def test_a_dense_models_recipe_has_no_expert_flags_and_no_dispatcher(tmp_path):
     moe_words = command_words(moe["run"])
     assert moe_words[moe_words.index("--expert-model-parallel-size") + 1] == "8"
     assert moe["layout"]["dispatcher"] == "alltoall" and "EP 8" in moe["layout"]["summary"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_on_a_running_ray_cluster_the_launch_submits_the_exports_as_the_jobs_runtime_env(tmp_path):
+    """A cluster's actors see none of the launch's exports (Ray starts them in its own processes; slime's rollout
+    manager imports attune's rollout function there): with RAY_ADDRESS the job goes through `ray job submit` with
+    them as its runtime environment, as slime's run scripts submit theirs."""
+    model, gpu = load_model("llama3-8b"), load_gpu("h100")
+    path = tmp_path / "r.launch.sh"
+    path.write_text(slime_launch(model, gpu, Workload(), Layout(8, tp=2), rollout_dir=str(tmp_path / "files")))
+    env = _stand_in(tmp_path)
+    ray = tmp_path / "bin" / "ray"   # a stand-in that records its arguments, then runs the entrypoint after --
+    ray.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$(dirname "$0")/../ray-args"\n'
+                   'while [ "$1" != "--" ]; do shift; done; shift; cd /; exec "$@"\n')
+    ray.chmod(0o755)
+    done = subprocess.run(["bash", str(path)], env={**env, "RAY_ADDRESS": "http://head:8265"}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ran").read_text() == "ran"   # the entrypoint's path holds from any working directory
+    args = (tmp_path / "ray-args").read_text().splitlines()
+    assert args[:4] == ["job", "submit", "--address", "http://head:8265"] and args[4] == "--runtime-env-json"
+    env_vars = json.loads(args[5])["env_vars"]
+    assert env_vars["PYTHONPATH"].split(":")[:2] == [env["ATTUNE_SLIME_FILES"], env["SLIME_DIR"]]
+    assert env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env_vars["NCCL_NVLS_ENABLE"] in ("0", "1")
+    (tmp_path / "ran").unlink()
+    assert subprocess.run(["bash", str(path)], env=env, timeout=60).returncode == 0   # no cluster named: no submit
+    assert (tmp_path / "ran").exists() and (tmp_path / "ray-args").stat().st_mtime <= (tmp_path / "ran").stat().st_mtime

@@ -93,4 +93,5 @@ def test_export_writes_an_executable_launch_beside_each_recipe(tmp_path):
     for p in launches:
         assert os.access(p, os.X_OK)
         assert subprocess.run(["bash", "-n", str(p)], capture_output=True).returncode == 0
-        assert "python3 train_async.py" in p.read_text() and "<slime entry module>" not in p.read_text()
+        text = p.read_text()
+        assert '"$@" python3 "$SLIME_DIR"/train_async.py' in text and "<slime entry module>" not in text
