@@ -198,6 +198,14 @@ def test_a_bare_host_and_port_still_gets_http():
 
     assert jobs_api_address("head:8265") == "http://head:8265"
     assert jobs_api_address("https://head") == "https://head"
+    assert jobs_api_address("HTTP://head:8265") == "http://head:8265"   # Ray's Jobs client knows http only
+
+
+def test_an_unclosed_ipv6_ray_address_is_one_line_not_a_traceback():
+    from experiments.slime.cluster import ClusterError, jobs_api_address
+
+    with pytest.raises(ClusterError, match=r"--ray-address http://\[::1: not a URL"):
+        jobs_api_address("http://[::1")
 
 
 # ---------------------------------------------------------------------- 4. `tune show --format csv`

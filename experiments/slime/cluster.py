@@ -116,8 +116,11 @@ def jobs_api_address(address: str, where: str = "--ray-address") -> str:
         raise ClusterError(f"{said}: {jobs}; 'local' is --backend predict's Ray, started in this process; for a "
                            f"Ray head on this machine give http://127.0.0.1:8265")
     url = text if "://" in text else f"http://{text}"
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname
+    except ValueError as e:   # an unclosed IPv6 bracket ("http://[::1")
+        raise ClusterError(f"{said}: not a URL ({e}); {jobs}") from None
     if parts.scheme.lower() == "ray":
         suggestion = f"http://{_host_in_url(host)}:8265" if host else "http://HEAD:8265"
         raise ClusterError(f"{said}: {jobs}, not Ray's client address ray://HEAD:10001 (--backend predict's); "
@@ -130,7 +133,7 @@ def jobs_api_address(address: str, where: str = "--ray-address") -> str:
         parts.port
     except ValueError:
         raise ClusterError(f"{said}: the port must be a number in 0..65535; {jobs}") from None
-    return url
+    return urllib.parse.urlunsplit(parts._replace(scheme=parts.scheme.lower()))   # Ray knows http, not HTTP
 
 
 def _host_in_url(host: str) -> str:
