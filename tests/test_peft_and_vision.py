@@ -216,3 +216,14 @@ def test_images_that_cannot_be_in_the_row_are_refused():
     with pytest.raises(AttuneError, match="smaller than one 16-px patch"):
         predict(model, gpu, replace(crowded, images_per_row=1, image_size=7), layout)
     assert predict(model, gpu, replace(crowded, images_per_row=4), layout).tokens_per_s_per_gpu > 0
+
+
+def test_the_slime_runner_refuses_a_megatron_lm_step(capsys, tmp_path):
+    """`--backend slime --framework megatron` ran slime's step and compared it with a tuned Megatron step's
+    prediction; the slime runner sets up slime's own step only."""
+    for argv in (["--trials", "1", "--storage", str(tmp_path / "s.db")], None):
+        base = ["--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--framework", "megatron", "--backend", "slime"]
+        code = main(base + argv) if argv else main(["trial", *base[:-2], "--backend", "slime", "--dry-run"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--framework megatron" in err[0] and "--backend predict" in err[0], err
+    assert not (tmp_path / "s.db").exists()

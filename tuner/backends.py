@@ -30,6 +30,9 @@ def check_set_up(args) -> None:
     reason given is the final one)."""
     if args.backend != "predict":
         reason = not_set_up(args.backend, **{k: getattr(args, k, d) for k, d in STEP_OPTION_DEFAULTS.items()})
+        if args.backend == "slime" and getattr(args, "framework", "slime") != "slime":
+            reason = (f"--framework {args.framework}: the slime runner runs slime's own step, not a tuned "
+                      f"Megatron-LM/Bridge one (it would measure a different run)")
         if reason:
             raise CliError(f"{reason}; it is predicted only, with --backend predict")
 
