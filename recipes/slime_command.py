@@ -211,9 +211,11 @@ def actor_placement(layout: Layout, gpu: GpuSpec) -> tuple[int, int]:
 
 def slime_env(layout: Layout, gpu: GpuSpec) -> dict[str, str]:
     """The run's environment variables, in the reference recipes' order. The flex dispatcher adds
-    NVSHMEM_DISABLE_NCCL=1, as slime's DeepEP run scripts (e.g. run-qwen3.5-35B-A3B-sft.sh) set it."""
+    NVSHMEM_DISABLE_NCCL=1, as slime's DeepEP run scripts (e.g. run-qwen3.5-35B-A3B-sft.sh) set it. The EP
+    all-to-all overlap needs more than one CUDA connection (Megatron's MoE README: "CUDA_DEVICE_MAX_CONNECTIONS > 1";
+    its arguments check suggests 32): 1 would serialise the streams it overlaps."""
     env = {
-        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "32" if layout.overlap_moe_expert_parallel_comm else "1",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
         "NCCL_NVLS_ENABLE": NVLS_EXPR,

@@ -272,3 +272,13 @@ def test_on_a_running_ray_cluster_the_launch_submits_the_exports_as_the_jobs_run
     (tmp_path / "ran").unlink()
     assert subprocess.run(["bash", str(path)], env=env, timeout=60).returncode == 0   # no cluster named: no submit
     assert (tmp_path / "ran").exists() and (tmp_path / "ray-args").stat().st_mtime <= (tmp_path / "ran").stat().st_mtime
+
+
+def test_the_ep_overlap_runs_with_more_than_one_cuda_connection():
+    """Megatron's EP all-to-all overlap needs CUDA_DEVICE_MAX_CONNECTIONS > 1 (its MoE README); the recipe env had 1."""
+    from recipes.slime_command import slime_env
+
+    gpu = load_gpu("h200")
+    overlap = Layout(16, pp=2, vpp=2, ep=8, dispatcher="flex", overlap_moe_expert_parallel_comm=True)
+    assert slime_env(overlap, gpu)["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert slime_env(Layout(16, pp=2, vpp=2, ep=8, dispatcher="flex"), gpu)["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
