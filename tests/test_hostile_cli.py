@@ -427,3 +427,17 @@ def test_models_shows_what_tune_reads_from_a_config_json(capsys):
     assert [r["name"] for r in rows] == ["mixtral-8x7b", "qwen3-30b-a3b"]
     assert rows[0]["experts"] == 8 and abs(rows[0]["total_params"] / 46.7e9 - 1) < 0.01   # Mixtral-8x7B: 46.7B
     assert "unknown model" in one_line_error(capsys, main(["models", "extra"]))
+
+
+def test_a_batch_line_of_another_gpu_than_the_profiles_gets_an_error(tmp_path, capsys):
+    """`predict --batch --profile B200.yaml` had priced an H100 line with the B200's rates, under the H100's name."""
+    profile = tmp_path / "b200.yaml"
+    assert main(["profile", "--derive", "b200", "--out", str(profile)]) == 0
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"model": "qwen3.6-35b-a3b", "gpu": g, "gpus": 8, "layout": {"ep": 8}}) + "\n"
+                            for g in ("b200", "h100")))
+    capsys.readouterr()
+    assert main(["predict", "--batch", str(path), "--profile", str(profile)]) == 1
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "error" not in out[0] and out[0]["gpu"] == "b200"
+    assert "--profile is a profile of b200" in out[1]["error"] and "not of h100" in out[1]["error"]

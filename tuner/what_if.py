@@ -175,6 +175,7 @@ def _answer_line(line: str, number: int, hardware) -> dict:
     """One request's answer, or an error object naming the line: a bad line never ends the batch."""
     try:
         case = resolve(parse_json(line, f"line {number}", CliError), notes := [])
+        check_profile_gpu(hardware, case.gpu)   # one GPU's --profile priced as another's would answer wrongly
         p = answer(case, hardware)
         out = {"line": number, **result_dict(case, p, interval_for(case, hardware, p))}
         return {**out, "notes": notes} if notes else out
