@@ -291,3 +291,17 @@ def test_a_profile_replaces_only_a_new_name_or_an_earlier_profile(tmp_path, caps
     assert other.read_text() == '{"model_type": "llama"}'
     assert main(["profile", "--derive", "b200", "--out", str(ok)]) == 0
     assert main(["profile", "--derive", "b200", "--out", str(ok)]) == 0   # an earlier profile is replaced
+
+
+def test_a_profile_whose_aliases_stand_for_billions_of_values_is_refused_at_once(tmp_path, capsys):
+    """A YAML alias bomb read fine (aliases share one object) until the main job's digest of the profile walked it
+    out: a MemoryError after a minute. Shared values are counted once per container, the total bounded."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("gpu_type: h200\nlaughs: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"l{i}: &{'b' * (i + 1)} [" + ", ".join([f"*{'b' * i if i else 'a'}"] * 10) + "]\n" for i in range(9)))
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--layout", "ep=8", "--profile",
+                 str(bomb)]) == 2
+    assert "aliases stand for more than 10,000,000 values" in one_line(capsys)
+    shared = tmp_path / "shared.yaml"   # an alias or two is no bomb: read as written out
+    from cost_model.nouns.user_file import parse_yaml
+    assert parse_yaml("a: &a [1, 2]\nb: *a\n", str(shared), ValueError) == {"a": [1, 2], "b": [1, 2]}

@@ -115,7 +115,33 @@ def unique_containers(data: Any):
 def _bounded(data: Any, name: str, error: type[Exception]) -> Any:
     if nesting_depth(data) > MAX_NESTING:
         raise error(f"{name}: nested deeper than {MAX_NESTING} levels")
+    if expanded_size(data) > MAX_EXPANDED_VALUES:
+        raise error(f"{name}: its aliases stand for more than {MAX_EXPANDED_VALUES:,} values (a YAML alias bomb?)")
     return data
+
+
+# The values a file may stand for once its aliases are written out: a reader that walks the data (a digest, a
+# copy) visits each place an alias stands, so a few lines of nested aliases would take all the memory there is.
+MAX_EXPANDED_VALUES = 10_000_000
+
+
+def expanded_size(data: Any) -> int:
+    """How many values `data` holds with every alias written out, counted once per distinct container (linear in
+    the containers however often each is referenced); a container that holds itself counts once."""
+    sizes: dict[int, int] = {}
+    stack = [(data, False)]
+    while stack:   # depth first: a container is summed once everything it holds has been
+        value, held_done = stack.pop()
+        if not isinstance(value, (dict, list, tuple)):
+            continue
+        items = value.values() if isinstance(value, dict) else value
+        if held_done:
+            sizes[id(value)] = min(1 + sum(sizes.get(id(v), 1) for v in items), MAX_EXPANDED_VALUES + 1)
+        elif id(value) not in sizes:
+            sizes[id(value)] = 1   # until summed; a cycle back to it counts it once
+            stack.append((value, True))
+            stack.extend((v, False) for v in items)
+    return sizes.get(id(data), 1)
 
 
 def _value_error(e: ValueError, name: str, error: type[Exception]) -> Exception:
