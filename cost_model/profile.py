@@ -285,6 +285,9 @@ REQUIRED_SECTIONS = {"gemm_bf16": (), "grouped_gemm_bf16": (), "attention_bf16":
                      "memory": ("hbm_copy_tb_s", "h2d_gb_s", "d2h_gb_s"), "cpu_adam": ("params_per_s",)}
 
 
+PROVENANCES = ("measured", "derived")
+
+
 def check_sections(data: dict, origin: str) -> None:
     """A hand-edited profile missing a section or one of its figures, or with a non-string gpu_type, is refused in
     one line naming it (not a KeyError)."""
@@ -293,6 +296,8 @@ def check_sections(data: dict, origin: str) -> None:
         if not isinstance(value, str) or not value.strip():
             shown = "nothing" if value is None else f"{type(value).__name__} {repr(value)[:40]}"
             raise ProfileError(f"{origin}: {key} must be {what}, got {shown}")
+    if data["provenance"] not in PROVENANCES:   # it heads every figure's label: measured, or derived from one
+        raise ProfileError(f"{origin}: provenance must be measured or derived, got {repr(data['provenance'])[:40]}")
     for section, fields in REQUIRED_SECTIONS.items():
         value = data.get(section)
         if value is None:
@@ -360,7 +365,7 @@ def profile_from_dict(data: dict, origin: str = "profile", shipped: bool = False
             collectives=curves, collective_gpus=gpus, collectives_source=collectives_source,
             gdn=_gdn_kernel(linear), device_memory=parse_device_memory(data.get("device_memory"), origin), raw=data,
             fp8_points=fp8_points,
-            runner=_runner(data, float(mem["hbm_copy_tb_s"]) * 1e12, shipped))
+            runner=_runner(data, float(mem["hbm_copy_tb_s"]) * 1e12, shipped, origin))
     except ProfileError:
         raise
     except DeviceMemoryError as e:
@@ -369,12 +374,62 @@ def profile_from_dict(data: dict, origin: str = "profile", shipped: bool = False
         raise ProfileError(f"{origin}: malformed profile ({type(e).__name__}: {e})") from None
 
 
-def _runner(data: dict, hbm_bytes_per_s: float, shipped: bool) -> RunnerComponents | None:
+# A timed point of a build longer than this is no measurement of one layer's step (a typo, or an edit).
+MAX_POINT_S = 3600.0
+# runner_components' numbers, by where they stand: whole counts of at least 1, seconds above zero or at least zero
+_RUNNER_COUNTS = {"section": ("microbatches", "seq_len"), "build": ("layers", "vocab", "hidden_size", "params"),
+                  "point": ("tokens",), "cpu_adam": ("ranks", "threads_per_rank")}
+_RUNNER_SECONDS = {"point": (("fwd_bwd_s", True), ("zero_grad_s", False), ("optimizer_s", False))}
+
+
+def check_runner_section(section, origin: str) -> None:
+    """ProfileError naming the field of a user's runner_components that no measurement could hold: a count that is
+    not a whole number of at least 1, a time that is negative, zero where work was timed, or over an hour, a CPU
+    Adam rate that is not positive."""
+    def need(ok: bool, where: str, what: str, value) -> None:
+        if not ok:
+            raise ProfileError(f"{origin}: runner_components{where} must be {what}, got {repr(value)[:40]}")
+
+    def counts(record, kind: str, where: str, optional: bool = False) -> None:
+        for key in _RUNNER_COUNTS[kind]:
+            value = record.get(key)
+            if value is None and (optional or kind == "section"):
+                continue
+            whole = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and float(value).is_integer()
+            need(whole and value >= 1, f"{where}.{key}", "a whole number of at least 1", value)
+
+    need(isinstance(section, dict), "", "a mapping", type(section).__name__)
+    counts(section, "section", "")
+    for i, b in enumerate(section.get("builds") or []):
+        need(isinstance(b, dict), f".builds[{i}]", "a mapping", type(b).__name__)
+        counts(b, "build", f".builds[{i}]")
+        for j, p in enumerate(b.get("points") or []):
+            where = f".builds[{i}].points[{j}]"
+            need(isinstance(p, dict), where, "a mapping", type(p).__name__)
+            counts(p, "point", where)
+            for key, positive in _RUNNER_SECONDS["point"]:
+                v = p.get(key)
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+                    (v > 0 if positive else v >= 0) and v <= MAX_POINT_S
+                need(ok, f"{where}.{key}", f"seconds {'above' if positive else 'at least'} 0 and at most "
+                                           f"{MAX_POINT_S:g}", v)
+    for i, r in enumerate(section.get("cpu_adam_ranks") or []):
+        need(isinstance(r, dict), f".cpu_adam_ranks[{i}]", "a mapping", type(r).__name__)
+        counts(r, "cpu_adam", f".cpu_adam_ranks[{i}]", optional=True)
+        v = r.get("params_per_s_per_rank")
+        need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+             f".cpu_adam_ranks[{i}].params_per_s_per_rank", "a positive number", v)
+
+
+def _runner(data: dict, hbm_bytes_per_s: float, shipped: bool, origin: str) -> RunnerComponents | None:
     """The profile's runner components; a user's profile (`tune profile --model A`) takes the layer kinds it did not
     build from its GPU type's shipped profile, marked so (RunnerComponents.with_layers_of): model B's kinds priced
     by measured builds, not by the fitted terms (30-47% over on Mixtral-8x7B's H100 runs from a Llama3-8B profile)."""
     if not data.get("runner_components"):
         return None
+    if not shipped:
+        check_runner_section(data["runner_components"], origin)
     runner = parse_runner_components(data["runner_components"], hbm_bytes_per_s)
     if shipped:
         return runner

@@ -305,3 +305,44 @@ def test_a_profile_whose_aliases_stand_for_billions_of_values_is_refused_at_once
     shared = tmp_path / "shared.yaml"   # an alias or two is no bomb: read as written out
     from cost_model.nouns.user_file import parse_yaml
     assert parse_yaml("a: &a [1, 2]\nb: *a\n", str(shared), ValueError) == {"a": [1, 2], "b": [1, 2]}
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("builds", 0, "points", 0, "fwd_bwd_s", -0.023), "builds[0].points[0].fwd_bwd_s must be seconds above 0"),
+    (("builds", 0, "points", 0, "fwd_bwd_s", 23333), "builds[0].points[0].fwd_bwd_s must be seconds above 0"),
+    (("builds", 0, "points", 0, "fwd_bwd_s", "slow"), "fwd_bwd_s must be seconds above 0 and at most 3600, got 'slow'"),
+    (("builds", 0, "points", 0, "optimizer_s", -70), "builds[0].points[0].optimizer_s must be seconds at least 0"),
+    (("builds", 0, "layers", 0), "builds[0].layers must be a whole number of at least 1"),
+    (("builds", 0, "params", -226504704), "builds[0].params must be a whole number of at least 1"),
+    (("microbatches", 0), "runner_components.microbatches must be a whole number of at least 1"),
+    (("seq_len", "fourk"), "runner_components.seq_len must be a whole number of at least 1"),
+    (("cpu_adam_ranks", 0, "params_per_s_per_rank", -1), "cpu_adam_ranks[0].params_per_s_per_rank must be a positive"),
+])
+def test_a_runner_component_no_measurement_could_hold_is_named(tmp_path, capsys, edit, words):
+    """Only the hardware sections' rates were checked: a negative or absurd build time changed the runner stack's
+    prediction silently, a zero count ended in a ZeroDivisionError's text."""
+    import yaml
+
+    from cost_model.profile import shipped_profile
+
+    data = shipped_profile("h200").raw
+    data = yaml.safe_load(yaml.safe_dump(data))   # a copy to edit
+    *path, key, value = edit
+    node = data["runner_components"]
+    for step in path:
+        node = node[step]
+    node[key] = value
+    profile = tmp_path / "edited.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    assert main(["predict", "--model", "llama3-8b", "--gpu", "h200", "--gpus", "1", "--stack", "megatron-runner",
+                 "--layout", "max_tokens_per_gpu=8192", "--profile", str(profile)]) == 2
+    assert words in one_line(capsys)
+
+
+def test_a_profile_of_another_provenance_than_measured_or_derived_is_refused(tmp_path, capsys):
+    text = (Path(__file__).resolve().parents[1] / "cost_model" / "data" / "profiles" / "h200.yaml").read_text()
+    profile = tmp_path / "p.yaml"
+    profile.write_text(text.replace("provenance: measured", "provenance: trust-me", 1))
+    assert main(["predict", "--model", "llama3-8b", "--gpu", "h200", "--layout", "tp=8", "--profile",
+                 str(profile)]) == 2
+    assert "provenance must be measured or derived, got 'trust-me'" in one_line(capsys)
