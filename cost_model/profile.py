@@ -427,7 +427,10 @@ def _runner(data: dict, hbm_bytes_per_s: float, shipped: bool, origin: str) -> R
     build from its GPU type's shipped profile, marked so (RunnerComponents.with_layers_of): model B's kinds priced
     by measured builds, not by the fitted terms (30-47% over on Mixtral-8x7B's H100 runs from a Llama3-8B profile)."""
     if not data.get("runner_components"):
-        return None
+        # a user's profile without builds (`tune profile` without --model) prices the runner stack with its GPU
+        # type's shipped builds, as it does the layer kinds it did not build, never with the image stack's constants
+        base = None if shipped else shipped_profile(clean_name(data["gpu_type"]))
+        return base.runner if base is not None else None
     if not shipped:
         check_runner_section(data["runner_components"], origin)
     runner = parse_runner_components(data["runner_components"], hbm_bytes_per_s)

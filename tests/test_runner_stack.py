@@ -1216,3 +1216,18 @@ def test_tune_profile_says_how_fast_this_host_issued_kernels_against_the_shipped
     assert f"linear_attention+dense 5.65 vs {1e3 * shipped['linear_attention+dense'].layer_s:.2f} ms" in line
     assert host_vs_shipped({k: v for k, v in mine.items() if k != "runner_components"}) is None
     assert host_vs_shipped({**mine, "gpu_type": "a100"}) is None
+
+
+def test_a_users_profile_without_builds_prices_the_runner_with_its_gpus_shipped_builds(tmp_path):
+    """`tune profile` without --model writes no runner_components: the runner stack was then priced with the image
+    stack's fitted constants (+61% on Qwen3-30B-A3B); it takes the GPU type's shipped builds, as it does the layer
+    kinds a profile did not build."""
+    import yaml
+
+    from cost_model.profile import load_profile, shipped_profile
+
+    data = yaml.safe_load(yaml.safe_dump(shipped_profile("h200").raw))
+    data.pop("runner_components")
+    path = tmp_path / "no-builds.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_profile(path).runner is shipped_profile("h200").runner
