@@ -12,7 +12,11 @@ from cost_model.nouns.hardware import GpuSpec
 from cost_model.profile import ProfileError
 
 
-def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
+def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec, calibrated: dict | None = None) -> dict:
+    """A profile of `target` from the `measured` one of `source`, by datasheet ratios. `calibrated`: the runner
+    builds' derivation the target's shipped profile carries, fitted to builds measured on the target (the H100's:
+    benchmarks/derivation_check.py); where it has a calibration it prices the builds instead of the datasheet ratios
+    (which that check judged and failed), so a derived profile prices the runner as the shipped one does."""
     if measured.get("provenance") != "measured":   # a user error (--from names a derived profile): one line
         raise ProfileError(f"the {source.name} profile is {measured.get('provenance')!r}, not measured: derive a "
                            f"profile from a measured one (--from a GPU whose shipped profile was measured)")
@@ -45,6 +49,8 @@ def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec) -> dict:
     if out.get("runner_components"):
         # the builds stay as measured on the source; the parser prices them here (runner_components.Derivation)
         out["runner_components"]["derived"] = {"compute": round(bf16, 4), "hbm": round(hbm, 4), "basis": basis}
+        if calibrated and calibrated.get("calibration"):
+            out["runner_components"]["derived"] = dict(calibrated)
     for c in out.get("collectives") or []:
         c["busbw_gb_s"] = round(c["busbw_gb_s"] * nvlink, 2)
         c["algbw_gb_s"] = round(c.get("algbw_gb_s", 0) * nvlink, 2)

@@ -139,7 +139,8 @@ class ProfileRates(Rates):
         if self.profile.gdn is None:
             return (f"estimate: efficiency {self.profile.linear_attention_efficiency:g} x dense peak "
                     f"({self.profile.provenance} profile has no measured kernel times)")
-        return f"measured: {self.profile.gdn.source}"
+        kind = "measured" if self.profile.provenance == "measured" else "modelled"
+        return f"{kind}: {self.profile.gdn.source}"
 
     def _nvlink_time(self, op, nbytes, size):
         # Bus bandwidth as NCCL tests define it already folds in latency at small messages.

@@ -327,3 +327,15 @@ def test_a_users_profile_prices_a_model_the_shipped_profile_ran_from_its_own_bui
     assert sig.startswith("full_attention+moe|") and not curves.borrowed   # the user's measurement of the kind
     q36 = trial_model(load_model("qwen3.6-35b-a3b"), 2)
     assert all(not user.runner.layer_for(q36, a, m)[1].borrowed for a, m in set(zip(q36.layer_types, q36.mlp_types)))
+
+
+def test_a_derived_h100_profile_keeps_the_shipped_calibration_of_the_runner_builds(tmp_path):
+    """`tune profile --derive h100` wrote the datasheet-ratio derivation the H100 check judged and failed (14% off),
+    under the shipped profile's label: it now prices the builds with the shipped calibration, as the shipped one."""
+    from cost_model.profile import load_profile, shipped_profile
+    from tuner.cli import main
+
+    out = tmp_path / "h100.yaml"
+    assert main(["profile", "--derive", "h100", "--out", str(out)]) == 0
+    derived, shipped = load_profile(out).runner.derived, shipped_profile("h100").runner.derived
+    assert shipped.calibration and derived == shipped

@@ -136,7 +136,10 @@ def _derive(args) -> int:
     measured = shipped_profile(source.name)
     if measured is None:
         raise ProfileError(f"no shipped profile for {source.name} to derive from")
-    derived = derive_profile(measured.raw, source, target)
+    shipped_target = shipped_profile(target.name)
+    calibrated = ((shipped_target.raw.get("runner_components") or {}).get("derived")
+                  if shipped_target is not None and shipped_target.provenance == "derived" else None)
+    derived = derive_profile(measured.raw, source, target, calibrated)
     out = Path(args.out or f"profile-{target.name}.yaml")
     check_profile_target(out)
     with writing_user_file(out):
