@@ -139,7 +139,7 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
     short = re.match(r"measured: (runner components on [^(]*?) \(([^,)]*)", comps.source)
     where = f"{short.group(1)}, {short.group(2)}" if short else comps.source.removeprefix("measured: ")
     lines = _fitted_sources(ctx)
-    measured, unmeasured, recompute_modelled = [], [], []
+    measured, unmeasured, recompute_modelled, borrowed = [], [], [], []
     kinds = dict.fromkeys((a, m) for rank in ctx.ranks for a, m, _ in rank.kinds)
     for attn_kind, mlp_kind in kinds:
         name = f"{attn_kind}+{mlp_kind}"
@@ -154,13 +154,17 @@ def _runner_sources(ctx: StepContext) -> dict[str, str]:
         if not curves.none.tokens[0] <= tokens <= curves.none.tokens[-1]:
             notes.append(f"{tokens:,.0f} tokens extrapolated from {curves.none.span}")
         if curves.borrowed:   # a user's profile without this kind: the shipped profile's build
+            borrowed.append(curves.derived is not None)
             notes.append(f"from {curves.borrowed}, which this profile lacks"
                          + (f"; modelled: {curves.derived.note}" if curves.derived is not None else ""))
         measured.append(f"{name} ({curves.model}'s build{''.join(f'; {n}' for n in notes)})")
     fallback = (f"modelled: fitted Megatron terms (no measurement of {', '.join(unmeasured)}: a kind left out of the "
                 f"profile is priced so with rms log error {ctx.c.runner_modelled_layer_error_sd:g}, "
                 f"runner_modelled_layer_error_sd; `tune profile --model` on a GPU measures it)") if unmeasured else ""
-    layers = f"{comps.source}, layer kinds {', '.join(measured)}; {_LAYER_CURVE}" if measured else ""
+    # where every kind is another profile's build, that profile leads, not this one's (a derived one: modelled)
+    lead = comps.source if len(borrowed) < len(measured) else (
+        "modelled: derived builds" if any(borrowed) else "measured: builds") + " of the GPU type's shipped profile"
+    layers = f"{lead}, layer kinds {', '.join(measured)}; {_LAYER_CURVE}" if measured else ""
     lines["layers"] = "; ".join(x for x in (layers, fallback) if x)
     for key in RUNNER_FALLBACK_TERMS:
         lines[key] += f"; for the layer kinds the runner profile did not measure ({', '.join(unmeasured) or 'none'})"

@@ -339,3 +339,18 @@ def test_a_derived_h100_profile_keeps_the_shipped_calibration_of_the_runner_buil
     assert main(["profile", "--derive", "h100", "--out", str(out)]) == 0
     derived, shipped = load_profile(out).runner.derived, shipped_profile("h100").runner.derived
     assert shipped.calibration and derived == shipped
+
+
+def test_a_layers_term_of_borrowed_derived_builds_alone_leads_with_modelled(capsys):
+    """Llama3-8B priced from an H100 profile that built Qwen3-30B-A3B only: every layer kind is the shipped (derived)
+    H100 profile's build, so the layers term says modelled, not "measured: runner components on" the user's H100."""
+    from pathlib import Path
+
+    from tuner.cli import main
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    profile = results / "profile-h100-qwen3-30b-a3b-2026-12-06.yaml"
+    assert main(["predict", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "1", "--stack", "megatron-runner",
+                 "--layout", "optimizer_offload_fraction=1", "--profile", str(profile), "--explain"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("layers "))
+    assert "modelled: derived builds of the GPU type's shipped profile" in line and "measured: runner" not in line
