@@ -511,6 +511,7 @@ def load_recipe(path: str | os.PathLike, *, stack: Stack | None = None, model: M
     if found:
         top.fail(f"invalid layout {layout.label}: " + "; ".join(str(v) for v in found))
     _check_says_its_layout(top, layout)
+    _check_run_flags(top, model, gpu, workload, layout)
     case = Case(model, gpu, workload, layout, stack if stack is not None else Stack())
     return LoadedRecipe(case=case, data=top.data)
 
@@ -535,6 +536,61 @@ def _check_says_its_layout(top: _Fields, layout: Layout) -> None:
         if not value.isdigit() or int(value) != getattr(layout, field_name):
             top.fail(f"field 'run' sets {flag} {value[:20]} but the layout has {field_name.upper()} "
                      f"{getattr(layout, field_name)}")
+
+
+# The flags of `run` that the layout, the precision or the placement decide (beyond RUN_FLAGS' sizes): a hand edit
+# of one of them and not of the layout would run another job than the one priced.
+LAYOUT_FLAGS = ("--actor-num-nodes", "--actor-num-gpus-per-node", "--max-tokens-per-gpu", "--recompute-granularity",
+                "--recompute-method", "--recompute-num-layers", "--recompute-modules", "--optimizer-cpu-offload",
+                "--optimizer-offload-fraction", "--overlap-cpu-optimizer-d2h-h2d", "--use-precision-aware-optimizer",
+                "--exp-avg-dtype", "--exp-avg-sq-dtype", "--sequence-parallel", "--moe-token-dispatcher-type",
+                "--moe-flex-dispatcher-backend", "--overlap-moe-expert-parallel-comm", "--fp8-format", "--fp8-recipe",
+                "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+                "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                "--pipeline-model-parallel-layout")
+
+
+def _check_run_flags(top: _Fields, model: ModelSpec, gpu: GpuSpec, workload: Workload, layout: Layout) -> None:
+    """The layout's flags in `run` (LAYOUT_FLAGS) are the ones export writes for the recipe's layout, workload and
+    GPU: each flag given with its values, none missing, none added."""
+    run = top.data.get("run")
+    if not isinstance(run, str) or not run.strip():
+        return
+    try:
+        want = _flag_values(_command_words(slime_run(model, gpu, workload, layout)))
+    except (AttuneError, ValueError):
+        return   # a job export cannot write: its own checks say why elsewhere
+    have = _flag_values(_command_words(run))
+    for flag in LAYOUT_FLAGS:
+        if have.get(flag) != want.get(flag):
+            said = f"does not set {flag}" if flag not in have else f"sets {' '.join((flag, *have[flag]))[:80]}"
+            wants = "none" if flag not in want else " ".join((flag, *want[flag]))[:80]
+            top.fail(f"field 'run' {said} but its layout {layout.long_label} runs with {wants}")
+
+
+def _command_words(run: str) -> list[str]:
+    """The command's words as the shell splits them, comment lines left out (unsplittable: word by word)."""
+    import shlex
+
+    text = "\n".join(line for line in run.splitlines() if not line.lstrip().startswith("#")).replace("\\\n", " ")
+    try:
+        return shlex.split(text, comments=False)
+    except ValueError:
+        return [w.replace("'", "").replace('"', "") for w in text.split()]
+
+
+def _flag_values(words: list[str]) -> dict[str, tuple[str, ...]]:
+    """Each --flag of LAYOUT_FLAGS with the words after it up to the next flag."""
+    out: dict[str, tuple[str, ...]] = {}
+    for i, word in enumerate(words):
+        if word in LAYOUT_FLAGS:
+            values = []
+            for w in words[i + 1:]:
+                if w.startswith("--") or w.startswith("${"):
+                    break
+                values.append(w)
+            out[word] = tuple(values)
+    return out
 
 
 def _run_flag_values(run: str) -> list[tuple[str, str]]:

@@ -397,7 +397,8 @@ def test_error_invalid_layout(tmp_path, good_recipe):
     # TP 4 with 2 query groups and the output gate: a stack rule, checked only when a stack is given.
     recipe = dict(good_recipe, layout=dict(good_recipe["layout"], tp=4, dp=2, sequence_parallel=True,
                                            label="TP4 PP1 EP8 DP2"),
-                  run=good_recipe["run"].replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 4"))
+                  run=good_recipe["run"].replace("--tensor-model-parallel-size 1",
+                                                 "--tensor-model-parallel-size 4 --sequence-parallel"))
     path = write_recipe(recipe, tmp_path / "tp4.yaml")
     assert load_recipe(path).case.layout.tp == 4
     with pytest.raises(RecipeError, match="output gate"):
@@ -533,3 +534,22 @@ def test_a_config_models_launch_builds_its_model_args(tmp_path):
     assert launch_model_args(no_base)[0] is None and "rope_theta" in launch_model_args(no_base)[1]
     stops = slime_launch(no_base, gpu, workload, Layout(world_size=8, ep=8))
     assert "rope_theta" in stops and "define MODEL_ARGS here' >&2; exit 2" in stops and "MODEL_ARGS=(" not in stops
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("--max-tokens-per-gpu 8192", "--max-tokens-per-gpu 32768"), "sets --max-tokens-per-gpu 32768 but its layout"),
+    (("--use-distributed-optimizer \\", "--use-distributed-optimizer --optimizer-cpu-offload \\"),
+     "sets --optimizer-cpu-offload but its layout"),
+    (("--recompute-num-layers 1", "--recompute-num-layers 2"), "sets --recompute-num-layers 2 but its layout"),
+])
+def test_a_run_whose_layout_flags_disagree_with_its_layout_is_refused(tmp_path, edit, words):
+    """Only the parallel sizes of `run` were compared with the layout: a hand-edited max-tokens-per-gpu, offload or
+    recompute flag was priced as the layout block said while the command would run another job."""
+    reference = Path(__file__).resolve().parent / "fixtures" / "reference_recipes" / "attune-tp1-pp1-ep8.yaml"
+    text = reference.read_text()
+    assert edit[0] in text
+    path = tmp_path / "edited.yaml"
+    path.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(RecipeError, match=words):
+        load_recipe(path)
+    assert load_recipe(reference).case.layout.max_tokens_per_gpu == 8192   # the reference's own run agrees
