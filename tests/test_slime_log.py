@@ -528,3 +528,18 @@ def test_allocator_retries_per_step_from_the_hook_lines():
     assert allocator_retries_per_step(details) == 16.0
     plain = SlimeLog.from_text(RAY_PREFIX + hook_mod.format_line(0, 1, 0, 1, 1, 2, 0) + "\n")
     assert plain.allocator_retries_per_rank() == {}
+
+
+def test_a_setup_fault_the_entrypoint_named_is_the_failures_evidence():
+    """A slime checkout without the model's MODEL_ARGS script failed as a bare "crash: exit code 2": the entrypoint's
+    own line (and the shell's for a missing folder) is the reason a user needs; its informational lines are not."""
+    from experiments.slime.log import failure_evidence
+
+    log = ("attune: NCCL_NVLS_ENABLE=1 computed on the cluster\n"
+           "attune: the slime checkout /s has no scripts/models/q.sh (the model's MODEL_ARGS script)\n")
+    assert failure_evidence(log, "crash") == \
+        "attune: the slime checkout /s has no scripts/models/q.sh (the model's MODEL_ARGS script)"
+    assert failure_evidence("bash: line 3: cd: /nope: No such file or directory\n", "crash") == \
+        "bash: line 3: cd: /nope: No such file or directory"
+    assert failure_evidence("attune: NCCL_NVLS_ENABLE=0 computed on the cluster\nValueError: x\n", "crash") == \
+        "ValueError: x"

@@ -450,6 +450,13 @@ def failure_evidence(log_text: str, failure_class: str | None) -> str:
         for line in lines:
             if pattern.search(line):
                 return strip_prefixes(line)[0].strip()[:500]
+    # a setup fault the job's entrypoint or its shell named (a slime checkout without the model's script, a path
+    # that is not there) is the reason, whatever followed it
+    for line in lines:
+        stripped = strip_prefixes(line)[0].strip()
+        if (stripped.startswith("attune: ") and " computed on the cluster" not in stripped) or \
+                re.search(r"^(?:bash: |.*: line \d+: |cd: ).*(?:No such file or directory|not found)", stripped):
+            return stripped[:500]
     # crash and the rest: the last line that looks like an exception
     for line in reversed(lines):
         stripped = strip_prefixes(line)[0].strip()
