@@ -153,3 +153,13 @@ def test_trial_refuses_the_ep_overlap_before_looking_for_a_gpu(capsys):
             "--layout", "ep=2", "overlap_moe_expert_parallel_comm=true"]
     line = one_error(capsys, main(argv))
     assert "--backend megatron: EP all-to-all overlap" in line and "GPU" not in line.split("(")[0]
+
+
+@pytest.mark.parametrize("field, words", [("cp=2", "CP 2 (context parallelism needs"),
+                                          ("exp_avg_dtype=bf16", "bf16 Adam moments")])
+def test_the_runner_stack_refuses_what_its_torch_native_step_cannot_run(capsys, field, words):
+    """The torch-native runner refuses CP > 1 and trains fp32 moments where bf16 are asked ("NOT applied"): its
+    stack priced both as if they ran."""
+    line = one_error(capsys, main(["predict", "--model", "qwen3-30b-a3b", "--gpu", "h200", "--stack",
+                                   "megatron-runner", "--layout", "ep=8", field]))
+    assert words in line and "the image stack prices it" in line

@@ -139,12 +139,24 @@ def _stack_refusal(name: str, stack: Stack, case: Case) -> None:
     from tuner.backends import megatron_unsupported
 
     reason = megatron_unsupported(case.model, case.workload, case.layout) if name == "megatron-runner" else None
+    reason = reason or _stack_lacks(stack, case.layout)
     if reason:
         raise RequestError(f"{stack.source} does not run this: {reason}; the image stack prices it")
     refusal = None if stack.dynamic_batching else microbatch_refusal(case.layout, case.workload.global_batch)
     if refusal:
         raise RequestError(f"{stack.source} cannot run this layout: {refusal} (slime's dynamic batching "
                            f"can: predict it with the image stack)")
+
+
+def _stack_lacks(stack: Stack, layout) -> str | None:
+    """A layout field the named stack cannot run (the torch-native runner: no ring attention, so CP 1; no
+    precision-aware optimizer, so fp32 Adam moments): the search space leaves such layouts out of its studies."""
+    if layout.cp > 1 and not stack.context_parallel:
+        return f"CP {layout.cp} (context parallelism needs Transformer Engine's ring attention)"
+    if layout.exp_avg_dtype != "fp32" and not layout.offloaded and not stack.precision_aware_optimizer:
+        return (f"{layout.exp_avg_dtype} Adam moments (they need the precision-aware optimizer, Transformer Engine's "
+                f"FusedAdam; the runner would train with fp32 moments)")
+    return None
 
 
 _STEPS = {"slime": "slime's step", "megatron": "Megatron's own step"}   # a Workload.framework in words

@@ -57,4 +57,5 @@ class Stack:
 # What each of STACK_NAMES differs in from the default (the image)
 _NAMED = {"image": {},
           "megatron-runner": dict(deepep=False, transformer_engine=False, precision_aware_optimizer=False,
+                                  context_parallel=False,
                                   frameworks=("megatron",), dynamic_batching=False, source="the megatron runner")}
