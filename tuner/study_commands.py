@@ -104,7 +104,10 @@ def _scored_widened(args, config: StudyConfig, runner: TrialRunner, space: Runne
               f"tries {_listed(sorted(PARTIAL_OFFLOADS))}", file=sys.stderr)
         return (config, space, *_scored(args, config, runner, space, *where, progress))
     fractions = config.options.offload_fractions
-    if args.offload_fractions or set(PARTIAL_OFFLOADS) <= set(fractions) or fractions == (0.0,) \
+    storage, name = where[1], where[2]
+    with storage_errors(where[0]):   # a study that exists keeps the fractions it was tuned with
+        exists = storage is not None and recorded_offload_fractions(storage, name) is not None
+    if args.offload_fractions or set(PARTIAL_OFFLOADS) <= set(fractions) or fractions == (0.0,) or exists \
             or any(p.fits for _, p in candidates):
         return config, space, candidates, cache
     wider = _with_fractions(config, fractions + PARTIAL_OFFLOADS)
