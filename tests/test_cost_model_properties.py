@@ -108,6 +108,12 @@ def stage_layers(name: str, layout: Layout) -> int:
     return model(name).num_hidden_layers // layout.pp // layout.vpp
 
 
+def chunk_divisors(name: str, layout: Layout) -> list[int]:
+    """The layer counts that divide every (virtual) pipeline chunk of the layout."""
+    sizes = {c for row in model(name).layout_chunks(layout) for c in row if c}
+    return [k for k in range(1, min(sizes) + 1) if all(c % k == 0 for c in sizes)]
+
+
 def run(name: str, layout: Layout, gpu_name: str = "h200", workload: Workload = WORKLOAD):
     assert is_valid(layout, name, workload), layout
     return predict(model(name), gpu(gpu_name), workload, layout)
@@ -165,7 +171,9 @@ def nested_module_sets(draw, name: str, any_set: bool = True):
 def recompute_case(draw, any_set: bool = True):
     name, base = draw(enumerated())
     s, t = draw(nested_module_sets(name, any_set))
-    k = draw(st.integers(1, stage_layers(name, base)))  # recompute_num_layers for full recompute
+    # recompute_num_layers for full uniform recompute: one dividing every pipeline chunk (slime's pinned Megatron
+    # indexes past a chunk it does not divide: search_space.rules._uniform_chunk_rule)
+    k = draw(st.sampled_from(chunk_divisors(name, base)))
     return name, base, s, t, draw(st.sampled_from(GPUS)), k
 
 
