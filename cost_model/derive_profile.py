@@ -48,9 +48,8 @@ def derive_profile(measured: dict, source: GpuSpec, target: GpuSpec, calibrated:
     _derive_linear_and_device(out, bf16, target)
     if out.get("runner_components"):
         # the builds stay as measured on the source; the parser prices them here (runner_components.Derivation)
-        out["runner_components"]["derived"] = {"compute": round(bf16, 4), "hbm": round(hbm, 4), "basis": basis}
-        if calibrated and calibrated.get("calibration"):
-            out["runner_components"]["derived"] = dict(calibrated)
+        out["runner_components"]["derived"] = (dict(calibrated) if calibrated and calibrated.get("calibration") else
+                                               {"compute": round(bf16, 4), "hbm": round(hbm, 4), "basis": basis})
     for c in out.get("collectives") or []:
         c["busbw_gb_s"] = round(c["busbw_gb_s"] * nvlink, 2)
         c["algbw_gb_s"] = round(c.get("algbw_gb_s", 0) * nvlink, 2)

@@ -376,10 +376,15 @@ def profile_from_dict(data: dict, origin: str = "profile", shipped: bool = False
 
 # A timed point of a build longer than this is no measurement of one layer's step (a typo, or an edit).
 MAX_POINT_S = 3600.0
-# runner_components' numbers, by where they stand: whole counts of at least 1, seconds above zero or at least zero
+# runner_components' whole counts of at least 1, by where they stand; a point's timed seconds (above zero where work
+# was timed, else at least zero)
 _RUNNER_COUNTS = {"section": ("microbatches", "seq_len"), "build": ("layers", "vocab", "hidden_size", "params"),
                   "point": ("tokens",), "cpu_adam": ("ranks", "threads_per_rank")}
-_RUNNER_SECONDS = {"point": (("fwd_bwd_s", True), ("zero_grad_s", False), ("optimizer_s", False))}
+_POINT_SECONDS = (("fwd_bwd_s", True), ("zero_grad_s", False), ("optimizer_s", False))
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_runner_section(section, origin: str) -> None:
@@ -395,9 +400,8 @@ def check_runner_section(section, origin: str) -> None:
             value = record.get(key)
             if value is None and (optional or kind == "section"):
                 continue
-            whole = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-                and float(value).is_integer()
-            need(whole and value >= 1, f"{where}.{key}", "a whole number of at least 1", value)
+            need(_finite(value) and float(value).is_integer() and value >= 1, f"{where}.{key}",
+                 "a whole number of at least 1", value)
 
     need(isinstance(section, dict), "", "a mapping", type(section).__name__)
     counts(section, "section", "")
@@ -408,18 +412,15 @@ def check_runner_section(section, origin: str) -> None:
             where = f".builds[{i}].points[{j}]"
             need(isinstance(p, dict), where, "a mapping", type(p).__name__)
             counts(p, "point", where)
-            for key, positive in _RUNNER_SECONDS["point"]:
+            for key, positive in _POINT_SECONDS:
                 v = p.get(key)
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
-                    (v > 0 if positive else v >= 0) and v <= MAX_POINT_S
-                need(ok, f"{where}.{key}", f"seconds {'above' if positive else 'at least'} 0 and at most "
-                                           f"{MAX_POINT_S:g}", v)
+                need(_finite(v) and (v > 0 if positive else v >= 0) and v <= MAX_POINT_S, f"{where}.{key}",
+                     f"seconds {'above' if positive else 'at least'} 0 and at most {MAX_POINT_S:g}", v)
     for i, r in enumerate(section.get("cpu_adam_ranks") or []):
         need(isinstance(r, dict), f".cpu_adam_ranks[{i}]", "a mapping", type(r).__name__)
         counts(r, "cpu_adam", f".cpu_adam_ranks[{i}]", optional=True)
         v = r.get("params_per_s_per_rank")
-        need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
-             f".cpu_adam_ranks[{i}].params_per_s_per_rank", "a positive number", v)
+        need(_finite(v) and v > 0, f".cpu_adam_ranks[{i}].params_per_s_per_rank", "a positive number", v)
 
 
 def _runner(data: dict, hbm_bytes_per_s: float, shipped: bool, origin: str) -> RunnerComponents | None:

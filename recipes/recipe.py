@@ -569,7 +569,9 @@ def _check_run_flags(top: _Fields, model: ModelSpec, gpu: GpuSpec, workload: Wor
 
 
 def _command_words(run: str) -> list[str]:
-    """The command's words as the shell splits them, comment lines left out (unsplittable: word by word)."""
+    """The command's words as the shell splits them: comment lines dropped first (an apostrophe there is no quote to
+    the shell), line continuations joined; a command the shell cannot split (an unbalanced quote) word by word, its
+    quotes removed."""
     import shlex
 
     text = "\n".join(line for line in run.splitlines() if not line.lstrip().startswith("#")).replace("\\\n", " ")
@@ -597,15 +599,8 @@ def _run_flag_values(run: str) -> list[tuple[str, str]]:
     """(flag, value) of each parallel-size flag in the command as the shell would split it (quotes removed:
     `--tensor-model-parallel-size '4'` is 4), inside a bash array too (`ARGS=(--tensor-model-parallel-size 4)`).
     Comment lines are dropped first (an apostrophe there is no quote to the shell); a command the shell cannot
-    split is read word by word, its quotes removed, so a quoted flag or value is still seen."""
-    import shlex
-
-    lines = [line for line in run.splitlines() if not line.lstrip().startswith("#")]
-    text = "\n".join(lines).replace("\\\n", " ")   # line continuations joined
-    try:
-        words = shlex.split(text, comments=False)
-    except ValueError:   # an unbalanced quote
-        words = [w.replace("'", "").replace('"', "") for w in text.split()]
+    split is read word by word, its quotes removed, so a quoted flag or value is still seen (`_command_words`)."""
+    words = _command_words(run)
     out = []
     for i, word in enumerate(words):
         flag, eq, value = re.sub(r"^[A-Za-z_]\w*\+?=\(|^\(", "", word).partition("=")   # an array's first word

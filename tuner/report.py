@@ -217,8 +217,7 @@ def _records(study: optuna.Study, limit: int | None, best_first: bool = False) -
     if best_first:
         rank = {row.number: i for i, row in enumerate(ranked_rows(study))}
         records.sort(key=lambda r: (rank.get(r.number, len(rank)), r.number))
-    rows = [trial_row(r) for r in (records[:limit] if limit else records)]
-    return rows
+    return [trial_row(r) for r in (records[:limit] if limit else records)]
 
 
 def trials_csv(study: optuna.Study, limit: int | None = None) -> str:

@@ -21,9 +21,8 @@ from cost_model.activations import in_flight_count
 from cost_model.predict import (Prediction, in_flight_share, memory_verdict, microbatch_split, microbatches,
                                 predict, predict_from_verdict)
 from experiments.runner import TrialRunner
-from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge,
-                                    smallest_global_batch,
-                                    shape_dp, space_plan, space_size)
+from search_space.enumerate import (MAX_PLANNED_LAYOUTS, MAX_SPACE_LAYOUTS, ShapeRuns, SpaceTooLarge, shape_dp,
+                                    smallest_global_batch, space_plan, space_size)
 from search_space.runner_space import RunnerSpace
 from tuner.gc_pause import kept_work
 from tuner.options import CliError

@@ -35,9 +35,9 @@ _FAMILIES = {
     "qwen2_moe": "qwen2",         # Qwen1.5-MoE / Qwen2-57B-A14B: Qwen2's attention, gated shared expert
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
+MISTRAL_DEFAULT_WINDOW = 4096   # transformers' MistralConfig.sliding_window
 # Types that name a MoE model: a config of one without num_experts is refused, not read as dense (transformers
 # would fill in its class default, 60 to 512 experts by type).
-MISTRAL_DEFAULT_WINDOW = 4096   # transformers' MistralConfig.sliding_window
 _MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "qwen3_moe", "qwen2_moe")
 
 
@@ -179,8 +179,9 @@ def _shared_expert_moe(r: _Reader, num_experts: int, n_shared: int, router_bias:
 # Each reads the fields of its family, in a fixed order (the first bad field is the one reported).
 def _qwen_num_experts(r: _Reader) -> int:
     """num_experts of a Qwen config: required where its model_type is a MoE one (_MOE_TYPES), else 0 if absent."""
-    return r.int("num_experts", minimum=0) if r.cfg.get("model_type") in _MOE_TYPES else r.int("num_experts", 0,
-                                                                                                   minimum=0)
+    if r.cfg.get("model_type") in _MOE_TYPES:
+        return r.int("num_experts", minimum=0)
+    return r.int("num_experts", 0, minimum=0)
 
 
 def _qwen3_5(r: _Reader, n: int) -> dict[str, Any]:

@@ -223,23 +223,20 @@ class ModelSpec:
         `pipeline_layout`: --pipeline-model-parallel-layout)."""
         if pipeline_layout is None:
             return stage_layers(self.num_hidden_layers, pp, vpp, first, last, embedding, loss)
-        _check_counts(pp, vpp, self.num_hidden_layers)
-        if first is not None or last is not None or embedding or loss:
-            raise ModelError("a pipeline layout string and the first/last or embedding/loss split cannot be set "
-                             "together")
+        _string_alone(self.num_hidden_layers, pp, vpp, first, last, embedding, loss)
         return layout_string_stage_layers(pipeline_layout, self.num_hidden_layers, pp, vpp,
                                           self.num_nextn_predict_layers)
 
     def layout_chunks(self, layout) -> tuple[tuple[int, ...], ...]:
         """The decoder layers of each (virtual stage, rank) of a Layout: vpp rows of pp counts (ModelError where
         Megatron refuses the split)."""
+        split = (layout.decoder_first_pipeline_num_layers, layout.decoder_last_pipeline_num_layers,
+                 layout.account_for_embedding_in_pipeline_split, layout.account_for_loss_in_pipeline_split)
         if layout.pipeline_model_parallel_layout is None:
-            return stage_chunks(self.num_hidden_layers, layout.pp, layout.vpp, layout.decoder_first_pipeline_num_layers,
-                                layout.decoder_last_pipeline_num_layers, layout.account_for_embedding_in_pipeline_split,
-                                layout.account_for_loss_in_pipeline_split)
-        self.layout_stage_layers(layout)   # its checks
-        return layout_string_chunks(stage_grid(layout.pipeline_model_parallel_layout, layout.pp,
-                                               self.num_hidden_layers, self.num_nextn_predict_layers))
+            return stage_chunks(self.num_hidden_layers, layout.pp, layout.vpp, *split)
+        _string_alone(self.num_hidden_layers, layout.pp, layout.vpp, *split)
+        return layout_string_chunks(layout.pipeline_model_parallel_layout, self.num_hidden_layers, layout.pp,
+                                    layout.vpp, self.num_nextn_predict_layers)
 
     def layout_stage_layers(self, layout) -> tuple[tuple[int, ...], ...]:
         """stage_layers for a Layout's pipeline fields."""
@@ -377,11 +374,28 @@ def _check_counts(pp, vpp, num_layers) -> None:
             raise ModelError(f"{label} must be a positive integer, got {value!r}")
 
 
+def _string_alone(num_layers: int, pp: int, vpp: int, first, last, embedding, loss) -> None:
+    """A layout string spells the split out: Megatron takes no other split field beside it (the counts checked
+    first)."""
+    _check_counts(pp, vpp, num_layers)
+    if first is not None or last is not None or embedding or loss:
+        raise ModelError("a pipeline layout string and the first/last or embedding/loss split cannot be set "
+                         "together")
+
+
 @lru_cache(maxsize=1024)
 def layout_string_stage_layers(pipeline_layout: str, num_layers: int, pp: int, vpp: int = 1,
                                mtp_layers: int = 0) -> tuple[tuple[int, ...], ...]:
     """`stage_layers` where --pipeline-model-parallel-layout spells every virtual stage out (`mtp_layers`: the
     model's MTP depth, which its m's may not exceed). Raises ModelError where Megatron would refuse it."""
+    return _ranks_of(layout_string_chunks(pipeline_layout, num_layers, pp, vpp, mtp_layers), pp, vpp)
+
+
+@lru_cache(maxsize=1024)
+def layout_string_chunks(pipeline_layout: str, num_layers: int, pp: int, vpp: int = 1,
+                         mtp_layers: int = 0) -> tuple[tuple[int, ...], ...]:
+    """The decoder layers ('t') of each (virtual stage, rank) the layout string spells out: vpp rows of pp counts.
+    Raises ModelError where Megatron would refuse it."""
     _check_counts(pp, vpp, num_layers)
     try:
         grid = stage_grid(pipeline_layout, pp, num_layers, mtp_layers)
@@ -390,11 +404,6 @@ def layout_string_stage_layers(pipeline_layout: str, num_layers: int, pp: int, v
     if len(grid) != vpp:
         raise ModelError(f"pipeline layout '{pipeline_layout}' has {len(grid) * pp} stages; PP {pp} x VPP {vpp} "
                          f"needs {pp * vpp}")
-    return _ranks_of(layout_string_chunks(grid), pp, vpp)
-
-
-def layout_string_chunks(grid) -> tuple[tuple[int, ...], ...]:
-    """The decoder layers ('t') of each (virtual stage, rank) of a layout string's stage grid."""
     return tuple(tuple(stage.count("t") for stage in row) for row in grid)
 
 
